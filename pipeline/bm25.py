@@ -1,0 +1,170 @@
+"""BM25 route: llama-index's BM25Retriever over a bm25s index built from jieba tokens stored at ingest.
+
+Out of the box BM25Retriever tokenizes with an English regex + stemmer, so Chinese scores 0.0 everywhere and
+`from_defaults(tokenizer=...)` is ignored. We build the bm25s index ourselves from the tokens kept in SQLite
+(never re-tokenizing the corpus), hand it in as `existing_bm25`, and tokenize the query with the same
+ChineseTokenizer in `_retrieve`.
+"""
+from __future__ import annotations
+
+import json
+import logging
+import shutil
+import threading
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable, Iterable
+
+import bm25s
+import numpy as np
+from llama_index.core.schema import NodeWithScore, QueryBundle, TextNode
+from llama_index.retrievers.bm25 import BM25Retriever
+
+from .tokenize_zh import ChineseTokenizer
+
+log = logging.getLogger(__name__)
+
+ChunkLookup = Callable[[list[int]], dict[int, dict]]
+
+
+@dataclass
+class BM25Snapshot:
+    """An immutable built index: bm25s object + position → chunk_id map."""
+
+    bm25: bm25s.BM25 | None
+    chunk_ids: np.ndarray  # int64, position in the index → chunk_id
+    k1: float
+    b: float
+
+    @property
+    def size(self) -> int:
+        return int(len(self.chunk_ids))
+
+
+def build_snapshot(items: Iterable[tuple[int, list[str]]], k1: float, b: float) -> BM25Snapshot:
+    ids: list[int] = []
+    corpus: list[list[str]] = []
+    for chunk_id, tokens in items:
+        ids.append(chunk_id)
+        corpus.append(tokens or [""])
+    if not ids:
+        return BM25Snapshot(None, np.zeros(0, dtype=np.int64), k1, b)
+    bm = bm25s.BM25(k1=k1, b=b, method="lucene")
+    bm.index(corpus, show_progress=False)
+    return BM25Snapshot(bm, np.asarray(ids, dtype=np.int64), k1, b)
+
+
+class JiebaBM25Retriever(BM25Retriever):
+    """BM25Retriever whose query side uses our Chinese tokenizer and whose hits map to chunk_ids.
+
+    `mask_out` holds chunk_ids deleted since the snapshot was built (a soft delete through bm25s' weight
+    mask, until the background rebuild swaps in a fresh snapshot).
+    """
+
+    def __init__(self, snapshot: BM25Snapshot, tokenizer: ChineseTokenizer, lookup: ChunkLookup,
+                 similarity_top_k: int = 50, mask_out: set[int] | None = None):
+        self.snapshot = snapshot
+        self.tokenizer = tokenizer
+        self.lookup = lookup
+        self.mask_out = set(mask_out or ())
+        # BM25Retriever's constructor raises on an empty corpus (max() of empty): the snapshot is non-empty here.
+        super().__init__(existing_bm25=snapshot.bm25, similarity_top_k=similarity_top_k, skip_stemming=True)
+
+    def score_tokens(self, tokens: list[str]) -> np.ndarray:
+        ids = self.bm25.get_tokens_ids(tokens)
+        if not ids:
+            return np.zeros(self.snapshot.size, dtype=np.float32)
+        mask = None
+        if self.mask_out:
+            mask = np.isin(self.snapshot.chunk_ids, np.fromiter(self.mask_out, dtype=np.int64), invert=True)
+            mask = mask.astype(np.float32)
+        return self.bm25.get_scores_from_ids(ids, weight_mask=mask)
+
+    def _retrieve(self, query_bundle: QueryBundle) -> list[NodeWithScore]:
+        tokens = self.tokenizer(query_bundle.query_str)
+        scores = self.score_tokens(tokens)
+        k = min(self.similarity_top_k, len(scores))
+        if k <= 0:
+            return []
+        top = np.argpartition(-scores, k - 1)[:k]
+        # Sort by score desc, ties by chunk_id asc → deterministic.
+        top = sorted(top.tolist(), key=lambda i: (-float(scores[i]), int(self.snapshot.chunk_ids[i])))
+        hits = [(int(self.snapshot.chunk_ids[i]), float(scores[i])) for i in top if scores[i] > 0]
+        rows = self.lookup([cid for cid, _ in hits])
+        out = []
+        for cid, score in hits:
+            row = rows.get(cid)
+            if row is None or row.get("status") != "ready":
+                continue
+            out.append(NodeWithScore(node=node_from_row(row), score=score))
+        return out
+
+
+def node_from_row(row: dict) -> TextNode:
+    meta = {"doc_id": row["doc_id"], "doc_name": row["file_name"], "chunk_index": row["chunk_index"],
+            "page": row.get("page"), "source": row.get("source") or "text"}
+    return TextNode(id_=str(row["chunk_id"]), text=row["text"], metadata=meta,
+                    excluded_embed_metadata_keys=list(meta), excluded_llm_metadata_keys=list(meta))
+
+
+class BM25Index:
+    """Owns the current snapshot: rebuild from stored tokens, persist, load, soft-delete.
+
+    Readers take `self.snapshot` (an attribute read is atomic), so a rebuild never blocks questions.
+    """
+
+    def __init__(self, persist_dir: Path, token_source: Callable[[], Iterable[tuple[int, list[str]]]]):
+        self.persist_dir = Path(persist_dir)
+        self.token_source = token_source
+        self.snapshot = BM25Snapshot(None, np.zeros(0, dtype=np.int64), 1.5, 0.75)
+        self.deleted: set[int] = set()
+        self._lock = threading.Lock()
+        self.last_build_ms = 0.0
+
+    def rebuild(self, k1: float, b: float, persist: bool = True) -> BM25Snapshot:
+        with self._lock:
+            t0 = time.perf_counter()
+            snap = build_snapshot(self.token_source(), k1, b)
+            self.snapshot = snap
+            self.deleted = set()
+            self.last_build_ms = (time.perf_counter() - t0) * 1000
+            if persist:
+                self._persist(snap)
+            log.info("BM25 rebuilt: %d chunks in %.0f ms", snap.size, self.last_build_ms)
+            return snap
+
+    def soft_delete(self, chunk_ids: Iterable[int]) -> None:
+        self.deleted = self.deleted | set(int(c) for c in chunk_ids)
+
+    def _persist(self, snap: BM25Snapshot) -> None:
+        tmp = self.persist_dir.with_name(self.persist_dir.name + ".tmp")
+        shutil.rmtree(tmp, ignore_errors=True)
+        tmp.mkdir(parents=True)
+        if snap.bm25 is not None:
+            snap.bm25.save(str(tmp))
+        np.save(tmp / "chunk_ids.npy", snap.chunk_ids)
+        (tmp / "meta.json").write_text(json.dumps({"k1": snap.k1, "b": snap.b, "size": snap.size}))
+        shutil.rmtree(self.persist_dir, ignore_errors=True)
+        tmp.rename(self.persist_dir)
+
+    def load_or_rebuild(self, k1: float, b: float, expected_ids: set[int]) -> str:
+        """Load the persisted index when it matches the ready chunks and k1/b; else rebuild. Returns how."""
+        try:
+            meta = json.loads((self.persist_dir / "meta.json").read_text())
+            ids = np.load(self.persist_dir / "chunk_ids.npy")
+            if (meta["k1"] == k1 and meta["b"] == b and set(ids.tolist()) == expected_ids):
+                bm = bm25s.BM25.load(str(self.persist_dir)) if len(ids) else None
+                self.snapshot = BM25Snapshot(bm, ids.astype(np.int64), k1, b)
+                return "loaded"
+        except (OSError, ValueError, KeyError):
+            pass
+        self.rebuild(k1, b)
+        return "rebuilt"
+
+    def retriever(self, tokenizer: ChineseTokenizer, lookup: ChunkLookup, top_k: int) -> JiebaBM25Retriever | None:
+        snap = self.snapshot
+        if snap.bm25 is None or snap.size == 0:
+            return None
+        return JiebaBM25Retriever(snap, tokenizer, lookup, similarity_top_k=min(top_k, snap.size),
+                                  mask_out=self.deleted)

@@ -1,0 +1,94 @@
+"""Weighted Reciprocal Rank Fusion of the BM25 and vector routes (a LlamaIndex BaseRetriever).
+
+score(chunk) = Σ_route  w_route / (rrf_k + rank_route(chunk)),  ranks from 1, rrf_k = 60 (SRS).
+With both weights 1 this is plain RRF. Weights are settings; their defaults were chosen by measurement
+(docs/retrieval-eval.md): on real search questions equal weights let BM25's noise pull fusion below the
+vector route alone.
+Each fused node keeps bm25_rank, bm25_score, vector_rank, similarity, rrf_score (None where a route missed).
+Ties are broken by chunk_id so results are reproducible.
+"""
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+
+from llama_index.core.base.base_retriever import BaseRetriever
+from llama_index.core.schema import NodeWithScore, QueryBundle
+
+FUSION_KEYS = ["bm25_rank", "bm25_score", "vector_rank", "similarity", "rrf_score"]
+
+
+@dataclass
+class FusionOutput:
+    bm25: list[NodeWithScore] = field(default_factory=list)
+    vector: list[NodeWithScore] = field(default_factory=list)
+    fused: list[NodeWithScore] = field(default_factory=list)
+    ms: dict[str, float] = field(default_factory=dict)
+
+
+def rrf_fuse(bm25: list[NodeWithScore], vector: list[NodeWithScore], rrf_k: int = 60,
+             bm25_weight: float = 1.0, vector_weight: float = 1.0) -> list[NodeWithScore]:
+    """Pure function: fuse two ranked lists. Input order is the rank (1-based)."""
+    info: dict[str, dict] = {}
+    nodes: dict[str, NodeWithScore] = {}
+    for rank, n in enumerate(bm25, start=1):
+        nid = n.node.node_id
+        nodes.setdefault(nid, n)
+        d = info.setdefault(nid, {k: None for k in FUSION_KEYS} | {"rrf_score": 0.0})
+        d["bm25_rank"], d["bm25_score"] = rank, float(n.score or 0.0)
+        d["rrf_score"] += bm25_weight / (rrf_k + rank)
+    for rank, n in enumerate(vector, start=1):
+        nid = n.node.node_id
+        nodes.setdefault(nid, n)
+        d = info.setdefault(nid, {k: None for k in FUSION_KEYS} | {"rrf_score": 0.0})
+        d["vector_rank"], d["similarity"] = rank, float(n.score or 0.0)
+        d["rrf_score"] += vector_weight / (rrf_k + rank)
+
+    def sort_key(nid: str):
+        try:
+            tie = int(nid)
+        except ValueError:
+            tie = nid
+        return (-info[nid]["rrf_score"], 0 if isinstance(tie, int) else 1, tie if isinstance(tie, int) else 0,
+                str(tie))
+
+    out = []
+    for nid in sorted(info, key=sort_key):
+        node = nodes[nid].node.model_copy()
+        node.metadata = {**node.metadata, **info[nid]}
+        for k in FUSION_KEYS:
+            if k not in node.excluded_llm_metadata_keys:
+                node.excluded_llm_metadata_keys = [*node.excluded_llm_metadata_keys, k]
+                node.excluded_embed_metadata_keys = [*node.excluded_embed_metadata_keys, k]
+        out.append(NodeWithScore(node=node, score=info[nid]["rrf_score"]))
+    return out
+
+
+class HybridRRFRetriever(BaseRetriever):
+    """Runs both routes (each recalling `recall_size`) and fuses them with weighted RRF."""
+
+    def __init__(self, bm25_retriever: BaseRetriever | None, vector_retriever: BaseRetriever | None,
+                 rrf_k: int = 60, bm25_weight: float = 1.0, vector_weight: float = 1.0):
+        self.bm25_retriever = bm25_retriever
+        self.vector_retriever = vector_retriever
+        self.rrf_k = rrf_k
+        self.bm25_weight = bm25_weight
+        self.vector_weight = vector_weight
+        self.last: FusionOutput | None = None
+        super().__init__()
+
+    def run(self, query_bundle: QueryBundle) -> FusionOutput:
+        out = FusionOutput()
+        t0 = time.perf_counter()
+        out.bm25 = self.bm25_retriever.retrieve(query_bundle) if self.bm25_retriever else []
+        t1 = time.perf_counter()
+        out.vector = self.vector_retriever.retrieve(query_bundle) if self.vector_retriever else []
+        t2 = time.perf_counter()
+        out.fused = rrf_fuse(out.bm25, out.vector, self.rrf_k, self.bm25_weight, self.vector_weight)
+        t3 = time.perf_counter()
+        out.ms = {"bm25": (t1 - t0) * 1000, "vector": (t2 - t1) * 1000, "rrf": (t3 - t2) * 1000}
+        self.last = out
+        return out
+
+    def _retrieve(self, query_bundle: QueryBundle) -> list[NodeWithScore]:
+        return self.run(query_bundle).fused

@@ -1,0 +1,64 @@
+"""The one Chinese tokenizer used at index time and at query time (BM25, extractive answers).
+
+jieba search mode (better recall than lcut: 天气 is found inside 今天天气), lower-cased, punctuation and
+whitespace dropped. Identifiers such as `PPR-9087`, `v1.2.3`, `API_KEY`, `GB/T 7714-2015` are protected
+before jieba sees them, so they stay whole tokens. A user dictionary is loaded per tokenizer instance.
+"""
+from __future__ import annotations
+
+import logging
+import re
+import threading
+import unicodedata
+from pathlib import Path
+
+import jieba
+
+jieba.setLogLevel(logging.WARNING)
+
+# An identifier: ASCII letters/digits joined by - _ . / (at least one joiner or a digit+letter mix),
+# optionally "GB/T 7714-2015"-style with one inner space between a code and a number.
+_IDENT = re.compile(
+    r"(?:[A-Za-z]+/[A-Za-z]+\s?\d[\w.\-]*)"          # GB/T 7714-2015, ISO/IEC 27001
+    r"|(?:[A-Za-z0-9]+(?:[-_./][A-Za-z0-9]+)+)"       # PPR-9087, v1.2.3, API_KEY, a.b.c
+)
+_WORD = re.compile(r"\w", re.UNICODE)
+
+_init_lock = threading.Lock()
+
+
+class ChineseTokenizer:
+    """Callable: text → list of tokens. Stateless apart from its jieba instance (thread-safe after init)."""
+
+    def __init__(self, user_dict: Path | None = None):
+        self._jieba = jieba.Tokenizer()
+        self.user_dict = user_dict if user_dict and Path(user_dict).is_file() else None
+        with _init_lock:
+            self._jieba.initialize()
+            if self.user_dict:
+                self._jieba.load_userdict(str(self.user_dict))
+
+    def __call__(self, text: str) -> list[str]:
+        return self.tokenize(text)
+
+    def tokenize(self, text: str) -> list[str]:
+        text = unicodedata.normalize("NFKC", text or "").lower()
+        tokens: list[str] = []
+        pos = 0
+        for m in _IDENT.finditer(text):
+            tokens.extend(self._plain(text[pos:m.start()]))
+            ident = re.sub(r"\s+", " ", m.group(0))
+            tokens.append(ident)
+            pos = m.end()
+        tokens.extend(self._plain(text[pos:]))
+        return tokens
+
+    def _plain(self, text: str) -> list[str]:
+        if not text.strip():
+            return []
+        out = []
+        for tok in self._jieba.cut_for_search(text):
+            tok = tok.strip()
+            if tok and _WORD.search(tok):  # drop punctuation/whitespace-only tokens
+                out.append(tok)
+        return out

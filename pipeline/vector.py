@@ -1,0 +1,56 @@
+"""Vector route: VectorStoreIndex over ChromaVectorStore (our cosine collection).
+
+ChromaVectorStore reports similarity as exp(−distance); the SRS wants cosine similarity = 1 − distance in 0–1.
+We undo the exp (distance = −ln s) and report 1 − distance, clamped to [0, 1].
+Only chunks of 就绪 documents are returned: chunks are written to Chroma before their document turns 就绪,
+so hits are filtered against SQLite (and the query over-fetches by the number of not-yet-ready vectors).
+"""
+from __future__ import annotations
+
+import math
+from typing import Callable
+
+from llama_index.core import VectorStoreIndex
+from llama_index.core.base.base_retriever import BaseRetriever
+from llama_index.core.base.embeddings.base import BaseEmbedding
+from llama_index.core.schema import NodeWithScore, QueryBundle
+from llama_index.vector_stores.chroma import ChromaVectorStore
+
+from .bm25 import ChunkLookup, node_from_row
+
+
+def cosine_from_chroma_score(score: float | None) -> float:
+    if score is None or score <= 0:
+        return 0.0
+    distance = -math.log(score)
+    return max(0.0, min(1.0, 1.0 - distance))
+
+
+class ReadyVectorRetriever(BaseRetriever):
+    def __init__(self, collection, embed_model: BaseEmbedding, lookup: ChunkLookup, top_k: int,
+                 extra_fetch: Callable[[], int] = lambda: 0):
+        self._store = ChromaVectorStore(chroma_collection=collection)
+        self._index = VectorStoreIndex.from_vector_store(self._store, embed_model=embed_model)
+        self._embed_model = embed_model
+        self._lookup = lookup
+        self._top_k = top_k
+        self._extra_fetch = extra_fetch
+        super().__init__()
+
+    def _retrieve(self, query_bundle: QueryBundle) -> list[NodeWithScore]:
+        count = self._store._collection.count()
+        if count == 0:
+            return []
+        k = min(count, self._top_k + max(0, int(self._extra_fetch())))
+        inner = self._index.as_retriever(similarity_top_k=k)
+        hits = inner.retrieve(query_bundle)
+        ids = [int(h.node.node_id) for h in hits]
+        rows = self._lookup(ids)
+        scored = []
+        for h in hits:
+            row = rows.get(int(h.node.node_id))
+            if row is None or row.get("status") != "ready":
+                continue  # orphan vector or document not 就绪 yet
+            scored.append(NodeWithScore(node=node_from_row(row), score=cosine_from_chroma_score(h.score)))
+        scored.sort(key=lambda n: (-n.score, int(n.node.node_id)))
+        return scored[: self._top_k]

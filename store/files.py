@@ -1,0 +1,75 @@
+"""Uploaded originals under `<data>/uploads/` with generated names.
+
+A user's file name never chooses a path (`../../x.txt`, `/`, NUL, 300 characters): the stored name is
+`<md5>.<ext>` with a whitelisted extension; the display name is kept only in SQLite.
+"""
+from __future__ import annotations
+
+import hashlib
+import os
+import shutil
+import tempfile
+import unicodedata
+from pathlib import Path
+
+SAFE_EXTS = {"txt", "md", "pdf", "docx"}
+
+
+def display_name(raw: str) -> str:
+    """A printable display name: last path component, control characters dropped, ≤ 200 characters."""
+    name = (raw or "").replace("\\", "/").split("/")[-1]
+    name = "".join(ch for ch in name if unicodedata.category(ch)[0] != "C").strip()
+    if len(name) > 200:
+        stem, dot, ext = name.rpartition(".")
+        name = (stem[: 200 - len(ext) - 1] + "." + ext) if dot and len(ext) <= 10 else name[:200]
+    return name or "未命名"
+
+
+def md5_of(path: Path) -> str:
+    h = hashlib.md5()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            h.update(block)
+    return h.hexdigest()
+
+
+class FileStore:
+    def __init__(self, root: Path):
+        self.root = Path(root)
+        self.root.mkdir(parents=True, exist_ok=True)
+
+    def stored_name(self, md5: str, file_type: str) -> str:
+        if file_type not in SAFE_EXTS or not all(c in "0123456789abcdef" for c in md5):
+            raise ValueError("unsafe stored name")
+        return f"{md5}.{file_type}"
+
+    def path_of(self, stored_name: str) -> Path:
+        p = (self.root / stored_name).resolve()
+        if p.parent != self.root.resolve():
+            raise ValueError("path escapes the upload folder")
+        return p
+
+    def save(self, src: Path, md5: str, file_type: str) -> str:
+        """Copy an uploaded temp file in atomically; returns the stored name."""
+        name = self.stored_name(md5, file_type)
+        dest = self.path_of(name)
+        fd, tmp = tempfile.mkstemp(dir=self.root, prefix=".up-")
+        os.close(fd)
+        try:
+            shutil.copyfile(src, tmp)
+            os.replace(tmp, dest)
+        finally:
+            if os.path.exists(tmp):
+                os.unlink(tmp)
+        return name
+
+    def delete(self, stored_name: str | None) -> None:
+        if not stored_name:
+            return
+        try:
+            self.path_of(stored_name).unlink(missing_ok=True)
+        except ValueError:
+            pass
+
+    def size_on_disk(self) -> int:
+        return sum(p.stat().st_size for p in self.root.iterdir() if p.is_file())

@@ -1,0 +1,99 @@
+"""Chroma persistent collection `rag_docs` (cosine), ids = str(chunk_id), metadata {doc_id, doc_name}.
+
+The collection metadata records which embedding model (id + dimension) made the vectors, so starting with a
+different model is detected ("需要全量重建") and vectors of two models are never mixed.
+"""
+from __future__ import annotations
+
+import logging
+import os
+from pathlib import Path
+from typing import Sequence
+
+os.environ.setdefault("ANONYMIZED_TELEMETRY", "False")
+
+import chromadb  # noqa: E402
+from chromadb.config import Settings as ChromaSettings  # noqa: E402
+
+log = logging.getLogger(__name__)
+
+COLLECTION = "rag_docs"
+BATCH = 256
+
+
+class VectorStore:
+    def __init__(self, path: Path):
+        self.path = Path(path)
+        self.path.mkdir(parents=True, exist_ok=True)
+        self.client = chromadb.PersistentClient(
+            path=str(self.path), settings=ChromaSettings(anonymized_telemetry=False, allow_reset=False))
+        self.collection = self._open()
+
+    def _open(self):
+        # Created by us with cosine space: LlamaIndex's ChromaVectorStore would create an L2 collection.
+        return self.client.get_or_create_collection(COLLECTION, metadata={"hnsw:space": "cosine"})
+
+    # --- model bookkeeping -------------------------------------------------------------------
+    def model_info(self) -> tuple[str | None, int | None]:
+        meta = self.collection.metadata or {}
+        return meta.get("embedding_model"), meta.get("embedding_dim")
+
+    def check_model(self, model_id: str, dim: int) -> str | None:
+        """None when compatible; else a Chinese message saying a full rebuild is needed."""
+        stored_id, stored_dim = self.model_info()
+        if self.count() == 0 or stored_id is None:
+            return None
+        if stored_id != model_id or int(stored_dim or 0) != int(dim):
+            return (f"向量库由模型 {stored_id}（{stored_dim} 维）生成，当前模型为 {model_id}（{dim} 维），"
+                    f"需要全量重建")
+        return None
+
+    def claim_model(self, model_id: str, dim: int) -> None:
+        """Record the model of the vectors about to be written (only when empty or already this model)."""
+        stored_id, stored_dim = self.model_info()
+        if stored_id == model_id and stored_dim == dim:
+            return
+        if self.count() and stored_id is not None:
+            raise RuntimeError(self.check_model(model_id, dim) or "embedding model mismatch")
+        self.collection.modify(metadata={"hnsw:space": "cosine", "embedding_model": model_id,
+                                         "embedding_dim": int(dim)})
+
+    def reset(self) -> None:
+        """Drop every vector (full rebuild with another embedding model)."""
+        self.client.delete_collection(COLLECTION)
+        self.collection = self._open()
+
+    # --- data --------------------------------------------------------------------------------
+    def add(self, chunk_ids: Sequence[int], embeddings: Sequence[Sequence[float]], texts: Sequence[str],
+            doc_id: int, doc_name: str) -> None:
+        for i in range(0, len(chunk_ids), BATCH):
+            ids = [str(c) for c in chunk_ids[i:i + BATCH]]
+            self.collection.add(
+                ids=ids,
+                embeddings=[list(map(float, e)) for e in embeddings[i:i + BATCH]],
+                documents=list(texts[i:i + BATCH]),
+                metadatas=[{"doc_id": int(doc_id), "doc_name": doc_name} for _ in ids],
+            )
+
+    def delete_doc(self, doc_id: int) -> None:
+        # ChromaVectorStore.delete_nodes(filters=...) without ids raises: use the collection directly.
+        self.collection.delete(where={"doc_id": int(doc_id)})
+
+    def delete_ids(self, chunk_ids: Sequence[int]) -> None:
+        ids = [str(c) for c in chunk_ids]
+        for i in range(0, len(ids), 1000):
+            self.collection.delete(ids=ids[i:i + 1000])
+
+    def all_ids(self) -> set[int]:
+        out: set[int] = set()
+        offset = 0
+        while True:
+            got = self.collection.get(include=[], limit=5000, offset=offset)
+            if not got["ids"]:
+                break
+            out.update(int(i) for i in got["ids"])
+            offset += len(got["ids"])
+        return out
+
+    def count(self) -> int:
+        return self.collection.count()
