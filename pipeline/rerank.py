@@ -6,6 +6,7 @@ a model that raises at run time → RRF order kept, stage marked fallback with t
 from __future__ import annotations
 
 import logging
+import threading
 from pathlib import Path
 from typing import Optional
 
@@ -42,6 +43,7 @@ class SafeRerank(BaseNodePostprocessor):
     candidates: int = 20
     _inner: Optional[object] = PrivateAttr(default=None)
     _model_label: str = PrivateAttr(default="")
+    _lock: object = PrivateAttr(default_factory=threading.Lock)
     _last_status: dict = PrivateAttr(default_factory=dict)
 
     def __init__(self, inner=None, model_label: str = "", top_n: int = 6, candidates: int = 20):
@@ -65,20 +67,24 @@ class SafeRerank(BaseNodePostprocessor):
     def model_label(self) -> str:
         return self._model_label
 
-    def rerank(self, nodes: list[NodeWithScore], query: str) -> tuple[list[NodeWithScore], dict]:
-        """Returns (top_n nodes, status). Thread-safe: no shared mutable state besides last_status."""
-        pool = nodes[: self.candidates]
+    def rerank(self, nodes: list[NodeWithScore], query: str, top_n: int | None = None,
+               candidates: int | None = None) -> tuple[list[NodeWithScore], dict]:
+        """Returns (top_n nodes, status). Per-call sizes keep concurrent questions independent."""
+        top_n = top_n or self.top_n
+        pool = nodes[: max(candidates or self.candidates, top_n)]
         if self._inner is None:
-            return pool[: self.top_n], {"status": "skipped", "msg": SKIPPED_MSG}
+            return pool[:top_n], {"status": "skipped", "msg": SKIPPED_MSG}
         if not pool:
-            return [], {"status": "ok", "msg": ""}
+            return [], {"status": "ok", "msg": self._model_label}
         try:
-            self._inner.top_n = self.top_n
-            ranked = self._inner.postprocess_nodes(pool, query_bundle=QueryBundle(query))
-            return ranked[: self.top_n], {"status": "ok", "msg": self._model_label}
+            # Score all candidates (top_n=len) and cut ourselves: the inner top_n is shared state.
+            with self._lock:
+                self._inner.top_n = len(pool)
+                ranked = self._inner.postprocess_nodes(pool, query_bundle=QueryBundle(query))
+            return ranked[:top_n], {"status": "ok", "msg": self._model_label}
         except Exception as exc:  # retrieval must survive a broken reranker
             log.warning("rerank failed, keeping RRF order: %s", exc)
-            return pool[: self.top_n], {"status": "fallback", "msg": f"精排失败，已按 RRF 顺序：{exc}"}
+            return pool[:top_n], {"status": "fallback", "msg": f"精排失败，已按 RRF 顺序：{exc}"}
 
     def _postprocess_nodes(self, nodes: list[NodeWithScore],
                            query_bundle: Optional[QueryBundle] = None) -> list[NodeWithScore]:

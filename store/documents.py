@@ -171,6 +171,13 @@ class DocumentStore:
             for chunk_id, tokens in cur:
                 yield chunk_id, [t.replace("\u00a0", " ") for t in tokens.split(" ")] if tokens else []
 
+    def pending_chunk_count(self) -> int:
+        """Chunks written for documents not yet 就绪 (their vectors may already sit in Chroma)."""
+        with self.db.connect() as conn:
+            return conn.execute(
+                "SELECT COUNT(*) FROM kb_chunk c JOIN kb_document d ON d.doc_id = c.doc_id"
+                " WHERE d.status != 'ready'").fetchone()[0]
+
     def all_chunk_ids(self) -> set[int]:
         with self.db.connect() as conn:
             return {r[0] for r in conn.execute("SELECT chunk_id FROM kb_chunk")}

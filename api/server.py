@@ -1,0 +1,267 @@
+"""REST API and SSE (SRS §7) over the engine. No logic lives here: every endpoint calls the engine.
+
+Envelope: {"code": 0, "msg": "ok", "data": ...}. Non-zero codes: 1001 validation, 2001 LLM failure,
+2002 engine not loaded / reloading / busy, 3001 parse failure, 3002 no such document. The HTTP status mirrors
+the class of error (400 / 502 / 503 / 422 / 404) so generic clients see failures too; the body is always
+the envelope, never a stack trace.
+"""
+from __future__ import annotations
+
+import base64
+import logging
+import shutil
+import tempfile
+from pathlib import Path
+from typing import Any, Optional
+
+from fastapi import Depends, FastAPI, File, Query, Request, UploadFile
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse, StreamingResponse
+from pydantic import BaseModel, ConfigDict, Field
+from starlette.concurrency import run_in_threadpool
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+from pipeline import events as ev
+from pipeline.access import AccessPolicy
+from pipeline.engine import Engine, EngineError
+from pipeline.parsing import MAX_BATCH_FILES, MAX_FILE_BYTES
+from pipeline.settings import SettingsError
+
+log = logging.getLogger(__name__)
+
+HTTP_STATUS = {ev.CODE_VALIDATION: 400, ev.CODE_LLM: 502, ev.CODE_ENGINE: 503, ev.CODE_PARSE: 422,
+               ev.CODE_NO_DOC: 404, 4001: 401, 4003: 403}
+
+
+def ok(data: Any = None) -> dict:
+    return {"code": 0, "msg": "ok", "data": data}
+
+
+def fail(code: int, msg: str, data: Any = None, headers: dict | None = None) -> JSONResponse:
+    return JSONResponse({"code": code, "msg": msg, "data": data}, status_code=HTTP_STATUS.get(code, 400),
+                        headers=headers)
+
+
+class ApiError(Exception):
+    def __init__(self, code: int, msg: str, data: Any = None):
+        self.code, self.msg, self.data = code, msg, data
+
+
+# --- request bodies (extra keys refused so typos are reported, not ignored) ----------------------------
+class SearchBody(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    query: str = Field(min_length=1, max_length=2000)
+    top_k: int = Field(10, ge=1, le=50)
+
+
+class AskBody(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    question: str = Field(min_length=1, max_length=2000)
+    retry: bool = False
+
+
+class Envelope(BaseModel):
+    code: int = 0
+    msg: str = "ok"
+    data: Any = None
+
+
+def create_api(engine: Engine, policy: Optional[AccessPolicy] = None) -> FastAPI:
+    policy = policy or AccessPolicy()
+    app = FastAPI(
+        title="中文知识库问答 API",
+        version="1.0",
+        description="SRS §7 interface. All responses use the envelope {code, msg, data}. With --auth, send "
+                    "HTTP Basic credentials of an app user.",
+    )
+
+    # --- errors → envelope --------------------------------------------------------------------
+    @app.exception_handler(RequestValidationError)
+    async def _validation(_: Request, exc: RequestValidationError):
+        errs = exc.errors()
+        first = errs[0] if errs else {}
+        loc = [str(x) for x in first.get("loc", ()) if x not in ("body", "query", "path")]
+        field = ".".join(loc) or "body"
+        if first.get("type") == "json_invalid":
+            msg = "请求体不是合法的 JSON"
+            field = "body"
+        else:
+            msg = f"参数 {field} 无效：{first.get('msg', '')}"
+        return fail(ev.CODE_VALIDATION, msg, {"field": field, "errors": [
+            {"field": ".".join(str(x) for x in e.get("loc", ())), "msg": e.get("msg")} for e in errs]})
+
+    @app.exception_handler(ApiError)
+    async def _api_error(_: Request, exc: ApiError):
+        headers = {"WWW-Authenticate": 'Basic realm="kbqa"'} if exc.code == 4001 else None
+        return fail(exc.code, exc.msg, exc.data, headers)
+
+    @app.exception_handler(EngineError)
+    async def _engine_error(_: Request, exc: EngineError):
+        return fail(exc.code, exc.msg, {"field": exc.field} if exc.field else None)
+
+    @app.exception_handler(SettingsError)
+    async def _settings_error(_: Request, exc: SettingsError):
+        field = next(iter(exc.errors), None)
+        return fail(ev.CODE_VALIDATION, str(exc), {"field": field, "errors": exc.errors})
+
+    @app.exception_handler(StarletteHTTPException)
+    async def _http_error(_: Request, exc: StarletteHTTPException):
+        code = ev.CODE_NO_DOC if exc.status_code == 404 else ev.CODE_VALIDATION
+        return JSONResponse({"code": code, "msg": str(exc.detail), "data": None}, status_code=exc.status_code)
+
+    @app.exception_handler(Exception)
+    async def _unexpected(_: Request, exc: Exception):
+        log.exception("unhandled API error")
+        return JSONResponse({"code": ev.CODE_ENGINE, "msg": f"内部错误：{type(exc).__name__}", "data": None},
+                            status_code=500)
+
+    # --- auth ---------------------------------------------------------------------------------
+    def current_user(request: Request) -> Optional[str]:
+        if not policy.enabled:
+            return None
+        header = request.headers.get("authorization", "")
+        if header.lower().startswith("basic "):
+            try:
+                user, _, pw = base64.b64decode(header[6:]).decode("utf-8").partition(":")
+            except (ValueError, UnicodeDecodeError):
+                user, pw = "", ""
+            if policy.check(user, pw):
+                return user
+        raise ApiError(4001, "需要登录：请使用 HTTP Basic 认证")
+
+    def admin_user(user: Optional[str] = Depends(current_user)) -> Optional[str]:
+        if not policy.is_admin(user):
+            raise ApiError(4003, "仅管理员可修改配置")
+        return user
+
+    def kb_admin_user(user: Optional[str] = Depends(current_user)) -> Optional[str]:
+        if not policy.is_kb_admin(user):
+            raise ApiError(4003, "仅知识库管理员可管理文档")
+        return user
+
+    # --- config -------------------------------------------------------------------------------
+    @app.get("/api/config", response_model=Envelope, tags=["config"])
+    def get_config(_: Optional[str] = Depends(admin_user)):
+        """All settings grouped (llm, retrieval, chunking, models, ocr); the API key masked."""
+        return ok(engine.settings.grouped(mask=True))
+
+    @app.put("/api/config", response_model=Envelope, tags=["config"])
+    def put_config(payload: dict[str, Any], _: Optional[str] = Depends(admin_user)):
+        """Partial update in the grouped shape. Keys not sent and masked secrets stay unchanged. Reply lists
+        `immediate` (took effect now), `need_reload` (重载引擎) and `need_rebuild` (全量重建 for old docs)."""
+        return ok(engine.update_settings(payload))
+
+    @app.post("/api/config/test-llm", response_model=Envelope, tags=["config"])
+    def test_llm(payload: dict[str, Any] | None = None, _: Optional[str] = Depends(admin_user)):
+        """Test LLM connectivity with the body's (unsaved) llm settings; omitted values use the saved ones."""
+        return ok(engine.test_llm(payload or {}))
+
+    @app.post("/api/config/reload", response_model=Envelope, tags=["config"])
+    def reload(_: Optional[str] = Depends(admin_user)):
+        """Reload models and indexes (blocking). Questions get 2002 meanwhile."""
+        ms = engine.reload()
+        return ok({"elapsed_ms": round(ms)})
+
+    # --- knowledge base -----------------------------------------------------------------------
+    @app.post("/api/kb/documents", response_model=Envelope, tags=["kb"])
+    async def upload(file: list[UploadFile] = File(..., description="repeatable"),
+                     _: Optional[str] = Depends(kb_admin_user)):
+        """Upload up to 10 files (txt/md/pdf/docx, ≤ 20 MB each). Returns one record per file:
+        status processing, 已存在 (deduplicated), or refused with the reason."""
+        tmpdir = Path(tempfile.mkdtemp(prefix="kbqa-up-"))
+        try:
+            items, refused = [], []
+            for i, f in enumerate(file):
+                name = f.filename or "未命名"
+                if i >= MAX_BATCH_FILES:
+                    refused.append({"file_name": name, "ok": False, "status": "refused",
+                                    "msg": f"单次最多上传 {MAX_BATCH_FILES} 个文件，本文件未处理"})
+                    continue
+                dest = tmpdir / f"{i}.bin"
+                size = 0
+                too_big = False
+                with open(dest, "wb") as out:
+                    while chunk := await f.read(1 << 20):
+                        size += len(chunk)
+                        if size > MAX_FILE_BYTES:
+                            too_big = True
+                            break
+                        out.write(chunk)
+                if too_big:
+                    refused.append({"file_name": name, "ok": False, "status": "refused",
+                                    "msg": f"文件超过 {MAX_FILE_BYTES // (1024 * 1024)} MB"})
+                    continue
+                items.append((name, dest))
+            results = await run_in_threadpool(engine.upload, items) if items else []
+            return ok([r.to_dict() for r in results] + refused)
+        finally:
+            shutil.rmtree(tmpdir, ignore_errors=True)
+
+    @app.get("/api/kb/documents", response_model=Envelope, tags=["kb"])
+    def list_documents(page: int = Query(1, ge=1), size: int = Query(20, ge=1, le=200),
+                       keyword: str = Query("", max_length=200), _: Optional[str] = Depends(current_user)):
+        """Paged document list with chunk counts, status and failure reason."""
+        return ok(engine.list_documents(page, size, keyword))
+
+    @app.get("/api/kb/documents/{doc_id}/chunks", response_model=Envelope, tags=["kb"])
+    def document_chunks(doc_id: int, _: Optional[str] = Depends(current_user)):
+        """Chunk index + text of one document."""
+        return ok(engine.document_chunks(doc_id))
+
+    @app.delete("/api/kb/documents/{doc_id}", response_model=Envelope, tags=["kb"])
+    def delete_document(doc_id: int, _: Optional[str] = Depends(kb_admin_user)):
+        """Delete the document, its chunks, its vectors, its BM25 entries and its stored file."""
+        return ok(engine.delete_document(doc_id))
+
+    @app.post("/api/kb/rebuild", response_model=Envelope, tags=["kb"])
+    def rebuild(_: Optional[str] = Depends(kb_admin_user)):
+        """Start a full rebuild with the current chunk params (refused while one runs). Poll GET."""
+        return ok(engine.start_rebuild())
+
+    @app.get("/api/kb/rebuild", response_model=Envelope, tags=["kb"])
+    def rebuild_status(_: Optional[str] = Depends(current_user)):
+        """Progress of the running/last full rebuild: running, done, total, current, elapsed_ms."""
+        return ok(engine.rebuild_status())
+
+    @app.post("/api/kb/search", response_model=Envelope, tags=["kb"])
+    def search(body: SearchBody, _: Optional[str] = Depends(current_user)):
+        """Dual-route debug search: {bm25, vector, rrf} as in SRS §7.2."""
+        return ok(engine.search(body.query, body.top_k))
+
+    # --- question answering -------------------------------------------------------------------
+    @app.post("/api/qa/ask/sync", response_model=Envelope, tags=["qa"])
+    def ask_sync(body: AskBody, _: Optional[str] = Depends(current_user)):
+        """{answer, sources, elapsed_ms} from the same pipeline as the stream."""
+        return ok(engine.ask_sync(body.question, retry=body.retry))
+
+    @app.post("/api/qa/ask", tags=["qa"], response_class=StreamingResponse,
+              responses={200: {"content": {"text/event-stream": {}},
+                               "description": "events stage / trace / delta / sources / done / error"}})
+    async def ask(body: AskBody, request: Request, _: Optional[str] = Depends(current_user)):
+        """Server-Sent Events: the engine's event stream, serialized. `retry: true` regenerates from the
+        stored retrieval of the same question. A client that disconnects stops generation."""
+        gen = engine.ask(body.question, retry=body.retry)
+        sentinel = object()
+
+        async def stream():
+            try:
+                while True:
+                    if await request.is_disconnected():
+                        break
+                    event = await run_in_threadpool(next, gen, sentinel)
+                    if event is sentinel:
+                        break
+                    yield event.to_sse()
+            finally:
+                await run_in_threadpool(gen.close)  # GeneratorExit reaches the LLM stream and closes it
+
+        return StreamingResponse(stream(), media_type="text/event-stream",
+                                 headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
+
+    @app.get("/api/health", response_model=Envelope, tags=["status"])
+    def health():
+        """{status, chunks, docs, engine: ready|loading, …}. Open without login (holds no content)."""
+        return ok(engine.health())
+
+    return app
+

@@ -1,0 +1,80 @@
+"""Entry point: build one engine, the HTTP API and the Gradio UI, serve them in one process.
+
+    python app.py [--host 127.0.0.1] [--port 7860] [--data-dir data] [--share] [--auth USER:PASS ...]
+                  [--admin USER ...] [--kb-admin USER ...]
+"""
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import sys
+
+# Offline by construction: no analytics, no hub look-ups, no telemetry (set before the libraries import).
+os.environ.setdefault("GRADIO_ANALYTICS_ENABLED", "False")
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+os.environ.setdefault("ORT_DISABLE_TELEMETRY", "1")
+os.environ.setdefault("ANONYMIZED_TELEMETRY", "False")
+
+
+def parse_args(argv=None):
+    p = argparse.ArgumentParser(description="中文知识库问答")
+    p.add_argument("--host", default="127.0.0.1", help="bind address (default 127.0.0.1 only)")
+    p.add_argument("--port", type=int, default=7860)
+    p.add_argument("--data-dir", default="data", help="folder for app.db, chroma/, uploads/ (default data)")
+    p.add_argument("--share", action="store_true", help="ask Gradio for a public link (requires --auth)")
+    p.add_argument("--auth", action="append", metavar="USER:PASS", help="enable logins (repeatable)")
+    p.add_argument("--admin", action="append", metavar="USER", help="user allowed to use the 配置 tab")
+    p.add_argument("--kb-admin", action="append", metavar="USER", help="user allowed to manage the knowledge base")
+    return p.parse_args(argv)
+
+
+def build_app(engine, policy, share_requested: bool = False):
+    """FastAPI app with the REST API and the Gradio Blocks mounted at /."""
+    import gradio as gr
+
+    from api.server import create_api
+    from ui import build_ui
+
+    api = create_api(engine, policy)
+    blocks = build_ui(engine, policy)
+    return gr.mount_gradio_app(api, blocks, path="/", auth=policy.gradio_auth(),
+                               auth_message="请登录知识库问答" if policy.enabled else None), blocks
+
+
+def main(argv=None) -> int:
+    args = parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    from pipeline.access import AccessPolicy
+    from pipeline.engine import Engine
+
+    try:
+        policy = AccessPolicy.from_args(args.auth, args.admin, args.kb_admin)
+    except ValueError as exc:
+        print(f"参数错误：{exc}", file=sys.stderr)
+        return 2
+    if args.share and not policy.enabled:
+        print("拒绝创建公网分享链接：未设置登录（--auth USER:PASS）时公开知识库会造成泄露。", file=sys.stderr)
+        return 2
+
+    engine = Engine(args.data_dir, load_async=True)
+    app, blocks = build_app(engine, policy)
+
+    import uvicorn
+
+    from ui.share import open_share_tunnel
+
+    config = uvicorn.Config(app, host=args.host, port=args.port, log_level="warning")
+    server = uvicorn.Server(config)
+    url = f"http://{args.host}:{args.port}/"
+    print(f"* 本地地址: {url}  (API 文档: {url}docs)", flush=True)
+    if args.share:
+        open_share_tunnel(blocks, args.host, args.port)
+    server.run()
+    engine.close()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,55 @@
+"""Who may do what. Kept deliberately simple (documented in README):
+
+- Without `--auth`, the app is a local single-user tool: everyone may do everything (it binds 127.0.0.1).
+- With `--auth USER:PASS …`, users log in. `--admin USER` marks settings admins (配置 tab, /api/config*),
+  `--kb-admin USER` marks knowledge-base admins (知识库 tab, upload/delete/rebuild). Admins are also KB admins.
+  Every logged-in user may ask questions and use the debug search.
+"""
+from __future__ import annotations
+
+import hmac
+from dataclasses import dataclass, field
+
+
+@dataclass
+class AccessPolicy:
+    users: dict[str, str] = field(default_factory=dict)  # username → password
+    admins: set[str] = field(default_factory=set)
+    kb_admins: set[str] = field(default_factory=set)
+
+    @classmethod
+    def from_args(cls, auth: list[str] | None, admins: list[str] | None = None,
+                  kb_admins: list[str] | None = None) -> "AccessPolicy":
+        users = {}
+        for item in auth or []:
+            if ":" not in item:
+                raise ValueError(f"--auth 需要 USER:PASS 形式：{item!r}")
+            u, p = item.split(":", 1)
+            if not u or not p:
+                raise ValueError(f"--auth 用户名和密码都不能为空：{item!r}")
+            users[u] = p
+        admins_set = set(admins or [])
+        unknown = (admins_set | set(kb_admins or [])) - set(users)
+        if users and unknown:
+            raise ValueError(f"--admin/--kb-admin 指定了不存在的用户：{', '.join(sorted(unknown))}")
+        return cls(users, admins_set, set(kb_admins or []) | admins_set)
+
+    @property
+    def enabled(self) -> bool:
+        return bool(self.users)
+
+    def check(self, username: str | None, password: str | None) -> bool:
+        if not self.enabled:
+            return True
+        expected = self.users.get(username or "")
+        return expected is not None and hmac.compare_digest(expected.encode(), (password or "").encode())
+
+    def is_admin(self, username: str | None) -> bool:
+        return not self.enabled or (username in self.admins)
+
+    def is_kb_admin(self, username: str | None) -> bool:
+        return not self.enabled or (username in self.kb_admins)
+
+    def gradio_auth(self):
+        """Value for Gradio's `auth=` (None when logins are off)."""
+        return self.check if self.enabled else None
