@@ -1,0 +1,192 @@
+"""BM25 on Chinese, identifiers, RRF arithmetic and ties, chunker contract, rerank fallback."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from llama_index.core.schema import NodeWithScore, QueryBundle, TextNode
+from llama_index.retrievers.bm25 import BM25Retriever
+
+from pipeline.bm25 import BM25Index, build_snapshot
+from pipeline.chunking import ChineseChunker, split_text
+from pipeline.fusion import rrf_fuse
+from pipeline.rerank import SKIPPED_MSG, SafeRerank
+from pipeline.tokenize_zh import ChineseTokenizer
+
+CORPUS = {
+    1: "北京是中华人民共和国的首都，也是全国的政治中心和文化中心。",
+    2: "上海位于长江入海口，是中国最大的经济中心城市。",
+    3: "今天天气很好，我们去公园散步吧。",
+    4: "故障单 PPR-9087 记录了 v1.2.3 版本中 API_KEY 泄露的问题。",
+    5: "参考文献著录格式遵循 GB/T 7714-2015 国家标准。",
+}
+
+
+@pytest.fixture(scope="module")
+def tok():
+    return ChineseTokenizer()
+
+
+def _lookup(ids):
+    return {i: {"chunk_id": i, "doc_id": i, "chunk_index": 0, "text": CORPUS[i], "page": None,
+                "source": "text", "file_name": f"doc{i}.txt", "status": "ready"} for i in ids if i in CORPUS}
+
+
+def _index(tok, tmp_path, k1=1.5, b=0.75):
+    idx = BM25Index(tmp_path / "bm25", lambda: [(i, tok(t)) for i, t in CORPUS.items()])
+    idx.rebuild(k1, b)
+    return idx
+
+
+def test_stock_bm25_scores_chinese_zero():
+    """The problem we solve: LlamaIndex's default BM25 tokenizer is English, so Chinese scores 0."""
+    nodes = [TextNode(id_=str(i), text=t) for i, t in CORPUS.items()]
+    r = BM25Retriever.from_defaults(nodes=nodes, similarity_top_k=3)
+    hits = r.retrieve("中国的首都是哪里")
+    assert all((h.score or 0) == 0 for h in hits)
+
+
+def test_jieba_bm25_ranks_right_chunk(tok, tmp_path):
+    r = _index(tok, tmp_path).retriever(tok, _lookup, 5)
+    hits = r.retrieve("中华人民共和国的首都在哪里")
+    assert hits and hits[0].score > 0 and hits[0].node.node_id == "1"
+    hits = r.retrieve("天气")  # search mode finds 天气 inside 今天天气
+    assert hits[0].node.node_id == "3"
+
+
+@pytest.mark.parametrize("ident,chunk", [("PPR-9087", "4"), ("v1.2.3", "4"), ("API_KEY", "4"),
+                                         ("GB/T 7714-2015", "5")])
+def test_identifiers_stay_whole(tok, tmp_path, ident, chunk):
+    assert ident.lower() in tok(f"请查一下 {ident} 的情况")
+    hits = _index(tok, tmp_path).retriever(tok, _lookup, 5).retrieve(ident)
+    assert hits[0].node.node_id == chunk
+
+
+def test_user_dictionary_is_loaded(tmp_path):
+    d = tmp_path / "userdict.txt"
+    d.write_text("量子纠缠态 10 n\n", encoding="utf-8")
+    assert "量子纠缠态" in ChineseTokenizer(user_dict=d)("研究量子纠缠态的性质")
+
+
+def test_bm25_soft_delete_and_persist(tok, tmp_path):
+    idx = _index(tok, tmp_path)
+    idx.soft_delete([1])
+    hits = idx.retriever(tok, _lookup, 5).retrieve("首都")
+    assert all(h.node.node_id != "1" for h in hits)
+    # persisted index is reloaded when it matches, rebuilt when it does not
+    idx2 = BM25Index(tmp_path / "bm25", lambda: [(i, tok(t)) for i, t in CORPUS.items()])
+    assert idx2.load_or_rebuild(1.5, 0.75, set(CORPUS)) == "loaded"
+    assert idx2.retriever(tok, _lookup, 5).retrieve("首都")[0].node.node_id == "1"
+    assert idx2.load_or_rebuild(1.2, 0.75, set(CORPUS)) == "rebuilt"
+
+
+def test_bm25_k1_b_change_scores(tok, tmp_path):
+    a = _index(tok, tmp_path, 1.5, 0.75).retriever(tok, _lookup, 5).retrieve("首都 中心")
+    b = _index(tok, tmp_path, 0.5, 0.1).retriever(tok, _lookup, 5).retrieve("首都 中心")
+    assert a[0].score != pytest.approx(b[0].score)
+
+
+def test_empty_corpus_is_guarded(tok, tmp_path):
+    idx = BM25Index(tmp_path / "e", lambda: [])
+    idx.rebuild(1.5, 0.75)
+    assert idx.retriever(tok, _lookup, 5) is None
+    assert build_snapshot([], 1.5, 0.75).size == 0
+
+
+def _nws(ids, scores=None):
+    return [NodeWithScore(node=TextNode(id_=str(i), text=f"t{i}", metadata={}), score=(scores or {}).get(i, 1.0))
+            for i in ids]
+
+
+def test_rrf_arithmetic_exact():
+    bm25 = _nws([10, 20, 30], {10: 9.0, 20: 5.0, 30: 1.0})
+    vec = _nws([20, 40], {20: 0.9, 40: 0.8})
+    fused = rrf_fuse(bm25, vec, rrf_k=60)
+    got = {n.node.node_id: n for n in fused}
+    assert got["20"].score == pytest.approx(1 / 62 + 1 / 61)
+    assert got["10"].score == pytest.approx(1 / 61)
+    assert got["40"].score == pytest.approx(1 / 62)
+    assert got["30"].score == pytest.approx(1 / 63)
+    assert [n.node.node_id for n in fused] == ["20", "10", "40", "30"]
+    m = got["20"].node.metadata
+    assert (m["bm25_rank"], m["vector_rank"], m["bm25_score"], m["similarity"]) == (2, 1, 5.0, 0.9)
+    assert got["40"].node.metadata["bm25_rank"] is None
+    assert got["10"].node.metadata["vector_rank"] is None
+    assert m["rrf_score"] == pytest.approx(1 / 62 + 1 / 61)
+
+
+def test_rrf_weights():
+    fused = rrf_fuse(_nws([1]), _nws([2]), rrf_k=60, bm25_weight=0.5, vector_weight=1.0)
+    assert [n.node.node_id for n in fused] == ["2", "1"]
+    assert fused[1].score == pytest.approx(0.5 / 61)
+
+
+def test_rrf_ties_are_deterministic():
+    # 7 and 3 both get 1/61: tie broken by chunk_id ascending, whatever the input order.
+    a = rrf_fuse(_nws([7]), _nws([3]))
+    b = rrf_fuse(_nws([3]), _nws([7]))
+    assert [n.node.node_id for n in a] == [n.node.node_id for n in b] == ["3", "7"]
+
+
+def test_rerank_skipped_and_fallback():
+    nodes = _nws([1, 2, 3, 4])
+    out, status = SafeRerank(None).rerank(nodes, "q", top_n=2)
+    assert [n.node.node_id for n in out] == ["1", "2"] and status == {"status": "skipped", "msg": SKIPPED_MSG}
+
+    class Broken:
+        top_n = 2
+
+        def postprocess_nodes(self, *a, **k):
+            raise RuntimeError("boom")
+
+    out, status = SafeRerank(Broken(), "x").rerank(nodes, "q", top_n=3)
+    assert [n.node.node_id for n in out] == ["1", "2", "3"] and status["status"] == "fallback"
+    assert "boom" in status["msg"]
+
+
+def test_tiny_cross_encoder_reranks(tmp_path):
+    from tests.tiny_models import make_tiny_cross_encoder
+    from pipeline.rerank import load_cross_encoder
+
+    d = make_tiny_cross_encoder(tmp_path / "ce")
+    r = SafeRerank(load_cross_encoder(d, 2), "tiny")
+    out, status = r.rerank(_nws([1, 2, 3]), "问题", top_n=2)
+    assert status["status"] == "ok" and len(out) == 2
+    assert all(isinstance(n.score, float) for n in out)
+    # scores are the cross-encoder's, sorted descending
+    assert out[0].score >= out[1].score
+
+
+def test_chunker_limits_overlap_and_determinism():
+    text = "".join(f"这是第{i}句话，内容用于测试切块的效果。" for i in range(200))
+    spans = split_text(text, 100, 20)
+    assert all(e - s <= 100 for s, e in spans)
+    assert spans == split_text(text, 100, 20)
+    for (s1, e1), (s2, _) in zip(spans, spans[1:]):
+        assert 0 <= e1 - s2 <= 20  # overlap never exceeds chunk_overlap
+        assert text[e1 - 1] in "。"  # cut at a sentence end
+    # full coverage: every character is in some chunk
+    covered = np.zeros(len(text), bool)
+    for s, e in spans:
+        covered[s:e] = True
+    assert covered.all()
+
+
+def test_chunker_hard_cut_without_punctuation_and_surrogates():
+    text = "😀" * 500 + "字" * 333
+    spans = split_text(text, 120, 10)
+    assert all(e - s <= 120 for s, e in spans)
+    assert "".join(text[s:e] for s, e in spans).count("😀") >= 500
+
+
+def test_chunker_nodes_carry_offsets_and_page():
+    from llama_index.core import Document
+
+    docs = [Document(text="第一页。" * 50, metadata={"page": 1, "source": "text"}),
+            Document(text="第二页。" * 50, metadata={"page": 2, "source": "ocr"})]
+    nodes = ChineseChunker(chunk_size=60, chunk_overlap=8).get_nodes_from_documents(docs)
+    assert [n.metadata["chunk_index"] for n in nodes] == list(range(len(nodes)))
+    assert {n.metadata["page"] for n in nodes} == {1, 2}
+    assert all(len(n.get_content()) <= 60 for n in nodes)
+    p2 = [n for n in nodes if n.metadata["page"] == 2][0]
+    assert p2.metadata["source"] == "ocr" and p2.get_content().startswith("第二页")
+    assert p2.metadata["char_start"] == 0
