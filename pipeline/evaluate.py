@@ -1,0 +1,266 @@
+"""Retrieval evaluation on public QA sets, through the real engine (ingest → BM25 / vector / RRF / rerank).
+
+    python -m pipeline.evaluate --squad FILE [--distractors FILE] [--dureader FILE] [--limit N]
+                                [--json OUT] [--sweep]
+
+Builds a fresh knowledge base in a temp data dir: each SQuAD context is one document (optional distractor file:
+one document per line); with --dureader the corpus is every paragraph of every document (JSON lines) and the
+gold is `most_related_para` of the documents in `answer_docs`. A hit is a retrieved chunk that belongs to the
+question's gold document and (SQuAD) contains one of its answer strings.
+Prints Hit@1/3/5/10, MRR@10, nDCG@10, p50/p95 latency per route; --sweep also prints weighted-RRF variants.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import random
+import sys
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from .fusion import rrf_fuse
+
+K = 10
+SWEEP = [(1.0, 1.0), (0.75, 1.0), (0.5, 1.0), (0.35, 1.0), (0.25, 1.0), (0.0, 1.0), (1.0, 0.0)]
+
+
+@dataclass
+class Question:
+    text: str
+    gold_docs: set[str]  # keys of gold documents
+    answers: list[str] = field(default_factory=list)  # empty → any chunk of a gold doc is a hit
+
+
+@dataclass
+class Corpus:
+    docs: dict[str, str]  # key → text
+    questions: list[Question]
+
+
+def load_squad(path: Path, limit: int | None, seed: int = 13, max_contexts: int | None = None) -> Corpus:
+    data = json.loads(Path(path).read_text(encoding="utf-8"))
+    docs, qs = {}, []
+    for art in data["data"]:
+        for pi, para in enumerate(art["paragraphs"]):
+            key = f"{art.get('title', 'doc')}#{pi}#{len(docs)}"
+            docs[key] = para["context"]
+            for qa in para["qas"]:
+                ans = [a["text"] for a in qa.get("answers", []) if a.get("text")]
+                if ans:
+                    qs.append(Question(qa["question"], {key}, ans))
+    if limit and limit < len(qs):
+        rnd = random.Random(seed)
+        qs = rnd.sample(qs, limit)
+    if max_contexts and max_contexts < len(docs):
+        # Smaller corpus (CI): every gold context of the kept questions plus random others.
+        gold = {k for q in qs for k in q.gold_docs}
+        others = [k for k in docs if k not in gold]
+        extra = random.Random(seed).sample(others, max(0, min(len(others), max_contexts - len(gold))))
+        docs = {k: v for k, v in docs.items() if k in gold or k in set(extra)}
+    return Corpus(docs, qs)
+
+
+def load_dureader(path: Path, limit: int | None) -> Corpus:
+    docs, qs = {}, []
+    with open(path, encoding="utf-8") as f:
+        for li, line in enumerate(f):
+            d = json.loads(line)
+            gold = set()
+            for di, doc in enumerate(d["documents"]):
+                for pj, para in enumerate(doc["paragraphs"]):
+                    if not para.strip():
+                        continue
+                    key = f"q{li}d{di}p{pj}"
+                    docs[key] = para
+                    if di in d.get("answer_docs", []) and pj == doc.get("most_related_para"):
+                        gold.add(key)
+            if gold:
+                qs.append(Question(d["question"], gold, []))
+            if limit and len(qs) >= limit:
+                break
+    return Corpus(docs, qs)
+
+
+def add_distractors(corpus: Corpus, path: Path, n: int | None) -> None:
+    with open(path, encoding="utf-8") as f:
+        for i, line in enumerate(f):
+            if n is not None and i >= n:
+                break
+            if line.strip():
+                corpus.docs[f"news#{i}"] = line.strip()
+
+
+def build_kb(engine, corpus: Corpus, tmp: Path) -> dict[str, int]:
+    """Ingest every document through the engine; returns key → doc_id (duplicates share a doc)."""
+    key_to_doc: dict[str, int] = {}
+    keys = list(corpus.docs)
+    src = tmp / "src"
+    src.mkdir()
+    t0 = time.perf_counter()
+    for i in range(0, len(keys), 10):
+        batch = []
+        for k in keys[i:i + 10]:
+            p = src / f"{len(key_to_doc) + len(batch)}.txt"
+            p.write_text(corpus.docs[k], encoding="utf-8")
+            batch.append((k, p))
+        res = engine.upload([(f"{k[:60]}.txt", p) for k, p in batch])
+        for (k, p), r in zip(batch, res):
+            if r.doc_id is None:
+                raise RuntimeError(f"upload refused: {k}: {r.msg}")
+            key_to_doc[k] = r.doc_id
+            p.unlink()
+    engine.ingest.wait_idle()
+    engine.bm25_index.rebuild(engine.settings.bm25_k1, engine.settings.bm25_b)
+    c = engine.docs.counts()
+    print(f"# knowledge base: {c['ready_docs']} docs ready, {c['chunks']} chunks, "
+          f"ingest {time.perf_counter() - t0:.0f} s", file=sys.stderr)
+    return key_to_doc
+
+
+def _is_hit(node, q: Question, gold_ids: set[int]) -> bool:
+    if node.node.metadata.get("doc_id") not in gold_ids:
+        return False
+    if not q.answers:
+        return True
+    text = node.node.get_content()
+    return any(a in text for a in q.answers)
+
+
+def metrics(ranked_hits: list[list[bool]], n_relevant: list[int], lat_ms: list[float]) -> dict:
+    res = {f"hit@{k}": 0.0 for k in (1, 3, 5, 10)}
+    mrr = ndcg = 0.0
+    for hits, nrel in zip(ranked_hits, n_relevant):
+        hits = hits[:K]
+        for k in (1, 3, 5, 10):
+            res[f"hit@{k}"] += any(hits[:k])
+        first = next((i for i, h in enumerate(hits) if h), None)
+        mrr += 1 / (first + 1) if first is not None else 0
+        dcg = sum(1 / math.log2(i + 2) for i, h in enumerate(hits) if h)
+        idcg = sum(1 / math.log2(i + 2) for i in range(min(max(nrel, 1), K)))
+        ndcg += dcg / idcg
+    n = max(len(ranked_hits), 1)
+    out = {k: round(v / n, 4) for k, v in res.items()}
+    out["mrr@10"] = round(mrr / n, 4)
+    out["ndcg@10"] = round(ndcg / n, 4)
+    out["p50_ms"] = round(float(np.percentile(lat_ms, 50)), 1) if lat_ms else None
+    out["p95_ms"] = round(float(np.percentile(lat_ms, 95)), 1) if lat_ms else None
+    return out
+
+
+def evaluate(engine, corpus: Corpus, key_to_doc: dict[str, int], sweep: bool = False) -> dict:
+    s = engine.settings
+    svc = engine.retrieval
+    routes: dict[str, list[list[bool]]] = {"bm25": [], "vector": [], "rrf": []}
+    lat: dict[str, list[float]] = {"bm25": [], "vector": [], "rrf": []}
+    has_rerank = engine.reranker.available
+    if has_rerank:
+        routes["rerank"], lat["rerank"] = [], []
+    sweep_hits: dict[tuple, list[list[bool]]] = {w: [] for w in SWEEP} if sweep else {}
+    n_rel: list[int] = []
+    # relevant chunk counts per question (for nDCG's ideal ranking)
+    for q in corpus.questions:
+        gold_ids = {key_to_doc[k] for k in q.gold_docs if k in key_to_doc}
+        rel = 0
+        for did in gold_ids:
+            for ch in engine.docs.chunks_of(did):
+                rel += (not q.answers) or any(a in ch["text"] for a in q.answers)
+        n_rel.append(rel)
+        bundle, fusion, embed_ms = svc.recall(q.text, s)
+        routes["bm25"].append([_is_hit(n, q, gold_ids) for n in fusion.bm25[:K]])
+        routes["vector"].append([_is_hit(n, q, gold_ids) for n in fusion.vector[:K]])
+        routes["rrf"].append([_is_hit(n, q, gold_ids) for n in fusion.fused[:K]])
+        lat["bm25"].append(fusion.ms["bm25"])
+        lat["vector"].append(embed_ms + fusion.ms["vector"])
+        lat["rrf"].append(embed_ms + sum(fusion.ms.values()))
+        if has_rerank:
+            t0 = time.perf_counter()
+            ranked, _ = engine.reranker.rerank(fusion.fused, q.text, top_n=K, candidates=s.rerank_candidates)
+            lat["rerank"].append(lat["rrf"][-1] + (time.perf_counter() - t0) * 1000)
+            routes["rerank"].append([_is_hit(n, q, gold_ids) for n in ranked[:K]])
+        for w in sweep_hits:
+            fused = rrf_fuse(fusion.bm25, fusion.vector, s.rrf_k, w[0], w[1])
+            sweep_hits[w].append([_is_hit(n, q, gold_ids) for n in fused[:K]])
+    out = {"questions": len(corpus.questions),
+           "routes": {r: metrics(routes[r], n_rel, lat[r]) for r in routes},
+           "settings": {"rrf_k": s.rrf_k, "bm25_weight": s.bm25_weight, "vector_weight": s.vector_weight,
+                        "recall_size": s.recall_size, "chunk_size": s.chunk_size,
+                        "embedding": engine.embedding.label}}
+    if sweep:
+        out["sweep"] = {f"bm25={w[0]},vector={w[1]}": metrics(sweep_hits[w], n_rel, []) for w in SWEEP}
+        for v in out["sweep"].values():
+            v.pop("p50_ms"), v.pop("p95_ms")
+    return out
+
+
+def print_table(result: dict, title: str = "") -> None:
+    cols = ["hit@1", "hit@3", "hit@5", "hit@10", "mrr@10", "ndcg@10", "p50_ms", "p95_ms"]
+    print(f"\n{title}  ({result['questions']} questions)")
+    print("| route | " + " | ".join(cols) + " |")
+    print("|---" * (len(cols) + 1) + "|")
+    for r, m in result["routes"].items():
+        print(f"| {r} | " + " | ".join(str(m.get(c)) for c in cols) + " |")
+    if "sweep" in result:
+        print("\nweighted RRF sweep (rrf_k=%s)" % result["settings"]["rrf_k"])
+        print("| weights | hit@1 | hit@5 | mrr@10 | ndcg@10 |\n|---|---|---|---|---|")
+        for w, m in result["sweep"].items():
+            print(f"| {w} | {m['hit@1']} | {m['hit@5']} | {m['mrr@10']} | {m['ndcg@10']} |")
+
+
+def run(args) -> dict:
+    from .engine import Engine
+
+    if args.dureader:
+        corpus = load_dureader(Path(args.dureader), args.limit)
+        title = f"DuReader {Path(args.dureader).name}"
+    else:
+        corpus = load_squad(Path(args.squad), args.limit, max_contexts=args.contexts)
+        title = f"SQuAD-format {Path(args.squad).name}"
+    if args.distractors:
+        add_distractors(corpus, Path(args.distractors), args.max_distractors)
+        title += f" + distractors {Path(args.distractors).name}"
+    with tempfile.TemporaryDirectory(prefix="kbqa-eval-") as tmp:
+        engine = Engine(Path(tmp) / "data")
+        overrides = {k: v for k, v in {"bm25_weight": args.bm25_weight, "vector_weight": args.vector_weight,
+                                       "reranker_model_path": args.reranker}.items() if v is not None}
+        if overrides:
+            engine.update_settings(overrides)
+            if "reranker_model_path" in overrides:
+                engine.reload()
+        key_to_doc = build_kb(engine, corpus, Path(tmp))
+        result = evaluate(engine, corpus, key_to_doc, sweep=args.sweep)
+        result["title"] = title
+        engine.close()
+    print_table(result, title)
+    if args.json:
+        Path(args.json).write_text(json.dumps(result, ensure_ascii=False, indent=2), encoding="utf-8")
+    return result
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(prog="python -m pipeline.evaluate", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    src = p.add_mutually_exclusive_group(required=True)
+    src.add_argument("--squad", help="SQuAD-format JSON (CMRC 2018, XQuAD)")
+    src.add_argument("--dureader", help="DuReader 2.0 JSON lines")
+    p.add_argument("--distractors", help="one document per line (e.g. CRUD-RAG news)")
+    p.add_argument("--max-distractors", type=int, default=None)
+    p.add_argument("--limit", type=int, default=None, help="number of questions (corpus kept whole for SQuAD)")
+    p.add_argument("--contexts", type=int, default=None,
+                   help="SQuAD: keep only N contexts (the gold ones of the kept questions + random others)")
+    p.add_argument("--json", help="write the metrics as JSON")
+    p.add_argument("--sweep", action="store_true", help="also score weighted-RRF variants")
+    p.add_argument("--bm25-weight", type=float, default=None)
+    p.add_argument("--vector-weight", type=float, default=None)
+    p.add_argument("--reranker", default=None, help="cross-encoder directory to evaluate the rerank route")
+    args = p.parse_args(argv)
+    run(args)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
