@@ -55,8 +55,9 @@ class VectorStore:
             return
         if self.count() and stored_id is not None:
             raise RuntimeError(self.check_model(model_id, dim) or "embedding model mismatch")
-        self.collection.modify(metadata={"hnsw:space": "cosine", "embedding_model": model_id,
-                                         "embedding_dim": int(dim)})
+        # Only our keys: re-sending hnsw:space raises ("changing the distance function…"); the space stays
+        # in the collection's configuration.
+        self.collection.modify(metadata={"embedding_model": model_id, "embedding_dim": int(dim)})
 
     def reset(self) -> None:
         """Drop every vector (full rebuild with another embedding model)."""
