@@ -1,0 +1,175 @@
+"""Answer generation: stream an LLM answer over the reranked nodes, or an extractive one when no LLM is set.
+
+    result = yield from stream_answer(question, nodes, llm, temperature)
+
+yields `pipeline.events.delta` events only and returns a `GenerationResult`. Any LLM failure — before or in the
+middle of the stream — raises `LLMError` whose `.msg` is a specific Chinese message.
+
+Helpers live in: prompting.py (materials + rules), citations.py (CitationGuard), extractive.py (no-LLM mode),
+llm_client.py (build_llm, LLMError, error mapping, test_llm_connection).
+"""
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, field
+from typing import Any, Generator, Sequence
+
+from pipeline.citations import CitationGuard
+from pipeline.events import NO_ANSWER_TEXT, Event, delta
+from pipeline.extractive import extractive_deltas
+from pipeline.llm_client import (  # noqa: F401  (re-exported: the engine imports these from here)
+    KIND_INTERRUPTED,
+    KIND_OTHER,
+    LLMError,
+    build_llm,
+    STREAM_TAG_HEADER,
+    map_llm_error,
+    new_stream_tag,
+    normalize_api_base,
+    release_stream,
+    supports_stream_tag,
+    test_llm_connection,
+)
+from pipeline.prompting import build_messages
+
+logger = logging.getLogger(__name__)
+
+__all__ = ["GenerationResult", "LLMError", "build_llm", "stream_answer", "test_llm_connection",
+           "CitationGuard", "ThinkFilter"]
+
+
+@dataclass
+class GenerationResult:
+    text: str
+    cited: set[int]
+    order: list[int] = field(default_factory=list)  # cited numbers, first-cited first
+
+
+class ThinkFilter:
+    """Drops a leading `<think>…</think>` block (reasoning models served with thinking inside `content`)."""
+
+    OPEN, CLOSE = "<think>", "</think>"
+
+    def __init__(self):
+        self._state = "start"  # start → (thinking →) pass
+        self._buf = ""
+
+    def feed(self, text: str) -> str:
+        if self._state == "pass":
+            return text
+        self._buf += text
+        if self._state == "start":
+            s = self._buf.lstrip()
+            if s.startswith(self.OPEN):
+                self._state = "thinking"
+                self._buf = s[len(self.OPEN):]
+            elif self.OPEN.startswith(s):
+                return ""  # could still be "<think>"
+            else:
+                self._state = "pass"
+                out, self._buf = self._buf, ""
+                return out
+        # thinking
+        idx = self._buf.find(self.CLOSE)
+        if idx < 0:
+            self._buf = self._buf[-len(self.CLOSE):]
+            return ""
+        self._state = "pass"
+        out, self._buf = self._buf[idx + len(self.CLOSE):].lstrip(), ""
+        return out
+
+    def flush(self) -> str:
+        out = self._buf if self._state == "start" else ""
+        self._buf = ""
+        return out
+
+
+def _llm_context(llm: Any) -> dict:
+    return {
+        "timeout": getattr(llm, "timeout", None),
+        "model": getattr(llm, "model", None),
+        "api_base": getattr(llm, "api_base", None),
+        "api_key": getattr(llm, "api_key", None),  # only used to scrub messages, never logged
+    }
+
+
+def stream_answer(question: str, nodes: Sequence[Any], llm: Any, temperature: float,
+                  *, tokenizer: Any = None) -> Generator[Event, None, GenerationResult]:
+    """Yield delta events of the answer; return GenerationResult(text, cited).
+
+    `nodes` are the reranked NodeWithScore list (material [n] = nodes[n-1]). `llm` None → extractive answer
+    (pass a shared `tokenizer` — a pipeline.tokenize_zh.ChineseTokenizer — to avoid building one).
+    No nodes → the standard no-answer text without calling the LLM.
+    """
+    nodes = list(nodes or [])
+    if not nodes:
+        yield delta(NO_ANSWER_TEXT)
+        return GenerationResult(NO_ANSWER_TEXT, set())
+
+    if llm is None:
+        deltas, cited = extractive_deltas(question, nodes, tokenizer)
+        for d in deltas:
+            yield delta(d)
+        return GenerationResult("".join(deltas), cited, sorted(cited))
+
+    messages = build_messages(question, nodes)
+    guard = CitationGuard(len(nodes))
+    think = ThinkFilter()
+    ctx = _llm_context(llm)
+    parts: list[str] = []
+    chunks = 0
+    saw_openai_chunks = False
+    finished = False
+    stream = None
+    tag = new_stream_tag() if supports_stream_tag(llm) else None
+    kwargs: dict[str, Any] = {"temperature": temperature}
+    if tag:
+        kwargs["extra_headers"] = {STREAM_TAG_HEADER: tag}
+    try:
+        stream = llm.stream_chat(messages, **kwargs)
+        for resp in stream:
+            chunks += 1
+            raw = getattr(resp, "raw", None)
+            choices = getattr(raw, "choices", None)
+            if choices is not None:
+                saw_openai_chunks = True
+                if any(getattr(c, "finish_reason", None) for c in choices):
+                    finished = True
+            out = guard.feed(think.feed(getattr(resp, "delta", None) or ""))
+            if out:
+                parts.append(out)
+                yield delta(out)
+    except GeneratorExit:
+        raise
+    except Exception as exc:  # noqa: BLE001 — every LLM failure becomes an LLMError
+        err = map_llm_error(exc, mid_stream=chunks > 0, **ctx)
+        logger.warning("LLM call failed [%s] after %d chunks: %s (%s)", err.kind, chunks, err.msg,
+                       type(exc).__name__)
+        raise err from exc
+    finally:
+        if tag:
+            release_stream(tag)  # a consumer that hangs up stops the model now, not at the next GC
+        close = getattr(stream, "close", None)
+        if callable(close):
+            try:
+                close()
+            except Exception:  # noqa: BLE001
+                pass
+
+    if saw_openai_chunks and not finished:
+        # a close-delimited body that just stops looks like a normal end to openai; the spec's finish_reason
+        # on the last chunk is the only sign the answer was complete
+        err = LLMError("大模型输出中断：连接在回答结束前关闭（未收到结束标记）", KIND_INTERRUPTED)
+        logger.warning("LLM stream ended without finish_reason after %d chunks", chunks)
+        raise err
+
+    tail = guard.feed(think.flush()) + guard.flush()
+    if tail:
+        parts.append(tail)
+        yield delta(tail)
+    text = "".join(parts)
+    if not text.strip():
+        raise LLMError("大模型返回了空回答，请检查模型是否正常或稍后重试", KIND_OTHER)
+    if guard.removed:
+        logger.info("removed %d invented citation(s): %s", len(guard.removed), guard.removed)
+    return GenerationResult(text, set(guard.cited), list(guard.order))

@@ -1,0 +1,16 @@
+"""Shared pytest fixtures."""
+from __future__ import annotations
+
+import pytest
+
+
+@pytest.fixture
+def fake_llm():
+    """A scripted OpenAI-compatible server on 127.0.0.1 (see tests/fake_llm.py); fresh per test."""
+    from tests.fake_llm import FakeLLMServer
+
+    server = FakeLLMServer().start()
+    try:
+        yield server
+    finally:
+        server.stop()
