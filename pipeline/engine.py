@@ -175,39 +175,47 @@ class Engine:
     def _load_guarded(self) -> None:
         try:
             self.load()
-        except Exception as exc:
-            log.exception("engine load failed")
-            self.load_error = f"{type(exc).__name__}: {exc}"
-            self.state = "error"
+        except EngineError:
+            pass  # state/load_error already say why; health() reports it
 
     def load(self) -> float:
         """(Re)load models and indexes. Questions get 2002 while this runs."""
         t0 = time.perf_counter()
         with self._lock:
             self.state = "loading" if self.embedding is None else "reloading"
-            s = self._settings
-            from .embeddings import load_embedding
-            from .generation import build_llm
-
-            emb = load_embedding(s.embedding_model_path, self.project_root, self.models_dir)
-            LISettings.embed_model = emb.embed_model  # never let LlamaIndex fall back to OpenAI
-            LISettings.llm = None
-            self.embedding = emb
-            self.model_warning = self.vectors.check_model(emb.model_id, emb.dim)
-            self.reranker = self._load_reranker(s)
-            self.llm = build_llm(s)
-            self.retrieval = RetrievalService(
-                self.docs, self.vectors, self.bm25_index, self.tokenizer, emb.embed_model, self.reranker,
-                pending_vectors=self.docs.pending_chunk_count, vector_enabled=lambda: self.model_warning is None)
-            self._recover()
-            self.bm25_index.load_or_rebuild(s.bm25_k1, s.bm25_b, self.docs.ready_chunk_ids())
-            self._answers.clear()
-            self.state = "ready"
-            self.load_error = None
+            try:
+                self._load_models()
+            except Exception as exc:
+                # Never stay "reloading" forever: report the failure (health, 2002 with the reason).
+                log.exception("engine load failed")
+                self.load_error = f"{type(exc).__name__}: {exc}"
+                self.state = "error"
+                raise EngineError(ev.CODE_ENGINE, f"引擎加载失败：{self.load_error}") from exc
         self.last_reload_ms = (time.perf_counter() - t0) * 1000
         log.info("engine ready in %.0f ms (embedding: %s, rerank: %s, llm: %s)", self.last_reload_ms,
-                 emb.label, self.reranker.model_label or "无", s.llm_model or "未配置")
+                 self.embedding.label, self.reranker.model_label or "无", self._settings.llm_model or "未配置")
         return self.last_reload_ms
+
+    def _load_models(self) -> None:
+        s = self._settings
+        from .embeddings import load_embedding
+        from .generation import build_llm
+
+        emb = load_embedding(s.embedding_model_path, self.project_root, self.models_dir)
+        LISettings.embed_model = emb.embed_model  # never let LlamaIndex fall back to OpenAI
+        LISettings.llm = None
+        self.embedding = emb
+        self.model_warning = self.vectors.check_model(emb.model_id, emb.dim)
+        self.reranker = self._load_reranker(s)
+        self.llm = build_llm(s)
+        self.retrieval = RetrievalService(
+            self.docs, self.vectors, self.bm25_index, self.tokenizer, emb.embed_model, self.reranker,
+            pending_vectors=self.docs.pending_chunk_count, vector_enabled=lambda: self.model_warning is None)
+        self._recover()
+        self.bm25_index.load_or_rebuild(s.bm25_k1, s.bm25_b, self.docs.ready_chunk_ids())
+        self._answers.clear()
+        self.state = "ready"
+        self.load_error = None
 
     def reload(self) -> float:
         if self._rebuild["running"]:

@@ -64,7 +64,8 @@ class DocumentStore:
     def list(self, page: int = 1, size: int = 20, keyword: str = "") -> tuple[list[dict], int]:
         page = max(1, int(page))
         size = max(1, min(int(size), 200))
-        like = f"%{keyword.strip()}%" if keyword and keyword.strip() else "%"
+        kw = (keyword or "").strip().replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_")
+        like = f"%{kw}%"
         with self.db.connect() as conn:
             total = conn.execute(
                 "SELECT COUNT(*) FROM kb_document WHERE file_name LIKE ? ESCAPE '\\'", (like,)
