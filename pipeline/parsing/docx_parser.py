@@ -1,0 +1,106 @@
+"""DOCX: paragraphs and tables in document order (python-docx, walking the body XML)."""
+from __future__ import annotations
+
+import zipfile
+from pathlib import Path
+
+from .errors import ParseError
+from .normalize import normalize_text
+from .validate import R_DOCX_BROKEN, R_DOCX_NOT_ZIP
+
+_W = "{http://schemas.openxmlformats.org/wordprocessingml/2006/main}"
+_P, _TBL, _SDT, _SDT_CONTENT, _TR, _TC = (_W + t for t in ("p", "tbl", "sdt", "sdtContent", "tr", "tc"))
+# Containers whose children are block content (tracked insertions, custom XML, smart tags …).
+_BLOCK_WRAPPERS = {_W + t for t in ("ins", "customXml", "smartTag", "moveTo")}
+_TXBX = _W + "txbxContent"
+
+
+def parse_docx(path: Path) -> str:
+    try:
+        import docx  # python-docx
+        from docx.opc.exceptions import PackageNotFoundError
+
+        document = docx.Document(str(path))
+    except PackageNotFoundError as exc:
+        raise ParseError(R_DOCX_NOT_ZIP) from exc
+    except (zipfile.BadZipFile, KeyError, ValueError, OSError, EOFError) as exc:
+        raise ParseError(R_DOCX_BROKEN) from exc
+    except Exception as exc:  # lxml XMLSyntaxError and friends from malformed parts
+        raise ParseError(R_DOCX_BROKEN) from exc
+
+    lines: list[str] = []
+    _walk_blocks(document.element.body, document, lines)
+    return normalize_text("\n".join(lines))
+
+
+def _walk_blocks(container, document, out: list[str]) -> None:
+    """Appends one line per paragraph and per table row, in document order."""
+    from docx.table import Table
+    from docx.text.paragraph import Paragraph
+
+    for el in container.iterchildren():
+        tag = el.tag
+        if tag == _P:
+            text = _paragraph_text(Paragraph(el, document))
+            out.append(text)
+        elif tag == _TBL:
+            _table_lines(Table(el, document), document, out)
+        elif tag == _SDT:
+            content = el.find(_SDT_CONTENT)
+            if content is not None:
+                _walk_blocks(content, document, out)
+        elif tag in _BLOCK_WRAPPERS:
+            _walk_blocks(el, document, out)
+        # sectPr, bookmarkStart/End, … carry no text
+
+
+def _paragraph_text(paragraph) -> str:
+    text = paragraph.text  # runs + hyperlinks (python-docx ≥ 1.0)
+    # Text boxes (w:txbxContent inside drawings / VML) are not in paragraph.text; append their paragraphs.
+    boxes = paragraph._p.findall(".//" + _TXBX)
+    if boxes:
+        from docx.text.paragraph import Paragraph
+
+        extra = []
+        for box in boxes:
+            for p in box.iter(_P):
+                t = Paragraph(p, paragraph._parent).text
+                if t.strip():
+                    extra.append(t)
+        # mc:AlternateContent usually holds the same text box twice (DrawingML + VML fallback)
+        seen: set[str] = set()
+        extra = [t for t in extra if not (t in seen or seen.add(t))]
+        text = "\n".join([text, *extra]) if text.strip() else "\n".join(extra)
+    return text
+
+
+def _cell_text(cell, document) -> str:
+    parts: list[str] = []
+    _walk_blocks(cell._tc, document, parts)
+    # a cell's own lines are joined with spaces so that one table row stays one line
+    return " ".join(p.strip() for p in parts if p.strip())
+
+
+def _table_lines(table, document, out: list[str]) -> None:
+    """One line per row: distinct cells joined by " | ". python-docx returns the same cell (same `_tc`)
+    for every grid position a horizontally merged cell spans, and the top cell's text again for rows
+    a vertical merge continues: both are emitted once."""
+    seen_tc: set = set()  # lxml elements (kept alive here, so identity is stable)
+    for row in table.rows:
+        cells: list[str] = []
+        try:
+            row_cells = row.cells
+        except Exception:  # malformed grid → fall back to the raw w:tc children
+            from docx.table import _Cell
+
+            row_cells = [_Cell(tc, table) for tc in row._tr.findall(_TC)]
+        for cell in row_cells:
+            key = cell._tc
+            if key in seen_tc:
+                continue
+            seen_tc.add(key)
+            text = _cell_text(cell, document)
+            if text:
+                cells.append(text)
+        if cells:
+            out.append(" | ".join(cells))
