@@ -9,6 +9,8 @@ import argparse
 import logging
 import os
 import sys
+import threading
+import time
 
 # Offline by construction: no analytics, no hub look-ups, no telemetry (set before the libraries import).
 os.environ.setdefault("GRADIO_ANALYTICS_ENABLED", "False")
@@ -35,12 +37,14 @@ def build_app(engine, policy, share_requested: bool = False):
     import gradio as gr
 
     from api.server import create_api
-    from ui import build_ui
+    from ui import build_ui, page_kwargs
 
     api = create_api(engine, policy)
     blocks = build_ui(engine, policy)
+    # Gradio 6: theme/css/head (the citation click script) are mount/launch arguments, not Blocks() ones.
     return gr.mount_gradio_app(api, blocks, path="/", auth=policy.gradio_auth(),
-                               auth_message="请登录知识库问答" if policy.enabled else None), blocks
+                               auth_message="请登录知识库问答" if policy.enabled else None,
+                               **page_kwargs()), blocks
 
 
 def main(argv=None) -> int:
@@ -67,10 +71,19 @@ def main(argv=None) -> int:
 
     config = uvicorn.Config(app, host=args.host, port=args.port, log_level="warning")
     server = uvicorn.Server(config)
-    url = f"http://{args.host}:{args.port}/"
-    print(f"* 本地地址: {url}  (API 文档: {url}docs)", flush=True)
-    if args.share:
-        open_share_tunnel(blocks, args.host, args.port)
+    shown_host = "127.0.0.1" if args.host in ("0.0.0.0", "::") else args.host
+    url = f"http://{shown_host}:{args.port}/"
+
+    def announce():  # print the address only once the socket really accepts connections
+        while not server.started and not server.should_exit:
+            time.sleep(0.05)
+        if not server.started:
+            return
+        print(f"* 本地地址: {url}  (API 文档: {url}docs)", flush=True)
+        if args.share:
+            open_share_tunnel(blocks, args.host, args.port)
+
+    threading.Thread(target=announce, name="announce", daemon=True).start()
     server.run()
     engine.close()
     return 0

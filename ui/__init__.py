@@ -1,4 +1,9 @@
-"""Gradio Blocks UI: three tabs over one engine. The UI holds no retrieval or storage logic of its own."""
+"""Gradio Blocks UI: three tabs over one engine. The UI holds no retrieval or storage logic of its own.
+
+Gradio 6: theme/css/head are arguments of `launch()` / `gr.mount_gradio_app()`, not of `gr.Blocks()`; use
+`ui.launch_kwargs()` (or `ui.theme.page_kwargs()`) there. `build_ui()` also leaves them on the Blocks as
+`demo.page_kwargs` for callers that only get the Blocks.
+"""
 from __future__ import annotations
 
 import gradio as gr
@@ -9,29 +14,40 @@ from .chat_tab import build_chat_tab
 from .header import build_header
 from .kb_tab import build_kb_tab
 from .settings_tab import build_settings_tab
-from .theme import CSS, HEAD_JS
+from .theme import CSS, HEAD_JS, page_kwargs
 
-__all__ = ["build_ui"]
+__all__ = ["build_ui", "page_kwargs", "launch_kwargs", "CSS", "HEAD_JS"]
+
+
+def launch_kwargs() -> dict:
+    """Keyword arguments for `demo.launch()` that carry the page look and the citation script."""
+    return page_kwargs()
 
 
 def build_ui(engine, policy: AccessPolicy | None = None) -> gr.Blocks:
     policy = policy or AccessPolicy()
     with gr.Blocks(title="中文知识库问答", analytics_enabled=False) as demo:
         badge = build_header(engine)
-        with gr.Tabs():
-            with gr.Tab("问答", id="qa"):
-                build_chat_tab(engine)
-            with gr.Tab("知识库", id="kb", visible=True) as kb_tab:
-                build_kb_tab(engine, badge)
-            with gr.Tab("配置", id="config", visible=True) as cfg_tab:
-                build_settings_tab(engine)
+        with gr.Tabs(selected="qa", elem_id="kb-tabs") as tabs:
+            with gr.Tab("问答", id="qa", elem_id="tab-qa"):
+                chat = build_chat_tab(engine, policy)
+            with gr.Tab("知识库", id="kb", visible=True, elem_id="tab-kb") as kb_tab:
+                build_kb_tab(engine, badge, policy)
+            with gr.Tab("配置", id="config", visible=True, elem_id="tab-config") as cfg_tab:
+                build_settings_tab(engine, policy)
 
-        def roles(request: gr.Request):
-            user = getattr(request, "username", None) if request else None
-            return gr.update(visible=policy.is_kb_admin(user)), gr.update(visible=policy.is_admin(user))
+        chat.goto_kb.click(lambda: gr.Tabs(selected="kb"), None, tabs, api_visibility="private", queue=False)
+        # The browser's stored history → the 历史记录 list, on every page load.
+        demo.load(chat.refresh_history, [chat.history], [chat.history_list], api_visibility="private",
+                  queue=False)
 
         if policy.enabled:
-            demo.load(roles, None, [kb_tab, cfg_tab])
-    demo.css_text = CSS  # applied at launch/mount (Gradio 6 takes css/head at launch)
-    demo.head_js = HEAD_JS
+            # Hide what the logged-in user may not use. This is cosmetic: the handlers of those tabs check
+            # request.username server-side as well.
+            def roles(request: gr.Request):
+                user = getattr(request, "username", None) if request else None
+                return gr.Tab(visible=policy.is_kb_admin(user)), gr.Tab(visible=policy.is_admin(user))
+
+            demo.load(roles, None, [kb_tab, cfg_tab], api_visibility="private", queue=False)
+    demo.page_kwargs = page_kwargs()
     return demo

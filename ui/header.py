@@ -1,0 +1,50 @@
+"""Page header: title + badges 「知识库: N 块」, embedding model, LLM mode (from engine.health()).
+
+`build_header(engine)` returns the badge component (a gr.HTML). Other tabs refresh it by returning
+`badge_html(engine)` as that component's new value (e.g. after an upload); a gr.Timer refreshes it too.
+"""
+from __future__ import annotations
+
+import gradio as gr
+
+from .render import esc
+
+REFRESH_SECONDS = 5
+
+
+def badge_html(engine) -> str:
+    try:
+        h = engine.health()
+    except Exception as exc:  # the header must never break the page
+        return f'<div class="kb-badges" id="kb-badges"><span class="kb-badge kb-badge-warn">引擎状态未知：{esc(exc)}</span></div>'
+    state = h.get("state")
+    chunks = h.get("chunks") or 0
+    items = [f'<span class="kb-badge kb-badge-main" data-chunks="{int(chunks)}">知识库: {int(chunks)} 块</span>']
+    if h.get("processing"):
+        items.append(f'<span class="kb-badge">处理中 {int(h["processing"])} 个文档</span>')
+    if state in ("loading", "reloading"):
+        items.append('<span class="kb-badge kb-badge-warn">引擎加载中…</span>')
+    elif state == "error":
+        items.append('<span class="kb-badge kb-badge-warn">引擎加载失败</span>')
+    emb = h.get("embedding_model")
+    if emb:
+        items.append(f'<span class="kb-badge" title="Embedding 模型">{esc(emb)}</span>')
+    llm = h.get("llm")
+    if llm:
+        items.append(f'<span class="kb-badge" title="大模型">大模型: {esc(llm)}</span>')
+    if h.get("warning"):
+        items.append(f'<span class="kb-badge kb-badge-warn" title="{esc(h["warning"])}">⚠ 需要重建知识库</span>')
+    rb = h.get("rebuild") or {}
+    if rb.get("running"):
+        items.append(f'<span class="kb-badge kb-badge-warn">全量重建中 {int(rb.get("done") or 0)}/{int(rb.get("total") or 0)}</span>')
+    return f'<div class="kb-badges" id="kb-badges" data-state="{esc(state)}">' + "".join(items) + "</div>"
+
+
+def build_header(engine) -> gr.HTML:
+    with gr.Row(elem_id="kb-header", equal_height=True):
+        gr.HTML("<h1>中文知识库问答</h1>", elem_id="kb-title")
+        badge = gr.HTML(badge_html(engine), elem_id="kb-badge")
+    timer = gr.Timer(REFRESH_SECONDS)
+    timer.tick(lambda: badge_html(engine), None, badge, api_name="header_badge", show_progress="hidden",
+               queue=False)
+    return badge

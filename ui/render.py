@@ -1,0 +1,206 @@
+"""HTML rendering helpers for the answer, the sources panel, the retrieval trace and the stage indicator.
+
+Pure functions of the engine's event payloads (pipeline.events / RetrievalResult.trace() / .sources()); no
+Gradio import, so the knowledge-base / debug views and tests can use them freely. Everything that comes from
+documents or the model is HTML-escaped here.
+
+Click-to-source (F3-3): citations in the answer become `<a class="kb-cite" data-cite="n" href="#kb-src-n">[n]</a>`;
+source cards carry `id="kb-src-n"` (class `kb-src`). The small script in ui.theme.HEAD_JS highlights and scrolls
+to the card. Pass another `id_prefix` when rendering a second sources list on the same page.
+"""
+from __future__ import annotations
+
+import html
+import re
+from typing import Any, Iterable
+
+SNIPPET_CHARS = 80
+STAGES = (("recall", "检索中"), ("rerank", "重排中"), ("generate", "生成中"))
+_CITE = re.compile(r"\[(\d{1,3})\]")
+
+
+def esc(x: Any) -> str:
+    return html.escape("" if x is None else str(x), quote=True)
+
+
+def fmt_num(x: Any, nd: int = 4) -> str:
+    if x is None:
+        return "—"
+    try:
+        return f"{float(x):.{nd}f}"
+    except (TypeError, ValueError):
+        return esc(x)
+
+
+def snippet(text: str | None, n: int = SNIPPET_CHARS) -> str:
+    t = " ".join((text or "").split())
+    return t[:n] + ("…" if len(t) > n else "")
+
+
+def doc_label(item: dict) -> str:
+    name = item.get("doc_name") or item.get("file_name") or "未知文档"
+    page = item.get("page")
+    return f"{name} · 第{page}页" if page else str(name)
+
+
+# ---------------------------------------------------------------------------------------------- answer
+def answer_markdown(text: str, id_prefix: str = "kb-src-") -> str:
+    """Answer text for gr.Chatbot (markdown): HTML-escaped, every [n] made a clickable citation link."""
+    safe = html.escape(text or "", quote=False)
+    # Keep markdown from turning "[1](…)" or "[1][2]" into links: citations become explicit anchors.
+    return _CITE.sub(lambda m: (f'<a class="kb-cite" data-cite="{m.group(1)}" '
+                                f'href="#{id_prefix}{m.group(1)}">[{m.group(1)}]</a>'), safe)
+
+
+def cited_numbers(text: str) -> list[int]:
+    seen: list[int] = []
+    for m in _CITE.finditer(text or ""):
+        n = int(m.group(1))
+        if n not in seen:
+            seen.append(n)
+    return seen
+
+
+# ---------------------------------------------------------------------------------------------- stage
+def render_stage(phase: str | None = None, *, done_ms: Any = None, error: str | None = None,
+                 note: str | None = None) -> str:
+    """检索中 → 重排中 → 生成中, the current one highlighted; or a final state."""
+    if error:
+        return f'<div class="kb-stage kb-stage-error" data-phase="error">⚠️ {esc(error)}</div>'
+    if done_ms is not None:
+        extra = f" · {esc(note)}" if note else ""
+        return (f'<div class="kb-stage kb-stage-done" data-phase="done">✓ 完成 · 用时 '
+                f'{esc(done_ms)} ms{extra}</div>')
+    if not phase:
+        return '<div class="kb-stage kb-stage-idle" data-phase="idle">输入问题后按 发送（Enter）</div>'
+    keys = [k for k, _ in STAGES]
+    cur = keys.index(phase) if phase in keys else -1
+    parts = []
+    for i, (k, label) in enumerate(STAGES):
+        cls = "kb-step-done" if i < cur else ("kb-step-active" if i == cur else "kb-step-todo")
+        parts.append(f'<span class="kb-step {cls}" data-step="{k}">{label}</span>')
+    return f'<div class="kb-stage" data-phase="{esc(phase)}">' + '<span class="kb-arrow">→</span>'.join(parts) + "</div>"
+
+
+# ---------------------------------------------------------------------------------------------- sources
+def render_sources(sources: Iterable[dict] | None, *, no_answer: bool = False, id_prefix: str = "kb-src-",
+                   empty_text: str | None = None, kb_hint: str | None = None) -> str:
+    """The 引用来源 panel: [n] · 文件名 · 前 80 字 · 相似度, full text folded below each card."""
+    sources = list(sources or [])
+    if not sources:
+        if no_answer:
+            hint = kb_hint or "请到「知识库」标签页上传相关资料后再提问。"
+            return ('<div class="kb-sources kb-sources-empty" data-count="0"><div class="kb-noanswer">'
+                    f'未在知识库中找到相关资料。{esc(hint)}</div></div>')
+        return ('<div class="kb-sources kb-sources-empty" data-count="0"><div class="kb-muted">'
+                f'{esc(empty_text or "回答后在这里显示引用的资料片段。")}</div></div>')
+    cards = []
+    for s in sources:
+        no = s.get("no")
+        sim = s.get("similarity")
+        meta = [f'<span class="kb-src-no">[{esc(no)}]</span>',
+                f'<span class="kb-src-doc">{esc(doc_label(s))}</span>']
+        if sim is not None:
+            meta.append(f'<span class="kb-src-sim" title="相似度（余弦）">相似度 {fmt_num(sim, 3)}</span>')
+        if s.get("rerank_score") is not None:
+            meta.append(f'<span class="kb-src-rr" title="精排分">精排 {fmt_num(s.get("rerank_score"), 3)}</span>')
+        if s.get("source") == "ocr":
+            meta.append('<span class="kb-tag">OCR</span>')
+        cited = " kb-cited" if s.get("cited") else ""
+        full = s.get("text") or ""
+        cards.append(
+            f'<details class="kb-src{cited}" id="{esc(id_prefix)}{esc(no)}" data-no="{esc(no)}">'
+            f'<summary><div class="kb-src-head">{" · ".join(meta)}</div>'
+            f'<div class="kb-src-snip">{esc(snippet(full))}</div></summary>'
+            f'<div class="kb-src-full">{esc(full)}</div></details>')
+    return f'<div class="kb-sources" data-count="{len(cards)}">' + "".join(cards) + "</div>"
+
+
+# ---------------------------------------------------------------------------------------------- trace
+_MS_LABELS = {"embed": "向量化", "bm25": "BM25", "vector": "向量检索", "rrf": "RRF 融合", "fusion": "融合",
+              "rerank": "精排", "total": "检索合计", "generate": "生成", "elapsed": "总用时"}
+
+
+def _ms_line(ms: dict | None, elapsed_ms: Any = None) -> str:
+    items = []
+    for k, v in (ms or {}).items():
+        items.append(f'<span class="kb-ms" data-ms="{esc(k)}">{esc(_MS_LABELS.get(k, k))} {fmt_num(v, 1)} ms</span>')
+    if elapsed_ms is not None:
+        items.append(f'<span class="kb-ms" data-ms="elapsed">总用时 {esc(elapsed_ms)} ms</span>')
+    return '<div class="kb-ms-line">' + " · ".join(items) + "</div>" if items else ""
+
+
+def _table(rows: list[dict], cols: list[tuple[str, str]]) -> str:
+    if not rows:
+        return '<div class="kb-muted">（无结果）</div>'
+    head = "".join(f"<th>{esc(label)}</th>" for _, label in cols)
+    body = []
+    for r in rows:
+        tds = []
+        for key, _ in cols:
+            v = r.get(key)
+            if key == "doc":
+                tds.append(f'<td class="kb-doc">{esc(doc_label(r))}</td>')
+            elif key == "text":
+                tds.append(f'<td class="kb-snip">{esc(snippet(v, 120))}</td>')
+            elif key in ("score", "similarity", "rerank_score"):
+                tds.append(f"<td>{fmt_num(v)}</td>")
+            elif key == "rrf_score":
+                tds.append(f"<td>{fmt_num(v, 6)}</td>")
+            elif key == "no":
+                tds.append(f'<td><a class="kb-cite" data-cite="{esc(v)}" href="#kb-src-{esc(v)}">[{esc(v)}]</a></td>')
+            else:
+                tds.append(f"<td>{esc('—' if v is None else v)}</td>")
+        body.append("<tr>" + "".join(tds) + "</tr>")
+    return f'<table class="kb-trace-table"><thead><tr>{head}</tr></thead><tbody>{"".join(body)}</tbody></table>'
+
+
+def rerank_note(status: dict | None) -> str:
+    """Plain-language line about the rerank step ('' when it ran normally)."""
+    st = (status or {}).get("status")
+    msg = (status or {}).get("msg") or ""
+    if not st or st == "ok":
+        return ""
+    label = {"skipped": "精排已跳过（④ 按 RRF 顺序）", "fallback": "精排已回退（④ 按 RRF 顺序）"}.get(st, f"精排状态：{st}")
+    return f"{label}：{msg}" if msg else label
+
+
+def render_trace(trace: dict | None, elapsed_ms: Any = None) -> str:
+    """「检索过程」: ① BM25 ② 向量 ③ RRF ④ 精排 (④'s numbers are the citation numbers) + stage timings."""
+    if not trace:
+        return '<div class="kb-trace kb-muted">提问后在这里查看检索过程。</div>'
+    parts = ['<div class="kb-trace">', _ms_line(trace.get("ms"), elapsed_ms)]
+    gate = trace.get("gate") or {}
+    if gate:
+        ok = gate.get("hit")
+        parts.append(f'<div class="kb-gate" data-hit="{str(bool(ok)).lower()}">相关性门槛：最高相似度 '
+                     f'{fmt_num(gate.get("max_similarity"), 3)} {"≥" if ok else "<"} 阈值 '
+                     f'{fmt_num(gate.get("min_similarity"), 2)}'
+                     f'{"" if ok else "（未命中，不调用大模型）"}</div>')
+    parts.append('<div class="kb-trace-sec" data-sec="bm25"><h4>① BM25 关键词检索 Top-10（得分）</h4>')
+    parts.append(_table(trace.get("bm25") or [], [("rank", "#"), ("doc", "文档"), ("score", "BM25 得分"),
+                                                  ("text", "片段")]) + "</div>")
+    parts.append('<div class="kb-trace-sec" data-sec="vector"><h4>② 向量检索 Top-10（相似度）</h4>')
+    parts.append(_table(trace.get("vector") or [], [("rank", "#"), ("doc", "文档"), ("similarity", "相似度"),
+                                                    ("text", "片段")]) + "</div>")
+    parts.append('<div class="kb-trace-sec" data-sec="rrf"><h4>③ RRF 融合排序</h4>')
+    parts.append(_table(trace.get("rrf") or [], [("rank", "#"), ("doc", "文档"), ("rrf_score", "RRF 分"),
+                                                 ("bm25_rank", "BM25 名次"), ("vector_rank", "向量名次"),
+                                                 ("text", "片段")]) + "</div>")
+    note = rerank_note(trace.get("rerank_status"))
+    parts.append('<div class="kb-trace-sec" data-sec="rerank"><h4>④ 精排 Top-6（编号即引用编号）</h4>')
+    if note:
+        parts.append(f'<div class="kb-rerank-note">{esc(note)}</div>')
+    parts.append(_table(trace.get("rerank") or [], [("no", "引用"), ("doc", "文档"), ("rerank_score", "精排分"),
+                                                    ("similarity", "相似度"), ("text", "片段")]) + "</div>")
+    parts.append("</div>")
+    return "".join(parts)
+
+
+# ---------------------------------------------------------------------------------------------- history
+def history_label(rec: dict) -> str:
+    q = " ".join((rec.get("question") or "").split())
+    q = q[:40] + ("…" if len(q) > 40 else "")
+    ts = rec.get("time") or ""
+    flag = "⚠️ " if rec.get("error") else ("∅ " if rec.get("no_answer") else "")
+    return f"{ts} · {flag}{q}"
