@@ -277,3 +277,16 @@ def test_share_tunnel_failure_is_reported(monkeypatch, capsys):
     assert time.time() - t0 < 5
     out = capsys.readouterr().out
     assert "未能创建公网分享链接" in out and "本地" in out
+
+
+def test_restricted_tabs_start_hidden_with_logins(engine):
+    """With --auth, 知识库/配置 are not rendered until the load event shows them to kb-admins/admins."""
+    from ui import build_ui
+
+    def tab_visibility(demo):
+        return {b.elem_id: b.visible for b in demo.blocks.values() if getattr(b, "elem_id", None) in
+                ("tab-qa", "tab-kb", "tab-config")}
+
+    assert tab_visibility(build_ui(engine)) == {"tab-qa": True, "tab-kb": True, "tab-config": True}
+    policy = AccessPolicy.from_args(["alice:a", "bob:b"], admins=["alice"])
+    assert tab_visibility(build_ui(engine, policy)) == {"tab-qa": True, "tab-kb": False, "tab-config": False}

@@ -31,9 +31,12 @@ def build_ui(engine, policy: AccessPolicy | None = None) -> gr.Blocks:
         with gr.Tabs(selected="qa", elem_id="kb-tabs") as tabs:
             with gr.Tab("问答", id="qa", elem_id="tab-qa"):
                 chat = build_chat_tab(engine, policy)
-            with gr.Tab("知识库", id="kb", visible=True, elem_id="tab-kb") as kb_tab:
+            # With logins on, the restricted tabs start hidden and are shown on load to who may use them
+            # (Gradio 6.31: updating a rendered Tab to visible=False does not hide it; False → True works).
+            shown = not policy.enabled
+            with gr.Tab("知识库", id="kb", visible=shown, elem_id="tab-kb") as kb_tab:
                 build_kb_tab(engine, badge, policy)
-            with gr.Tab("配置", id="config", visible=True, elem_id="tab-config") as cfg_tab:
+            with gr.Tab("配置", id="config", visible=shown, elem_id="tab-config") as cfg_tab:
                 build_settings_tab(engine, policy)
 
         chat.goto_kb.click(lambda: gr.Tabs(selected="kb"), None, tabs, api_visibility="private", queue=False)
@@ -46,7 +49,8 @@ def build_ui(engine, policy: AccessPolicy | None = None) -> gr.Blocks:
             # request.username server-side as well.
             def roles(request: gr.Request):
                 user = getattr(request, "username", None) if request else None
-                return gr.Tab(visible=policy.is_kb_admin(user)), gr.Tab(visible=policy.is_admin(user))
+                return (gr.Tab(visible=True) if policy.is_kb_admin(user) else gr.skip(),
+                        gr.Tab(visible=True) if policy.is_admin(user) else gr.skip())
 
             demo.load(roles, None, [kb_tab, cfg_tab], api_visibility="private", queue=False)
     demo.page_kwargs = page_kwargs()

@@ -66,7 +66,7 @@ a.kb-cite:hover { background: var(--color-accent-soft); }
 .kb-trace-table th, .kb-trace-table td { border-bottom: 1px solid var(--border-color-primary); padding: 3px 6px;
                                          text-align: left; vertical-align: top; }
 .kb-trace-table td.kb-snip { color: var(--body-text-color-subdued); }
-.kb-trace-table td.kb-doc { white-space: nowrap; }
+.kb-trace-table td.kb-doc, .kb-trace-table th { white-space: nowrap; }
 #kb-history-list { max-height: 420px; overflow-y: auto; }
 """
 
