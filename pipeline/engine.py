@@ -341,6 +341,9 @@ class Engine:
     def rebuild(self, timeout: float | None = None) -> dict:
         """Blocking full rebuild (scripts/tests)."""
         self.start_rebuild()
+        return self.wait_rebuild(timeout)
+
+    def wait_rebuild(self, timeout: float | None = None) -> dict:
         t_end = time.time() + (timeout or 1e9)
         while self._rebuild["running"] and time.time() < t_end:
             time.sleep(0.1)

@@ -88,6 +88,8 @@ class IngestService:
         self._current: int | None = None
         self._idle = threading.Event()
         self._idle.set()
+        self._pending = 0  # queued + in progress; idle only when it drops to 0
+        self._pending_lock = threading.Lock()
         self._worker = threading.Thread(target=self._run, name="ingest-worker", daemon=True)
         self._worker.start()
 
@@ -137,7 +139,9 @@ class IngestService:
             return self.upload([(name, p)])[0]
 
     def enqueue(self, doc_id: int) -> None:
-        self._idle.clear()
+        with self._pending_lock:
+            self._pending += 1
+            self._idle.clear()
         self._queue.put(doc_id)
 
     def cancel(self, doc_id: int) -> None:
@@ -168,7 +172,11 @@ class IngestService:
                 if self._queue.empty():
                     try:
                         self.on_change()
-                    finally:
+                    except Exception:
+                        log.exception("post-ingest refresh failed")
+                with self._pending_lock:
+                    self._pending -= 1
+                    if self._pending == 0:
                         self._idle.set()
 
     def process(self, doc_id: int) -> None:
