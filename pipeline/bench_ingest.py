@@ -1,0 +1,77 @@
+"""Ingest throughput, end to end through the engine (upload → parse → chunk → tokenize → embed → write).
+
+    python -m pipeline.bench_ingest [--cmrc N] [--news N]
+
+Documents: N CMRC 2018 dev contexts + N CRUD-RAG news articles (../shared/data), each uploaded as a .txt
+file. Prints chunks/s end to end and the share of worker time per stage. Embedding dominates; the rest
+(parse + chunk + tokenize + write) should stay under 15% of the embedding time.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+DATA = Path(__file__).resolve().parents[1].parent / "shared" / "data"
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m pipeline.bench_ingest", description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--cmrc", type=int, default=150, help="CMRC contexts")
+    ap.add_argument("--news", type=int, default=50, help="CRUD-RAG news articles")
+    ap.add_argument("--json", default=None)
+    args = ap.parse_args(argv)
+
+    from .engine import Engine
+
+    cm = json.loads((DATA / "cmrc2018" / "cmrc2018_dev.json").read_text(encoding="utf-8"))
+    texts = [p["context"] for a in cm["data"] for p in a["paragraphs"]][: args.cmrc]
+    with open(DATA / "crud_rag_news" / "documents_dup_part_1_part_1", encoding="utf-8") as f:
+        news = [line.strip() for line in f if line.strip()]
+    texts += news[: args.news]
+    with tempfile.TemporaryDirectory(prefix="kbqa-bench-ingest-") as tmp:
+        engine = Engine(Path(tmp) / "data")
+        src = Path(tmp) / "src"
+        src.mkdir()
+        paths = []
+        for i, t in enumerate(texts):
+            p = src / f"doc{i}.txt"
+            p.write_text(t, encoding="utf-8")
+            paths.append((p.name, p))
+        engine.ingest.timer.reset()
+        t0 = time.perf_counter()
+        for i in range(0, len(paths), 10):
+            engine.upload(paths[i:i + 10])
+        engine.ingest.wait_idle()
+        wall = time.perf_counter() - t0
+        timer = engine.ingest.timer
+        secs = dict(timer.seconds)
+        chunks = timer.chunks
+        c = engine.docs.counts()
+        label = engine.embedding.label
+        engine.close()
+    total_stage = sum(secs.values()) or 1e-9
+    other = sum(v for k, v in secs.items() if k != "embed")
+    report = {"docs": len(texts), "chunks": chunks, "ready_docs": c["ready_docs"], "wall_s": round(wall, 1),
+              "chunks_per_s": round(chunks / wall, 2), "embedding": label,
+              "stage_s": {k: round(v, 2) for k, v in secs.items()},
+              "stage_share": {k: round(v / total_stage, 4) for k, v in secs.items()},
+              "non_embed_vs_embed": round(other / max(secs.get("embed", 1e-9), 1e-9), 4)}
+    print(f"\nIngest benchmark: {report['docs']} docs → {chunks} chunks in {report['wall_s']} s "
+          f"= {report['chunks_per_s']} chunks/s end to end ({label}, 2 cores)")
+    print("| stage | seconds | share |\n|---|---|---|")
+    for k in ("parse", "chunk", "tokenize", "embed", "write"):
+        print(f"| {k} | {report['stage_s'].get(k, 0)} | {report['stage_share'].get(k, 0) * 100:.1f}% |")
+    print(f"- everything but embedding = {report['non_embed_vs_embed'] * 100:.1f}% of embedding time "
+          f"(goal < 15%)")
+    if args.json:
+        Path(args.json).write_text(json.dumps(report, ensure_ascii=False, indent=2))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
