@@ -44,6 +44,7 @@ def build_app(engine, policy, share_requested: bool = False):
     # Gradio 6: theme/css/head (the citation click script) are mount/launch arguments, not Blocks() ones.
     return gr.mount_gradio_app(api, blocks, path="/", auth=policy.gradio_auth(),
                                auth_message="请登录知识库问答" if policy.enabled else None,
+                               max_file_size="20mb",  # the browser refuses bigger files before upload
                                **page_kwargs()), blocks
 
 
