@@ -152,7 +152,8 @@ def metrics(ranked_hits: list[list[bool]], n_relevant: list[int], lat_ms: list[f
     return out
 
 
-def evaluate(engine, corpus: Corpus, key_to_doc: dict[str, int], sweep: bool = False) -> dict:
+def evaluate(engine, corpus: Corpus, key_to_doc: dict[str, int], sweep: bool = False,
+             dump: Path | None = None) -> dict:
     s = engine.settings
     svc = engine.retrieval
     routes: dict[str, list[list[bool]]] = {"bm25": [], "vector": [], "rrf": []}
@@ -162,6 +163,7 @@ def evaluate(engine, corpus: Corpus, key_to_doc: dict[str, int], sweep: bool = F
         routes["rerank"], lat["rerank"] = [], []
     sweep_hits: dict[tuple, list[list[bool]]] = {w: [] for w in SWEEP} if sweep else {}
     n_rel: list[int] = []
+    dump_f = open(dump, "w", encoding="utf-8") if dump else None
     # relevant chunk counts per question (for nDCG's ideal ranking)
     for q in corpus.questions:
         gold_ids = {key_to_doc[k] for k in q.gold_docs if k in key_to_doc}
@@ -185,6 +187,14 @@ def evaluate(engine, corpus: Corpus, key_to_doc: dict[str, int], sweep: bool = F
         for w in sweep_hits:
             fused = rrf_fuse(fusion.bm25, fusion.vector, s.rrf_k, w[0], w[1])
             sweep_hits[w].append([_is_hit(n, q, gold_ids) for n in fused[:K]])
+        if dump_f:  # per-question route lists, for offline fusion experiments
+            dump_f.write(json.dumps({
+                "q": q.text, "n_rel": rel,
+                "bm25": [[n.node.node_id, round(float(n.score), 4), _is_hit(n, q, gold_ids)] for n in fusion.bm25],
+                "vector": [[n.node.node_id, round(float(n.score), 4), _is_hit(n, q, gold_ids)]
+                           for n in fusion.vector]}, ensure_ascii=False) + "\n")
+    if dump_f:
+        dump_f.close()
     out = {"questions": len(corpus.questions),
            "routes": {r: metrics(routes[r], n_rel, lat[r]) for r in routes},
            "settings": {"rrf_k": s.rrf_k, "bm25_weight": s.bm25_weight, "vector_weight": s.vector_weight,
@@ -232,7 +242,8 @@ def run(args) -> dict:
             if "reranker_model_path" in overrides:
                 engine.reload()
         key_to_doc = build_kb(engine, corpus, Path(tmp))
-        result = evaluate(engine, corpus, key_to_doc, sweep=args.sweep)
+        result = evaluate(engine, corpus, key_to_doc, sweep=args.sweep,
+                          dump=Path(args.dump) if args.dump else None)
         result["title"] = title
         engine.close()
     print_table(result, title)
@@ -254,6 +265,7 @@ def main(argv=None) -> int:
                    help="SQuAD: keep only N contexts (the gold ones of the kept questions + random others)")
     p.add_argument("--json", help="write the metrics as JSON")
     p.add_argument("--sweep", action="store_true", help="also score weighted-RRF variants")
+    p.add_argument("--dump", help="write per-question route lists (JSON lines) for offline fusion studies")
     p.add_argument("--bm25-weight", type=float, default=None)
     p.add_argument("--vector-weight", type=float, default=None)
     p.add_argument("--reranker", default=None, help="cross-encoder directory to evaluate the rerank route")
