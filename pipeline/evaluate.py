@@ -185,7 +185,7 @@ def evaluate(engine, corpus: Corpus, key_to_doc: dict[str, int], sweep: bool = F
             lat["rerank"].append(lat["rrf"][-1] + (time.perf_counter() - t0) * 1000)
             routes["rerank"].append([_is_hit(n, q, gold_ids) for n in ranked[:K]])
         for w in sweep_hits:
-            fused = rrf_fuse(fusion.bm25, fusion.vector, s.rrf_k, w[0], w[1])
+            fused = rrf_fuse(fusion.bm25, fusion.vector, s.rrf_k, w[0], w[1])  # fixed weights
             sweep_hits[w].append([_is_hit(n, q, gold_ids) for n in fused[:K]])
         if dump_f:  # per-question route lists, for offline fusion experiments
             dump_f.write(json.dumps({
@@ -198,6 +198,7 @@ def evaluate(engine, corpus: Corpus, key_to_doc: dict[str, int], sweep: bool = F
     out = {"questions": len(corpus.questions),
            "routes": {r: metrics(routes[r], n_rel, lat[r]) for r in routes},
            "settings": {"rrf_k": s.rrf_k, "bm25_weight": s.bm25_weight, "vector_weight": s.vector_weight,
+                        "bm25_adaptive": s.bm25_adaptive,
                         "recall_size": s.recall_size, "chunk_size": s.chunk_size,
                         "embedding": engine.embedding.label}}
     if sweep:

@@ -2,8 +2,12 @@
 
 score(chunk) = Σ_route  w_route / (rrf_k + rank_route(chunk)),  ranks from 1, rrf_k = 60 (SRS).
 With both weights 1 this is plain RRF. Weights are settings; their defaults were chosen by measurement
-(docs/retrieval-eval.md): on real search questions equal weights let BM25's noise pull fusion below the
-vector route alone.
+(docs/retrieval-eval.md): on real search questions (DuReader) equal weights let BM25's noise pull fusion below
+the vector route alone, while on passage-worded questions (CMRC, XQuAD) BM25 is the stronger route.
+Adaptive mode (default) therefore scales the BM25 weight per query by how decisive BM25's own ranking is:
+w_bm25 = clamp((s1 / s2 − 1) · ADAPTIVE_SLOPE, ADAPTIVE_FLOOR, bm25_weight), s1/s2 its top two scores.
+A query whose words single out one passage keeps BM25's full say; a query whose words match many passages
+about equally (typical search phrasing) leans on the vector route.
 Each fused node keeps bm25_rank, bm25_score, vector_rank, similarity, rrf_score (None where a route missed).
 Ties are broken by chunk_id so results are reproducible.
 """
@@ -16,6 +20,17 @@ from llama_index.core.base.base_retriever import BaseRetriever
 from llama_index.core.schema import NodeWithScore, QueryBundle
 
 FUSION_KEYS = ["bm25_rank", "bm25_score", "vector_rank", "similarity", "rrf_score"]
+ADAPTIVE_SLOPE = 1.0
+ADAPTIVE_FLOOR = 0.2
+
+
+def adaptive_bm25_weight(bm25: list[NodeWithScore], cap: float) -> float:
+    """The BM25 weight for this query (see module doc). Never above `cap` (the bm25_weight setting)."""
+    scores = [float(n.score or 0.0) for n in bm25[:2]]
+    if len(scores) < 2 or scores[1] <= 0:
+        return cap  # a single lexical hit is as decisive as it gets
+    ratio = scores[0] / scores[1]
+    return min(cap, max(ADAPTIVE_FLOOR, (ratio - 1.0) * ADAPTIVE_SLOPE))
 
 
 @dataclass
@@ -24,6 +39,7 @@ class FusionOutput:
     vector: list[NodeWithScore] = field(default_factory=list)
     fused: list[NodeWithScore] = field(default_factory=list)
     ms: dict[str, float] = field(default_factory=dict)
+    bm25_weight: float = 1.0  # the weight actually used for this query
 
 
 def rrf_fuse(bm25: list[NodeWithScore], vector: list[NodeWithScore], rrf_k: int = 60,
@@ -68,10 +84,11 @@ class HybridRRFRetriever(BaseRetriever):
     """Runs both routes (each recalling `recall_size`) and fuses them with weighted RRF."""
 
     def __init__(self, bm25_retriever: BaseRetriever | None, vector_retriever: BaseRetriever | None,
-                 rrf_k: int = 60, bm25_weight: float = 1.0, vector_weight: float = 1.0):
+                 rrf_k: int = 60, bm25_weight: float = 1.0, vector_weight: float = 1.0, adaptive: bool = True):
         self.bm25_retriever = bm25_retriever
         self.vector_retriever = vector_retriever
         self.rrf_k = rrf_k
+        self.adaptive = adaptive
         self.bm25_weight = bm25_weight
         self.vector_weight = vector_weight
         self.last: FusionOutput | None = None
@@ -84,7 +101,9 @@ class HybridRRFRetriever(BaseRetriever):
         t1 = time.perf_counter()
         out.vector = self.vector_retriever.retrieve(query_bundle) if self.vector_retriever else []
         t2 = time.perf_counter()
-        out.fused = rrf_fuse(out.bm25, out.vector, self.rrf_k, self.bm25_weight, self.vector_weight)
+        out.bm25_weight = (adaptive_bm25_weight(out.bm25, self.bm25_weight) if self.adaptive and out.vector
+                           else self.bm25_weight)
+        out.fused = rrf_fuse(out.bm25, out.vector, self.rrf_k, out.bm25_weight, self.vector_weight)
         t3 = time.perf_counter()
         out.ms = {"bm25": (t1 - t0) * 1000, "vector": (t2 - t1) * 1000, "rrf": (t3 - t2) * 1000}
         self.last = out

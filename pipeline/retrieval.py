@@ -50,6 +50,7 @@ class RetrievalResult:
     rerank_status: dict = field(default_factory=dict)
     ms: dict = field(default_factory=dict)
     hit: bool = False
+    bm25_weight: float = 1.0
     max_similarity: float = 0.0
     min_similarity: float = 0.0
 
@@ -89,6 +90,7 @@ class RetrievalResult:
                                   "similarity": _r(n.node.metadata.get("similarity_full"))}
                        for i, n in enumerate(self.final, 1)],
             "rerank_status": self.rerank_status,
+            "fusion": {"bm25_weight": _r(self.bm25_weight, 3)},
             "gate": {"hit": self.hit, "max_similarity": _r(self.max_similarity),
                      "min_similarity": self.min_similarity},
             "ms": {k: round(v, 1) for k, v in self.ms.items()},
@@ -119,7 +121,7 @@ class RetrievalService:
                                     extra_fetch=self.pending_vectors)
                if self.vector_enabled() else None)
         return HybridRRFRetriever(bm25, vec, rrf_k=s.rrf_k, bm25_weight=s.bm25_weight,
-                                  vector_weight=s.vector_weight)
+                                  vector_weight=s.vector_weight, adaptive=s.bm25_adaptive)
 
     def _embed_query(self, query: str) -> list[float]:
         return self.embed_model.get_query_embedding(query)
@@ -136,7 +138,7 @@ class RetrievalService:
         t_start = time.perf_counter()
         bundle, fusion, embed_ms = self.recall(query, s)
         res = RetrievalResult(query=query, bm25=fusion.bm25, vector=fusion.vector, fused=fusion.fused,
-                              min_similarity=s.min_similarity)
+                              min_similarity=s.min_similarity, bm25_weight=fusion.bm25_weight)
         res.max_similarity = max((n.score or 0.0 for n in fusion.vector), default=0.0)
         # Gate (F3-4): nothing similar enough → no hit, and no LLM call downstream.
         res.hit = bool(fusion.fused) and res.max_similarity >= s.min_similarity
@@ -189,4 +191,5 @@ class RetrievalService:
                      "bm25_rank": n.node.metadata.get("bm25_rank"),
                      "vector_rank": n.node.metadata.get("vector_rank")} for n in fusion.fused[:top_k]],
             "ms": {k: round(v, 1) for k, v in fusion.ms.items()},
+            "bm25_weight": round(fusion.bm25_weight, 3),
         }

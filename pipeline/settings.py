@@ -13,7 +13,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_valida
 GROUPS: dict[str, list[str]] = {
     "llm": ["llm_model", "llm_api_url", "llm_api_key", "llm_temperature", "llm_timeout"],
     "retrieval": [
-        "recall_size", "final_top_k", "rrf_k", "bm25_weight", "vector_weight",
+        "recall_size", "final_top_k", "rrf_k", "bm25_weight", "vector_weight", "bm25_adaptive",
         "bm25_k1", "bm25_b", "min_similarity", "rerank_candidates",
     ],
     "chunking": ["chunk_size", "chunk_overlap"],
@@ -24,7 +24,7 @@ SECRET_FIELDS = {"llm_api_key"}
 
 # Fields whose change takes effect on the next question; the rest need 重载引擎 (or a rebuild).
 IMMEDIATE_FIELDS = {
-    "recall_size", "final_top_k", "rrf_k", "bm25_weight", "vector_weight", "bm25_k1", "bm25_b",
+    "recall_size", "final_top_k", "rrf_k", "bm25_weight", "vector_weight", "bm25_adaptive", "bm25_k1", "bm25_b",
     "min_similarity", "rerank_candidates", "llm_temperature", "ocr_enabled", "ocr_max_pages",
 }
 RELOAD_FIELDS = {"llm_model", "llm_api_url", "llm_api_key", "llm_timeout",
@@ -39,7 +39,7 @@ LABELS: dict[str, str] = {
     "llm_model": "模型名称", "llm_api_url": "API 地址", "llm_api_key": "API Key",
     "llm_temperature": "温度", "llm_timeout": "超时(秒)",
     "recall_size": "每路召回数", "final_top_k": "最终 Top-K", "rrf_k": "RRF K",
-    "bm25_weight": "BM25 权重", "vector_weight": "向量权重",
+    "bm25_weight": "BM25 权重", "vector_weight": "向量权重", "bm25_adaptive": "BM25 自适应权重",
     "bm25_k1": "BM25 k1", "bm25_b": "BM25 b", "min_similarity": "最低相似度",
     "rerank_candidates": "精排候选数", "chunk_size": "块大小(字符)", "chunk_overlap": "块重叠(字符)",
     "embedding_model_path": "Embedding 模型路径", "reranker_model_path": "Reranker 模型路径",
@@ -62,9 +62,11 @@ class Settings(BaseModel):
     recall_size: int = Field(50, ge=1, le=200)
     final_top_k: int = Field(6, ge=1, le=20)
     rrf_k: int = Field(60, ge=1)
-    # Weighted RRF: defaults chosen by measurement (docs/retrieval-eval.md).
-    bm25_weight: float = Field(0.5, ge=0, le=5)
+    # Weighted RRF; with bm25_adaptive the BM25 weight per query is scaled down when BM25's ranking is not
+    # decisive (pipeline.fusion). Defaults chosen by measurement (docs/retrieval-eval.md).
+    bm25_weight: float = Field(1.0, ge=0, le=5)
     vector_weight: float = Field(1.0, ge=0, le=5)
+    bm25_adaptive: bool = True
     bm25_k1: float = Field(1.5, ge=0, le=3)
     bm25_b: float = Field(0.75, ge=0, le=1)
     # SRS says 0.3; calibrated per embedding model (see pipeline.models.calibrated_min_similarity).

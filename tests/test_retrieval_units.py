@@ -190,3 +190,27 @@ def test_chunker_nodes_carry_offsets_and_page():
     p2 = [n for n in nodes if n.metadata["page"] == 2][0]
     assert p2.metadata["source"] == "ocr" and p2.get_content().startswith("第二页")
     assert p2.metadata["char_start"] == 0
+
+
+def test_adaptive_bm25_weight():
+    from pipeline.fusion import ADAPTIVE_FLOOR, HybridRRFRetriever, adaptive_bm25_weight
+
+    assert adaptive_bm25_weight(_nws([1, 2], {1: 3.0, 2: 1.0}), 1.0) == 1.0  # decisive BM25: full weight
+    assert adaptive_bm25_weight(_nws([1, 2], {1: 1.5, 2: 1.0}), 1.0) == pytest.approx(0.5)
+    assert adaptive_bm25_weight(_nws([1, 2], {1: 1.05, 2: 1.0}), 1.0) == ADAPTIVE_FLOOR  # flat: floor
+    assert adaptive_bm25_weight(_nws([1], {1: 2.0}), 0.7) == 0.7  # single lexical hit
+    assert adaptive_bm25_weight(_nws([1, 2], {1: 3.0, 2: 1.0}), 0.0) == 0.0  # the setting caps it
+
+    class Fixed:  # a stand-in route returning a fixed list (exercises the BaseRetriever contract)
+        def __init__(self, nodes):
+            self.nodes = nodes
+
+        def retrieve(self, q):
+            return self.nodes
+
+    flat_bm25 = _nws([1, 2, 3], {1: 1.05, 2: 1.0, 3: 0.9})
+    vec = _nws([3, 2, 1])
+    out = HybridRRFRetriever(Fixed(flat_bm25), Fixed(vec), adaptive=True).run(QueryBundle("q"))
+    assert out.bm25_weight == ADAPTIVE_FLOOR and out.fused[0].node.node_id == "3"  # vector order wins
+    out = HybridRRFRetriever(Fixed(flat_bm25), Fixed(vec), adaptive=False).run(QueryBundle("q"))
+    assert out.bm25_weight == 1.0
