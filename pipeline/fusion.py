@@ -47,18 +47,14 @@ def rrf_fuse(bm25: list[NodeWithScore], vector: list[NodeWithScore], rrf_k: int 
     """Pure function: fuse two ranked lists. Input order is the rank (1-based)."""
     info: dict[str, dict] = {}
     nodes: dict[str, NodeWithScore] = {}
-    for rank, n in enumerate(bm25, start=1):
-        nid = n.node.node_id
-        nodes.setdefault(nid, n)
-        d = info.setdefault(nid, {k: None for k in FUSION_KEYS} | {"rrf_score": 0.0})
-        d["bm25_rank"], d["bm25_score"] = rank, float(n.score or 0.0)
-        d["rrf_score"] += bm25_weight / (rrf_k + rank)
-    for rank, n in enumerate(vector, start=1):
-        nid = n.node.node_id
-        nodes.setdefault(nid, n)
-        d = info.setdefault(nid, {k: None for k in FUSION_KEYS} | {"rrf_score": 0.0})
-        d["vector_rank"], d["similarity"] = rank, float(n.score or 0.0)
-        d["rrf_score"] += vector_weight / (rrf_k + rank)
+    routes = ((bm25, "bm25_rank", "bm25_score", bm25_weight), (vector, "vector_rank", "similarity", vector_weight))
+    for ranked, rank_key, score_key, weight in routes:
+        for rank, n in enumerate(ranked, start=1):
+            nid = n.node.node_id
+            nodes.setdefault(nid, n)
+            d = info.setdefault(nid, {k: None for k in FUSION_KEYS} | {"rrf_score": 0.0})
+            d[rank_key], d[score_key] = rank, float(n.score or 0.0)
+            d["rrf_score"] += weight / (rrf_k + rank)
 
     def sort_key(nid: str):
         try:
