@@ -352,3 +352,38 @@ def test_embedding_model_change_detected(tmp_path):
         assert e2.vectors.model_info() == (e2.embedding.model_id, e2.embedding.dim)
     finally:
         e2.close()
+
+
+def test_scanned_pdf_is_ocrd_and_retrievable(tmp_path):
+    """OCR inside the ingest worker: the scanned book becomes 就绪 and a question retrieves an OCR chunk."""
+    e = Engine(tmp_path / "data")
+    try:
+        r = upload_file(e, DOCS / "mineru/zh_scanned_book_2p.pdf")
+        wait_docs(e, 600)
+        d = e.docs.get(r.doc_id)
+        assert d["status"] == "ready", d["fail_reason"]
+        chunks = e.document_chunks(r.doc_id)
+        assert {c["source"] for c in chunks} == {"ocr"} and {c["page"] for c in chunks} == {1, 2}
+        res = e.retrieve("商品的使用价值是什么")
+        assert res.hit and res.final[0].node.metadata["source"] == "ocr"
+        assert any("使用价值" in n.node.get_content() for n in res.final)
+        src = res.sources()[0]
+        assert src["source"] == "ocr" and src["page"] in (1, 2)
+    finally:
+        e.close()
+
+
+def test_list_paging_and_keyword(engine, tmp_path):
+    for i in range(3):
+        p = tmp_path / f"page{i}.txt"
+        p.write_text(f"分页测试文档 {i}，内容互不相同 {i * 31}。", encoding="utf-8")
+        engine.upload([(f"分页_{i}.txt", p)])
+    wait_docs(engine)
+    got = engine.list_documents(page=1, size=2, keyword="分页_")
+    assert got["total"] == 3 and len(got["items"]) == 2
+    assert {d["file_name"] for d in got["items"]} < {"分页_0.txt", "分页_1.txt", "分页_2.txt"}
+    assert len(engine.list_documents(page=2, size=2, keyword="分页_")["items"]) == 1
+    assert engine.list_documents(keyword="%")["total"] == 0  # wildcards are literal
+    item = got["items"][0]
+    assert {"file_name", "file_type", "file_size", "chunk_count", "status", "fail_reason", "created_at"} <= set(item)
+    assert "stored_name" not in item
