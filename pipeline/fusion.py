@@ -20,7 +20,7 @@ from llama_index.core.base.base_retriever import BaseRetriever
 from llama_index.core.schema import NodeWithScore, QueryBundle
 
 FUSION_KEYS = ["bm25_rank", "bm25_score", "vector_rank", "similarity", "rrf_score"]
-ADAPTIVE_SLOPE = 1.0
+ADAPTIVE_SLOPE = 1.5
 ADAPTIVE_FLOOR = 0.2
 
 

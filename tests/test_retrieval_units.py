@@ -193,10 +193,10 @@ def test_chunker_nodes_carry_offsets_and_page():
 
 
 def test_adaptive_bm25_weight():
-    from pipeline.fusion import ADAPTIVE_FLOOR, HybridRRFRetriever, adaptive_bm25_weight
+    from pipeline.fusion import ADAPTIVE_FLOOR, ADAPTIVE_SLOPE, HybridRRFRetriever, adaptive_bm25_weight
 
     assert adaptive_bm25_weight(_nws([1, 2], {1: 3.0, 2: 1.0}), 1.0) == 1.0  # decisive BM25: full weight
-    assert adaptive_bm25_weight(_nws([1, 2], {1: 1.5, 2: 1.0}), 1.0) == pytest.approx(0.5)
+    assert adaptive_bm25_weight(_nws([1, 2], {1: 1.5, 2: 1.0}), 1.0) == pytest.approx(0.5 * ADAPTIVE_SLOPE)
     assert adaptive_bm25_weight(_nws([1, 2], {1: 1.05, 2: 1.0}), 1.0) == ADAPTIVE_FLOOR  # flat: floor
     assert adaptive_bm25_weight(_nws([1], {1: 2.0}), 0.7) == 0.7  # single lexical hit
     assert adaptive_bm25_weight(_nws([1, 2], {1: 3.0, 2: 1.0}), 0.0) == 0.0  # the setting caps it
