@@ -208,6 +208,32 @@ def evaluate(engine, corpus: Corpus, key_to_doc: dict[str, int], sweep: bool = F
     return out
 
 
+def rescore_dump(path: Path, s) -> dict:
+    """Re-fuse the route lists of a --dump file with the given settings (no model, no index: seconds).
+
+    Used to choose fusion parameters; the per-route latency columns are not available from a dump.
+    """
+    from llama_index.core.schema import NodeWithScore, TextNode
+
+    from .fusion import adaptive_bm25_weight
+
+    routes: dict[str, list[list[bool]]] = {"bm25": [], "vector": [], "rrf": []}
+    n_rel = []
+    with open(path, encoding="utf-8") as f:
+        for line in f:
+            d = json.loads(line)
+            hit_of = {cid: h for cid, _, h in d["bm25"] + d["vector"]}
+            mk = lambda rows: [NodeWithScore(node=TextNode(id_=cid, text=""), score=sc) for cid, sc, _ in rows]
+            bm25, vec = mk(d["bm25"]), mk(d["vector"])
+            w = adaptive_bm25_weight(bm25, s.bm25_weight) if s.bm25_adaptive and vec else s.bm25_weight
+            fused = rrf_fuse(bm25, vec, s.rrf_k, w, s.vector_weight)
+            routes["bm25"].append([h for _, _, h in d["bm25"][:K]])
+            routes["vector"].append([h for _, _, h in d["vector"][:K]])
+            routes["rrf"].append([hit_of[n.node.node_id] for n in fused[:K]])
+            n_rel.append(d["n_rel"])
+    return {"questions": len(n_rel), "routes": {r: metrics(v, n_rel, []) for r, v in routes.items()}}
+
+
 def print_table(result: dict, title: str = "") -> None:
     cols = ["hit@1", "hit@3", "hit@5", "hit@10", "mrr@10", "ndcg@10", "p50_ms", "p95_ms"]
     print(f"\n{title}  ({result['questions']} questions)")
@@ -224,6 +250,15 @@ def print_table(result: dict, title: str = "") -> None:
 
 def run(args) -> dict:
     from .engine import Engine
+
+    if args.from_dump:
+        from .settings import Settings
+
+        result = rescore_dump(Path(args.from_dump), Settings())
+        print_table(result, f"re-fused from {Path(args.from_dump).name} (current fusion defaults)")
+        if args.json:
+            Path(args.json).write_text(json.dumps(result, ensure_ascii=False, indent=2), encoding="utf-8")
+        return result
 
     if args.dureader:
         corpus = load_dureader(Path(args.dureader), args.limit)
@@ -257,6 +292,7 @@ def main(argv=None) -> int:
     p = argparse.ArgumentParser(prog="python -m pipeline.evaluate", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     src = p.add_mutually_exclusive_group(required=True)
+    src.add_argument("--from-dump", help="re-fuse a --dump file with the current fusion defaults (no ingest)")
     src.add_argument("--squad", help="SQuAD-format JSON (CMRC 2018, XQuAD)")
     src.add_argument("--dureader", help="DuReader 2.0 JSON lines")
     p.add_argument("--distractors", help="one document per line (e.g. CRUD-RAG news)")

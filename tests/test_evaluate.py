@@ -45,3 +45,21 @@ def test_dureader_slice(tmp_path):
     res = json.loads(out.read_text())
     assert res["questions"] == 8
     assert res["routes"]["rrf"]["hit@10"] >= 0.5
+
+
+def test_rescore_dump(tmp_path):
+    """--from-dump re-fuses stored route lists with the current fusion settings."""
+    from pipeline.settings import Settings
+
+    d = tmp_path / "d.jsonl"
+    rows = [{"q": "a", "n_rel": 1, "bm25": [["1", 5.0, False], ["2", 1.0, True]], "vector": [["2", 0.9, True]]},
+            {"q": "b", "n_rel": 1, "bm25": [["3", 1.0, False], ["4", 0.99, False]],
+             "vector": [["5", 0.9, True], ["6", 0.8, False]]}]
+    d.write_text("\n".join(json.dumps(r) for r in rows))
+    res = evaluate.rescore_dump(d, Settings())
+    assert res["questions"] == 2
+    assert res["routes"]["bm25"]["hit@1"] == 0.0 and res["routes"]["vector"]["hit@1"] == 1.0
+    # q1: decisive BM25 (5.0 / 1.0) but chunk 2 is found by both routes → rank 1; q2: flat BM25 → vector wins
+    assert res["routes"]["rrf"]["hit@1"] == 1.0
+    plain = evaluate.rescore_dump(d, Settings(bm25_adaptive=False))
+    assert plain["routes"]["rrf"]["hit@1"] == 0.5  # equal weights: 3 and 5 tie at 1/61, chunk_id 3 wins
