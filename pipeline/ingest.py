@@ -227,8 +227,11 @@ class IngestService:
         t3 = time.perf_counter()
         self.timer.add("tokenize", t3 - t2)
 
-        # Old vectors of this document (a rebuild or a resumed crash) go before the new ones come.
-        self.vectors.delete_doc(doc_id)
+        # Old vectors of this document (a rebuild) go before the new ones come. A first ingest has none:
+        # chunks are written before vectors, and a crashed document is cleaned on restart (Engine._recover),
+        # so skip Chroma's delete-by-metadata scan (tens of ms per document) when there are no old chunks.
+        if self.docs.chunk_count_of(doc_id):
+            self.vectors.delete_doc(doc_id)
         chunk_ids = self.docs.replace_chunks(doc_id, rows)
         t4 = time.perf_counter()
         self.timer.add("write", t4 - t3)

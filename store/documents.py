@@ -138,6 +138,10 @@ class DocumentStore:
                 ids.append(cur.lastrowid)
         return ids
 
+    def chunk_count_of(self, doc_id: int) -> int:
+        with self.db.connect() as conn:
+            return conn.execute("SELECT COUNT(*) FROM kb_chunk WHERE doc_id = ?", (doc_id,)).fetchone()[0]
+
     def delete_chunks(self, doc_id: int) -> None:
         with self.db.transaction() as conn:
             conn.execute("DELETE FROM kb_chunk WHERE doc_id = ?", (doc_id,))
