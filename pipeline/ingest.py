@@ -30,6 +30,8 @@ from .tokenize_zh import ChineseTokenizer
 log = logging.getLogger(__name__)
 
 EMBED_BATCH = 32
+WRITE_BATCH = 128  # vectors per Chroma add
+GROUP_DOCS = 16  # documents taken from the queue together
 
 
 class IngestBusy(RuntimeError):
@@ -161,44 +163,76 @@ class IngestService:
             doc_id = self._queue.get()
             if doc_id is None:
                 return
+            # Small documents are ingested in groups: one embedding batch and one Chroma write can span
+            # several documents (a Chroma add costs ~30 ms however few vectors it carries).
+            group = [doc_id]
+            while len(group) < GROUP_DOCS:
+                try:
+                    nxt = self._queue.get_nowait()
+                except queue.Empty:
+                    break
+                if nxt is None:
+                    self._queue.put(None)
+                    break
+                group.append(nxt)
             self._current = doc_id
             try:
-                self.process(doc_id)
+                self.process_group(group)
             except Exception:  # never let one document kill the worker
-                log.exception("ingest of doc %s crashed", doc_id)
+                log.exception("ingest of docs %s crashed", group)
             finally:
                 self._current = None
-                self._cancelled.discard(doc_id)
+                for d in group:
+                    self._cancelled.discard(d)
                 if self._queue.empty():
                     try:
                         self.on_change()
                     except Exception:
                         log.exception("post-ingest refresh failed")
                 with self._pending_lock:
-                    self._pending -= 1
+                    self._pending -= len(group)
                     if self._pending == 0:
                         self._idle.set()
 
     def process(self, doc_id: int) -> None:
-        doc = self.docs.get(doc_id)
-        if doc is None:
-            return
+        self.process_group([doc_id])
+
+    def process_group(self, doc_ids: list[int]) -> None:
         s = self.get_settings()
+        prepared: list[_Prepared] = []
+        for doc_id in doc_ids:
+            doc = self.docs.get(doc_id)
+            if doc is None:
+                continue
+            self._current = doc_id
+            try:
+                prepared.append(self._prepare(doc, s))
+            except ParseError as exc:
+                self._fail(doc_id, exc.reason)
+            except _Cancelled:
+                self._cleanup(doc_id)
+            except Exception as exc:
+                log.exception("ingest failed for %s", doc["file_name"])
+                self._fail(doc_id, f"处理失败：{type(exc).__name__}: {exc}")
+        if not prepared:
+            return
         try:
-            self._process(doc, s)
-        except ParseError as exc:
-            self._fail(doc_id, exc.reason)
-        except _Cancelled:
-            self._cleanup(doc_id)
+            self._embed_and_write(prepared)
         except Exception as exc:
-            log.exception("ingest failed for %s", doc["file_name"])
-            self._fail(doc_id, f"处理失败：{type(exc).__name__}: {exc}")
+            log.exception("embedding/writing failed for %s", [p.doc["file_name"] for p in prepared])
+            for p in prepared:
+                if not p.done:
+                    self._fail(p.doc_id, f"处理失败：{type(exc).__name__}: {exc}")
 
     def _check_cancel(self, doc_id: int) -> None:
-        if doc_id in self._cancelled or self.docs.get(doc_id) is None:
+        if self._is_cancelled(doc_id):
             raise _Cancelled()
 
-    def _process(self, doc: dict, s: Settings) -> None:
+    def _is_cancelled(self, doc_id: int) -> bool:
+        return doc_id in self._cancelled or self.docs.get(doc_id) is None
+
+    def _prepare(self, doc: dict, s: Settings) -> "_Prepared":
+        """parse → chunk → tokenize → SQLite rows (status stays 处理中)."""
         doc_id = doc["doc_id"]
         path = self.files.path_of(doc["stored_name"])
         if not path.exists():
@@ -233,27 +267,66 @@ class IngestService:
         if self.docs.chunk_count_of(doc_id):
             self.vectors.delete_doc(doc_id)
         chunk_ids = self.docs.replace_chunks(doc_id, rows)
-        t4 = time.perf_counter()
-        self.timer.add("write", t4 - t3)
+        self.timer.add("write", time.perf_counter() - t3)
+        return _Prepared(doc, rows, chunk_ids)
 
+    def _embed_and_write(self, group: list["_Prepared"]) -> None:
+        """Embed the chunks of the group in batches that may span documents; write vectors in big batches;
+        mark each document 就绪 only once all its vectors are written."""
         embed_model = self.get_embedding()
         model_id, dim = self.model_ident()
         self.vectors.claim_model(model_id, dim)
-        texts = [r.text for r in rows]
-        total = len(texts)
-        for i in range(0, total, EMBED_BATCH):
-            self._check_cancel(doc_id)
-            self.docs.set_progress(doc_id, f"向量化 {min(i + EMBED_BATCH, total)}/{total} 块")
-            te = time.perf_counter()
-            embs = embed_model.get_text_embedding_batch(texts[i:i + EMBED_BATCH])
+        items = [(p, i) for p in group for i in range(len(p.rows))]
+        pending: list[tuple["_Prepared", int, list[float]]] = []
+        written: dict[int, int] = {p.doc_id: 0 for p in group}
+
+        def flush() -> None:
+            if not pending:
+                return
             tw = time.perf_counter()
-            self.timer.add("embed", tw - te)
-            self.vectors.add(chunk_ids[i:i + EMBED_BATCH], embs, texts[i:i + EMBED_BATCH], doc_id, doc["file_name"])
+            self.vectors.add_many([p.chunk_ids[i] for p, i, _ in pending], [e for _, _, e in pending],
+                                  [p.rows[i].text for p, i, _ in pending], [p.doc_id for p, _, _ in pending],
+                                  [p.doc["file_name"] for p, _, _ in pending])
+            for p, _, _ in pending:
+                written[p.doc_id] += 1
+            pending.clear()
             self.timer.add("write", time.perf_counter() - tw)
-        self._check_cancel(doc_id)
-        self.docs.mark_ready(doc_id, len(rows))
-        self.timer.chunks += len(rows)
-        log.info("doc %s ready: %d chunks", doc["file_name"], len(rows))
+            for p in group:
+                if not p.done and written[p.doc_id] == len(p.rows):
+                    self._finish(p)
+
+        cancelled: set[int] = set()
+        for start in range(0, len(items), EMBED_BATCH):
+            batch = [(p, i) for p, i in items[start:start + EMBED_BATCH] if p.doc_id not in cancelled]
+            for p in {p.doc_id: p for p, _ in batch}.values():
+                if self._is_cancelled(p.doc_id):
+                    cancelled.add(p.doc_id)
+                else:
+                    done = sum(1 for q, _ in items[:start + EMBED_BATCH] if q is p)
+                    self.docs.set_progress(p.doc_id, f"向量化 {min(done, len(p.rows))}/{len(p.rows)} 块")
+            batch = [(p, i) for p, i in batch if p.doc_id not in cancelled]
+            if not batch:
+                continue
+            te = time.perf_counter()
+            embs = embed_model.get_text_embedding_batch([p.rows[i].text for p, i in batch])
+            self.timer.add("embed", time.perf_counter() - te)
+            pending.extend((p, i, e) for (p, i), e in zip(batch, embs))
+            if len(pending) >= WRITE_BATCH:
+                flush()
+        flush()
+        for p in group:
+            if p.doc_id in cancelled and not p.done:
+                p.done = True
+                self._cleanup(p.doc_id)
+
+    def _finish(self, p: "_Prepared") -> None:
+        p.done = True
+        if self._is_cancelled(p.doc_id):
+            self._cleanup(p.doc_id)
+            return
+        self.docs.mark_ready(p.doc_id, len(p.rows))
+        self.timer.chunks += len(p.rows)
+        log.info("doc %s ready: %d chunks", p.doc["file_name"], len(p.rows))
 
     def _fail(self, doc_id: int, reason: str) -> None:
         self._cleanup(doc_id, keep_doc=True)
@@ -276,4 +349,16 @@ class IngestService:
 
 class _Cancelled(Exception):
     pass
+
+
+@dataclass
+class _Prepared:
+    doc: dict
+    rows: list[ChunkRow]
+    chunk_ids: list[int]
+    done: bool = False
+
+    @property
+    def doc_id(self) -> int:
+        return self.doc["doc_id"]
 

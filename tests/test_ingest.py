@@ -267,6 +267,8 @@ CRASH_SCRIPT = textwrap.dedent("""
             return out
     real = e.embedding.embed_model
     e.ingest.get_embedding = lambda: Slow(real)
+    # small chunks → many embedding batches; vectors are flushed to Chroma every 128
+    e.update_settings(dict(chunk_size=100, chunk_overlap=10))
     r = e.upload([("big.txt", Path({src!r}))])
     print("UPLOADED", r[0].doc_id, flush=True)
     time.sleep(600)
@@ -286,7 +288,7 @@ def test_crash_mid_document_leaves_no_orphans(tmp_path):
             line = proc.stdout.readline()
             if "EMBEDDED" in line:
                 seen += 1
-                if seen >= 2:
+                if seen >= 6:  # past the first 128-vector flush, before the end of the document
                     break
         assert seen, "worker never embedded"
         os.kill(proc.pid, signal.SIGKILL)  # crash mid-document: some vectors written, status 处理中
