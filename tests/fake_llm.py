@@ -194,6 +194,10 @@ class _Server(ThreadingHTTPServer):
     allow_reuse_address = True
     fake: "FakeLLMServer"
 
+    def handle_error(self, request, client_address) -> None:
+        # Clients that hang up mid-stream (timeouts, disconnect tests) are expected: no traceback noise.
+        pass
+
 
 class FakeLLMServer:
     def __init__(self, host: str = "127.0.0.1"):
