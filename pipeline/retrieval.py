@@ -17,7 +17,7 @@ from store.documents import DocumentStore
 from store.vectors import VectorStore
 
 from .bm25 import BM25Index
-from .fusion import HybridRRFRetriever
+from .fusion import FusionOutput, HybridRRFRetriever
 from .rerank import SafeRerank
 from .settings import Settings
 from .tokenize_zh import ChineseTokenizer
@@ -126,7 +126,7 @@ class RetrievalService:
     def _embed_query(self, query: str) -> list[float]:
         return self.embed_model.get_query_embedding(query)
 
-    def recall(self, query: str, s: Settings, recall: int | None = None) -> tuple[QueryBundle, "FusionOutput", float]:
+    def recall(self, query: str, s: Settings, recall: int | None = None) -> tuple[QueryBundle, FusionOutput, float]:
         t0 = time.perf_counter()
         emb = self._embed_query(query) if self.vector_enabled() else None
         embed_ms = (time.perf_counter() - t0) * 1000

@@ -1,7 +1,6 @@
 """Knowledge base through the real engine: real files, real SQLite, real Chroma, real embedding model."""
 from __future__ import annotations
 
-import io
 import os
 import signal
 import subprocess
@@ -77,7 +76,7 @@ def test_real_documents_become_ready(engine, rel, needle):
 
 
 def test_kangxi_normalized_text_is_searchable(engine):
-    r = upload_file(engine, DOCS / "mineru/zh_chem_symbols_kangxi_radicals_1p.pdf")
+    upload_file(engine, DOCS / "mineru/zh_chem_symbols_kangxi_radicals_1p.pdf")
     wait_docs(engine)
     hits = engine.search("常用符号", 5)["bm25"]
     assert hits and any("chem" in h["doc_name"] for h in hits)
