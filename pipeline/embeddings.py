@@ -18,11 +18,10 @@ from pathlib import Path
 from typing import Any
 
 from pipeline.e5_convert import E5_DIRNAME, PASSAGE_PREFIX, QUERY_PREFIX, ensure_packaged_e5
+from pipeline.model_paths import PACKAGED_MODEL_ID, local_model_id, resolve_model_dir
 
 logger = logging.getLogger(__name__)
 
-PACKAGED_MODEL_ID = f"packaged:{E5_DIRNAME}"
-PACKAGED_ID, PACKAGED_NAME = PACKAGED_MODEL_ID, E5_DIRNAME  # older names
 BGE_ZH_QUERY_INSTRUCTION = "为这个句子生成表示以用于检索相关文章："
 BACKEND_ENV = "RAG_EMBED_BACKEND"  # auto (default) | onnx | torch — for the packaged model
 LOCAL_BATCH_SIZE = 32   # sentence-transformers sorts each call's texts by length itself
@@ -45,20 +44,6 @@ class LoadedEmbedding:
     note: str = ""            # why the packaged model is used although a path was configured
 
 
-def resolve_local_model(path_setting: str, project_root: Path) -> Path | None:
-    """The configured folder if it holds a model (config.json), else None."""
-    setting = (path_setting or "").strip()
-    if not setting:
-        return None
-    path = Path(os.path.expanduser(setting))
-    if not path.is_absolute():
-        path = Path(project_root) / path
-    if path.is_dir() and (path / "config.json").is_file():
-        return path.resolve()
-    return None
-
-
-resolve_local_dir = resolve_local_model  # older name
 
 
 def load_embedding(path_setting: str, project_root: Path, models_dir: Path, *,
@@ -71,7 +56,7 @@ def load_embedding(path_setting: str, project_root: Path, models_dir: Path, *,
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
     os.environ.setdefault("ORT_DISABLE_TELEMETRY", "1")
-    local = resolve_local_model(path_setting, project_root)
+    local = resolve_model_dir(path_setting, project_root)
     if local is not None:
         return _load_local(local)
     note = ""
@@ -136,7 +121,7 @@ def _load_local(model_dir: Path) -> LoadedEmbedding:
         dim = _hf_dim(model)
     except Exception as exc:
         raise EmbeddingLoadError(f"无法加载本地 Embedding 模型 {model_dir}：{type(exc).__name__}: {exc}") from exc
-    return LoadedEmbedding(model, f"local:{model_dir.name}", dim, f"本地模型 {model_dir.name}", False,
+    return LoadedEmbedding(model, local_model_id(model_dir), dim, f"本地模型 {model_dir.name}", False,
                            model_dir, backend="torch")
 
 

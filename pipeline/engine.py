@@ -29,18 +29,18 @@ from store.vectors import VectorStore  # noqa: E402
 from . import events as ev  # noqa: E402
 from .bm25 import BM25Index  # noqa: E402
 from .ingest import IngestBusy, IngestService, UploadResult  # noqa: E402
-from .rerank import SafeRerank, load_cross_encoder, resolve_model_dir  # noqa: E402
+from .model_paths import embedding_model_id, resolve_model_dir  # noqa: E402
+from .rerank import SafeRerank, load_cross_encoder  # noqa: E402
 from .retrieval import RetrievalResult, RetrievalService, default_min_similarity  # noqa: E402
 from .settings import (  # noqa: E402
-    DEFAULT_EMBEDDING_PATH, DEFAULT_RERANKER_PATH, LABELS, Settings, SettingsError, effect_of,
-    flatten_grouped, merge_update,
+    DEFAULT_EMBEDDING_PATH, DEFAULT_RERANKER_PATH, LABELS, SECRET_FIELDS, Settings, SettingsError, effect_of,
+    flatten_grouped, is_masked, merge_update,
 )
 from .tokenize_zh import ChineseTokenizer  # noqa: E402
 
 log = logging.getLogger(__name__)
 
 PROJECT_ROOT = Path(__file__).resolve().parents[1]
-PACKAGED_MODEL_ID = "packaged:multilingual-e5-small"
 MAX_QUESTION_CHARS = 2000
 
 
@@ -85,7 +85,6 @@ class Engine:
             self.docs, self.vectors, self.files, self.tokenizer, lambda: self._settings,
             lambda: self.embedding.embed_model, lambda: (self.embedding.model_id, self.embedding.dim),
             on_change=self._after_ingest, busy_reason=self._busy_reason)
-        self.ingest_paused = threading.Event()
         self.last_reload_ms: float | None = None
         if load_async:
             threading.Thread(target=self._load_guarded, name="engine-load", daemon=True).start()
@@ -95,8 +94,7 @@ class Engine:
     # ------------------------------------------------------------------ settings
     def expected_model_id(self, s: Settings | None = None) -> str:
         s = s or self._settings
-        d = resolve_model_dir(s.embedding_model_path, self.project_root)
-        return f"local:{d.name}" if d else PACKAGED_MODEL_ID
+        return embedding_model_id(s.embedding_model_path, self.project_root)
 
     def default_settings(self, s: Settings | None = None) -> Settings:
         """SRS defaults, with min_similarity calibrated for the embedding model the settings select."""
@@ -162,7 +160,7 @@ class Engine:
         flat = flatten_grouped(payload or {})
         for k in ("llm_api_url", "llm_model", "llm_api_key", "llm_timeout"):
             v = flat.get(k)
-            if v is None or (k == "llm_api_key" and isinstance(v, str) and v.startswith("****")):
+            if v is None or (k in SECRET_FIELDS and is_masked(v)):
                 continue
             vals[k] = v
         if not vals["llm_api_url"] or not vals["llm_model"]:
@@ -237,7 +235,7 @@ class Engine:
     def _recover(self) -> None:
         """Restart safety: resume documents left 处理中 by a crash; drop orphan vectors and chunks."""
         for doc_id in self.docs.ids_with_status("processing"):
-            if doc_id == self.ingest.current or doc_id in list(self.ingest._queue.queue):
+            if self.ingest.is_queued(doc_id):
                 continue
             doc = self.docs.get(doc_id)
             if doc and doc.get("stored_name") and self.files.path_of(doc["stored_name"]).exists():

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import logging
 import queue
-import tempfile
 import threading
 import time
 from collections import defaultdict
@@ -133,13 +132,6 @@ class IngestService:
             results.append(UploadResult(name, True, doc["doc_id"], "processing", "处理中"))
         return results
 
-    def upload_bytes(self, name: str, data: bytes) -> UploadResult:
-        """Convenience for tests/scripts: write bytes to a temp file and upload it."""
-        with tempfile.TemporaryDirectory() as tmp:
-            p = Path(tmp) / "upload.bin"
-            p.write_bytes(data)
-            return self.upload([(name, p)])[0]
-
     def enqueue(self, doc_id: int) -> None:
         with self._pending_lock:
             self._pending += 1
@@ -156,6 +148,10 @@ class IngestService:
     @property
     def current(self) -> int | None:
         return self._current
+
+    def is_queued(self, doc_id: int) -> bool:
+        """Being processed now or waiting in the queue (restart recovery must not enqueue it twice)."""
+        return doc_id == self._current or doc_id in list(self._queue.queue)
 
     # --- worker --------------------------------------------------------------------------------
     def _run(self) -> None:
@@ -302,8 +298,8 @@ class IngestService:
                 if self._is_cancelled(p.doc_id):
                     cancelled.add(p.doc_id)
                 else:
-                    done = sum(1 for q, _ in items[:start + EMBED_BATCH] if q is p)
-                    self.docs.set_progress(p.doc_id, f"向量化 {min(done, len(p.rows))}/{len(p.rows)} 块")
+                    last = max(i for q, i in batch if q is p) + 1  # chunks of p embedded after this batch
+                    self.docs.set_progress(p.doc_id, f"向量化 {last}/{len(p.rows)} 块")
             batch = [(p, i) for p, i in batch if p.doc_id not in cancelled]
             if not batch:
                 continue

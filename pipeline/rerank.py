@@ -19,16 +19,6 @@ log = logging.getLogger(__name__)
 SKIPPED_MSG = "未配置精排模型，已跳过"
 
 
-def resolve_model_dir(path_setting: str, project_root: Path) -> Path | None:
-    """The directory a model path setting points at, when it holds a config.json; else None."""
-    if not path_setting or not path_setting.strip():
-        return None
-    p = Path(path_setting)
-    if not p.is_absolute():
-        p = project_root / p
-    return p if (p / "config.json").is_file() else None
-
-
 def load_cross_encoder(model_dir: Path, top_n: int):
     """SentenceTransformerRerank over a local cross-encoder directory (imports torch lazily)."""
     from llama_index.postprocessor.sbert_rerank import SentenceTransformerRerank

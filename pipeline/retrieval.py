@@ -21,7 +21,7 @@ from .fusion import FusionOutput, HybridRRFRetriever
 from .rerank import SafeRerank
 from .settings import Settings
 from .tokenize_zh import ChineseTokenizer
-from .vector import ReadyVectorRetriever
+from .vector import ReadyVectorRetriever, chroma_index
 
 log = logging.getLogger(__name__)
 
@@ -113,12 +113,18 @@ class RetrievalService:
         self.reranker = reranker
         self.pending_vectors = pending_vectors
         self.vector_enabled = vector_enabled
+        self._index = None  # (collection, VectorStoreIndex); the collection object changes on a model reset
+
+    def _vector_index(self):
+        col = self.vectors.collection
+        if self._index is None or self._index[0] is not col:
+            self._index = (col, chroma_index(col, self.embed_model))
+        return self._index[1]
 
     def _routes(self, s: Settings, recall: int) -> HybridRRFRetriever:
         lookup = self.docs.get_chunks
         bm25 = self.bm25_index.retriever(self.tokenizer, lookup, recall)
-        vec = (ReadyVectorRetriever(self.vectors.collection, self.embed_model, lookup, recall,
-                                    extra_fetch=self.pending_vectors)
+        vec = (ReadyVectorRetriever(self._vector_index(), lookup, recall, extra_fetch=self.pending_vectors)
                if self.vector_enabled() else None)
         return HybridRRFRetriever(bm25, vec, rrf_k=s.rrf_k, bm25_weight=s.bm25_weight,
                                   vector_weight=s.vector_weight, adaptive=s.bm25_adaptive)

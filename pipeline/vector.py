@@ -26,19 +26,24 @@ def cosine_from_chroma_score(score: float | None) -> float:
     return max(0.0, min(1.0, 1.0 - distance))
 
 
+def chroma_index(collection, embed_model: BaseEmbedding) -> VectorStoreIndex:
+    """The LlamaIndex view of our collection; build once per collection, not per query."""
+    return VectorStoreIndex.from_vector_store(ChromaVectorStore(chroma_collection=collection),
+                                              embed_model=embed_model)
+
+
 class ReadyVectorRetriever(BaseRetriever):
-    def __init__(self, collection, embed_model: BaseEmbedding, lookup: ChunkLookup, top_k: int,
+    def __init__(self, index: VectorStoreIndex, lookup: ChunkLookup, top_k: int,
                  extra_fetch: Callable[[], int] = lambda: 0):
-        self._store = ChromaVectorStore(chroma_collection=collection)
-        self._index = VectorStoreIndex.from_vector_store(self._store, embed_model=embed_model)
-        self._embed_model = embed_model
+        self._index = index
+        self._store = index.vector_store
         self._lookup = lookup
         self._top_k = top_k
         self._extra_fetch = extra_fetch
         super().__init__()
 
     def _retrieve(self, query_bundle: QueryBundle) -> list[NodeWithScore]:
-        count = self._store._collection.count()
+        count = self._store.client.count()  # the chroma collection
         if count == 0:
             return []
         k = min(count, self._top_k + max(0, int(self._extra_fetch())))
