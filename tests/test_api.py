@@ -5,17 +5,15 @@ Covers every endpoint and the SRS §11 acceptance list end to end.
 from __future__ import annotations
 
 import json
-import socket
-import threading
 import time
 from pathlib import Path
 
 import httpx
 import pytest
-import uvicorn
 
 from pipeline.access import AccessPolicy
 from pipeline.engine import Engine
+from tests.live import LiveApp as _BaseLiveApp
 
 ROOT = Path(__file__).resolve().parents[1]
 DOCS = ROOT.parent / "shared" / "docs"
@@ -25,35 +23,17 @@ KB_TEXT = ("星河电子公司退货政策：自签收之日起 7 天内可无�
            "星河电子公司成立于 2003 年，总部位于杭州。")
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+class LiveApp(_BaseLiveApp):
+    """The app on its own engine in `data_dir`; stop() closes the engine too."""
 
-
-class LiveApp:
     def __init__(self, data_dir: Path, policy: AccessPolicy | None = None):
-        import app as app_module
-
-        self.engine = Engine(data_dir)
-        self.app, _ = app_module.build_app(self.engine, policy or AccessPolicy())
-        self.port = free_port()
-        self.server = uvicorn.Server(uvicorn.Config(self.app, host="127.0.0.1", port=self.port,
-                                                    log_level="warning"))
-        self.thread = threading.Thread(target=self.server.run, daemon=True)
-        self.thread.start()
-        deadline = time.time() + 30
-        while not self.server.started and time.time() < deadline:
-            time.sleep(0.05)
-        self.url = f"http://127.0.0.1:{self.port}"
+        super().__init__(Engine(data_dir), policy)
 
     def client(self, **kw) -> httpx.Client:
-        return httpx.Client(base_url=self.url, timeout=120, **kw)
+        return self.http(**kw)
 
     def stop(self):
-        self.server.should_exit = True
-        self.thread.join(10)
-        self.engine.close()
+        super().stop(close_engine=True)
 
 
 @pytest.fixture(scope="module")

@@ -6,10 +6,10 @@ from __future__ import annotations
 
 import random
 import re
-import socket
 import time
 
 import pytest
+from tests.live import free_port
 from llama_index.core.schema import NodeWithScore, TextNode
 
 from pipeline.citations import CitationGuard, strip_citations
@@ -70,12 +70,6 @@ def feed_pieces(k: int, pieces: list[str]) -> tuple[str, set[int]]:
     return out, g.cited
 
 
-def free_port() -> int:
-    s = socket.socket()
-    s.bind(("127.0.0.1", 0))
-    port = s.getsockname()[1]
-    s.close()
-    return port
 
 
 # --- citation guard (unit) ----------------------------------------------------------------------------------------

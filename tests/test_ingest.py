@@ -313,13 +313,18 @@ def test_crash_mid_document_leaves_no_orphans(tmp_path):
         e.close()
 
 
+def engine_with_one_doc(data: Path, src: Path, text: str) -> tuple[Engine, Path]:
+    """An engine on `data` holding one ready document with `text` (written to `src`)."""
+    e = Engine(data)
+    src.write_text(text, encoding="utf-8")
+    e.upload([(src.name, src)])
+    wait_docs(e)
+    return e, src
+
+
 def test_orphan_vectors_removed_on_start(tmp_path):
     data = tmp_path / "data"
-    e = Engine(data)
-    p = tmp_path / "o.txt"
-    p.write_text("孤儿向量测试文档。", encoding="utf-8")
-    e.upload([("o.txt", p)])
-    wait_docs(e)
+    e, _ = engine_with_one_doc(data, tmp_path / "o.txt", "孤儿向量测试文档。")
     dim = e.embedding.dim
     e.vectors.collection.add(ids=["999999"], embeddings=[[0.1] * dim], documents=["ghost"],
                              metadatas=[{"doc_id": 4242, "doc_name": "ghost"}])
@@ -334,11 +339,7 @@ def test_orphan_vectors_removed_on_start(tmp_path):
 
 def test_embedding_model_change_detected(tmp_path):
     data = tmp_path / "data"
-    e = Engine(data)
-    p = tmp_path / "m.txt"
-    p.write_text("模型变更检测。", encoding="utf-8")
-    e.upload([("m.txt", p)])
-    wait_docs(e)
+    e, p = engine_with_one_doc(data, tmp_path / "m.txt", "模型变更检测。")
     e.vectors.collection.modify(metadata={"embedding_model": "local:other-model",
                                           "embedding_dim": 768})
     e.close()

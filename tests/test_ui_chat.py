@@ -8,18 +8,16 @@ from __future__ import annotations
 
 import os
 import re
-import socket
-import threading
 import time
 from pathlib import Path
 
 os.environ.setdefault("GRADIO_ANALYTICS_ENABLED", "False")
 
 import pytest  # noqa: E402
-import uvicorn  # noqa: E402
 
 from pipeline import events as ev  # noqa: E402
 from pipeline.access import AccessPolicy  # noqa: E402
+from tests.live import LiveApp  # noqa: E402
 
 KB_NAME = "星河电子客服手册.txt"
 KB_TEXT = ("星河电子公司退货政策：自签收之日起 7 天内可无理由退货，商品需保持完好。\n"
@@ -30,39 +28,7 @@ QUESTION = "星河电子的客服电话是多少？"
 OFF_TOPIC = "How many moons does the planet Neptune have?"
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-class LiveUI:
-    """The real app (app.build_app: REST API + Gradio mounted at /) served by uvicorn in a thread."""
-
-    def __init__(self, engine, policy: AccessPolicy | None = None):
-        import app as app_module
-
-        self.engine = engine
-        self.app, self.blocks = app_module.build_app(engine, policy or AccessPolicy())
-        self.port = free_port()
-        self.server = uvicorn.Server(uvicorn.Config(self.app, host="127.0.0.1", port=self.port,
-                                                    log_level="warning"))
-        self.thread = threading.Thread(target=self.server.run, daemon=True)
-        self.thread.start()
-        deadline = time.time() + 60
-        while not self.server.started and time.time() < deadline:
-            time.sleep(0.05)
-        assert self.server.started, "app did not start"
-        self.url = f"http://127.0.0.1:{self.port}/"
-
-    def client(self, **kw):
-        from gradio_client import Client
-
-        return Client(self.url, analytics_enabled=False, verbose=False, **kw)
-
-    def stop(self):
-        self.server.should_exit = True
-        self.thread.join(15)
+LiveUI = LiveApp  # the browser test imports this name
 
 
 def make_engine(data_dir: Path, with_doc: bool = True):

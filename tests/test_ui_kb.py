@@ -13,6 +13,7 @@ os.environ.setdefault("GRADIO_ANALYTICS_ENABLED", "False")
 
 import gradio as gr  # noqa: E402
 import pytest  # noqa: E402
+from tests.live import launched_ui  # noqa: E402
 
 from pipeline.access import AccessPolicy  # noqa: E402
 
@@ -25,23 +26,12 @@ pytestmark = pytest.mark.skipif(not TEST_TXT.exists(), reason="shared/docs not p
 
 @pytest.fixture(scope="module")
 def live(tmp_path_factory):
-    from gradio_client import Client
-
     from pipeline.engine import Engine
-    from ui import build_ui
 
-    try:
-        from ui.theme import page_kwargs
-        extra = page_kwargs()
-    except Exception:  # the look is not under test
-        extra = {}
     data = tmp_path_factory.mktemp("kbui") / "data"
     engine = Engine(data, load_async=False)
-    demo = build_ui(engine)
-    demo.launch(server_name="127.0.0.1", prevent_thread_lock=True, quiet=True, show_error=True, **extra)
-    client = Client(demo.local_url, analytics_enabled=False, verbose=False)
-    yield SimpleNamespace(engine=engine, demo=demo, client=client, tmp=data.parent)
-    demo.close()
+    with launched_ui(engine) as ui:
+        yield SimpleNamespace(engine=engine, demo=ui.demo, client=ui.client, tmp=data.parent)
     engine.close()
 
 

@@ -13,6 +13,7 @@ os.environ.setdefault("GRADIO_ANALYTICS_ENABLED", "False")
 
 import gradio as gr  # noqa: E402
 import pytest  # noqa: E402
+from tests.live import launched_ui  # noqa: E402
 
 from pipeline.access import AccessPolicy  # noqa: E402
 from pipeline.settings import GROUPS, Settings  # noqa: E402
@@ -27,16 +28,8 @@ QUESTION = "什么是 Prompt 工程？"
 
 @pytest.fixture(scope="module")
 def live(tmp_path_factory):
-    from gradio_client import Client
-
     from pipeline.engine import Engine
-    from ui import build_ui
 
-    try:
-        from ui.theme import page_kwargs
-        extra = page_kwargs()
-    except Exception:
-        extra = {}
     data = tmp_path_factory.mktemp("cfgui") / "data"
     engine = Engine(data, load_async=False)
     engine.update_settings({"llm_api_key": SECRET})
@@ -44,11 +37,8 @@ def live(tmp_path_factory):
         res = engine.upload([("test.txt", TEST_TXT)])
         assert res[0].ok, res[0].msg
         assert engine.ingest.wait_idle(300)
-    demo = build_ui(engine)
-    demo.launch(server_name="127.0.0.1", prevent_thread_lock=True, quiet=True, show_error=True, **extra)
-    client = Client(demo.local_url, analytics_enabled=False, verbose=False)
-    yield SimpleNamespace(engine=engine, demo=demo, client=client, tmp=data.parent)
-    demo.close()
+    with launched_ui(engine) as ui:
+        yield SimpleNamespace(engine=engine, demo=ui.demo, client=ui.client, tmp=data.parent)
     engine.close()
 
 

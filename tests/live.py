@@ -1,0 +1,68 @@
+"""Shared test plumbing: free ports, the real app served by uvicorn in a thread, a launched Gradio UI."""
+from __future__ import annotations
+
+import socket
+import threading
+import time
+from contextlib import contextmanager
+from types import SimpleNamespace
+
+import httpx
+import uvicorn
+
+from pipeline.access import AccessPolicy
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class LiveApp:
+    """The real app (app.build_app: REST API + Gradio mounted at /) served by uvicorn in a thread."""
+
+    def __init__(self, engine, policy: AccessPolicy | None = None):
+        import app as app_module
+
+        self.engine = engine
+        self.app, self.blocks = app_module.build_app(engine, policy or AccessPolicy())
+        self.port = free_port()
+        self.server = uvicorn.Server(uvicorn.Config(self.app, host="127.0.0.1", port=self.port,
+                                                    log_level="warning"))
+        self.thread = threading.Thread(target=self.server.run, daemon=True)
+        self.thread.start()
+        deadline = time.time() + 60
+        while not self.server.started and time.time() < deadline:
+            time.sleep(0.05)
+        assert self.server.started, "app did not start"
+        self.url = f"http://127.0.0.1:{self.port}/"
+
+    def http(self, **kw) -> httpx.Client:
+        return httpx.Client(base_url=self.url.rstrip("/"), timeout=120, **kw)
+
+    def client(self, **kw):
+        from gradio_client import Client
+
+        return Client(self.url, analytics_enabled=False, verbose=False, **kw)
+
+    def stop(self, close_engine: bool = False):
+        self.server.should_exit = True
+        self.thread.join(15)
+        if close_engine:
+            self.engine.close()
+
+
+@contextmanager
+def launched_ui(engine):
+    """build_ui(engine) launched on 127.0.0.1 with the page look; yields (demo, gradio client)."""
+    from gradio_client import Client
+
+    from ui import build_ui, page_kwargs
+
+    demo = build_ui(engine)
+    demo.launch(server_name="127.0.0.1", prevent_thread_lock=True, quiet=True, show_error=True, **page_kwargs())
+    try:
+        yield SimpleNamespace(demo=demo, client=Client(demo.local_url, analytics_enabled=False, verbose=False))
+    finally:
+        demo.close()
