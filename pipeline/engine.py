@@ -406,18 +406,18 @@ class Engine:
         s = self._settings
         res = self._answers.get(question) if retry else None
         if res is None:
-            yield ev.stage("recall")
+            self.retrieval_calls += 1
             try:
-                self.retrieval_calls += 1
-                res = self.retrieval.retrieve(question, s)
+                yield ev.stage("recall")
+                res = self.retrieval.recall_stage(question, s)
+                yield ev.stage("rerank")
+                res = self.retrieval.rerank_stage(res, s)
             except Exception as exc:
                 log.exception("retrieval failed")
                 yield ev.error(ev.CODE_ENGINE, f"检索失败：{exc}")
                 return
-            yield ev.stage("rerank")
         self._remember(question, res)
         yield ev.Event("trace", res.trace())
-        sources = res.sources()
         if not res.hit:
             yield ev.delta(ev.NO_ANSWER_TEXT)
             yield ev.Event("sources", {"sources": []})
@@ -425,10 +425,12 @@ class Engine:
             return
         yield ev.stage("generate")
         try:
-            result = yield from stream_answer(question, res.final, self.llm, s.llm_temperature)
+            result = yield from stream_answer(question, res.final, self.llm, s.llm_temperature,
+                                              tokenizer=self.tokenizer)
         except LLMError as exc:
             yield ev.error(ev.CODE_LLM, exc.msg)
             return
+        sources = res.sources()
         for src in sources:
             src["cited"] = src["no"] in result.cited
         yield ev.Event("sources", {"sources": sources})

@@ -51,6 +51,8 @@ class RetrievalResult:
     ms: dict = field(default_factory=dict)
     hit: bool = False
     bm25_weight: float = 1.0
+    _query_embedding: list | None = field(default=None, repr=False)
+    _t_start: float = field(default=0.0, repr=False)
     max_similarity: float = 0.0
     min_similarity: float = 0.0
 
@@ -141,6 +143,10 @@ class RetrievalService:
         return bundle, fusion, embed_ms
 
     def retrieve(self, query: str, s: Settings) -> RetrievalResult:
+        return self.rerank_stage(self.recall_stage(query, s), s)
+
+    def recall_stage(self, query: str, s: Settings) -> RetrievalResult:
+        """Both routes + fusion + the no-answer gate (the answer stream reports it as stage "recall")."""
         t_start = time.perf_counter()
         bundle, fusion, embed_ms = self.recall(query, s)
         res = RetrievalResult(query=query, bm25=fusion.bm25, vector=fusion.vector, fused=fusion.fused,
@@ -148,21 +154,26 @@ class RetrievalService:
         res.max_similarity = max((n.score or 0.0 for n in fusion.vector), default=0.0)
         # Gate (F3-4): nothing similar enough → no hit, and no LLM call downstream.
         res.hit = bool(fusion.fused) and res.max_similarity >= s.min_similarity
+        res.ms = {"embed": embed_ms, **fusion.ms}
+        res._query_embedding, res._t_start = bundle.embedding, t_start
+        return res
+
+    def rerank_stage(self, res: RetrievalResult, s: Settings) -> RetrievalResult:
+        """Cross-encoder (or its skip/fallback) over the fused candidates → the final, numbered sources."""
         t_r = time.perf_counter()
         if res.hit:
-            final, status = self.reranker.rerank(fusion.fused, query, top_n=s.final_top_k,
+            final, status = self.reranker.rerank(res.fused, res.query, top_n=s.final_top_k,
                                                  candidates=s.rerank_candidates)
         else:
             final, status = [], {"status": "skipped", "msg": "未命中相关资料，跳过精排"}
         rerank_ms = (time.perf_counter() - t_r) * 1000
         for n in final:
             n.node.metadata["rerank_score"] = float(n.score) if status["status"] == "ok" else None
-        self._fill_similarity(final, bundle.embedding)
+        self._fill_similarity(final, res._query_embedding)
         res.final, res.rerank_status = final, status
-        res.ms = {"embed": embed_ms, **fusion.ms, "rerank": rerank_ms,
-                  "total": (time.perf_counter() - t_start) * 1000}
+        res.ms.update(rerank=rerank_ms, total=(time.perf_counter() - res._t_start) * 1000)
         log.info("retrieval q=%r bm25=%.1fms vector=%.1fms rerank=%.1fms hit=%s",
-                 query[:40], fusion.ms.get("bm25", 0), fusion.ms.get("vector", 0), rerank_ms, res.hit)
+                 res.query[:40], res.ms.get("bm25", 0), res.ms.get("vector", 0), rerank_ms, res.hit)
         return res
 
     def _fill_similarity(self, nodes: list[NodeWithScore], query_emb) -> None:
