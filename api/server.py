@@ -24,7 +24,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from pipeline import events as ev
 from pipeline.access import AccessPolicy
 from pipeline.engine import Engine, EngineError
-from pipeline.parsing import MAX_BATCH_FILES, MAX_FILE_BYTES
+from pipeline.ingestion.parsing import MAX_BATCH_FILES, MAX_FILE_BYTES
 from pipeline.settings import SettingsError
 
 log = logging.getLogger(__name__)

@@ -26,17 +26,17 @@ from store.documents import DocumentStore  # noqa: E402
 from store.files import FileStore  # noqa: E402
 from store.vectors import VectorStore  # noqa: E402
 
-from . import events as ev  # noqa: E402
-from .bm25 import BM25Index  # noqa: E402
-from .ingest import IngestBusy, IngestService, UploadResult  # noqa: E402
-from .model_paths import embedding_model_id, resolve_model_dir  # noqa: E402
-from .rerank import SafeRerank, load_cross_encoder  # noqa: E402
-from .retrieval import RetrievalResult, RetrievalService, default_min_similarity  # noqa: E402
-from .settings import (  # noqa: E402
+from pipeline import events as ev  # noqa: E402
+from pipeline.retrieval.bm25 import BM25Index  # noqa: E402
+from pipeline.ingestion.service import IngestBusy, IngestService, UploadResult  # noqa: E402
+from pipeline.models.paths import embedding_model_id, resolve_model_dir  # noqa: E402
+from pipeline.retrieval.rerank import SafeRerank, load_cross_encoder  # noqa: E402
+from pipeline.retrieval.service import RetrievalResult, RetrievalService, default_min_similarity  # noqa: E402
+from pipeline.settings import (  # noqa: E402
     DEFAULT_EMBEDDING_PATH, DEFAULT_RERANKER_PATH, LABELS, SECRET_FIELDS, Settings, SettingsError, effect_of,
     flatten_grouped, is_masked, merge_update,
 )
-from .tokenize_zh import ChineseTokenizer  # noqa: E402
+from pipeline.tokenize_zh import ChineseTokenizer  # noqa: E402
 
 log = logging.getLogger(__name__)
 
@@ -72,7 +72,7 @@ class Engine:
         self.state = "loading"
         self.load_error: str | None = None
         self.model_warning: str | None = None
-        self.embedding = None  # pipeline.embeddings.LoadedEmbedding
+        self.embedding = None  # pipeline.models.embeddings.LoadedEmbedding
         self.reranker = SafeRerank()
         self.llm = None
         self.retrieval: RetrievalService | None = None
@@ -154,7 +154,7 @@ class Engine:
 
     def test_llm(self, payload: dict[str, Any] | None = None) -> dict:
         """Connectivity test with the given (possibly unsaved) LLM values; masked key → the stored key."""
-        from .generation import test_llm_connection
+        from pipeline.generation.answer import test_llm_connection
 
         vals = self._settings.model_dump()
         flat = flatten_grouped(payload or {})
@@ -196,8 +196,8 @@ class Engine:
 
     def _load_models(self) -> None:
         s = self._settings
-        from .embeddings import load_embedding
-        from .generation import build_llm
+        from pipeline.models.embeddings import load_embedding
+        from pipeline.generation.answer import build_llm
 
         emb = load_embedding(s.embedding_model_path, self.project_root, self.models_dir)
         LISettings.embed_model = emb.embed_model  # never let LlamaIndex fall back to OpenAI
@@ -393,7 +393,7 @@ class Engine:
 
     def ask(self, question: str, retry: bool = False) -> Iterator[ev.Event]:
         """The one answer event stream: stage → trace → stage → delta* → sources → done (or error)."""
-        from .generation import LLMError, stream_answer
+        from pipeline.generation.answer import LLMError, stream_answer
 
         t0 = time.perf_counter()
         try:

@@ -63,7 +63,7 @@ class Settings(BaseModel):
     final_top_k: int = Field(6, ge=1, le=20)
     rrf_k: int = Field(60, ge=1)
     # Weighted RRF; with bm25_adaptive the BM25 weight per query is scaled down when BM25's ranking is not
-    # decisive (pipeline.fusion). Defaults chosen by measurement (docs/retrieval-eval.md).
+    # decisive (pipeline.retrieval.fusion). Defaults chosen by measurement (docs/retrieval-eval.md).
     bm25_weight: float = Field(1.0, ge=0, le=5)
     vector_weight: float = Field(1.0, ge=0, le=5)
     bm25_adaptive: bool = True

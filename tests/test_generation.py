@@ -12,12 +12,12 @@ import pytest
 from tests.live import free_port
 from llama_index.core.schema import NodeWithScore, TextNode
 
-from pipeline.citations import CitationGuard, strip_citations
+from pipeline.generation.citations import CitationGuard, strip_citations
 from pipeline.events import EXTRACTIVE_LABEL, NO_ANSWER_SHORT, NO_ANSWER_TEXT, Event
-from pipeline.generation import GenerationResult, LLMError, ThinkFilter, build_llm, stream_answer, \
+from pipeline.generation.answer import GenerationResult, LLMError, ThinkFilter, build_llm, stream_answer, \
     test_llm_connection as check_connection
-from pipeline.llm_client import PLACEHOLDER_API_KEY
-from pipeline.prompting import SYSTEM_PROMPT, build_prompt, neutralise
+from pipeline.generation.llm_client import PLACEHOLDER_API_KEY
+from pipeline.generation.prompting import SYSTEM_PROMPT, build_prompt, neutralise
 from pipeline.settings import Settings
 
 

@@ -9,8 +9,8 @@ import re
 
 import pytest
 
-from pipeline.parsing import ParseError, parse_file
-from pipeline.parsing import ocr as ocr_mod
+from pipeline.ingestion.parsing import ParseError, parse_file
+from pipeline.ingestion.parsing import ocr as ocr_mod
 from tests.test_parsing import DOCS, parse_doc
 
 

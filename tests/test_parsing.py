@@ -1,4 +1,4 @@
-"""pipeline.parsing over the real fixtures in ../shared/docs (never copied into the repo) and over bad inputs.
+"""pipeline.ingestion.parsing over the real fixtures in ../shared/docs (never copied into the repo) and over bad inputs.
 
 Every fixture (except LICENSE/MANIFEST/SOURCE and the .jpg) has an expected outcome with OCR off and with
 OCR on. Cases needing real OCR are cached per session (`parse_doc`), shared with tests/test_ocr.py; the
@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from pipeline.parsing import (
+from pipeline.ingestion.parsing import (
     ALLOWED_EXTS,
     MAX_BATCH_FILES,
     MAX_FILE_BYTES,
@@ -26,8 +26,8 @@ from pipeline.parsing import (
     parse_file,
     sniff_content,
 )
-from pipeline.parsing import ocr as ocr_mod
-from pipeline.parsing import validate
+from pipeline.ingestion.parsing import ocr as ocr_mod
+from pipeline.ingestion.parsing import validate
 
 DOCS = Path(__file__).resolve().parents[1] / ".." / "shared" / "docs"
 NOT_DOCUMENTS = {"LICENSE", "LICENSE.md", "MANIFEST.tsv", "SOURCE.txt"}
@@ -265,7 +265,7 @@ def test_scanned_page_off_reports_warning():
 
 
 def test_garbled_detection_is_cheap_and_specific():
-    from pipeline.parsing.pdf import garbled_ascii_share, is_garbled
+    from pipeline.ingestion.parsing.pdf import garbled_ascii_share, is_garbled
 
     import pypdfium2 as pdfium
 

@@ -6,10 +6,10 @@ import pytest
 from llama_index.core.schema import NodeWithScore, QueryBundle, TextNode
 from llama_index.retrievers.bm25 import BM25Retriever
 
-from pipeline.bm25 import BM25Index, build_snapshot
-from pipeline.chunking import ChineseChunker, split_text
-from pipeline.fusion import rrf_fuse
-from pipeline.rerank import SKIPPED_MSG, SafeRerank
+from pipeline.retrieval.bm25 import BM25Index, build_snapshot
+from pipeline.ingestion.chunking import ChineseChunker, split_text
+from pipeline.retrieval.fusion import rrf_fuse
+from pipeline.retrieval.rerank import SKIPPED_MSG, SafeRerank
 from pipeline.tokenize_zh import ChineseTokenizer
 
 CORPUS = {
@@ -145,7 +145,7 @@ def test_rerank_skipped_and_fallback():
 
 def test_tiny_cross_encoder_reranks(tmp_path):
     from tests.tiny_models import make_tiny_cross_encoder
-    from pipeline.rerank import load_cross_encoder
+    from pipeline.retrieval.rerank import load_cross_encoder
 
     d = make_tiny_cross_encoder(tmp_path / "ce")
     r = SafeRerank(load_cross_encoder(d, 2), "tiny")
@@ -193,7 +193,7 @@ def test_chunker_nodes_carry_offsets_and_page():
 
 
 def test_adaptive_bm25_weight():
-    from pipeline.fusion import ADAPTIVE_FLOOR, ADAPTIVE_SLOPE, HybridRRFRetriever, adaptive_bm25_weight
+    from pipeline.retrieval.fusion import ADAPTIVE_FLOOR, ADAPTIVE_SLOPE, HybridRRFRetriever, adaptive_bm25_weight
 
     assert adaptive_bm25_weight(_nws([1, 2], {1: 3.0, 2: 1.0}), 1.0) == 1.0  # decisive BM25: full weight
     assert adaptive_bm25_weight(_nws([1, 2], {1: 1.5, 2: 1.0}), 1.0) == pytest.approx(0.5 * ADAPTIVE_SLOPE)

@@ -2,7 +2,7 @@
 
 Both load through the same code paths as real local models:
   * ``make_tiny_bert_embedding(dir)``  -> sentence-transformers folder (mean pooling, normalize);
-    loads with ``HuggingFaceEmbedding(model_name=dir)`` / ``pipeline.embeddings.load_embedding``.
+    loads with ``HuggingFaceEmbedding(model_name=dir)`` / ``pipeline.models.embeddings.load_embedding``.
   * ``make_tiny_cross_encoder(dir)``   -> BertForSequenceClassification (num_labels=1);
     loads with ``SentenceTransformerRerank(model=str(dir))``.
 Building takes well under a second. Weights are random (seeded): use them for plumbing, not quality.

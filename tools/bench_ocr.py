@@ -1,4 +1,4 @@
-"""OCR speed on the 2-page scanned book fixture: `python -m pipeline.bench_ocr [pdf ...]`.
+"""OCR speed on the 2-page scanned book fixture: `python -m tools.bench_ocr [pdf ...]`.
 
 Prints render and OCR wall seconds per page (model load is reported separately) and the OCR CPU seconds
 (all threads), which do not depend on what else the machine is running."""
@@ -17,7 +17,7 @@ DEFAULT_PDF = Path(__file__).resolve().parents[1] / ".." / "shared" / "docs" / "
 def bench(pdf_path: Path) -> dict:
     import pypdfium2 as pdfium
 
-    from pipeline.parsing import ocr
+    from pipeline.ingestion.parsing import ocr
 
     t0 = time.perf_counter()
     engine = ocr.get_engine()

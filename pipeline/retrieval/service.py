@@ -16,12 +16,12 @@ from llama_index.core.schema import NodeWithScore, QueryBundle
 from store.documents import DocumentStore
 from store.vectors import VectorStore
 
-from .bm25 import BM25Index
-from .fusion import FusionOutput, HybridRRFRetriever
-from .rerank import SafeRerank
-from .settings import Settings
-from .tokenize_zh import ChineseTokenizer
-from .vector import ReadyVectorRetriever, chroma_index
+from pipeline.retrieval.bm25 import BM25Index
+from pipeline.retrieval.fusion import FusionOutput, HybridRRFRetriever
+from pipeline.retrieval.rerank import SafeRerank
+from pipeline.settings import Settings
+from pipeline.tokenize_zh import ChineseTokenizer
+from pipeline.retrieval.vector import ReadyVectorRetriever, chroma_index
 
 log = logging.getLogger(__name__)
 

@@ -1,6 +1,6 @@
 """Retrieval evaluation on public QA sets, through the real engine (ingest → BM25 / vector / RRF / rerank).
 
-    python -m pipeline.evaluate --squad FILE [--distractors FILE] [--dureader FILE] [--limit N]
+    python -m tools.evaluate --squad FILE [--distractors FILE] [--dureader FILE] [--limit N]
                                 [--json OUT] [--sweep]
 
 Builds a fresh knowledge base in a temp data dir: each SQuAD context is one document (optional distractor file:
@@ -23,7 +23,7 @@ from pathlib import Path
 
 import numpy as np
 
-from .fusion import rrf_fuse
+from pipeline.retrieval.fusion import rrf_fuse
 
 K = 10
 SWEEP = [(1.0, 1.0), (0.75, 1.0), (0.5, 1.0), (0.35, 1.0), (0.25, 1.0), (0.0, 1.0), (1.0, 0.0)]
@@ -215,7 +215,7 @@ def rescore_dump(path: Path, s) -> dict:
     """
     from llama_index.core.schema import NodeWithScore, TextNode
 
-    from .fusion import adaptive_bm25_weight
+    from pipeline.retrieval.fusion import adaptive_bm25_weight
 
     routes: dict[str, list[list[bool]]] = {"bm25": [], "vector": [], "rrf": []}
     n_rel = []
@@ -249,10 +249,10 @@ def print_table(result: dict, title: str = "") -> None:
 
 
 def run(args) -> dict:
-    from .engine import Engine
+    from pipeline.engine import Engine
 
     if args.from_dump:
-        from .settings import Settings
+        from pipeline.settings import Settings
 
         result = rescore_dump(Path(args.from_dump), Settings())
         print_table(result, f"re-fused from {Path(args.from_dump).name} (current fusion defaults)")
@@ -289,7 +289,7 @@ def run(args) -> dict:
 
 
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser(prog="python -m pipeline.evaluate", description=__doc__,
+    p = argparse.ArgumentParser(prog="python -m tools.evaluate", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     src = p.add_mutually_exclusive_group(required=True)
     src.add_argument("--from-dump", help="re-fuse a --dump file with the current fusion defaults (no ingest)")

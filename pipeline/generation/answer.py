@@ -14,10 +14,10 @@ import logging
 from dataclasses import dataclass, field
 from typing import Any, Generator, Sequence
 
-from pipeline.citations import CitationGuard
+from pipeline.generation.citations import CitationGuard
 from pipeline.events import NO_ANSWER_TEXT, Event, delta
-from pipeline.extractive import extractive_deltas
-from pipeline.llm_client import (  # noqa: F401  (re-exported: the engine imports these from here)
+from pipeline.generation.extractive import extractive_deltas
+from pipeline.generation.llm_client import (  # noqa: F401  (re-exported: the engine imports these from here)
     KIND_INTERRUPTED,
     KIND_OTHER,
     LLMError,
@@ -30,7 +30,7 @@ from pipeline.llm_client import (  # noqa: F401  (re-exported: the engine import
     supports_stream_tag,
     test_llm_connection,
 )
-from pipeline.prompting import build_messages
+from pipeline.generation.prompting import build_messages
 
 logger = logging.getLogger(__name__)
 

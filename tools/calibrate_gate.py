@@ -1,6 +1,6 @@
 """Calibrate the no-answer gate (min_similarity) for the active embedding model.
 
-    python -m pipeline.calibrate_gate --kb FILE --unanswerable FILE [--limit N] [--contexts N]
+    python -m tools.calibrate_gate --kb FILE --unanswerable FILE [--limit N] [--contexts N]
 
 Builds a knowledge base from the contexts of a SQuAD-format file (e.g. CMRC 2018 dev), then records the top
 vector similarity for its own questions (answerable) and for questions of another set whose passages are
@@ -18,7 +18,7 @@ from pathlib import Path
 
 import numpy as np
 
-from .evaluate import build_kb, load_squad
+from tools.evaluate import build_kb, load_squad
 
 
 def sweep(pos: np.ndarray, neg: np.ndarray) -> list[dict]:
@@ -33,7 +33,7 @@ def sweep(pos: np.ndarray, neg: np.ndarray) -> list[dict]:
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m pipeline.calibrate_gate", description=__doc__,
+    ap = argparse.ArgumentParser(prog="python -m tools.calibrate_gate", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--kb", required=True)
     ap.add_argument("--unanswerable", required=True)
@@ -42,7 +42,7 @@ def main(argv=None) -> int:
     ap.add_argument("--json", default=None)
     args = ap.parse_args(argv)
 
-    from .engine import Engine
+    from pipeline.engine import Engine
 
     corpus = load_squad(Path(args.kb), args.limit, max_contexts=args.contexts)
     other = json.loads(Path(args.unanswerable).read_text(encoding="utf-8"))

@@ -16,7 +16,7 @@ from llama_index.core.base.embeddings.base import BaseEmbedding
 from llama_index.core.schema import NodeWithScore, QueryBundle
 from llama_index.vector_stores.chroma import ChromaVectorStore
 
-from .bm25 import ChunkLookup, node_from_row
+from pipeline.retrieval.bm25 import ChunkLookup, node_from_row
 
 
 def cosine_from_chroma_score(score: float | None) -> float:

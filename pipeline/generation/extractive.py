@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from typing import Any, Sequence
 
 from pipeline.events import EXTRACTIVE_LABEL
-from pipeline.prompting import node_text
+from pipeline.generation.prompting import node_text
 
 MAX_CHUNKS = 3          # look at the top-ranked chunks only
 MAX_SENTENCES = 3

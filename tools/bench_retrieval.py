@@ -1,6 +1,6 @@
 """Retrieval benchmark at scale (default 50,000 chunks) on this machine.
 
-    python -m pipeline.bench [--chunks 50000] [--base 1000] [--queries 200] [--reranker DIR]
+    python -m tools.bench_retrieval [--chunks 50000] [--base 1000] [--queries 200] [--reranker DIR]
 
 Embedding 50k chunks would take over an hour on 2 cores, so the corpus is built from `--base` real chunks
 (CMRC 2018 contexts + CRUD-RAG news, chunked by our chunker, embedded by the engine's model) and replicated
@@ -26,7 +26,7 @@ DATA = Path(__file__).resolve().parents[1].parent / "shared" / "data"
 
 
 def _texts(n: int, chunk_size: int = 300, overlap: int = 50) -> list[str]:
-    from .chunking import split_text
+    from pipeline.ingestion.chunking import split_text
 
     out: list[str] = []
     cm = json.loads((DATA / "cmrc2018" / "cmrc2018_dev.json").read_text(encoding="utf-8"))
@@ -52,7 +52,7 @@ def pct(xs, p):
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m pipeline.bench", description=__doc__,
+    ap = argparse.ArgumentParser(prog="python -m tools.bench_retrieval", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--chunks", type=int, default=50000)
     ap.add_argument("--base", type=int, default=1000, help="real chunks embedded by the model")
@@ -63,7 +63,7 @@ def main(argv=None) -> int:
 
     from store.documents import ChunkRow
 
-    from .engine import Engine
+    from pipeline.engine import Engine
 
     report: dict = {"chunks": args.chunks, "base_chunks": args.base}
     with tempfile.TemporaryDirectory(prefix="kbqa-bench-") as tmp:

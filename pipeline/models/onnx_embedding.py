@@ -4,7 +4,7 @@ Why: embedding is the ingest bottleneck. On 2 cores plain torch fp32 manages ~9-
 300-character Chinese text; this path runs the same weights through ONNX Runtime with fused
 BERT kernels (Attention, SkipLayerNormalization, BiasGelu) and dynamic int8 (per-channel)
 weights — about 2x the torch rate in the same run, retrieval top-1 unchanged
-(docs/benchmarks.md, ``python -m pipeline.bench_embed``).
+(docs/benchmarks.md, ``python -m tools.bench_embed``).
 
 Layout inside the model folder, built once by :func:`ensure_onnx_encoder` and cached:
 

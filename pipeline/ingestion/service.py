@@ -21,10 +21,10 @@ from store.documents import ChunkRow, DocumentStore
 from store.files import FileStore, display_name, md5_of
 from store.vectors import VectorStore
 
-from .chunking import ChineseChunker
-from .parsing import MAX_BATCH_FILES, ParseError, UploadRefused, check_upload, parse_file, sniff_content
-from .settings import Settings
-from .tokenize_zh import ChineseTokenizer
+from pipeline.ingestion.chunking import ChineseChunker
+from pipeline.ingestion.parsing import MAX_BATCH_FILES, ParseError, UploadRefused, check_upload, parse_file, sniff_content
+from pipeline.settings import Settings
+from pipeline.tokenize_zh import ChineseTokenizer
 
 log = logging.getLogger(__name__)
 

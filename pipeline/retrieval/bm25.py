@@ -21,7 +21,7 @@ import numpy as np
 from llama_index.core.schema import NodeWithScore, QueryBundle, TextNode
 from llama_index.retrievers.bm25 import BM25Retriever
 
-from .tokenize_zh import ChineseTokenizer
+from pipeline.tokenize_zh import ChineseTokenizer
 
 log = logging.getLogger(__name__)
 
