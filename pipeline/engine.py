@@ -230,7 +230,7 @@ class Engine:
         return {
             "status": "ok", "engine": "ready" if self.state == "ready" else "loading",
             "state": self.state, "chunks": counts["chunks"], "docs": counts["docs"],
-            "processing": counts["processing"], "embedding_model": emb.label if emb else None,
+            "processing": counts["processing"], "queued": c.ingest.progress.queue_length, "embedding_model": emb.label if emb else None,
             "reranker": rerank_label or "未配置精排模型",
             "llm": self._settings.llm_model or "未配置（原文摘录模式）",
             "warning": self.model_warning, "rebuild": self._rebuild.status(),
@@ -248,10 +248,22 @@ class Engine:
         return self.components.ingest.wait_idle(timeout)
 
     def list_documents(self, page: int = 1, size: int = 20, keyword: str = "") -> dict:
+        """Paged documents; processing ones carry stage / stage_label / done / total / position / eta_s."""
         items, total = self.components.docs.list(page, size, keyword)
         for d in items:
             d.pop("stored_name", None)
+            d.update(self._progress_of(d))
         return {"items": items, "total": total, "page": page, "size": size}
+
+    def _progress_of(self, doc: dict) -> dict:
+        snap = self.components.ingest.progress.snapshot(doc["doc_id"]) if doc["status"] == "processing" else None
+        if snap is None:
+            empty = {"stage": None, "stage_label": None, "done": None, "total": None, "position": None,
+                     "eta_s": None}
+            # 处理中 but not (yet) on the board: just enqueued by a restart, or the rebuild's turn is to come
+            return empty | ({"stage": "queued", "stage_label": "排队"} if doc["status"] == "processing" else {})
+        snap.pop("text", None)
+        return snap
 
     def get_document(self, doc_id: int) -> dict:
         d = self.components.docs.get(doc_id)

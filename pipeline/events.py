@@ -106,6 +106,7 @@ class Source(TypedDict):
     doc_name: str | None
     page: int | None
     source: str  # "text" | "ocr"
+    context: str | None  # heading path / sheet name the chunk sits under
     text: str
     similarity: float | None
     rerank_score: float | None
@@ -208,7 +209,8 @@ def source_list(res: "RetrievalResult", cited: set[int] | frozenset[int] = froze
     for i, n in enumerate(res.final, start=1):
         m = n.node.metadata
         out.append(Source(no=i, chunk_id=int(n.node.node_id), doc_id=m.get("doc_id"), doc_name=m.get("doc_name"),
-                          page=m.get("page"), source=m.get("source", "text"), text=node_text(n),
+                          page=m.get("page"), source=m.get("source", "text"), context=m.get("context"),
+                          text=node_text(n),
                           similarity=_r(m.get("similarity_full")), rerank_score=_r(m.get("rerank_score")),
                           cited=i in cited))
     return out

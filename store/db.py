@@ -1,4 +1,4 @@
-"""SQLite connection and schema (SRS §8): settings, documents, chunks.
+"""SQLite connection (SRS §8 schema, brought up to date by store/migrations.py on open).
 
 One `Database` per data dir. Connections are per thread (sqlite3 objects must not cross threads); WAL mode lets
 the ingest worker write while the UI reads.
@@ -10,39 +10,7 @@ import threading
 from contextlib import contextmanager
 from pathlib import Path
 
-SCHEMA = """
-CREATE TABLE IF NOT EXISTS sys_config (
-    key        TEXT PRIMARY KEY,
-    value      TEXT,
-    updated_at TEXT
-);
-CREATE TABLE IF NOT EXISTS kb_document (
-    doc_id       INTEGER PRIMARY KEY AUTOINCREMENT,
-    file_name    TEXT NOT NULL,
-    file_type    TEXT NOT NULL,
-    file_size    INTEGER NOT NULL,
-    content_md5  TEXT NOT NULL UNIQUE,
-    chunk_count  INTEGER NOT NULL DEFAULT 0,
-    status       TEXT NOT NULL CHECK (status IN ('processing', 'ready', 'failed')),
-    fail_reason  TEXT,
-    created_at   TEXT NOT NULL,
-    stored_name  TEXT,
-    progress     TEXT
-);
-CREATE TABLE IF NOT EXISTS kb_chunk (
-    chunk_id     INTEGER PRIMARY KEY AUTOINCREMENT,
-    doc_id       INTEGER NOT NULL REFERENCES kb_document(doc_id) ON DELETE CASCADE,
-    chunk_index  INTEGER NOT NULL,
-    text         TEXT NOT NULL,
-    page         INTEGER,
-    char_start   INTEGER,
-    char_end     INTEGER,
-    source       TEXT NOT NULL DEFAULT 'text',
-    tokens       TEXT NOT NULL DEFAULT ''
-);
-CREATE INDEX IF NOT EXISTS idx_chunk_doc ON kb_chunk(doc_id, chunk_index);
-CREATE INDEX IF NOT EXISTS idx_doc_status ON kb_document(status);
-"""
+from .migrations import migrate
 
 
 class Database:
@@ -53,7 +21,7 @@ class Database:
         self.write_lock = threading.RLock()  # serialize writers; readers go freely under WAL
         with self.connect() as conn:
             conn.execute("PRAGMA journal_mode=WAL")
-            conn.executescript(SCHEMA)
+            self.migrated = migrate(conn)  # the names of the schema steps applied by this open
 
     def _conn(self) -> sqlite3.Connection:
         conn = getattr(self._local, "conn", None)

@@ -10,8 +10,18 @@ from dataclasses import dataclass
 from datetime import datetime
 
 from .db import Database
+from .migrations import DEFAULT_KB_ID
 
 STATUS_LABELS = {"processing": "处理中", "ready": "就绪", "failed": "失败"}
+# What the list shows: the active version of each document, and versions still processing or failed (an old,
+# inactive version is reached through its document's 版本 list).
+VISIBLE = "(d.active = 1 OR d.status != 'ready')"
+# What retrieval may return: ready and active.
+RETRIEVABLE = "d.status = 'ready' AND d.active = 1"
+
+
+def _kb_clause(kb_id: int | None) -> tuple[str, tuple]:
+    return ("", ()) if kb_id is None else (" AND d.kb_id = ?", (int(kb_id),))
 
 
 @dataclass
@@ -24,6 +34,19 @@ class ChunkRow:
     char_end: int
     source: str
     tokens: list[str]
+    context: str | None = None  # heading path / sheet name (store.migrations 0002)
+    section: int = 0  # index of the parsed page/sheet the chunk comes from (kb_section)
+
+
+@dataclass
+class SectionRow:
+    """One parsed page / sheet / whole text of a document, kept for the document viewer."""
+
+    section: int
+    page: int | None
+    source: str
+    context: str | None
+    text: str
 
 
 def _now() -> str:
@@ -41,19 +64,25 @@ class DocumentStore:
         self.db = db
 
     # --- documents ---------------------------------------------------------------------------
-    def find_by_md5(self, md5: str) -> dict | None:
+    def find_by_md5(self, md5: str, kb_id: int = DEFAULT_KB_ID) -> dict | None:
         with self.db.connect() as conn:
-            row = conn.execute("SELECT * FROM kb_document WHERE content_md5 = ?", (md5,)).fetchone()
+            row = conn.execute("SELECT * FROM kb_document WHERE content_md5 = ? AND kb_id = ?",
+                               (md5, int(kb_id))).fetchone()
         return _doc_dict(row) if row else None
 
-    def create(self, file_name: str, file_type: str, file_size: int, md5: str, stored_name: str) -> dict:
+    def create(self, file_name: str, file_type: str, file_size: int, md5: str, stored_name: str,
+               kb_id: int = DEFAULT_KB_ID, lineage_id: int | None = None, version: int = 1) -> dict:
+        """A new document (version 1, active) or a new version of `lineage_id` (inactive until it is 就绪)."""
         with self.db.transaction() as conn:
             cur = conn.execute(
                 "INSERT INTO kb_document(file_name, file_type, file_size, content_md5, status, created_at,"
-                " stored_name) VALUES (?, ?, ?, ?, 'processing', ?, ?)",
-                (file_name, file_type, file_size, md5, _now(), stored_name),
+                " stored_name, kb_id, version, lineage_id, active) VALUES (?, ?, ?, ?, 'processing', ?, ?, ?, ?, ?, ?)",
+                (file_name, file_type, file_size, md5, _now(), stored_name, int(kb_id), version, lineage_id,
+                 1 if lineage_id is None else 0),
             )
             doc_id = cur.lastrowid
+            if lineage_id is None:
+                conn.execute("UPDATE kb_document SET lineage_id = ? WHERE doc_id = ?", (doc_id, doc_id))
         return self.get(doc_id)
 
     def get(self, doc_id: int) -> dict | None:
@@ -61,25 +90,27 @@ class DocumentStore:
             row = conn.execute("SELECT * FROM kb_document WHERE doc_id = ?", (doc_id,)).fetchone()
         return _doc_dict(row) if row else None
 
-    def list(self, page: int = 1, size: int = 20, keyword: str = "") -> tuple[list[dict], int]:
+    def list(self, page: int = 1, size: int = 20, keyword: str = "",
+             kb_id: int | None = DEFAULT_KB_ID) -> tuple[list[dict], int]:
+        """Visible documents of one knowledge base (None: all), newest first."""
         page = max(1, int(page))
         size = max(1, min(int(size), 200))
         kw = (keyword or "").strip().replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_")
         like = f"%{kw}%"
+        kb_sql, kb_args = _kb_clause(kb_id)
+        where = f"FROM kb_document d WHERE d.file_name LIKE ? ESCAPE '\\' AND {VISIBLE}{kb_sql}"
         with self.db.connect() as conn:
-            total = conn.execute(
-                "SELECT COUNT(*) FROM kb_document WHERE file_name LIKE ? ESCAPE '\\'", (like,)
-            ).fetchone()[0]
-            rows = conn.execute(
-                "SELECT * FROM kb_document WHERE file_name LIKE ? ESCAPE '\\' ORDER BY doc_id DESC"
-                " LIMIT ? OFFSET ?",
-                (like, size, (page - 1) * size),
-            ).fetchall()
+            total = conn.execute(f"SELECT COUNT(*) {where}", (like, *kb_args)).fetchone()[0]
+            rows = conn.execute(f"SELECT d.* {where} ORDER BY d.doc_id DESC LIMIT ? OFFSET ?",
+                                (like, *kb_args, size, (page - 1) * size)).fetchall()
         return [_doc_dict(r) for r in rows], total
 
-    def all_docs(self) -> list[dict]:
+    def all_docs(self, kb_id: int | None = None) -> list[dict]:
+        """Every document (all versions) of one knowledge base (None: all) in id order — what a rebuild redoes."""
+        kb_sql, kb_args = _kb_clause(kb_id)
         with self.db.connect() as conn:
-            return [_doc_dict(r) for r in conn.execute("SELECT * FROM kb_document ORDER BY doc_id")]
+            return [_doc_dict(r) for r in conn.execute(
+                f"SELECT d.* FROM kb_document d WHERE 1 = 1{kb_sql} ORDER BY d.doc_id", kb_args)]
 
     def ids_with_status(self, status: str) -> list[int]:
         with self.db.connect() as conn:
@@ -108,35 +139,53 @@ class DocumentStore:
     def delete(self, doc_id: int) -> bool:
         with self.db.transaction() as conn:
             conn.execute("DELETE FROM kb_chunk WHERE doc_id = ?", (doc_id,))
+            conn.execute("DELETE FROM kb_section WHERE doc_id = ?", (doc_id,))
             cur = conn.execute("DELETE FROM kb_document WHERE doc_id = ?", (doc_id,))
             return cur.rowcount > 0
 
-    def counts(self) -> dict:
+    def counts(self, kb_id: int | None = None) -> dict:
+        """docs (visible), ready_docs (retrievable), processing, chunks (retrievable) — of one KB or all."""
+        kb_sql, a = _kb_clause(kb_id)
         with self.db.connect() as conn:
-            docs = conn.execute("SELECT COUNT(*) FROM kb_document").fetchone()[0]
-            ready_docs = conn.execute("SELECT COUNT(*) FROM kb_document WHERE status='ready'").fetchone()[0]
-            processing = conn.execute(
-                "SELECT COUNT(*) FROM kb_document WHERE status='processing'").fetchone()[0]
+            docs = conn.execute(f"SELECT COUNT(*) FROM kb_document d WHERE {VISIBLE}{kb_sql}", a).fetchone()[0]
+            ready_docs = conn.execute(f"SELECT COUNT(*) FROM kb_document d WHERE {RETRIEVABLE}{kb_sql}",
+                                      a).fetchone()[0]
+            processing = conn.execute(f"SELECT COUNT(*) FROM kb_document d WHERE d.status='processing'{kb_sql}",
+                                      a).fetchone()[0]
             chunks = conn.execute(
-                "SELECT COUNT(*) FROM kb_chunk c JOIN kb_document d ON d.doc_id = c.doc_id"
-                " WHERE d.status = 'ready'").fetchone()[0]
+                f"SELECT COUNT(*) FROM kb_chunk c JOIN kb_document d ON d.doc_id = c.doc_id"
+                f" WHERE {RETRIEVABLE}{kb_sql}", a).fetchone()[0]
         return {"docs": docs, "ready_docs": ready_docs, "processing": processing, "chunks": chunks}
 
     # --- chunks ------------------------------------------------------------------------------
-    def replace_chunks(self, doc_id: int, chunks: list[ChunkRow]) -> list[int]:
-        """Drop any old chunks of the document and insert these; returns the new global chunk_ids."""
+    def replace_chunks(self, doc_id: int, chunks: list[ChunkRow], sections: list[SectionRow] | None = None,
+                       note: str | None = None) -> list[int]:
+        """Drop any old chunks (and parsed sections) of the document and insert these; returns the new global
+        chunk_ids. `note`: the parser's remarks (empty sheet skipped, …), shown with the document."""
         ids = []
         with self.db.transaction() as conn:
             conn.execute("DELETE FROM kb_chunk WHERE doc_id = ?", (doc_id,))
             for c in chunks:
                 cur = conn.execute(
-                    "INSERT INTO kb_chunk(doc_id, chunk_index, text, page, char_start, char_end, source, tokens)"
-                    " VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
+                    "INSERT INTO kb_chunk(doc_id, chunk_index, text, page, char_start, char_end, source, tokens,"
+                    " context, section) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
                     (doc_id, c.chunk_index, c.text, c.page, c.char_start, c.char_end, c.source,
-                     " ".join(t.replace(" ", "\u00a0") for t in c.tokens)),
+                     " ".join(t.replace(" ", "\u00a0") for t in c.tokens), c.context, c.section),
                 )
                 ids.append(cur.lastrowid)
+            if sections is not None:
+                conn.execute("DELETE FROM kb_section WHERE doc_id = ?", (doc_id,))
+                conn.executemany(
+                    "INSERT INTO kb_section(doc_id, section, page, source, context, text) VALUES (?, ?, ?, ?, ?, ?)",
+                    [(doc_id, x.section, x.page, x.source, x.context, x.text) for x in sections])
+                conn.execute("UPDATE kb_document SET note = ? WHERE doc_id = ?", (note, doc_id))
         return ids
+
+    def sections_of(self, doc_id: int) -> list[dict]:
+        with self.db.connect() as conn:
+            return [dict(r) for r in conn.execute(
+                "SELECT section, page, source, context, text FROM kb_section WHERE doc_id = ? ORDER BY section",
+                (doc_id,))]
 
     def chunk_count_of(self, doc_id: int) -> int:
         with self.db.connect() as conn:
@@ -145,12 +194,13 @@ class DocumentStore:
     def delete_chunks(self, doc_id: int) -> None:
         with self.db.transaction() as conn:
             conn.execute("DELETE FROM kb_chunk WHERE doc_id = ?", (doc_id,))
+            conn.execute("DELETE FROM kb_section WHERE doc_id = ?", (doc_id,))
 
     def chunks_of(self, doc_id: int) -> list[dict]:
         with self.db.connect() as conn:
             rows = conn.execute(
-                "SELECT chunk_id, chunk_index, text, page, char_start, char_end, source FROM kb_chunk"
-                " WHERE doc_id = ? ORDER BY chunk_index", (doc_id,)).fetchall()
+                "SELECT chunk_id, chunk_index, text, page, char_start, char_end, source, context, section"
+                " FROM kb_chunk WHERE doc_id = ? ORDER BY chunk_index", (doc_id,)).fetchall()
         return [dict(r) for r in rows]
 
     def get_chunks(self, chunk_ids: Iterable[int]) -> dict[int, dict]:
@@ -161,34 +211,43 @@ class DocumentStore:
                 part = ids[i:i + 500]
                 q = ",".join("?" * len(part))
                 for r in conn.execute(
-                    f"SELECT c.chunk_id, c.doc_id, c.chunk_index, c.text, c.page, c.source, d.file_name,"
-                    f" d.status FROM kb_chunk c JOIN kb_document d ON d.doc_id = c.doc_id"
-                    f" WHERE c.chunk_id IN ({q})", part):
+                    f"SELECT c.chunk_id, c.doc_id, c.chunk_index, c.text, c.page, c.source, c.context,"
+                    f" d.file_name, d.status, d.active, d.version, d.kb_id, b.name AS kb_name"
+                    f" FROM kb_chunk c JOIN kb_document d ON d.doc_id = c.doc_id"
+                    f" LEFT JOIN kb_base b ON b.kb_id = d.kb_id WHERE c.chunk_id IN ({q})", part):
                     out[r["chunk_id"]] = dict(r)
         return out
 
-    def iter_ready_tokens(self) -> Iterator[tuple[int, list[str]]]:
-        """(chunk_id, tokens) of every chunk of a 就绪 document, in chunk_id order."""
+    def iter_ready_tokens(self, kb_id: int | None = None) -> Iterator[tuple[int, list[str]]]:
+        """(chunk_id, tokens) of every chunk of a 就绪, active document (of one KB, or all), by chunk_id."""
+        kb_sql, a = _kb_clause(kb_id)
         with self.db.connect() as conn:
             cur = conn.execute(
-                "SELECT c.chunk_id, c.tokens FROM kb_chunk c JOIN kb_document d ON d.doc_id = c.doc_id"
-                " WHERE d.status = 'ready' ORDER BY c.chunk_id")
+                f"SELECT c.chunk_id, c.tokens FROM kb_chunk c JOIN kb_document d ON d.doc_id = c.doc_id"
+                f" WHERE {RETRIEVABLE}{kb_sql} ORDER BY c.chunk_id", a)
             for chunk_id, tokens in cur:
                 yield chunk_id, [t.replace("\u00a0", " ") for t in tokens.split(" ")] if tokens else []
 
-    def pending_chunk_count(self) -> int:
-        """Chunks written for documents not yet 就绪 (their vectors may already sit in Chroma)."""
+    def pending_chunk_count(self, kb_id: int | None = None) -> int:
+        """Chunks whose vectors may sit in Chroma but must not be returned: documents not yet 就绪, and
+        inactive (old) versions. The vector route over-fetches by this many."""
+        kb_sql, a = _kb_clause(kb_id)
         with self.db.connect() as conn:
             return conn.execute(
-                "SELECT COUNT(*) FROM kb_chunk c JOIN kb_document d ON d.doc_id = c.doc_id"
-                " WHERE d.status != 'ready'").fetchone()[0]
+                f"SELECT COUNT(*) FROM kb_chunk c JOIN kb_document d ON d.doc_id = c.doc_id"
+                f" WHERE NOT ({RETRIEVABLE}){kb_sql}", a).fetchone()[0]
 
-    def all_chunk_ids(self) -> set[int]:
-        with self.db.connect() as conn:
-            return {r[0] for r in conn.execute("SELECT chunk_id FROM kb_chunk")}
-
-    def ready_chunk_ids(self) -> set[int]:
+    def all_chunk_ids(self, kb_id: int | None = None) -> set[int]:
+        kb_sql, a = _kb_clause(kb_id)
         with self.db.connect() as conn:
             return {r[0] for r in conn.execute(
-                "SELECT c.chunk_id FROM kb_chunk c JOIN kb_document d ON d.doc_id = c.doc_id"
-                " WHERE d.status = 'ready'")}
+                f"SELECT c.chunk_id FROM kb_chunk c JOIN kb_document d ON d.doc_id = c.doc_id WHERE 1 = 1{kb_sql}",
+                a)}
+
+    def ready_chunk_ids(self, kb_id: int | None = None) -> set[int]:
+        """The chunks the BM25 index of the KB must hold (retrievable ones)."""
+        kb_sql, a = _kb_clause(kb_id)
+        with self.db.connect() as conn:
+            return {r[0] for r in conn.execute(
+                f"SELECT c.chunk_id FROM kb_chunk c JOIN kb_document d ON d.doc_id = c.doc_id"
+                f" WHERE {RETRIEVABLE}{kb_sql}", a)}

@@ -12,7 +12,7 @@ import tempfile
 import unicodedata
 from pathlib import Path
 
-SAFE_EXTS = {"txt", "md", "pdf", "docx"}
+SAFE_EXTS = {"txt", "md", "pdf", "docx", "xlsx", "csv"}
 
 
 def display_name(raw: str) -> str:

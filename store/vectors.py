@@ -1,4 +1,7 @@
-"""Chroma persistent collection `rag_docs` (cosine), ids = str(chunk_id), metadata {doc_id, doc_name}.
+"""One Chroma persistent collection (cosine) per knowledge base, ids = str(chunk_id), metadata {doc_id, doc_name}.
+
+The default knowledge base keeps the first release's collection `rag_docs`; others are `rag_docs_kb<id>`
+(pipeline.knowledge_bases). All collections of a data dir share one client.
 
 The collection metadata records which embedding model (id + dimension) made the vectors, so starting with a
 different model is detected ("需要全量重建") and vectors of two models are never mixed.
@@ -18,17 +21,23 @@ COLLECTION = "rag_docs"
 BATCH = 256
 
 
+def open_client(path: Path):
+    path = Path(path)
+    path.mkdir(parents=True, exist_ok=True)
+    return chromadb.PersistentClient(path=str(path),
+                                     settings=ChromaSettings(anonymized_telemetry=False, allow_reset=False))
+
+
 class VectorStore:
-    def __init__(self, path: Path):
+    def __init__(self, path: Path, name: str = COLLECTION, client=None):
         self.path = Path(path)
-        self.path.mkdir(parents=True, exist_ok=True)
-        self.client = chromadb.PersistentClient(
-            path=str(self.path), settings=ChromaSettings(anonymized_telemetry=False, allow_reset=False))
+        self.name = name
+        self.client = client if client is not None else open_client(self.path)
         self.collection = self._open()
 
     def _open(self):
         # Created by us with cosine space: LlamaIndex's ChromaVectorStore would create an L2 collection.
-        return self.client.get_or_create_collection(COLLECTION, metadata={"hnsw:space": "cosine"})
+        return self.client.get_or_create_collection(self.name, metadata={"hnsw:space": "cosine"})
 
     # --- model bookkeeping -------------------------------------------------------------------
     def model_info(self) -> tuple[str | None, int | None]:
@@ -58,8 +67,15 @@ class VectorStore:
 
     def reset(self) -> None:
         """Drop every vector (full rebuild with another embedding model)."""
-        self.client.delete_collection(COLLECTION)
+        self.client.delete_collection(self.name)
         self.collection = self._open()
+
+    def drop(self) -> None:
+        """Delete the collection for good (its knowledge base is deleted)."""
+        try:
+            self.client.delete_collection(self.name)
+        except Exception as exc:  # already gone
+            log.warning("dropping collection %s: %s", self.name, exc)
 
     # --- data --------------------------------------------------------------------------------
     def add(self, chunk_ids: Sequence[int], embeddings: Sequence[Sequence[float]], texts: Sequence[str],

@@ -17,6 +17,7 @@ from typing import Any
 import gradio as gr
 
 from pipeline.access import DENIED_TEXT, AccessPolicy, Role
+from pipeline.ingestion.progress import UNITS, format_eta, stage_text
 
 from . import guard
 from .debug_view import build_debug_view
@@ -28,7 +29,7 @@ log = logging.getLogger(__name__)
 
 PAGE_SIZE = 10
 REFRESH_SECONDS = 3
-FILE_TYPES = [".txt", ".md", ".pdf", ".docx"]
+FILE_TYPES = [".txt", ".md", ".pdf", ".docx", ".xlsx", ".csv"]
 MAX_CHUNKS_SHOWN = 300
 DENIED = DENIED_TEXT[Role.KB_ADMIN]
 
@@ -41,12 +42,17 @@ table.kbt th { font-weight: 600; white-space: nowrap; }
 table.kbt td.kbt-name { max-width: 320px; word-break: break-all; font-weight: 600; }
 table.kbt td.kbt-num { text-align: right; white-space: nowrap; font-variant-numeric: tabular-nums; }
 table.kbt td.kbt-reason { color: #b42318; max-width: 260px; font-size: .85rem; }
+.kbt-note { color: #8a5200; }
 table.kbt td.kbt-time { white-space: nowrap; font-size: .85rem; opacity: .8; }
 .kbt-status { display: inline-flex; align-items: center; gap: 6px; padding: 1px 8px; border-radius: 999px;
               font-size: .85rem; white-space: nowrap; }
 .kbt-ready { background: #e7f6ec; color: #1a7f37; }
 .kbt-failed { background: #fdecea; color: #b42318; }
 .kbt-processing { background: #e8f0fe; color: #1d4ed8; }
+.kbt-bar { height: 6px; border-radius: 3px; background: var(--border-color-primary); margin: 4px 0 2px; min-width: 120px;
+           overflow: hidden; }
+.kbt-bar-fill { height: 100%; background: #1d4ed8; transition: width .4s; }
+.kbt-eta { display: block; font-size: .78rem; opacity: .75; }
 .kbt-spin { width: 12px; height: 12px; border: 2px solid currentColor; border-right-color: transparent;
             border-radius: 50%; display: inline-block; animation: kbt-rot .8s linear infinite; }
 @keyframes kbt-rot { to { transform: rotate(360deg); } }
@@ -87,15 +93,32 @@ def fmt_size(n: Any) -> str:
     return f"{n / 1024 / 1024:.1f} MB"
 
 
+def progress_html(doc: dict) -> str:
+    """Stage text, a bar (counted stages: OCR pages, embedded chunks) and the ETA of a processing document."""
+    stage = doc.get("stage")
+    done, total = doc.get("done") or 0, doc.get("total") or 0
+    text = stage_text(stage, done, total, doc.get("position")) if stage else (doc.get("progress") or "")
+    pct = 100.0 * done / total if total else 0.0
+    bar = (f'<div class="kbt-bar" data-stage="{esc(stage)}" data-done="{int(done)}" data-total="{int(total)}">'
+           f'<div class="kbt-bar-fill" style="width:{pct:.1f}%"></div></div>') if stage in UNITS and total else ""
+    eta = f'<span class="kbt-eta" data-eta="{esc(doc.get("eta_s"))}">{esc(format_eta(doc.get("eta_s")))}</span>'
+    return (f'<span class="kbt-status kbt-processing"><span class="kbt-spin"></span>'
+            f'{esc(doc.get("status_label") or "处理中")}{" · " + esc(text) if text else ""}</span>{bar}{eta}')
+
+
 def status_html(doc: dict) -> str:
     st = doc.get("status")
     label = doc.get("status_label") or st or ""
     if st == "processing":
-        prog = doc.get("progress")
-        text = f"{label} · {prog}" if prog else label
-        return f'<span class="kbt-status kbt-processing"><span class="kbt-spin"></span>{esc(text)}</span>'
+        return progress_html(doc)
     cls = {"ready": "kbt-ready", "failed": "kbt-failed"}.get(st, "")
     return f'<span class="kbt-status {cls}">{esc(label)}</span>'
+
+
+def note_html(doc: dict) -> str:
+    """The parser's remarks on a document (empty sheet skipped, OCR off for some pages, …)."""
+    note = doc.get("note")
+    return f'<div class="kbt-note">{esc(note)}</div>' if note else ""
 
 
 def table_html(items: list[dict], *, busy: bool = False, keyword: str = "") -> str:
@@ -115,12 +138,24 @@ def table_html(items: list[dict], *, busy: bool = False, keyword: str = "") -> s
             f'<td class="kbt-num">{fmt_size(d.get("file_size"))}</td>'
             f'<td class="kbt-num">{esc(chunks if chunks is not None else "—")}</td>'
             f"<td>{status_html(d)}</td>"
-            f'<td class="kbt-reason">{esc(d.get("fail_reason") or "")}</td>'
+            f'<td class="kbt-reason">{esc(d.get("fail_reason") or "")}'
+            f'{note_html(d)}</td>'
             f'<td class="kbt-time">{esc(str(d.get("created_at") or "")[:19])}</td>'
             f'<td style="white-space:nowrap"><button class="kbt-act" data-act="view" data-id="{did}">查看块</button>'
             f'<button class="kbt-act kbt-del" data-act="delete" data-id="{did}"{dis}>删除</button></td></tr>')
     return (f'<div class="kbt-wrap"><table class="kbt"><thead><tr>{head}</tr></thead>'
             f'<tbody>{"".join(rows)}</tbody></table></div>')
+
+
+def rebuild_text(st: dict) -> str:
+    """全量重建 3/10 个文档 · 当前 x.pdf（向量化 40/120 块）· 约 2 分钟."""
+    text = f"全量重建 {int(st.get('done') or 0)}/{int(st.get('total') or 0)} 个文档"
+    if st.get("current"):
+        stage = f"（{st['current_stage']}）" if st.get("current_stage") else ""
+        text += f" · 当前 {st['current']}{stage}"
+    if st.get("done"):
+        text += f" · 剩余{format_eta(st.get('eta_s'))}"
+    return text
 
 
 def upload_report_html(results: list[dict]) -> str:
@@ -156,6 +191,8 @@ def chunks_html(chunks: list[dict]) -> str:
             meta.append(f"字符 {esc(c['char_start'])}–{esc(c['char_end'])}")
         if c.get("source") and c.get("source") != "text":
             meta.append(esc(c["source"]))
+        if c.get("context"):
+            meta.append(f'<span class="kbc-ctx">{esc(c["context"])}</span>')
         cards.append(f'<div class="kbc" data-chunk="{esc(c.get("chunk_id"))}"><div class="kbc-head">'
                      f'{" · ".join(meta)}</div><div class="kbc-text">{esc(c.get("text"))}</div></div>')
     more = (f'<div class="kbt-empty">仅显示前 {MAX_CHUNKS_SHOWN} 块（共 {len(chunks)} 块）</div>'
@@ -207,7 +244,7 @@ def build_kb_tab(engine, badge=None, policy: AccessPolicy | None = None) -> dict
 
     with gr.Tabs():
         with gr.Tab("文档管理", id="kb-docs"):
-            upload = gr.File(label="拖拽或点击上传（txt / md / pdf / docx，单个 ≤ 20 MB，一次 ≤ 10 个）",
+            upload = gr.File(label="拖拽或点击上传（txt / md / pdf / docx / xlsx / csv，单个 ≤ 20 MB，一次 ≤ 10 个）",
                              file_count="multiple", file_types=FILE_TYPES, height=140, elem_id="kb-upload")
             upload_msg = gr.HTML("", elem_id="kb-upload-msg", css_template=TABLE_CSS)
             with gr.Row(equal_height=True):
@@ -273,7 +310,7 @@ def build_kb_tab(engine, badge=None, policy: AccessPolicy | None = None) -> dict
         if processing:
             info += f" · 处理中 {processing} 个（每 {REFRESH_SECONDS} 秒自动刷新）"
         if busy:
-            info += f" · 全量重建中 {rb.get('done', 0)}/{rb.get('total', 0)}"
+            info += f" · {rebuild_text(rb)}"
         up = gr.update(interactive=not busy, value=None) if clear_upload else gr.update(interactive=not busy)
         vals = [table_html(res["items"], busy=busy, keyword=kw), info, pg,
                 gr.Timer(active=bool(processing or busy)), up,
@@ -374,7 +411,7 @@ def build_kb_tab(engine, badge=None, policy: AccessPolicy | None = None) -> dict
             if not st.get("running"):
                 break
             done, total = int(st.get("done") or 0), int(st.get("total") or 0)
-            desc = f"全量重建 {done}/{total}" + (f" · {st.get('current')}" if st.get("current") else "")
+            desc = rebuild_text(st)
             progress((done, total) if total else 0, desc=desc)
             if time.monotonic() - last_yield > REFRESH_SECONDS:
                 last_yield = time.monotonic()

@@ -107,11 +107,13 @@ def render_sources(sources: Iterable[dict] | None, *, no_answer: bool = False, i
             meta.append(f'<span class="kb-src-rr" title="精排分">精排 {fmt_num(s.get("rerank_score"), 3)}</span>')
         if s.get("source") == "ocr":
             meta.append('<span class="kb-tag">OCR</span>')
+        ctx = (f'<div class="kb-src-ctx" title="所在章节 / 工作表">{esc(s.get("context"))}</div>'
+               if s.get("context") else "")
         cited = " kb-cited" if s.get("cited") else ""
         full = s.get("text") or ""
         cards.append(
             f'<details class="kb-src{cited}" id="{esc(id_prefix)}{esc(no)}" data-no="{esc(no)}">'
-            f'<summary><div class="kb-src-head">{" · ".join(meta)}</div>'
+            f'<summary><div class="kb-src-head">{" · ".join(meta)}</div>{ctx}'
             f'<div class="kb-src-snip">{esc(snippet(full))}</div></summary>'
             f'<div class="kb-src-full">{esc(full)}</div></details>')
     return f'<div class="kb-sources" data-count="{len(cards)}">' + "".join(cards) + "</div>"

@@ -48,6 +48,7 @@ a.kb-cite:hover { background: var(--color-accent-soft); }
 .kb-src-no { font-weight: 700; color: var(--color-accent); }
 .kb-src-doc { font-weight: 600; color: var(--body-text-color); }
 .kb-src-snip { margin-top: 4px; font-size: 0.92rem; }
+.kb-src-ctx { margin-top: 2px; font-size: 0.8rem; color: var(--body-text-color-subdued); }
 .kb-src-full { margin-top: 6px; white-space: pre-wrap; font-size: 0.88rem; border-top: 1px dashed var(--border-color-primary);
                padding-top: 6px; }
 .kb-src.kb-cited { border-left: 3px solid var(--color-accent); }

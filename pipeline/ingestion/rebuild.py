@@ -24,14 +24,22 @@ class Rebuild:
         self._settings = settings
         self._on_done = on_done
         self._lock = threading.Lock()
-        self._status = {"running": False, "done": 0, "total": 0, "current": "", "error": None, "elapsed_ms": None}
+        self._status = {"running": False, "done": 0, "total": 0, "current": "", "error": None, "elapsed_ms": None,
+                        "eta_s": None}
 
     @property
     def running(self) -> bool:
         return bool(self._status["running"])
 
     def status(self) -> dict:
-        return dict(self._status)
+        """running, done / total documents, current (its name and stage), eta_s, error, elapsed_ms."""
+        st = dict(self._status)
+        if st["running"] and st.get("current_id") is not None:
+            snap = self._c.ingest.progress.snapshot(st["current_id"])
+            if snap:
+                st["current_stage"] = snap["text"]
+        st.pop("current_id", None)
+        return st
 
     def start(self, require_ready: Callable[[], None] = lambda: None) -> dict:
         with self._lock:
@@ -40,7 +48,7 @@ class Rebuild:
             require_ready()
             docs = self._c.docs.all_docs()
             self._status = {"running": True, "done": 0, "total": len(docs), "current": "", "error": None,
-                            "elapsed_ms": None}
+                            "elapsed_ms": None, "eta_s": None}
         threading.Thread(target=self._run, args=(docs,), name="kb-rebuild", daemon=True).start()
         return self.status()
 
@@ -58,13 +66,21 @@ class Rebuild:
             if c.models.model_warning:
                 c.vectors.reset()  # vectors of another model: start over, never mix
                 c.models.model_warning = None
+            # ETA from the bytes done so far: documents differ in size far more than in count
+            total_bytes = sum(int(d.get("file_size") or 0) for d in docs) or 1
+            done_bytes = 0
+            for doc in docs:  # their places in line, for the list's 排队 n
+                c.ingest.progress.queued(doc["doc_id"], doc.get("file_size") or 0, doc.get("file_type") or "")
+            t_work = time.perf_counter()
             for i, doc in enumerate(docs):
-                st["current"] = doc["file_name"]
-                if c.docs.get(doc["doc_id"]) is None:
-                    continue
-                c.docs.set_status(doc["doc_id"], "processing", None, "全量重建中")
-                c.ingest.process(doc["doc_id"])
+                st["current"], st["current_id"] = doc["file_name"], doc["doc_id"]
+                if c.docs.get(doc["doc_id"]) is not None:
+                    c.docs.set_status(doc["doc_id"], "processing", None, "全量重建中")
+                    c.ingest.process(doc["doc_id"])
+                done_bytes += int(doc.get("file_size") or 0)
                 st["done"] = i + 1
+                rate = done_bytes / max(time.perf_counter() - t_work, 1e-6)
+                st["eta_s"] = round((total_bytes - done_bytes) / rate, 1) if rate > 0 else None
             s = self._settings()
             c.bm25.rebuild(s.bm25_k1, s.bm25_b)
             self._on_done()
@@ -72,6 +88,8 @@ class Rebuild:
             log.exception("rebuild failed")
             st["error"] = str(exc)
         finally:
+            for doc in docs:  # skipped (deleted) or interrupted documents leave the board
+                c.ingest.progress.finish(doc["doc_id"])
             st["running"] = False
-            st["current"] = ""
+            st["current"], st["current_id"], st["eta_s"] = "", None, None
             st["elapsed_ms"] = round((time.perf_counter() - t0) * 1000)

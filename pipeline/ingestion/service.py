@@ -15,20 +15,20 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from llama_index.core import Document
-
-from pipeline.ingestion.chunking import ChineseChunker
 from pipeline.ingestion.parsing import (
     MAX_BATCH_FILES,
     ParseError,
+    Progress,
     UploadRefused,
     check_upload,
     parse_file,
     sniff_content,
 )
+from pipeline.ingestion.progress import ProgressBoard
+from pipeline.ingestion.structured_chunking import chunk_page, indexed_text
 from pipeline.settings import Settings
 from pipeline.tokenize_zh import ChineseTokenizer
-from store.documents import ChunkRow, DocumentStore
+from store.documents import ChunkRow, DocumentStore, SectionRow
 from store.files import FileStore, display_name, md5_of
 from store.vectors import VectorStore
 
@@ -90,6 +90,7 @@ class IngestService:
         self.on_change = on_change  # refresh BM25 / ready-set after a document changes state
         self.busy_reason = busy_reason
         self.timer = StageTimer()
+        self.progress = ProgressBoard()  # stage / counts / ETA per document (the list API and the UI read it)
         self._queue: "queue.Queue[int | None]" = queue.Queue()
         self._cancelled: set[int] = set()
         self._current: int | None = None
@@ -134,11 +135,13 @@ class IngestService:
                     results.append(UploadResult(name, True, existing["doc_id"], existing["status"], "已存在", True))
                     continue
                 raise
-            self.enqueue(doc["doc_id"])
+            self.enqueue(doc["doc_id"], doc)
             results.append(UploadResult(name, True, doc["doc_id"], "processing", "处理中"))
         return results
 
-    def enqueue(self, doc_id: int) -> None:
+    def enqueue(self, doc_id: int, doc: dict | None = None) -> None:
+        doc = doc or self.docs.get(doc_id) or {}
+        self.progress.queued(doc_id, doc.get("file_size") or 0, doc.get("file_type") or "")
         with self._pending_lock:
             self._pending += 1
             self._idle.clear()
@@ -207,6 +210,8 @@ class IngestService:
             if doc is None:
                 continue
             self._current = doc_id
+            if not self.progress.holds(doc_id):  # processed directly (全量重建), not through the queue
+                self.progress.queued(doc_id, doc.get("file_size") or 0, doc.get("file_type") or "")
             try:
                 prepared.append(self._prepare(doc, s))
             except ParseError as exc:
@@ -240,26 +245,35 @@ class IngestService:
         if not path.exists():
             raise ParseError("原始文件丢失，无法处理")
         t0 = time.perf_counter()
+        self._stage(doc_id, "parse")
+
+        def parse_progress(msg: str) -> None:
+            if isinstance(msg, Progress):
+                self._stage(doc_id, msg.stage, msg.done, msg.total)
+            else:
+                self.docs.set_progress(doc_id, msg)
+
         parsed = parse_file(path, doc["file_type"], ocr_enabled=s.ocr_enabled, ocr_max_pages=s.ocr_max_pages,
-                            progress=lambda msg: self.docs.set_progress(doc_id, msg))
+                            progress=parse_progress)
         t1 = time.perf_counter()
+        self._stage(doc_id, "chunk")
         self.timer.add("parse", t1 - t0)
         self._check_cancel(doc_id)
 
-        chunker = ChineseChunker(chunk_size=s.chunk_size, chunk_overlap=s.chunk_overlap)
-        pages = [Document(text=p.text, metadata={"page": p.page, "source": p.source}) for p in parsed.pages
-                 if p.text and p.text.strip()]
-        nodes = chunker.get_nodes_from_documents(pages)
-        if not nodes:
+        pieces = [(k, page, pc) for k, page in enumerate(parsed.pages)
+                  for pc in chunk_page(page, s.chunk_size, s.chunk_overlap)]
+        if not pieces:
             raise ParseError("未解析到文本")
         t2 = time.perf_counter()
         self.timer.add("chunk", t2 - t1)
+        self.progress.chunked(doc_id, len(pieces))
 
-        rows = [ChunkRow(doc_id=doc_id, chunk_index=i, text=n.get_content(), page=n.metadata.get("page"),
-                         char_start=n.metadata["char_start"], char_end=n.metadata["char_end"],
-                         source=n.metadata.get("source") or "text",
-                         tokens=self.tokenizer(n.get_content()))
-                for i, n in enumerate(nodes)]
+        rows = [ChunkRow(doc_id=doc_id, chunk_index=i, text=pc.text, page=page.page, char_start=pc.start,
+                         char_end=pc.end, source=page.source or "text",
+                         tokens=self.tokenizer(indexed_text(pc.text, pc.context)), context=pc.context, section=k)
+                for i, (k, page, pc) in enumerate(pieces)]
+        sections = [SectionRow(k, page.page, page.source or "text", page.context, page.text)
+                    for k, page in enumerate(parsed.pages)]
         t3 = time.perf_counter()
         self.timer.add("tokenize", t3 - t2)
 
@@ -268,7 +282,7 @@ class IngestService:
         # so skip Chroma's delete-by-metadata scan (tens of ms per document) when there are no old chunks.
         if self.docs.chunk_count_of(doc_id):
             self.vectors.delete_doc(doc_id)
-        chunk_ids = self.docs.replace_chunks(doc_id, rows)
+        chunk_ids = self.docs.replace_chunks(doc_id, rows, sections, note="；".join(parsed.warnings) or None)
         self.timer.add("write", time.perf_counter() - t3)
         return _Prepared(doc, rows, chunk_ids)
 
@@ -304,14 +318,20 @@ class IngestService:
                 if self._is_cancelled(p.doc_id):
                     cancelled.add(p.doc_id)
                 else:
-                    last = max(i for q, i in batch if q is p) + 1  # chunks of p embedded after this batch
-                    self.docs.set_progress(p.doc_id, f"向量化 {last}/{len(p.rows)} 块")
+                    first = min(i for q, i in batch if q is p)  # chunks of p embedded before this batch
+                    self._stage(p.doc_id, "embed", first, len(p.rows))
             batch = [(p, i) for p, i in batch if p.doc_id not in cancelled]
             if not batch:
                 continue
             te = time.perf_counter()
-            embs = embed_model.get_text_embedding_batch([p.rows[i].text for p, i in batch])
-            self.timer.add("embed", time.perf_counter() - te)
+            embs = embed_model.get_text_embedding_batch([indexed_text(p.rows[i].text, p.rows[i].context)
+                                                         for p, i in batch])
+            secs = time.perf_counter() - te
+            self.timer.add("embed", secs)
+            self.progress.embedded(len(batch), secs)
+            for p in {p.doc_id: p for p, _ in batch}.values():
+                last = max(i for q, i in batch if q is p) + 1
+                self._stage(p.doc_id, "write" if last == len(p.rows) else "embed", last, len(p.rows))
             pending.extend((p, i, e) for (p, i), e in zip(batch, embs))
             if len(pending) >= WRITE_BATCH:
                 flush()
@@ -321,8 +341,15 @@ class IngestService:
                 p.done = True
                 self._cleanup(p.doc_id)
 
+    def _stage(self, doc_id: int, stage: str, done: int = 0, total: int = 0) -> None:
+        """Structured progress (the board) + its text in the document row (kept for older readers)."""
+        self.progress.stage(doc_id, stage, done, total)
+        snap = self.progress.snapshot(doc_id)
+        self.docs.set_progress(doc_id, snap["text"] if snap else None)
+
     def _finish(self, p: "_Prepared") -> None:
         p.done = True
+        self.progress.finish(p.doc_id)
         if self._is_cancelled(p.doc_id):
             self._cleanup(p.doc_id)
             return
@@ -331,12 +358,14 @@ class IngestService:
         log.info("doc %s ready: %d chunks", p.doc["file_name"], len(p.rows))
 
     def _fail(self, doc_id: int, reason: str) -> None:
+        self.progress.finish(doc_id)
         self._cleanup(doc_id, keep_doc=True)
         if self.docs.get(doc_id) is not None:
             self.docs.set_status(doc_id, "failed", reason)
 
     def _cleanup(self, doc_id: int, keep_doc: bool = False) -> None:
         """A failed or cancelled document leaves no vectors and no chunks."""
+        self.progress.finish(doc_id)
         self.vectors.delete_doc(doc_id)
         self.docs.delete_chunks(doc_id)
         if not keep_doc:
