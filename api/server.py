@@ -14,7 +14,7 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from fastapi import Depends, FastAPI, File, Query, Request, UploadFile
+from fastapi import Depends, FastAPI, File, Form, Query, Request, UploadFile
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, StreamingResponse
 from pydantic import BaseModel, ConfigDict, Field
@@ -34,6 +34,7 @@ from pipeline.errors import (
     EngineError,
 )
 from pipeline.ingestion.parsing import MAX_BATCH_FILES, MAX_FILE_BYTES
+from pipeline.knowledge_bases import DEFAULT_KB_ID
 from pipeline.settings import SettingsError
 
 log = logging.getLogger(__name__)
@@ -57,16 +58,38 @@ class ApiError(Exception):
 
 
 # --- request bodies (extra keys refused so typos are reported, not ignored) ----------------------------
-class SearchBody(BaseModel):
+class KBScope(BaseModel):
+    """Which knowledge bases to search: `kb_id` (one) or `kb_ids` (several); neither = the default one."""
+    kb_id: int | None = Field(None, ge=1)
+    kb_ids: list[int] | None = Field(None, max_length=100)
+
+    def scope(self) -> list[int] | None:
+        ids = list(self.kb_ids or []) + ([self.kb_id] if self.kb_id is not None else [])
+        return ids or None
+
+
+class SearchBody(KBScope):
     model_config = ConfigDict(extra="forbid")
     query: str = Field(min_length=1, max_length=2000)
     top_k: int = Field(10, ge=1, le=50)
 
 
-class AskBody(BaseModel):
+class AskBody(KBScope):
     model_config = ConfigDict(extra="forbid")
     question: str = Field(min_length=1, max_length=2000)
     retry: bool = False
+
+
+class KBCreate(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    name: str = Field(min_length=1, max_length=50)
+    description: str = Field("", max_length=500)
+
+
+class KBUpdate(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    name: str | None = Field(None, min_length=1, max_length=50)
+    description: str | None = Field(None, max_length=500)
 
 
 class Envelope(BaseModel):
@@ -172,12 +195,48 @@ def create_api(engine: Engine, policy: AccessPolicy | None = None) -> FastAPI:
         ms = engine.reload()
         return ok({"elapsed_ms": round(ms)})
 
+    # --- knowledge bases ----------------------------------------------------------------------
+    @app.get("/api/kbs", response_model=Envelope, tags=["kbs"])
+    def list_kbs(_: str | None = Depends(current_user)):
+        """Every knowledge base: kb_id, name, description, created_at, docs, chunks, is_default."""
+        return ok(engine.list_kbs())
+
+    @app.post("/api/kbs", response_model=Envelope, tags=["kbs"])
+    def create_kb(body: KBCreate, _: str | None = Depends(kb_admin_user)):
+        """Create a knowledge base (its own vector collection and BM25 index). Names are unique."""
+        return ok(engine.create_kb(body.name, body.description))
+
+    @app.get("/api/kbs/{kb_id}", response_model=Envelope, tags=["kbs"])
+    def get_kb(kb_id: int, _: str | None = Depends(current_user)):
+        return ok(engine.get_kb(kb_id))
+
+    @app.put("/api/kbs/{kb_id}", response_model=Envelope, tags=["kbs"])
+    def update_kb(kb_id: int, body: KBUpdate, _: str | None = Depends(kb_admin_user)):
+        """Rename and/or re-describe a knowledge base."""
+        return ok(engine.update_kb(kb_id, body.name, body.description))
+
+    @app.delete("/api/kbs/{kb_id}", response_model=Envelope, tags=["kbs"])
+    def delete_kb(kb_id: int, confirm: bool = Query(False, description="must be true"),
+                  _: str | None = Depends(kb_admin_user)):
+        """Delete a knowledge base with all its documents, versions, vectors, BM25 entries and files
+        (`?confirm=true` required). The default knowledge base cannot be deleted."""
+        if not confirm:
+            raise ApiError(CODE_VALIDATION, "删除知识库会同时删除其中全部文档，请确认后带 confirm=true 重试",
+                           {"field": "confirm"})
+        return ok(engine.delete_kb(kb_id))
+
     # --- knowledge base -----------------------------------------------------------------------
     @app.post("/api/kb/documents", response_model=Envelope, tags=["kb"])
     async def upload(file: list[UploadFile] = File(..., description="repeatable"),
+                     kb_id: int | None = Query(None, ge=1, description="knowledge base (default: the default one)"),
+                     kb_id_form: int | None = Form(None, alias="kb_id", ge=1),
                      _: str | None = Depends(kb_admin_user)):
-        """Upload up to 10 files (txt/md/pdf/docx, ≤ 20 MB each). Returns one record per file:
-        status processing, 已存在 (deduplicated), or refused with the reason."""
+        """Upload up to 10 files (txt/md/pdf/docx/xlsx/csv, ≤ 20 MB each) into a knowledge base (`kb_id` as a
+        query parameter or form field). Returns one record per file: status processing (a file named like an
+        active document with other content becomes its next version), 已存在 (same content in this knowledge
+        base), or refused with the reason."""
+        target = kb_id or kb_id_form or DEFAULT_KB_ID
+        engine.get_kb(target)  # 3002 before reading the files
         tmpdir = Path(tempfile.mkdtemp(prefix="kbqa-up-"))
         try:
             items, refused = [], []
@@ -202,47 +261,64 @@ def create_api(engine: Engine, policy: AccessPolicy | None = None) -> FastAPI:
                                     "msg": f"文件超过 {MAX_FILE_BYTES // (1024 * 1024)} MB"})
                     continue
                 items.append((name, dest))
-            results = await run_in_threadpool(engine.upload, items) if items else []
+            results = await run_in_threadpool(engine.upload, items, target) if items else []
             return ok([r.to_dict() for r in results] + refused)
         finally:
             shutil.rmtree(tmpdir, ignore_errors=True)
 
     @app.get("/api/kb/documents", response_model=Envelope, tags=["kb"])
     def list_documents(page: int = Query(1, ge=1), size: int = Query(20, ge=1, le=200),
-                       keyword: str = Query("", max_length=200), _: str | None = Depends(current_user)):
-        """Paged document list with chunk counts, status and failure reason."""
-        return ok(engine.list_documents(page, size, keyword))
+                       keyword: str = Query("", max_length=200), kb_id: int = Query(DEFAULT_KB_ID, ge=1),
+                       _: str | None = Depends(current_user)):
+        """Paged document list of a knowledge base with chunk counts, status, failure reason, version and
+        progress: `stage` (queued/parse/ocr/chunk/embed/write), `stage_label`, `done`, `total`, `position`
+        (place in the queue), `eta_s`."""
+        return ok(engine.list_documents(page, size, keyword, kb_id))
 
     @app.get("/api/kb/documents/{doc_id}/chunks", response_model=Envelope, tags=["kb"])
     def document_chunks(doc_id: int, _: str | None = Depends(current_user)):
         """Chunk index + text of one document."""
         return ok(engine.document_chunks(doc_id))
 
+    @app.get("/api/kb/documents/{doc_id}/versions", response_model=Envelope, tags=["kb"])
+    def document_versions(doc_id: int, _: str | None = Depends(current_user)):
+        """Every version of the document, newest first: version, active, status, created_at."""
+        return ok(engine.document_versions(doc_id))
+
+    @app.post("/api/kb/documents/{doc_id}/restore", response_model=Envelope, tags=["kb"])
+    def restore_version(doc_id: int, _: str | None = Depends(kb_admin_user)):
+        """Make this old version the active one (the current one becomes inactive)."""
+        return ok(engine.restore_version(doc_id))
+
     @app.delete("/api/kb/documents/{doc_id}", response_model=Envelope, tags=["kb"])
     def delete_document(doc_id: int, _: str | None = Depends(kb_admin_user)):
-        """Delete the document, its chunks, its vectors, its BM25 entries and its stored file."""
+        """Delete the document, its chunks, its vectors, its BM25 entries and its stored file. The active version
+        deletes the whole document (all versions); an old or failed version deletes only itself."""
         return ok(engine.delete_document(doc_id))
 
     @app.post("/api/kb/rebuild", response_model=Envelope, tags=["kb"])
-    def rebuild(_: str | None = Depends(kb_admin_user)):
-        """Start a full rebuild with the current chunk params (refused while one runs). Poll GET."""
-        return ok(engine.start_rebuild())
+    def rebuild(kb_id: int | None = Query(None, ge=1, description="one knowledge base (default: all)"),
+                _: str | None = Depends(kb_admin_user)):
+        """Start a full rebuild with the current chunk params (refused while one runs) of all knowledge bases
+        or of `kb_id`. Poll GET."""
+        return ok(engine.start_rebuild(kb_id))
 
     @app.get("/api/kb/rebuild", response_model=Envelope, tags=["kb"])
     def rebuild_status(_: str | None = Depends(current_user)):
-        """Progress of the running/last full rebuild: running, done, total, current, elapsed_ms."""
+        """Progress of the running/last full rebuild: running, done, total (documents), eta_s, current,
+        current_stage, elapsed_ms."""
         return ok(engine.rebuild_status())
 
     @app.post("/api/kb/search", response_model=Envelope, tags=["kb"])
     def search(body: SearchBody, _: str | None = Depends(current_user)):
         """Dual-route debug search: {bm25, vector, rrf} as in SRS §7.2."""
-        return ok(engine.search(body.query, body.top_k))
+        return ok(engine.search(body.query, body.top_k, body.scope()))
 
     # --- question answering -------------------------------------------------------------------
     @app.post("/api/qa/ask/sync", response_model=Envelope, tags=["qa"])
     def ask_sync(body: AskBody, _: str | None = Depends(current_user)):
         """{answer, sources, elapsed_ms} from the same pipeline as the stream."""
-        return ok(engine.ask_sync(body.question, retry=body.retry))
+        return ok(engine.ask_sync(body.question, retry=body.retry, kb_ids=body.scope()))
 
     @app.post("/api/qa/ask", tags=["qa"], response_class=StreamingResponse,
               responses={200: {"content": {"text/event-stream": {}},
@@ -250,7 +326,7 @@ def create_api(engine: Engine, policy: AccessPolicy | None = None) -> FastAPI:
     async def ask(body: AskBody, request: Request, _: str | None = Depends(current_user)):
         """Server-Sent Events: the engine's event stream, serialized. `retry: true` regenerates from the
         stored retrieval of the same question. A client that disconnects stops generation."""
-        gen = engine.ask(body.question, retry=body.retry)
+        gen = engine.ask(body.question, retry=body.retry, kb_ids=body.scope())
         sentinel = object()
 
         async def stream():
@@ -269,9 +345,10 @@ def create_api(engine: Engine, policy: AccessPolicy | None = None) -> FastAPI:
                                  headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
 
     @app.get("/api/health", response_model=Envelope, tags=["status"])
-    def health():
-        """{status, chunks, docs, engine: ready|loading, …}. Open without login (holds no content)."""
-        return ok(engine.health())
+    def health(kb_id: int | None = Query(None, ge=1)):
+        """{status, chunks, docs, engine: ready|loading, …} of all knowledge bases or of `kb_id`. Open without
+        login (holds no content)."""
+        return ok(engine.health(kb_id))
 
     return app
 

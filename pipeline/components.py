@@ -17,6 +17,7 @@ from typing import Any
 from llama_index.core import Settings as LISettings
 
 from pipeline.ingestion.service import IngestService
+from pipeline.knowledge_bases import KnowledgeBases
 from pipeline.models.paths import resolve_model_dir
 from pipeline.retrieval.bm25 import BM25Index
 from pipeline.retrieval.rerank import CrossEncoder, load_cross_encoder
@@ -27,6 +28,7 @@ from store.config_store import ConfigStore
 from store.db import Database
 from store.documents import DocumentStore
 from store.files import FileStore
+from store.knowledge_bases import KBStore
 from store.vectors import VectorStore
 
 log = logging.getLogger(__name__)
@@ -53,10 +55,11 @@ class Components:
     config: ConfigStore
     docs: DocumentStore
     files: FileStore
-    vectors: VectorStore
+    vectors: VectorStore     # the default knowledge base's collection (= kbs.default.vectors)
     tokenizer: ChineseTokenizer
-    bm25: BM25Index
+    bm25: BM25Index          # the default knowledge base's BM25 index (= kbs.default.bm25)
     ingest: IngestService
+    kbs: KnowledgeBases      # every knowledge base: kb_id → its collection and BM25 index
     models: Models | None = None
     retrieval: RetrievalService | None = None
 
@@ -79,7 +82,7 @@ def build_components(data_dir: Path | str, *, project_root: Path | None = None, 
     db = Database(data_dir / "app.db")
     docs = DocumentStore(db)
     files = FileStore(data_dir / "uploads")
-    vectors = VectorStore(data_dir / "chroma")
+    kbs = KnowledgeBases(data_dir, KBStore(db), docs)
     tokenizer = ChineseTokenizer(user_dict=data_dir / "userdict.txt")
     comps: Components  # the ingest worker reads the models that load_models puts here later
 
@@ -89,10 +92,11 @@ def build_components(data_dir: Path | str, *, project_root: Path | None = None, 
     def model_ident() -> tuple[str, int]:
         return comps.models.embedding.model_id, comps.models.embedding.dim
 
-    ingest = IngestService(docs, vectors, files, tokenizer, settings, embed_model, model_ident,
+    ingest = IngestService(docs, kbs, files, tokenizer, settings, embed_model, model_ident,
                            on_change=on_ingested, busy_reason=busy_reason)
+    default = kbs.default
     comps = Components(data_dir, project_root, Path(models_dir or project_root / "models"), db, ConfigStore(db),
-                       docs, files, vectors, tokenizer, BM25Index(data_dir / "bm25", docs.iter_ready_tokens), ingest)
+                       docs, files, default.vectors, tokenizer, default.bm25, ingest, kbs)
     return comps
 
 
@@ -104,10 +108,10 @@ def load_models(c: Components, s: Settings) -> Models:
     emb = load_embedding(s.embedding_model_path, c.project_root, c.models_dir)
     LISettings.embed_model = emb.embed_model  # never let LlamaIndex fall back to OpenAI
     LISettings.llm = None
-    models = Models(emb, _load_cross_encoder(c, s), build_llm(s), c.vectors.check_model(emb.model_id, emb.dim))
+    models = Models(emb, _load_cross_encoder(c, s), build_llm(s), c.kbs.model_warning(emb.model_id, emb.dim))
     c.models = models
     c.retrieval = RetrievalService(
-        c.docs, c.vectors, c.bm25, c.tokenizer, emb.embed_model, models.cross_encoder,
+        c.docs, c.kbs, c.tokenizer, emb.embed_model, models.cross_encoder,
         pending_vectors=c.docs.pending_chunk_count, vector_enabled=lambda: models.model_warning is None)
     return models
 

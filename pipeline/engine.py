@@ -35,6 +35,7 @@ from pipeline.settings import (
     is_masked,
     merge_update,
 )
+from store.migrations import DEFAULT_KB_ID
 
 log = logging.getLogger(__name__)
 
@@ -103,7 +104,8 @@ class Engine:
         old = self._settings
         self._settings = new
         if {"bm25_k1", "bm25_b"} & set(changed) and self.state == "ready":
-            self.components.bm25.rebuild(new.bm25_k1, new.bm25_b)
+            for kb in self.components.kbs.all():
+                kb.bm25.rebuild(new.bm25_k1, new.bm25_b)
         effect = effect_of(changed)
         warnings = []
         if "embedding_model_path" in changed and self.expected_model_id(new) != self.expected_model_id(old):
@@ -158,7 +160,8 @@ class Engine:
                 s = self._settings
                 load_models(self.components, s)
                 self._recover()
-                self.components.bm25.load_or_rebuild(s.bm25_k1, s.bm25_b, self.components.docs.ready_chunk_ids())
+                for kb in self.components.kbs.all():
+                    kb.bm25.load_or_rebuild(s.bm25_k1, s.bm25_b, self.components.docs.ready_chunk_ids(kb.kb_id))
                 self._recent.clear()
                 self.state, self.load_error = "ready", None
             except Exception as exc:
@@ -191,20 +194,22 @@ class Engine:
                 continue
             doc = c.docs.get(doc_id)
             if doc and doc.get("stored_name") and c.files.path_of(doc["stored_name"]).exists():
-                c.vectors.delete_doc(doc_id)
+                c.kbs.get(doc["kb_id"]).vectors.delete_doc(doc_id)
                 c.docs.delete_chunks(doc_id)
                 c.ingest.enqueue(doc_id)
             else:
                 c.docs.set_status(doc_id, "failed", "处理中断")
         for doc_id in c.docs.ids_with_status("failed"):
             c.docs.delete_chunks(doc_id)
-        orphans = c.vectors.all_ids() - c.docs.all_chunk_ids()
-        if orphans:
-            log.warning("removing %d orphan vectors", len(orphans))
-            c.vectors.delete_ids(sorted(orphans))
+        for kb in c.kbs.all():
+            orphans = kb.vectors.all_ids() - c.docs.all_chunk_ids(kb.kb_id)
+            if orphans:
+                log.warning("removing %d orphan vectors from knowledge base %d", len(orphans), kb.kb_id)
+                kb.vectors.delete_ids(sorted(orphans))
 
     def _after_ingest(self) -> None:
-        self.components.bm25.rebuild(self._settings.bm25_k1, self._settings.bm25_b)
+        for kb in self.components.kbs.all():
+            kb.bm25.rebuild(self._settings.bm25_k1, self._settings.bm25_b)
 
     def _busy_reason(self) -> str | None:
         if self._rebuild.running:
@@ -222,9 +227,12 @@ class Engine:
             raise EngineError(CODE_ENGINE, f"引擎未就绪：{self.load_error}")
 
     # ------------------------------------------------------------------ status
-    def health(self) -> dict:
+    def health(self, kb_id: int | None = None) -> dict:
+        """Engine state and counts: of all knowledge bases, or of `kb_id`."""
         c = self.components
-        counts = c.docs.counts()
+        if kb_id is not None:
+            kb_id = c.kbs.check(kb_id)
+        counts = c.docs.counts(kb_id)
         emb = c.models.embedding if c.models else None
         rerank_label = c.retrieval.rerank_label if c.retrieval else ""
         return {
@@ -233,13 +241,57 @@ class Engine:
             "processing": counts["processing"], "queued": c.ingest.progress.queue_length, "embedding_model": emb.label if emb else None,
             "reranker": rerank_label or "未配置精排模型",
             "llm": self._settings.llm_model or "未配置（原文摘录模式）",
-            "warning": self.model_warning, "rebuild": self._rebuild.status(),
+            "warning": self.model_warning, "rebuild": self._rebuild.status(), "kb_id": kb_id,
+            "kbs": len(c.kbs.ids()),
         }
 
-    # ------------------------------------------------------------------ knowledge base
-    def upload(self, items: list[tuple[str, Path]]) -> list[UploadResult]:
+    # ------------------------------------------------------------------ knowledge bases
+    def list_kbs(self) -> list[dict]:
+        """Every knowledge base with its document and chunk counts (the default one first)."""
+        return self.components.kbs.store.list()
+
+    def get_kb(self, kb_id: int) -> dict:
+        return self.components.kbs.store.get(self.components.kbs.check(kb_id))
+
+    def create_kb(self, name: str, description: str = "") -> dict:
+        return self.components.kbs.create(name, description)
+
+    def update_kb(self, kb_id: int, name: str | None = None, description: str | None = None) -> dict:
+        return self.components.kbs.update(kb_id, name, description)
+
+    def delete_kb(self, kb_id: int) -> dict:
+        """Delete a knowledge base and everything in it (documents, versions, chunks, vectors, BM25, files).
+        The default knowledge base stays (the SRS §7 paths work on it)."""
+        c = self.components
+        kb_id = c.kbs.check(kb_id)
+        if kb_id == DEFAULT_KB_ID:
+            raise EngineError(CODE_VALIDATION, "默认知识库不能删除（可以重命名）", "kb_id")
+        self._refuse_while_rebuilding()
+        kb = c.kbs.store.get(kb_id)
+        docs = c.docs.all_docs(kb_id)
+        for d in docs:
+            c.ingest.cancel(d["doc_id"])
+        for d in docs:
+            c.docs.delete(d["doc_id"])
+            c.files.delete(d.get("stored_name"))
+        c.kbs.drop(kb_id)
+        if c.retrieval is not None:
+            c.retrieval.forget(kb_id)
+        self._recent.clear()
+        return {"kb_id": kb_id, "name": kb["name"], "docs_removed": len(docs)}
+
+    def resolve_kbs(self, kb_ids: Any = None) -> list[int]:
+        """The knowledge bases a question searches: the given ids (each checked), or the default one."""
+        if kb_ids is None or kb_ids == []:
+            return [DEFAULT_KB_ID]
+        if isinstance(kb_ids, (int, str)):
+            kb_ids = [kb_ids]
+        return sorted({self.components.kbs.check(k) for k in kb_ids})
+
+    # ------------------------------------------------------------------ documents
+    def upload(self, items: list[tuple[str, Path]], kb_id: int = DEFAULT_KB_ID) -> list[UploadResult]:
         try:
-            return self.components.ingest.upload(items)
+            return self.components.ingest.upload(items, kb_id)
         except IngestBusy as exc:
             raise EngineError(CODE_ENGINE, str(exc)) from None
 
@@ -247,13 +299,15 @@ class Engine:
         """Block until every queued document is processed (scripts, tests, benchmarks)."""
         return self.components.ingest.wait_idle(timeout)
 
-    def list_documents(self, page: int = 1, size: int = 20, keyword: str = "") -> dict:
-        """Paged documents; processing ones carry stage / stage_label / done / total / position / eta_s."""
-        items, total = self.components.docs.list(page, size, keyword)
+    def list_documents(self, page: int = 1, size: int = 20, keyword: str = "", kb_id: int = DEFAULT_KB_ID) -> dict:
+        """Paged documents of a knowledge base; processing ones carry stage / stage_label / done / total /
+        position / eta_s; each its version and how many versions it has."""
+        kb_id = self.components.kbs.check(kb_id)
+        items, total = self.components.docs.list(page, size, keyword, kb_id)
         for d in items:
             d.pop("stored_name", None)
             d.update(self._progress_of(d))
-        return {"items": items, "total": total, "page": page, "size": size}
+        return {"items": items, "total": total, "page": page, "size": size, "kb_id": kb_id}
 
     def _progress_of(self, doc: dict) -> dict:
         snap = self.components.ingest.progress.snapshot(doc["doc_id"]) if doc["status"] == "processing" else None
@@ -276,49 +330,93 @@ class Engine:
         self.get_document(doc_id)
         return self.components.docs.chunks_of(doc_id)
 
-    def delete_document(self, doc_id: int) -> dict:
+    def _refuse_while_rebuilding(self) -> None:
         if self._rebuild.running:
             raise EngineError(CODE_ENGINE, "全量重建进行中，暂不能上传或删除文档，请稍后再试")
+
+    def delete_document(self, doc_id: int) -> dict:
+        """Delete a document: its active version deletes the whole document (every version); an old, a failed
+        or a still-processing new version deletes only that version."""
+        self._refuse_while_rebuilding()
         c = self.components
         doc = c.docs.get(doc_id)
         if doc is None:
             raise EngineError(CODE_NO_DOC, f"文档不存在：{doc_id}")
-        chunk_ids = [ch["chunk_id"] for ch in c.docs.chunks_of(doc_id)]
-        c.bm25.soft_delete(chunk_ids)  # excluded from BM25 at once, before the rebuild lands
-        c.ingest.cancel(doc_id)
-        c.vectors.delete_doc(doc_id)
-        c.docs.delete(doc_id)
-        c.files.delete(doc.get("stored_name"))
+        whole = doc.get("active", 1) == 1
+        targets = c.docs.versions_of(doc["lineage_id"]) if whole and doc.get("lineage_id") else [doc]
+        kb = c.kbs.get(doc["kb_id"])
+        removed = 0
+        for d in targets:
+            chunk_ids = [ch["chunk_id"] for ch in c.docs.chunks_of(d["doc_id"])]
+            kb.bm25.soft_delete(chunk_ids)  # excluded from BM25 at once, before the rebuild lands
+            c.ingest.cancel(d["doc_id"])
+            kb.vectors.delete_doc(d["doc_id"])
+            c.docs.delete(d["doc_id"])
+            c.files.delete(d.get("stored_name"))
+            removed += len(chunk_ids)
         self._recent.clear()  # cached retrievals may hold its chunks
         threading.Thread(target=self._after_ingest, name="bm25-rebuild", daemon=True).start()
-        return {"doc_id": doc_id, "file_name": doc["file_name"], "chunks_removed": len(chunk_ids)}
+        return {"doc_id": doc_id, "file_name": doc["file_name"], "chunks_removed": removed,
+                "versions_removed": len(targets)}
 
-    def start_rebuild(self) -> dict:
-        return self._rebuild.start(require_ready=self._require_ready)
+    # ------------------------------------------------------------------ versions
+    def document_versions(self, doc_id: int) -> list[dict]:
+        """Every version of the document `doc_id` belongs to, newest first (active flag, date, status)."""
+        doc = self.get_document(doc_id)
+        out = self.components.docs.versions_of(doc["lineage_id"] or doc_id)
+        for d in out:
+            d.pop("stored_name", None)
+        return out
+
+    def restore_version(self, doc_id: int) -> dict:
+        """Make an old (就绪) version the active one again; the current one becomes inactive."""
+        self._refuse_while_rebuilding()
+        c = self.components
+        doc = self.get_document(doc_id)
+        if doc["status"] != "ready":
+            raise EngineError(CODE_VALIDATION, "只能恢复已就绪的版本", "doc_id")
+        if doc["active"] == 1:
+            return {"doc_id": doc_id, "version": doc["version"], "changed": False}
+        c.docs.restore(doc_id)
+        # Both routes filter on the active flag at once; the BM25 index of the KB must hold the restored chunks.
+        c.kbs.get(doc["kb_id"]).bm25.rebuild(self._settings.bm25_k1, self._settings.bm25_b)
+        self._recent.clear()
+        return {"doc_id": doc_id, "version": doc["version"], "changed": True}
+
+    def source_states(self, doc_ids) -> dict[int, dict]:
+        """For cited documents: still there, active or an old version (replays show 「旧版本」)."""
+        return self.components.docs.active_states(doc_ids)
+
+    def start_rebuild(self, kb_id: int | None = None) -> dict:
+        """Full rebuild of all knowledge bases, or of one."""
+        return self._rebuild.start(require_ready=self._require_ready, kb_id=kb_id)
 
     def rebuild_status(self) -> dict:
         return self._rebuild.status()
 
-    def rebuild(self, timeout: float | None = None) -> dict:
+    def rebuild(self, timeout: float | None = None, kb_id: int | None = None) -> dict:
         """Blocking full rebuild (scripts/tests)."""
-        self.start_rebuild()
+        self.start_rebuild(kb_id)
         return self.wait_rebuild(timeout)
 
     def wait_rebuild(self, timeout: float | None = None) -> dict:
         return self._rebuild.wait(timeout)
 
     # ------------------------------------------------------------------ retrieval & answers
-    def search(self, query: str, top_k: int = 10) -> dict:
+    def search(self, query: str, top_k: int = 10, kb_ids: Any = None) -> dict:
+        """Dual-route debug search in the given knowledge bases (default: the default one)."""
         self._validate_question(query, "query")
         if not isinstance(top_k, int) or isinstance(top_k, bool) or not 1 <= top_k <= 50:
             raise EngineError(CODE_VALIDATION, "top_k 必须是 1–50 的整数", "top_k")
+        scope = self.resolve_kbs(kb_ids)
         self._require_ready()
-        return self.components.retrieval.debug_search(query.strip(), top_k, self._settings)
+        return self.components.retrieval.debug_search(query.strip(), top_k, self._settings, scope)
 
-    def retrieve(self, question: str) -> RetrievalResult:
+    def retrieve(self, question: str, kb_ids: Any = None) -> RetrievalResult:
+        scope = self.resolve_kbs(kb_ids)
         self._require_ready()
         self.retrieval_calls += 1
-        return self.components.retrieval.retrieve(question, self._settings)
+        return self.components.retrieval.retrieve(question, self._settings, scope)
 
     @staticmethod
     def _validate_question(q: Any, field: str = "question") -> None:
@@ -327,14 +425,16 @@ class Engine:
         if len(q) > MAX_QUESTION_CHARS:
             raise EngineError(CODE_VALIDATION, f"{field} 过长（最多 {MAX_QUESTION_CHARS} 字）", field)
 
-    def ask(self, question: str, retry: bool = False) -> Iterator[ev.Event]:
-        """The one answer event stream: stage → trace → stage → delta* → sources → done (or error)."""
+    def ask(self, question: str, retry: bool = False, kb_ids: Any = None) -> Iterator[ev.Event]:
+        """The one answer event stream: stage → trace → stage → delta* → sources → done (or error).
+        `kb_ids`: the knowledge bases to search (default: the default one)."""
         from pipeline.generation.answer import stream_answer
         from pipeline.generation.llm_client import LLMError
 
         t0 = time.perf_counter()
         try:
             self._validate_question(question)
+            scope = self.resolve_kbs(kb_ids)
             self._require_ready()
         except EngineError as exc:
             yield ev.error(exc.code, exc.msg)
@@ -342,19 +442,20 @@ class Engine:
         question = question.strip()
         s = self._settings
         c = self.components
-        res = self._recent.get(question) if retry else None
+        key = f"{question}\x00{','.join(map(str, scope))}"  # a retry reuses the retrieval of the same scope
+        res = self._recent.get(key) if retry else None
         if res is None:
             self.retrieval_calls += 1
             try:
                 yield ev.stage("recall")
-                res = c.retrieval.recall_stage(question, s)
+                res = c.retrieval.recall_stage(question, s, scope)
                 yield ev.stage("rerank")
                 res = c.retrieval.rerank_stage(res, s)
             except Exception as exc:
                 log.exception("retrieval failed")
                 yield ev.error(CODE_ENGINE, f"检索失败：{exc}")
                 return
-        self._recent.put(question, res)
+        self._recent.put(key, res)
         yield ev.trace(res)
         if not res.hit:
             yield ev.delta(ev.NO_ANSWER_TEXT)
@@ -372,13 +473,13 @@ class Engine:
         yield ev.done((time.perf_counter() - t0) * 1000, no_answer=False,
                       mode="llm" if llm is not None else "extractive")
 
-    def ask_sync(self, question: str, retry: bool = False) -> dict:
+    def ask_sync(self, question: str, retry: bool = False, kb_ids: Any = None) -> dict:
         """The synchronous form over the same stream: {answer, sources, elapsed_ms} or EngineError."""
         parts: list[str] = []
         sources: list = []
         elapsed = None
         trace = None
-        for e in self.ask(question, retry=retry):
+        for e in self.ask(question, retry=retry, kb_ids=kb_ids):
             if e.type is ev.EventType.DELTA:
                 parts.append(e.data["text"])
             elif e.type is ev.EventType.SOURCES:

@@ -13,6 +13,9 @@ from .db import Database
 from .migrations import DEFAULT_KB_ID
 
 STATUS_LABELS = {"processing": "处理中", "ready": "就绪", "failed": "失败"}
+# kb_document.active: 1 = the version retrieval uses; 0 = an old (or replaced) version; 2 = a new version that
+# becomes active once it is 就绪 (and deactivates the others of its lineage).
+INACTIVE, ACTIVE, ACTIVATE_WHEN_READY = 0, 1, 2
 # What the list shows: the active version of each document, and versions still processing or failed (an old,
 # inactive version is reached through its document's 版本 list).
 VISIBLE = "(d.active = 1 OR d.status != 'ready')"
@@ -78,7 +81,7 @@ class DocumentStore:
                 "INSERT INTO kb_document(file_name, file_type, file_size, content_md5, status, created_at,"
                 " stored_name, kb_id, version, lineage_id, active) VALUES (?, ?, ?, ?, 'processing', ?, ?, ?, ?, ?, ?)",
                 (file_name, file_type, file_size, md5, _now(), stored_name, int(kb_id), version, lineage_id,
-                 1 if lineage_id is None else 0),
+                 ACTIVE if lineage_id is None else ACTIVATE_WHEN_READY),
             )
             doc_id = cur.lastrowid
             if lineage_id is None:
@@ -101,7 +104,8 @@ class DocumentStore:
         where = f"FROM kb_document d WHERE d.file_name LIKE ? ESCAPE '\\' AND {VISIBLE}{kb_sql}"
         with self.db.connect() as conn:
             total = conn.execute(f"SELECT COUNT(*) {where}", (like, *kb_args)).fetchone()[0]
-            rows = conn.execute(f"SELECT d.* {where} ORDER BY d.doc_id DESC LIMIT ? OFFSET ?",
+            rows = conn.execute(f"SELECT d.*, (SELECT COUNT(*) FROM kb_document v WHERE v.lineage_id = d.lineage_id)"
+                                f" AS versions {where} ORDER BY d.doc_id DESC LIMIT ? OFFSET ?",
                                 (like, *kb_args, size, (page - 1) * size)).fetchall()
         return [_doc_dict(r) for r in rows], total
 
@@ -128,13 +132,65 @@ class DocumentStore:
         with self.db.transaction() as conn:
             conn.execute("UPDATE kb_document SET progress = ? WHERE doc_id = ?", (progress, doc_id))
 
-    def mark_ready(self, doc_id: int, chunk_count: int) -> None:
+    def mark_ready(self, doc_id: int, chunk_count: int) -> bool:
+        """就绪. A new version waiting for this becomes the active one, its lineage's others inactive, in the same
+        transaction (retrieval never sees two versions or none). Returns whether versions were swapped."""
         with self.db.transaction() as conn:
             conn.execute(
                 "UPDATE kb_document SET status = 'ready', fail_reason = NULL, progress = NULL,"
                 " chunk_count = ? WHERE doc_id = ?",
                 (chunk_count, doc_id),
             )
+            row = conn.execute("SELECT active, lineage_id FROM kb_document WHERE doc_id = ?", (doc_id,)).fetchone()
+            if row is None or row["active"] != ACTIVATE_WHEN_READY:
+                return False
+            self._activate(conn, doc_id, row["lineage_id"])
+            return True
+
+    @staticmethod
+    def _activate(conn, doc_id: int, lineage_id: int) -> None:
+        conn.execute("UPDATE kb_document SET active = ? WHERE lineage_id = ? AND doc_id != ? AND active = ?",
+                     (INACTIVE, lineage_id, doc_id, ACTIVE))
+        conn.execute("UPDATE kb_document SET active = ? WHERE doc_id = ?", (ACTIVE, doc_id))
+
+    # --- versions ----------------------------------------------------------------------------------
+    def find_active_by_name(self, kb_id: int, file_name: str) -> dict | None:
+        """The active version of the document called `file_name` in the knowledge base, if any."""
+        with self.db.connect() as conn:
+            row = conn.execute("SELECT * FROM kb_document WHERE kb_id = ? AND file_name = ? AND active = ?"
+                               " ORDER BY doc_id DESC LIMIT 1", (int(kb_id), file_name, ACTIVE)).fetchone()
+        return _doc_dict(row) if row else None
+
+    def next_version(self, lineage_id: int) -> int:
+        with self.db.connect() as conn:
+            return int(conn.execute("SELECT COALESCE(MAX(version), 0) + 1 FROM kb_document WHERE lineage_id = ?",
+                                    (lineage_id,)).fetchone()[0])
+
+    def versions_of(self, lineage_id: int) -> list[dict]:
+        """Every version of a document, newest first."""
+        with self.db.connect() as conn:
+            return [_doc_dict(r) for r in conn.execute(
+                "SELECT * FROM kb_document WHERE lineage_id = ? ORDER BY version DESC", (lineage_id,))]
+
+    def restore(self, doc_id: int) -> None:
+        """Make this (就绪, inactive) version the active one; the lineage's active version turns inactive."""
+        with self.db.transaction() as conn:
+            row = conn.execute("SELECT lineage_id FROM kb_document WHERE doc_id = ?", (doc_id,)).fetchone()
+            if row is not None:
+                self._activate(conn, doc_id, row["lineage_id"])
+
+    def active_states(self, doc_ids: Iterable[int]) -> dict[int, dict]:
+        """doc_id → {active, version, status, current_version} for cited documents (replays mark 旧版本)."""
+        ids = sorted({int(i) for i in doc_ids})
+        if not ids:
+            return {}
+        q = ",".join("?" * len(ids))
+        with self.db.connect() as conn:
+            rows = conn.execute(
+                f"SELECT d.doc_id, d.active, d.version, d.status, (SELECT a.version FROM kb_document a"
+                f" WHERE a.lineage_id = d.lineage_id AND a.active = {ACTIVE}) AS current_version"
+                f" FROM kb_document d WHERE d.doc_id IN ({q})", ids).fetchall()
+        return {r["doc_id"]: dict(r) for r in rows}
 
     def delete(self, doc_id: int) -> bool:
         with self.db.transaction() as conn:

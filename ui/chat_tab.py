@@ -23,7 +23,8 @@ from pipeline.errors import CODE_ENGINE, CODE_LLM
 
 from . import history as hist
 from .guard import request_user
-from .render import answer_markdown, render_sources, render_stage, render_trace
+from .kb_spaces import refresh_scope, scope_ids, scope_picker
+from .render import answer_markdown, mark_replaced, render_sources, render_stage, render_trace
 
 log = logging.getLogger(__name__)
 
@@ -46,6 +47,7 @@ class ChatTab:
     history: gr.BrowserState
     history_list: gr.Radio
     refresh_history: Any  # fn(history, request) -> Radio update, for demo.load
+    kbs: gr.Dropdown  # the knowledge bases a question searches
 
 
 def _messages(question: str, answer_md: str | None) -> list[dict]:
@@ -73,6 +75,7 @@ def build_chat_tab(engine, policy: AccessPolicy | None = None) -> ChatTab:
                 question = gr.Textbox(show_label=False, placeholder="输入问题，按 Enter 发送", lines=1, max_lines=6,
                                       scale=8, elem_id="kb-question", autofocus=True)
                 send = gr.Button("发送", variant="primary", scale=1, min_width=90, elem_id="kb-send")
+            kbs = scope_picker(engine, "kb-scope")
             with gr.Accordion("检索过程", open=False, elem_id="kb-trace-acc"):
                 trace = gr.HTML(render_trace(None), elem_id="kb-trace")
         with gr.Column(scale=4, min_width=300):
@@ -98,7 +101,7 @@ def build_chat_tab(engine, policy: AccessPolicy | None = None) -> ChatTab:
     def _kb_hint(user):
         return KB_HINT_ADMIN if policy.is_kb_admin(user) else KB_HINT_USER
 
-    def run(q: str, history_value, user, retry_flag: bool) -> Iterator[tuple]:
+    def run(q: str, history_value, user, retry_flag: bool, kb_value=None) -> Iterator[tuple]:
         skip = gr.skip()
         q = (q or "").strip()
         if not q:
@@ -112,7 +115,7 @@ def build_chat_tab(engine, policy: AccessPolicy | None = None) -> ChatTab:
                gr.Button(visible=False), "", skip, q)
         last = 0.0
         try:
-            for e in engine.ask(q, retry=retry_flag):
+            for e in engine.ask(q, retry=retry_flag, kb_ids=scope_ids(engine, kb_value)):
                 if e.type == "stage":
                     yield (skip, render_stage(e.data.get("phase")), skip, skip, skip, skip, skip, skip, skip, skip)
                 elif e.type == "trace":
@@ -165,16 +168,17 @@ def build_chat_tab(engine, policy: AccessPolicy | None = None) -> ChatTab:
                 render_trace(trace_data) if trace_data else skip, gr.Button(interactive=True),
                 gr.Button(visible=can_retry), gr.Button(visible=False), skip, skip, q)
 
-    def ask(question_text: str, history_value: list, request: gr.Request):
-        yield from run(question_text, history_value, request_user(request), retry_flag=False)
+    def ask(question_text: str, history_value: list, request: gr.Request, kb_value=None):
+        yield from run(question_text, history_value, request_user(request), retry_flag=False, kb_value=kb_value)
 
-    def retry_fn(current_q: str, history_value: list, request: gr.Request):
-        yield from run(current_q or "", history_value, request_user(request), retry_flag=True)
+    def retry_fn(current_q: str, history_value: list, request: gr.Request, kb_value=None):
+        yield from run(current_q or "", history_value, request_user(request), retry_flag=True, kb_value=kb_value)
 
-    gr.on([send.click, question.submit], ask, [question, history], outputs, api_name="ask",
+    gr.on([send.click, question.submit], ask, [question, history, kbs], outputs, api_name="ask",
           concurrency_limit=4, concurrency_id="kb-ask", show_progress="hidden")
-    retry.click(retry_fn, [current, history], outputs, api_name="retry", concurrency_limit=4,
+    retry.click(retry_fn, [current, history, kbs], outputs, api_name="retry", concurrency_limit=4,
                 concurrency_id="kb-ask", show_progress="hidden")
+    gr.on(None, lambda cur: refresh_scope(engine, cur), [kbs], [kbs], api_name=False, show_progress="hidden")
 
     # ------------------------------------------------------------------ history
     def refresh_history(history_value: list, request: gr.Request):
@@ -191,7 +195,7 @@ def build_chat_tab(engine, policy: AccessPolicy | None = None) -> ChatTab:
         if no_answer and not policy.is_kb_admin(request_user(request)):
             shown += f"\n\n*{hint}*"
         srcs = rec.get("sources") if isinstance(rec.get("sources"), list) else []
-        srcs = [s for s in srcs if isinstance(s, dict)]
+        srcs = mark_replaced(engine, [s for s in srcs if isinstance(s, dict)])
         tr = rec.get("trace") if isinstance(rec.get("trace"), dict) else None
         return (_messages(q, shown),
                 render_stage(done_ms=rec.get("elapsed_ms"), note=f"历史记录 {rec.get('time', '')}"),
@@ -226,4 +230,4 @@ def build_chat_tab(engine, policy: AccessPolicy | None = None) -> ChatTab:
                      queue=False)
 
     return ChatTab(chatbot, question, send, retry, goto_kb, stage, sources, trace, history, history_list,
-                   refresh_history)
+                   refresh_history, kbs)

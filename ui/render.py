@@ -40,8 +40,24 @@ def snippet(text: str | None, n: int = SNIPPET_CHARS) -> str:
 
 def doc_label(item: dict) -> str:
     name = item.get("doc_name") or item.get("file_name") or "未知文档"
+    if (item.get("version") or 1) > 1:
+        name = f"{name} v{item['version']}"
     page = item.get("page")
     return f"{name} · 第{page}页" if page else str(name)
+
+
+def mark_replaced(engine, sources: list[dict]) -> list[dict]:
+    """Sources of a replayed answer: each keeps the version it cited; mark 「旧版本」 where that version is no
+    longer the active one (「已删除」 where the document is gone)."""
+    states = engine.source_states([s["doc_id"] for s in sources if isinstance(s.get("doc_id"), int)])
+    out = []
+    for s in sources:
+        st = states.get(s.get("doc_id")) if isinstance(s.get("doc_id"), int) else None
+        flag = None
+        if isinstance(s.get("doc_id"), int):
+            flag = "已删除" if st is None else (None if st["active"] == 1 else "旧版本")
+        out.append({**s, "replaced": flag})
+    return out
 
 
 # ---------------------------------------------------------------------------------------------- answer
@@ -105,8 +121,12 @@ def render_sources(sources: Iterable[dict] | None, *, no_answer: bool = False, i
             meta.append(f'<span class="kb-src-sim" title="相似度（余弦）">相似度 {fmt_num(sim, 3)}</span>')
         if s.get("rerank_score") is not None:
             meta.append(f'<span class="kb-src-rr" title="精排分">精排 {fmt_num(s.get("rerank_score"), 3)}</span>')
+        if s.get("kb_name"):
+            meta.insert(1, f'<span class="kb-tag kb-src-kb" title="知识库">{esc(s["kb_name"])}</span>')
         if s.get("source") == "ocr":
             meta.append('<span class="kb-tag">OCR</span>')
+        if s.get("replaced"):
+            meta.append(f'<span class="kb-tag kb-tag-old" title="引用的版本已不是当前版本">{esc(s["replaced"])}</span>')
         ctx = (f'<div class="kb-src-ctx" title="所在章节 / 工作表">{esc(s.get("context"))}</div>'
                if s.get("context") else "")
         cited = " kb-cited" if s.get("cited") else ""

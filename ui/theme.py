@@ -55,6 +55,8 @@ a.kb-cite:hover { background: var(--color-accent-soft); }
 .kb-src.kb-hl { border-color: #f59e0b; box-shadow: 0 0 0 3px rgba(245, 158, 11, .45); background: #fffbeb; }
 .dark .kb-src.kb-hl { background: #3a2a05; }
 .kb-tag { font-size: .75rem; padding: 0 6px; border-radius: 4px; background: #eef; }
+.kb-src-kb { background: #e7f6ec; color: #1a7f37; }
+.kb-tag-old { background: #fdecea; color: #b42318; }
 .kb-muted { color: var(--body-text-color-subdued); font-size: 0.9rem; }
 .kb-noanswer { padding: 10px; border-radius: 8px; background: #fff4e5; color: #8a5200; }
 

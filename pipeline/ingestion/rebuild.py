@@ -1,7 +1,8 @@
-"""全量重建: re-process every document with the current chunk settings and embedding model, in a thread.
+"""全量重建: re-process every document (every version) of all knowledge bases, or of one, with the current chunk
+settings and embedding model, in a thread.
 
 Uploads and deletes are refused while it runs (Engine asks `running`). Vectors of another model are dropped
-first — two models' vectors are never mixed.
+first — two models' vectors are never mixed, so that case needs the rebuild of all knowledge bases.
 """
 from __future__ import annotations
 
@@ -41,15 +42,20 @@ class Rebuild:
         st.pop("current_id", None)
         return st
 
-    def start(self, require_ready: Callable[[], None] = lambda: None) -> dict:
+    def start(self, require_ready: Callable[[], None] = lambda: None, kb_id: int | None = None) -> dict:
+        """Rebuild all knowledge bases (kb_id None) or one."""
         with self._lock:
             if self.running:
                 raise EngineError(CODE_ENGINE, "全量重建已在进行中")
             require_ready()
-            docs = self._c.docs.all_docs()
+            if kb_id is not None:
+                kb_id = self._c.kbs.check(kb_id)
+                if self._c.models.model_warning:
+                    raise EngineError(CODE_ENGINE, "更换了 Embedding 模型：需要重建全部知识库（不指定 kb_id）")
+            docs = self._c.docs.all_docs(kb_id)
             self._status = {"running": True, "done": 0, "total": len(docs), "current": "", "error": None,
-                            "elapsed_ms": None, "eta_s": None}
-        threading.Thread(target=self._run, args=(docs,), name="kb-rebuild", daemon=True).start()
+                            "elapsed_ms": None, "eta_s": None, "kb_id": kb_id}
+        threading.Thread(target=self._run, args=(docs, kb_id), name="kb-rebuild", daemon=True).start()
         return self.status()
 
     def wait(self, timeout: float | None = None) -> dict:
@@ -58,13 +64,14 @@ class Rebuild:
             time.sleep(0.1)
         return self.status()
 
-    def _run(self, docs: list[dict]) -> None:
+    def _run(self, docs: list[dict], kb_id: int | None) -> None:
         c, st = self._c, self._status
         t0 = time.perf_counter()
         try:
             c.ingest.wait_idle()
             if c.models.model_warning:
-                c.vectors.reset()  # vectors of another model: start over, never mix
+                for kb in c.kbs.all():
+                    kb.vectors.reset()  # vectors of another model: start over, never mix
                 c.models.model_warning = None
             # ETA from the bytes done so far: documents differ in size far more than in count
             total_bytes = sum(int(d.get("file_size") or 0) for d in docs) or 1
@@ -82,7 +89,8 @@ class Rebuild:
                 rate = done_bytes / max(time.perf_counter() - t_work, 1e-6)
                 st["eta_s"] = round((total_bytes - done_bytes) / rate, 1) if rate > 0 else None
             s = self._settings()
-            c.bm25.rebuild(s.bm25_k1, s.bm25_b)
+            for kb in c.kbs.all() if kb_id is None else [c.kbs.get(kb_id)]:
+                kb.bm25.rebuild(s.bm25_k1, s.bm25_b)
             self._on_done()
         except Exception as exc:
             log.exception("rebuild failed")

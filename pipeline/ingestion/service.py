@@ -1,5 +1,9 @@
 """Ingestion: accept uploads, then parse → chunk → tokenize → embed → write Chroma → 就绪, in a worker.
 
+Each document belongs to one knowledge base and its vectors go to that knowledge base's collection. A file
+whose name matches an active document of the same knowledge base but whose content differs becomes the next
+version of that document: it turns active (and the previous version inactive) only once it is 就绪.
+
 One worker thread (2 cores: embedding already uses both). A failing file is marked 失败 with its reason and
 never stops the batch. A document's chunks become visible to retrieval only when it turns 就绪 (both routes
 filter on status), and a failed document leaves no vectors.
@@ -26,10 +30,12 @@ from pipeline.ingestion.parsing import (
 )
 from pipeline.ingestion.progress import ProgressBoard
 from pipeline.ingestion.structured_chunking import chunk_page, indexed_text
+from pipeline.knowledge_bases import KnowledgeBases
 from pipeline.settings import Settings
 from pipeline.tokenize_zh import ChineseTokenizer
 from store.documents import ChunkRow, DocumentStore, SectionRow
 from store.files import FileStore, display_name, md5_of
+from store.migrations import DEFAULT_KB_ID
 from store.vectors import VectorStore
 
 log = logging.getLogger(__name__)
@@ -51,10 +57,12 @@ class UploadResult:
     status: str = ""
     msg: str = ""
     existed: bool = False
+    kb_id: int | None = None
+    version: int | None = None
 
     def to_dict(self) -> dict:
         return {"file_name": self.file_name, "ok": self.ok, "doc_id": self.doc_id, "status": self.status,
-                "msg": self.msg, "existed": self.existed}
+                "msg": self.msg, "existed": self.existed, "kb_id": self.kb_id, "version": self.version}
 
 
 class StageTimer:
@@ -76,12 +84,12 @@ class StageTimer:
 
 
 class IngestService:
-    def __init__(self, docs: DocumentStore, vectors: VectorStore, files: FileStore, tokenizer: ChineseTokenizer,
+    def __init__(self, docs: DocumentStore, kbs: KnowledgeBases, files: FileStore, tokenizer: ChineseTokenizer,
                  get_settings: Callable[[], Settings], get_embedding: Callable[[], object],
                  model_ident: Callable[[], tuple[str, int]], on_change: Callable[[], None],
                  busy_reason: Callable[[], str | None] = lambda: None):
         self.docs = docs
-        self.vectors = vectors
+        self.kbs = kbs  # kb_id → its collection (and BM25 index)
         self.files = files
         self.tokenizer = tokenizer
         self.get_settings = get_settings
@@ -102,11 +110,13 @@ class IngestService:
         self._worker.start()
 
     # --- accepting -----------------------------------------------------------------------------
-    def upload(self, items: list[tuple[str, Path]]) -> list[UploadResult]:
-        """items: (original file name, path of the received temp file). Returns one result per file."""
+    def upload(self, items: list[tuple[str, Path]], kb_id: int = DEFAULT_KB_ID) -> list[UploadResult]:
+        """items: (original file name, path of the received temp file) into knowledge base `kb_id`. Returns one
+        result per file: 处理中 (new document or new version), 已存在 (same content in this KB), or refused."""
         busy = self.busy_reason()
         if busy:
             raise IngestBusy(busy)
+        kb_id = self.kbs.check(kb_id)
         results: list[UploadResult] = []
         for i, (raw_name, path) in enumerate(items):
             name = display_name(raw_name)
@@ -122,21 +132,25 @@ class IngestService:
                 results.append(UploadResult(name, False, status="refused", msg=exc.reason))
                 continue
             md5 = md5_of(Path(path))
-            existing = self.docs.find_by_md5(md5)
+            existing = self.docs.find_by_md5(md5, kb_id)
             if existing:
-                results.append(UploadResult(name, True, existing["doc_id"], existing["status"], "已存在", True))
+                results.append(_existed(name, existing))
                 continue
-            stored = self.files.save(Path(path), md5, file_type)
+            stored = self.files.save(Path(path), md5, file_type, kb_id)
+            current = self.docs.find_active_by_name(kb_id, name)
+            lineage = current["lineage_id"] if current else None
+            version = self.docs.next_version(lineage) if lineage else 1
             try:
-                doc = self.docs.create(name, file_type, size, md5, stored)
-            except Exception:  # a concurrent duplicate upload won the UNIQUE(md5) race
-                existing = self.docs.find_by_md5(md5)
+                doc = self.docs.create(name, file_type, size, md5, stored, kb_id, lineage, version)
+            except Exception:  # a concurrent duplicate upload won the UNIQUE(kb_id, md5) race
+                existing = self.docs.find_by_md5(md5, kb_id)
                 if existing:
-                    results.append(UploadResult(name, True, existing["doc_id"], existing["status"], "已存在", True))
+                    results.append(_existed(name, existing))
                     continue
                 raise
             self.enqueue(doc["doc_id"], doc)
-            results.append(UploadResult(name, True, doc["doc_id"], "processing", "处理中"))
+            msg = f"处理中（新版本 v{version}，就绪后替换 v{current['version']}）" if current else "处理中"
+            results.append(UploadResult(name, True, doc["doc_id"], "processing", msg, kb_id=kb_id, version=version))
         return results
 
     def enqueue(self, doc_id: int, doc: dict | None = None) -> None:
@@ -281,7 +295,7 @@ class IngestService:
         # chunks are written before vectors, and a crashed document is cleaned on restart (Engine._recover),
         # so skip Chroma's delete-by-metadata scan (tens of ms per document) when there are no old chunks.
         if self.docs.chunk_count_of(doc_id):
-            self.vectors.delete_doc(doc_id)
+            self._vectors(doc).delete_doc(doc_id)
         chunk_ids = self.docs.replace_chunks(doc_id, rows, sections, note="；".join(parsed.warnings) or None)
         self.timer.add("write", time.perf_counter() - t3)
         return _Prepared(doc, rows, chunk_ids)
@@ -291,7 +305,10 @@ class IngestService:
         mark each document 就绪 only once all its vectors are written."""
         embed_model = self.get_embedding()
         model_id, dim = self.model_ident()
-        self.vectors.claim_model(model_id, dim)
+        for p in group:
+            p.vectors = self._vectors(p.doc)
+        for vs in {id(p.vectors): p.vectors for p in group}.values():
+            vs.claim_model(model_id, dim)
         items = [(p, i) for p in group for i in range(len(p.rows))]
         pending: list[tuple["_Prepared", int, list[float]]] = []
         written: dict[int, int] = {p.doc_id: 0 for p in group}
@@ -300,9 +317,11 @@ class IngestService:
             if not pending:
                 return
             tw = time.perf_counter()
-            self.vectors.add_many([p.chunk_ids[i] for p, i, _ in pending], [e for _, _, e in pending],
-                                  [p.rows[i].text for p, i, _ in pending], [p.doc_id for p, _, _ in pending],
-                                  [p.doc["file_name"] for p, _, _ in pending])
+            for vs in {id(p.vectors): p.vectors for p, _, _ in pending}.values():  # one add per collection
+                part = [x for x in pending if x[0].vectors is vs]
+                vs.add_many([p.chunk_ids[i] for p, i, _ in part], [e for _, _, e in part],
+                            [p.rows[i].text for p, i, _ in part], [p.doc_id for p, _, _ in part],
+                            [p.doc["file_name"] for p, _, _ in part])
             for p, _, _ in pending:
                 written[p.doc_id] += 1
             pending.clear()
@@ -366,16 +385,30 @@ class IngestService:
     def _cleanup(self, doc_id: int, keep_doc: bool = False) -> None:
         """A failed or cancelled document leaves no vectors and no chunks."""
         self.progress.finish(doc_id)
-        self.vectors.delete_doc(doc_id)
+        doc = self.docs.get(doc_id)
+        # a document deleted meanwhile (its KB too, maybe): Engine.delete_document removed its vectors already
+        if doc is not None:
+            self._vectors(doc).delete_doc(doc_id)
         self.docs.delete_chunks(doc_id)
         if not keep_doc:
-            doc = self.docs.get(doc_id)
             if doc is not None and doc_id in self._cancelled:
                 self.files.delete(doc.get("stored_name"))
                 self.docs.delete(doc_id)
 
+    def _vectors(self, doc: dict) -> VectorStore:
+        return self.kbs.get(doc.get("kb_id") or DEFAULT_KB_ID).vectors
+
     def stop(self) -> None:
         self._queue.put(None)
+
+
+def _existed(name: str, existing: dict) -> UploadResult:
+    """「已存在」: the same content is already in this knowledge base (maybe as an old version)."""
+    msg = "已存在"
+    if existing.get("active") == 0 and existing.get("status") == "ready":
+        msg = f"已存在（与旧版本 v{existing['version']} 内容相同，可在「版本」中恢复）"
+    return UploadResult(name, True, existing["doc_id"], existing["status"], msg, True, existing.get("kb_id"),
+                        existing.get("version"))
 
 
 class _Cancelled(Exception):
@@ -388,6 +421,7 @@ class _Prepared:
     rows: list[ChunkRow]
     chunk_ids: list[int]
     done: bool = False
+    vectors: VectorStore | None = None  # the collection of the document's knowledge base
 
     @property
     def doc_id(self) -> int:

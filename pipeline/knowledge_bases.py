@@ -1,0 +1,129 @@
+"""Knowledge bases: each one is its own Chroma collection + its own BM25 index over its own documents.
+
+`KnowledgeBases` maps kb_id → `KnowledgeBase` (made on first use and kept). The default knowledge base (1)
+keeps the first release's collection `rag_docs` and BM25 folder `bm25/`, so a data dir made before knowledge
+bases existed opens with everything in it and nothing to move; others get `rag_docs_kb<id>` and `bm25_kb<id>/`.
+"""
+from __future__ import annotations
+
+import shutil
+import threading
+from dataclasses import dataclass
+from pathlib import Path
+
+from pipeline.errors import CODE_NO_DOC, CODE_VALIDATION, EngineError
+from pipeline.retrieval.bm25 import BM25Index
+from store.documents import DocumentStore
+from store.knowledge_bases import KBStore
+from store.migrations import DEFAULT_KB_ID
+from store.vectors import COLLECTION, VectorStore, open_client
+
+__all__ = ["DEFAULT_KB_ID", "KnowledgeBase", "KnowledgeBases", "collection_name", "bm25_dir"]
+
+MAX_NAME = 50
+MAX_DESCRIPTION = 500
+
+
+@dataclass
+class KnowledgeBase:
+    kb_id: int
+    vectors: VectorStore
+    bm25: BM25Index
+
+
+def collection_name(kb_id: int) -> str:
+    return COLLECTION if kb_id == DEFAULT_KB_ID else f"{COLLECTION}_kb{kb_id}"
+
+
+def bm25_dir(data_dir: Path, kb_id: int) -> Path:
+    return data_dir / ("bm25" if kb_id == DEFAULT_KB_ID else f"bm25_kb{kb_id}")
+
+
+def clean_name(name, field: str = "name", limit: int = MAX_NAME, required: bool = True) -> str:
+    if not isinstance(name, str):
+        raise EngineError(CODE_VALIDATION, f"{field} 必须是文本", field)
+    name = " ".join(name.split())
+    if required and not name:
+        raise EngineError(CODE_VALIDATION, "知识库名称不能为空", field)
+    if len(name) > limit:
+        raise EngineError(CODE_VALIDATION, f"{field} 过长（最多 {limit} 字）", field)
+    return name
+
+
+class KnowledgeBases:
+    def __init__(self, data_dir: Path, store: KBStore, docs: DocumentStore):
+        self.data_dir = Path(data_dir)
+        self.store = store
+        self.docs = docs
+        self._client = open_client(self.data_dir / "chroma")
+        self._open: dict[int, KnowledgeBase] = {}
+        self._lock = threading.Lock()
+
+    # --- lookup --------------------------------------------------------------------------------------------
+    def get(self, kb_id: int) -> KnowledgeBase:
+        """The knowledge base (3002 when there is none with this id)."""
+        kb_id = self.check(kb_id)
+        with self._lock:
+            kb = self._open.get(kb_id)
+            if kb is None:
+                kb = self._open[kb_id] = KnowledgeBase(
+                    kb_id, VectorStore(self.data_dir / "chroma", collection_name(kb_id), client=self._client),
+                    BM25Index(bm25_dir(self.data_dir, kb_id), lambda: self.docs.iter_ready_tokens(kb_id)))
+            return kb
+
+    def check(self, kb_id) -> int:
+        try:
+            kb_id = int(kb_id)
+        except (TypeError, ValueError):
+            raise EngineError(CODE_VALIDATION, "kb_id 必须是整数", "kb_id") from None
+        if kb_id not in self._open and self.store.get(kb_id) is None:
+            raise EngineError(CODE_NO_DOC, f"知识库不存在：{kb_id}", "kb_id")
+        return kb_id
+
+    def ids(self) -> list[int]:
+        return self.store.ids()
+
+    def all(self) -> list[KnowledgeBase]:
+        return [self.get(i) for i in self.ids()]
+
+    @property
+    def default(self) -> KnowledgeBase:
+        return self.get(DEFAULT_KB_ID)
+
+    # --- changes -------------------------------------------------------------------------------------------
+    def create(self, name, description="") -> dict:
+        name = clean_name(name)
+        description = clean_name(description or "", "description", MAX_DESCRIPTION, required=False)
+        if self.store.find_by_name(name):
+            raise EngineError(CODE_VALIDATION, f"已有同名知识库「{name}」", "name")
+        row = self.store.create(name, description)
+        self.get(row["kb_id"])  # its collection exists from now on
+        return row
+
+    def update(self, kb_id, name=None, description=None) -> dict:
+        kb_id = self.check(kb_id)
+        if name is not None:
+            name = clean_name(name)
+            other = self.store.find_by_name(name)
+            if other and other["kb_id"] != kb_id:
+                raise EngineError(CODE_VALIDATION, f"已有同名知识库「{name}」", "name")
+        if description is not None:
+            description = clean_name(description, "description", MAX_DESCRIPTION, required=False)
+        return self.store.update(kb_id, name, description)
+
+    def drop(self, kb_id: int) -> None:
+        """Forget a knowledge base whose documents are gone: its collection, its BM25 folder, its row."""
+        kb = self.get(kb_id)
+        kb.vectors.drop()
+        with self._lock:
+            self._open.pop(kb.kb_id, None)
+        shutil.rmtree(bm25_dir(self.data_dir, kb.kb_id), ignore_errors=True)
+        self.store.delete(kb.kb_id)
+
+    def model_warning(self, model_id: str, dim: int) -> str | None:
+        """The first knowledge base whose vectors come from another embedding model (需要全量重建), else None."""
+        for kb in self.all():
+            w = kb.vectors.check_model(model_id, dim)
+            if w:
+                return w
+        return None
