@@ -16,7 +16,7 @@ from typing import Any
 
 from fastapi import Depends, FastAPI, File, Form, Query, Request, UploadFile
 from fastapi.exceptions import RequestValidationError
-from fastapi.responses import JSONResponse, StreamingResponse
+from fastapi.responses import FileResponse, JSONResponse, StreamingResponse
 from pydantic import BaseModel, ConfigDict, Field
 from starlette.concurrency import run_in_threadpool
 from starlette.exceptions import HTTPException as StarletteHTTPException
@@ -39,6 +39,10 @@ from pipeline.settings import SettingsError
 
 log = logging.getLogger(__name__)
 
+MEDIA_TYPES = {"txt": "text/plain", "md": "text/markdown", "csv": "text/csv",  # encodings vary: no charset
+               "pdf": "application/pdf",
+               "docx": "application/vnd.openxmlformats-officedocument.wordprocessingml.document",
+               "xlsx": "application/vnd.openxmlformats-officedocument.spreadsheetml.sheet"}
 HTTP_STATUS = {CODE_VALIDATION: 400, CODE_LLM: 502, CODE_ENGINE: 503, CODE_PARSE: 422, CODE_NO_DOC: 404,
                CODE_AUTH: 401, CODE_FORBIDDEN: 403}
 
@@ -279,6 +283,23 @@ def create_api(engine: Engine, policy: AccessPolicy | None = None) -> FastAPI:
     def document_chunks(doc_id: int, _: str | None = Depends(current_user)):
         """Chunk index + text of one document."""
         return ok(engine.document_chunks(doc_id))
+
+    @app.get("/api/kb/documents/{doc_id}/text", response_model=Envelope, tags=["kb"])
+    def document_text(doc_id: int, part: int | None = Query(None, ge=1, description="1-based part"),
+                      chunk_id: int | None = Query(None, ge=1, description="the part holding this chunk"),
+                      _: str | None = Depends(current_user)):
+        """The document's parsed text, one part at a time (a PDF page / sheet, long texts cut into ≤ 20,000
+        characters): {text, part, parts, page, source (text|ocr), context, chunks: [{chunk_id, start, end}],
+        highlight, version, active, kb_name}. With `chunk_id`: the part that holds it, to highlight."""
+        return ok(engine.document_text(doc_id, part, chunk_id))
+
+    @app.get("/api/kb/documents/{doc_id}/file", tags=["kb"], response_class=FileResponse,
+             responses={200: {"content": {"application/octet-stream": {}}}})
+    def document_file(doc_id: int, _: str | None = Depends(current_user)):
+        """The uploaded original (download; needs a login when logins are on)."""
+        path, name = engine.document_file(doc_id)
+        return FileResponse(path, filename=name, media_type=MEDIA_TYPES.get(path.suffix.lstrip("."),
+                                                                           "application/octet-stream"))
 
     @app.get("/api/kb/documents/{doc_id}/versions", response_model=Envelope, tags=["kb"])
     def document_versions(doc_id: int, _: str | None = Depends(current_user)):

@@ -383,6 +383,41 @@ class Engine:
         self._recent.clear()
         return {"doc_id": doc_id, "version": doc["version"], "changed": True}
 
+    # ------------------------------------------------------------------ viewer
+    def document_text(self, doc_id: int, part: int | None = None, chunk_id: int | None = None) -> dict:
+        """One part of a document's parsed text with its chunks' spans (pipeline.document_view); with `chunk_id`
+        the part holding that chunk, which is the one to highlight."""
+        from pipeline.document_view import document_view
+
+        c = self.components
+        doc = c.docs.get(doc_id)
+        if doc is None:
+            raise EngineError(CODE_NO_DOC, f"文档不存在：{doc_id}")
+        view = document_view(c.docs, doc, c.kbs.store.names().get(doc.get("kb_id")), part, chunk_id)
+        if doc.get("active") != 1 and doc.get("lineage_id"):
+            current = c.docs.find_active_in_lineage(doc["lineage_id"])
+            view["current_version"] = current["version"] if current else None
+            view["current_doc_id"] = current["doc_id"] if current else None
+        return view
+
+    def chunk_document(self, chunk_id: int) -> int:
+        """The document a chunk belongs to (a source card knows its chunk)."""
+        row = self.components.docs.get_chunks([chunk_id]).get(int(chunk_id))
+        if row is None:
+            raise EngineError(CODE_NO_DOC, f"块不存在：{chunk_id}")
+        return row["doc_id"]
+
+    def document_file(self, doc_id: int) -> tuple[Path, str]:
+        """(path of the stored original, its display name) for download."""
+        c = self.components
+        doc = c.docs.get(doc_id)
+        if doc is None:
+            raise EngineError(CODE_NO_DOC, f"文档不存在：{doc_id}")
+        path = c.files.path_of(doc["stored_name"]) if doc.get("stored_name") else None
+        if path is None or not path.exists():
+            raise EngineError(CODE_NO_DOC, f"文档 {doc_id} 的原始文件不存在")
+        return path, doc["file_name"]
+
     def source_states(self, doc_ids) -> dict[int, dict]:
         """For cited documents: still there, active or an old version (replays show 「旧版本」)."""
         return self.components.docs.active_states(doc_ids)

@@ -161,6 +161,12 @@ class DocumentStore:
                                " ORDER BY doc_id DESC LIMIT 1", (int(kb_id), file_name, ACTIVE)).fetchone()
         return _doc_dict(row) if row else None
 
+    def find_active_in_lineage(self, lineage_id: int) -> dict | None:
+        with self.db.connect() as conn:
+            row = conn.execute("SELECT * FROM kb_document WHERE lineage_id = ? AND active = ?",
+                               (lineage_id, ACTIVE)).fetchone()
+        return _doc_dict(row) if row else None
+
     def next_version(self, lineage_id: int) -> int:
         with self.db.connect() as conn:
             return int(conn.execute("SELECT COALESCE(MAX(version), 0) + 1 FROM kb_document WHERE lineage_id = ?",

@@ -71,6 +71,15 @@ def test_release_data_dir_opens_in_the_default_kb(old_dir):
         assert [s["chunk_id"] for s in e.ask_sync("人民检察院如何对行政诉讼实行法律监督")["sources"]] == \
             exp["answer_chunks"]
         assert {"chunk_size": e.settings.chunk_size, "bm25_weight": e.settings.bm25_weight} == exp["settings"]
+        # the viewer shows documents of the old release too (their text rebuilt from the chunks)
+        for d in exp["docs"]:
+            chunks = c.docs.chunks_of(d["doc_id"])
+            view = e.document_text(d["doc_id"], chunk_id=chunks[-1]["chunk_id"])
+            assert view["rebuilt_from_chunks"] and view["highlight"] == chunks[-1]["chunk_id"]
+            for ch in chunks:
+                if ch["page"] == view["page"] and ch["section"] == view["section"]:
+                    span = next(x for x in view["chunks"] if x["chunk_id"] == ch["chunk_id"])
+                    assert view["text"][span["start"]:span["end"]] == ch["text"]
         # … and the new features work on it
         listed = e.list_documents(kb_id=1)["items"]
         assert {d["doc_id"] for d in listed} == {d["doc_id"] for d in exp["docs"]}

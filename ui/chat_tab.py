@@ -25,6 +25,7 @@ from . import history as hist
 from .guard import request_user
 from .kb_spaces import refresh_scope, scope_ids, scope_picker
 from .render import answer_markdown, mark_replaced, render_sources, render_stage, render_trace
+from .viewer import OPENER_JS, build_viewer
 
 log = logging.getLogger(__name__)
 
@@ -77,10 +78,10 @@ def build_chat_tab(engine, policy: AccessPolicy | None = None) -> ChatTab:
                 send = gr.Button("发送", variant="primary", scale=1, min_width=90, elem_id="kb-send")
             kbs = scope_picker(engine, "kb-scope")
             with gr.Accordion("检索过程", open=False, elem_id="kb-trace-acc"):
-                trace = gr.HTML(render_trace(None), elem_id="kb-trace")
+                trace = gr.HTML(render_trace(None), elem_id="kb-trace", js_on_load=OPENER_JS)
         with gr.Column(scale=4, min_width=300):
             gr.HTML("<h3 style='margin:4px 0'>引用来源</h3>")
-            sources = gr.HTML(render_sources(None), elem_id="kb-sources")
+            sources = gr.HTML(render_sources(None), elem_id="kb-sources", js_on_load=OPENER_JS)
             with gr.Accordion("历史记录（保存在本浏览器，最近 50 条）", open=False, elem_id="kb-history-acc"):
                 history_list = gr.Radio(choices=[], value=None, show_label=False, elem_id="kb-history-list",
                                         interactive=True)
@@ -92,6 +93,9 @@ def build_chat_tab(engine, policy: AccessPolicy | None = None) -> ChatTab:
                     confirm_yes = gr.Button("确认清空", size="sm", variant="stop", elem_id="kb-history-clear-yes")
                     confirm_no = gr.Button("取消", size="sm", elem_id="kb-history-clear-no")
 
+    viewer = build_viewer(engine, "kb-viewer")  # a source clicked → its document, the passage highlighted
+    viewer.connect(sources, engine)
+    viewer.connect(trace, engine)
     history = gr.BrowserState([], storage_key=hist.storage_key(data_dir), secret=hist.storage_secret(data_dir))
     current = gr.State(None)  # the question being / last answered (for 重试)
 

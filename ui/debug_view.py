@@ -15,6 +15,7 @@ import gradio as gr
 
 from .kb_spaces import refresh_scope, scope_ids, scope_picker
 from .render import esc, fmt_num, snippet
+from .viewer import OPENER_JS
 
 log = logging.getLogger(__name__)
 
@@ -72,6 +73,7 @@ def _card(row: dict, rank: int, hue: str | None, score_html: str, where_html: st
              if hue is not None else "")
     text = row.get("text") or ""
     return (f'<div class="kbd-card" data-chunk="{esc(cid)}" data-rank="{rank}" data-hue="{esc(hue)}" {style} '
+            f'data-view-chunk="{esc(cid)}" '
             f'title="{esc(text[:600])}">'
             f'<div class="kbd-head"><span class="kbd-rank">#{rank}</span>'
             f'<span class="kbd-chip">块 {esc(cid)}</span>'
@@ -166,7 +168,7 @@ def build_debug_view(engine) -> dict[str, Any]:
         go = gr.Button("检索", variant="primary", scale=1, min_width=80)
     status = gr.Markdown("")
     with gr.Row(equal_height=False, elem_classes=["kbd-root"]):
-        cols = [gr.HTML("", css_template=COLUMN_CSS, js_on_load=HOVER_JS, elem_classes=["kbd-column"],
+        cols = [gr.HTML("", css_template=COLUMN_CSS, js_on_load=HOVER_JS + OPENER_JS, elem_classes=["kbd-column"],
                         elem_id=f"kbd-{key}") for key in ("bm25", "vector", "rrf")]
     handler = make_search_handler(engine)
     go.click(handler, [query, top_k, kbs], [status, *cols], api_name="debug_search")

@@ -27,6 +27,7 @@ from .header import badge_html
 from .kb_spaces import build_kb_manager, kb_choices
 from .render import esc
 from .versions_view import build_versions_panel, show_versions
+from .viewer import OPENER_JS, build_viewer
 
 log = logging.getLogger(__name__)
 
@@ -212,7 +213,8 @@ def chunks_html(chunks: list[dict]) -> str:
             meta.append(esc(c["source"]))
         if c.get("context"):
             meta.append(f'<span class="kbc-ctx">{esc(c["context"])}</span>')
-        cards.append(f'<div class="kbc" data-chunk="{esc(c.get("chunk_id"))}"><div class="kbc-head">'
+        cards.append(f'<div class="kbc" data-chunk="{esc(c.get("chunk_id"))}" data-view-chunk="{esc(c.get("chunk_id"))}"'
+                     f' title="点击查看原文中的位置"><div class="kbc-head">'
                      f'{" · ".join(meta)}</div><div class="kbc-text">{esc(c.get("text"))}</div></div>')
     more = (f'<div class="kbt-empty">仅显示前 {MAX_CHUNKS_SHOWN} 块（共 {len(chunks)} 块）</div>'
             if len(chunks) > MAX_CHUNKS_SHOWN else "")
@@ -298,12 +300,16 @@ def build_kb_tab(engine, badge=None, policy: AccessPolicy | None = None) -> dict
                 with gr.Row(equal_height=True):
                     chunk_title = gr.Markdown("")
                     chunk_close = gr.Button("关闭", size="sm", scale=0, min_width=70)
-                chunk_view = gr.HTML("", css_template=TABLE_CSS, elem_id="kb-chunks")
+                chunk_view = gr.HTML("", css_template=TABLE_CSS, elem_id="kb-chunks", js_on_load=OPENER_JS)
             versions = build_versions_panel()
             view_btn = gr.Button("查看块", visible=False)  # the API route of the row action (kb_chunks)
             timer = gr.Timer(REFRESH_SECONDS, active=False)
         with gr.Tab("双路检索调试", id="kb-debug"):
             debug = build_debug_view(engine)
+    viewer = build_viewer(engine, "kb-viewer-kb")
+    viewer.connect(chunk_view, engine)
+    for column in debug["columns"]:
+        viewer.connect(column, engine)
 
     list_outputs = [table, page_info, page, timer, upload, rebuild_btn, rebuild_yes, del_yes]
     if badge is not None:

@@ -131,9 +131,12 @@ def render_sources(sources: Iterable[dict] | None, *, no_answer: bool = False, i
                if s.get("context") else "")
         cited = " kb-cited" if s.get("cited") else ""
         full = s.get("text") or ""
+        view = (f' <span class="kb-src-view" data-view-chunk="{esc(s.get("chunk_id"))}" title="打开原文并定位到这段">'
+                f'查看原文</span>') if s.get("chunk_id") is not None else ""
         cards.append(
-            f'<details class="kb-src{cited}" id="{esc(id_prefix)}{esc(no)}" data-no="{esc(no)}">'
-            f'<summary><div class="kb-src-head">{" · ".join(meta)}</div>{ctx}'
+            f'<details class="kb-src{cited}" id="{esc(id_prefix)}{esc(no)}" data-no="{esc(no)}" '
+            f'data-chunk="{esc(s.get("chunk_id"))}" data-doc="{esc(s.get("doc_id"))}">'
+            f'<summary><div class="kb-src-head">{" · ".join(meta)}{view}</div>{ctx}'
             f'<div class="kb-src-snip">{esc(snippet(full))}</div></summary>'
             f'<div class="kb-src-full">{esc(full)}</div></details>')
     return f'<div class="kb-sources" data-count="{len(cards)}">' + "".join(cards) + "</div>"
@@ -174,7 +177,8 @@ def _table(rows: list[dict], cols: list[tuple[str, str]]) -> str:
                 tds.append(f'<td><a class="kb-cite" data-cite="{esc(v)}" href="#kb-src-{esc(v)}">[{esc(v)}]</a></td>')
             else:
                 tds.append(f"<td>{esc('—' if v is None else v)}</td>")
-        body.append("<tr>" + "".join(tds) + "</tr>")
+        opener = f' data-view-chunk="{esc(r["chunk_id"])}"' if r.get("chunk_id") is not None else ""
+        body.append(f"<tr{opener}>" + "".join(tds) + "</tr>")
     return f'<table class="kb-trace-table"><thead><tr>{head}</tr></thead><tbody>{"".join(body)}</tbody></table>'
 
 

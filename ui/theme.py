@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import gradio as gr
 
+from .viewer import DRAWER_CSS
+
 # Offline: only local / system fonts (a GoogleFont would make every browser fetch fonts.googleapis.com).
 _FONTS = (gr.themes.LocalFont("Source Sans Pro"), "PingFang SC", "Hiragino Sans GB", "Microsoft YaHei",
           "Noto Sans CJK SC", "WenQuanYi Micro Hei", "ui-sans-serif", "system-ui", "sans-serif")
@@ -71,7 +73,10 @@ a.kb-cite:hover { background: var(--color-accent-soft); }
 .kb-trace-table td.kb-snip { color: var(--body-text-color-subdued); }
 .kb-trace-table td.kb-doc, .kb-trace-table th { white-space: nowrap; }
 #kb-history-list { max-height: 420px; overflow-y: auto; }
-"""
+.kb-src-view { font-size: .78rem; margin-left: 6px; padding: 0 6px; border-radius: 4px; cursor: pointer;
+               border: 1px solid var(--border-color-primary); color: var(--color-accent); }
+.kb-trace-table tr[data-view-chunk], .kbc[data-view-chunk], .kbd-card[data-view-chunk] { cursor: pointer; }
+""" + DRAWER_CSS
 
 # Document-level script (goes into <head>): clicking a citation [n] highlights source card n and scrolls to it.
 # Event delegation on the document, capture phase, so it works for content Gradio re-renders while streaming
@@ -94,6 +99,9 @@ HEAD_JS = """
     card.classList.add('kb-hl');
     if (card.tagName === 'DETAILS') card.open = true;
     card.scrollIntoView({behavior: 'smooth', block: 'center'});
+    // … and open the document viewer on that passage (the sources panel's js_on_load listens for kb-view)
+    if (card.dataset.chunk) card.dispatchEvent(new CustomEvent('kb-view', {bubbles: true,
+                                                                detail: {chunk_id: Number(card.dataset.chunk)}}));
     clearTimeout(window.__kbHlTimer);
     window.__kbHlTimer = setTimeout(function () { card.classList.remove('kb-hl'); }, 6000);
     return true;
