@@ -182,7 +182,7 @@ def build_chat_tab(engine, policy: AccessPolicy | None = None) -> ChatTab:
           concurrency_limit=4, concurrency_id="kb-ask", show_progress="hidden")
     retry.click(retry_fn, [current, history, kbs], outputs, api_name="retry", concurrency_limit=4,
                 concurrency_id="kb-ask", show_progress="hidden")
-    gr.on(None, lambda cur: refresh_scope(engine, cur), [kbs], [kbs], api_name=False, show_progress="hidden")
+    gr.on(None, lambda: refresh_scope(engine), None, [kbs], api_name=False, show_progress="hidden")
 
     # ------------------------------------------------------------------ history
     def refresh_history(history_value: list, request: gr.Request):

@@ -173,5 +173,5 @@ def build_debug_view(engine) -> dict[str, Any]:
     handler = make_search_handler(engine)
     go.click(handler, [query, top_k, kbs], [status, *cols], api_name="debug_search")
     query.submit(handler, [query, top_k, kbs], [status, *cols], api_name=False)
-    gr.on(None, lambda cur: refresh_scope(engine, cur), [kbs], [kbs], api_name=False, show_progress="hidden")
+    gr.on(None, lambda: refresh_scope(engine), None, [kbs], api_name=False, show_progress="hidden")
     return {"query": query, "top_k": top_k, "status": status, "columns": cols}

@@ -140,13 +140,11 @@ def scope_picker(engine, elem_id: str, label: str = "检索的知识库") -> gr.
                        elem_id=elem_id, interactive=True, filterable=False)
 
 
-def refresh_scope(engine, current: Any) -> gr.Dropdown:
-    """New choices (knowledge bases created / deleted elsewhere); the selection keeps what still exists, and a
-    knowledge base nobody had a chance to deselect yet (new) joins it."""
+def refresh_scope(engine) -> gr.Dropdown:
+    """On page load: the knowledge bases as they are now (some may have been created since the page was
+    built), all selected."""
     choices = kb_choices(engine)
-    ids = [v for _, v in choices]
-    keep = [i for i in (current or []) if i in ids]
-    return gr.Dropdown(choices=choices, value=keep or ids)
+    return gr.Dropdown(choices=choices, value=[v for _, v in choices])
 
 
 def scope_ids(engine, value: Any) -> list[int]:
