@@ -5,7 +5,7 @@ The settings object is plain pydantic; persistence lives in store.config_store (
 """
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
@@ -13,8 +13,8 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_valida
 GROUPS: dict[str, list[str]] = {
     "llm": ["llm_model", "llm_api_url", "llm_api_key", "llm_temperature", "llm_timeout"],
     "retrieval": [
-        "recall_size", "final_top_k", "rrf_k", "bm25_weight", "vector_weight", "bm25_adaptive",
-        "bm25_k1", "bm25_b", "min_similarity", "rerank_candidates",
+        "recall_size", "final_top_k", "fusion_mode", "convex_auto_weight", "convex_bm25_weight",
+        "rrf_k", "bm25_weight", "vector_weight", "bm25_adaptive", "bm25_k1", "bm25_b", "min_similarity", "rerank_candidates",
     ],
     "chunking": ["chunk_size", "chunk_overlap"],
     "models": ["embedding_model_path", "reranker_model_path"],
@@ -24,7 +24,7 @@ SECRET_FIELDS = {"llm_api_key"}
 
 # Fields whose change takes effect on the next question; the rest need 重载引擎 (or a rebuild).
 IMMEDIATE_FIELDS = {
-    "recall_size", "final_top_k", "rrf_k", "bm25_weight", "vector_weight", "bm25_adaptive", "bm25_k1", "bm25_b",
+    "recall_size", "final_top_k", "fusion_mode", "convex_auto_weight", "convex_bm25_weight", "rrf_k", "bm25_weight", "vector_weight", "bm25_adaptive", "bm25_k1", "bm25_b",
     "min_similarity", "rerank_candidates", "llm_temperature", "ocr_enabled", "ocr_max_pages",
 }
 RELOAD_FIELDS = {"llm_model", "llm_api_url", "llm_api_key", "llm_timeout",
@@ -41,7 +41,8 @@ LABELS: dict[str, str] = {
     "recall_size": "每路召回数", "final_top_k": "最终 Top-K", "rrf_k": "RRF K",
     "bm25_weight": "BM25 权重", "vector_weight": "向量权重", "bm25_adaptive": "BM25 自适应权重",
     "bm25_k1": "BM25 k1", "bm25_b": "BM25 b", "min_similarity": "最低相似度",
-    "rerank_candidates": "精排候选数", "chunk_size": "块大小(字符)", "chunk_overlap": "块重叠(字符)",
+    "rerank_candidates": "精排候选数", "fusion_mode": "融合方式", "convex_auto_weight": "按问题自动定权",
+    "convex_bm25_weight": "BM25 占比（固定）", "chunk_size": "块大小(字符)", "chunk_overlap": "块重叠(字符)",
     "embedding_model_path": "Embedding 模型路径", "reranker_model_path": "Reranker 模型路径",
     "ocr_enabled": "启用 OCR", "ocr_max_pages": "OCR 页数上限",
 }
@@ -61,6 +62,16 @@ class Settings(BaseModel):
     # retrieval
     recall_size: int = Field(50, ge=1, le=200)
     final_top_k: int = Field(6, ge=1, le=20)
+    # Fusion of the two routes (pipeline.retrieval.fusion); chosen leave-one-set-out, docs/retrieval-eval.md.
+    fusion_mode: Literal["convex", "rrf"] = Field(
+        "convex", description="convex：两路分数各自归一化后加权求和（每个候选两路分数都算）；rrf：SRS 的倒数名次融合",
+        json_schema_extra={"group": "retrieval", "effect": "immediate", "label": "融合方式"})
+    convex_auto_weight: bool = Field(
+        True, description="convex 模式下按问题特征（BM25 首位优势、词覆盖、两路一致度等）自动决定 BM25 占比",
+        json_schema_extra={"group": "retrieval", "effect": "immediate", "label": "按问题自动定权"})
+    convex_bm25_weight: float = Field(
+        0.5, ge=0, le=1, description="convex 模式、关闭自动定权时 BM25 的固定占比（向量占 1 − 该值）",
+        json_schema_extra={"group": "retrieval", "effect": "immediate", "label": "BM25 占比（固定）"})
     rrf_k: int = Field(60, ge=1)
     # Weighted RRF; with bm25_adaptive the BM25 weight per query is scaled down when BM25's ranking is not
     # decisive (pipeline.retrieval.fusion). Defaults chosen by measurement (docs/retrieval-eval.md).
@@ -148,6 +159,9 @@ def _friendly(err: dict) -> tuple[str, str]:
         return field, f"{label} 必须是数字，{_range_text(field)}".rstrip("，")
     if etype in {"bool_parsing", "bool_type"}:
         return field, f"{label} 必须是 true/false"
+    if etype == "literal_error":
+        allowed = " / ".join(str(a) for a in getattr(Settings.model_fields[field].annotation, "__args__", ()))
+        return field, f"{label} 必须是 {allowed} 之一"
     if etype in {"string_type"}:
         return field, f"{label} 必须是字符串"
     if etype.startswith(("greater", "less")):

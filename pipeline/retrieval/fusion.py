@@ -1,36 +1,172 @@
-"""Weighted Reciprocal Rank Fusion of the BM25 and vector routes (a LlamaIndex BaseRetriever).
+"""Fusion of the BM25 and vector routes: pure scoring functions + the hybrid LlamaIndex BaseRetriever.
 
-score(chunk) = Σ_route  w_route / (rrf_k + rank_route(chunk)),  ranks from 1, rrf_k = 60 (SRS).
-With both weights 1 this is plain RRF. Weights are settings; their defaults were chosen by measurement
-(docs/retrieval-eval.md): on real search questions (DuReader) equal weights let BM25's noise pull fusion below
-the vector route alone, while on passage-worded questions (CMRC, XQuAD) BM25 is the stronger route.
-Adaptive mode (default) therefore scales the BM25 weight per query by how decisive BM25's own ranking is:
-w_bm25 = clamp((s1 / s2 − 1) · ADAPTIVE_SLOPE, ADAPTIVE_FLOOR, bm25_weight), s1/s2 its top two scores.
-A query whose words single out one passage keeps BM25's full say; a query whose words match many passages
-about equally (typical search phrasing) leans on the vector route.
-Each fused node keeps bm25_rank, bm25_score, vector_rank, similarity, rrf_score (None where a route missed).
-Ties are broken by chunk_id so results are reproducible.
+Full information: every chunk of the union of both routes' lists is scored on BOTH routes — the BM25 score
+of a chunk only the vector route returned (bm25s scores the whole corpus for a query anyway; we read the
+union's entries) and the cosine of a chunk only BM25 returned (its stored embedding). A fusion then compares
+like with like instead of treating "absent from the other list" as a very bad rank.
+
+Modes (setting `fusion_mode`):
+- "rrf": the SRS's Reciprocal Rank Fusion, score = Σ_route w_route / (rrf_k + rank_route), ranks from 1 in
+  each route's own list (a route that missed the chunk adds nothing). With `bm25_adaptive` the BM25 weight is
+  scaled per query by BM25's top-1/top-2 ratio (the previous default); with both weights 1 it is plain RRF.
+- "convex": fused = α·N(bm25) + (1 − α)·N(cosine), N = min-max over the query's candidates (Bruch, Gai &
+  Ingber, ACM TOIS 2023: convex combination beats RRF in and out of domain). α, the BM25 share, is either the
+  `convex_bm25_weight` setting or — when that is "auto" (None) — a logistic function of cheap per-query
+  features (see `query_features`), α = σ(b + Σ c_f·f). The coefficients were fitted leave-one-set-out over
+  the dev sets (tools/fusion_cv.py, docs/retrieval-eval.md).
+Ties are broken by chunk_id (numeric) so results are reproducible.
 """
 from __future__ import annotations
 
+import math
 import time
 from dataclasses import dataclass, field
+from typing import Callable, Sequence
 
+import numpy as np
 from llama_index.core.base.base_retriever import BaseRetriever
 from llama_index.core.schema import NodeWithScore, QueryBundle
 
-FUSION_KEYS = ["bm25_rank", "bm25_score", "vector_rank", "similarity", "rrf_score"]
+FUSION_MODES = ("rrf", "convex")
+# Metadata every fused node carries (None where a score cannot be known, e.g. the vector route is off).
+FUSION_KEYS = ["bm25_rank", "bm25_score", "vector_rank", "similarity", "rrf_score", "fused_score"]
 ADAPTIVE_SLOPE = 1.5
 ADAPTIVE_FLOOR = 0.2
+RATIO_CAP = 4.0  # bm25 top-1/top-2 ratio above this is "decisive" either way; keeps log features bounded
+
+# Logistic model for the per-query BM25 share α in convex mode (fitted by tools.fusion_cv; see the doc).
+AUTO_FEATURES = ["bm25_ratio", "coverage", "agree3", "dense_margin", "qlen"]
+AUTO_WEIGHT_COEFS: dict[str, float] = {"bias": 0.0}
 
 
-def adaptive_bm25_weight(bm25: list[NodeWithScore], cap: float) -> float:
-    """The BM25 weight for this query (see module doc). Never above `cap` (the bm25_weight setting)."""
-    scores = [float(n.score or 0.0) for n in bm25[:2]]
+# ------------------------------------------------------------------------------------------ pure functions
+def adaptive_bm25_weight(bm25_top: Sequence[float], cap: float) -> float:
+    """The adaptive-RRF BM25 weight from BM25's best scores (module doc). Never above `cap` (bm25_weight)."""
+    scores = [float(v or 0.0) for v in bm25_top[:2]]
     if len(scores) < 2 or scores[1] <= 0:
         return cap  # a single lexical hit is as decisive as it gets
     ratio = scores[0] / scores[1]
     return min(cap, max(ADAPTIVE_FLOOR, (ratio - 1.0) * ADAPTIVE_SLOPE))
+
+
+def rrf_scores(bm25_ranks: Sequence[int | None], vector_ranks: Sequence[int | None], rrf_k: int = 60,
+               bm25_weight: float = 1.0, vector_weight: float = 1.0) -> np.ndarray:
+    """RRF score per candidate from its 1-based rank in each route's list (None: not in that list)."""
+    out = np.zeros(len(bm25_ranks), dtype=np.float64)
+    for i, (rb, rv) in enumerate(zip(bm25_ranks, vector_ranks)):
+        if rb is not None:
+            out[i] += bm25_weight / (rrf_k + rb)
+        if rv is not None:
+            out[i] += vector_weight / (rrf_k + rv)
+    return out
+
+
+def minmax(x: np.ndarray) -> np.ndarray:
+    """Scale to [0, 1] over the query's candidates; a constant column carries no preference → all 0."""
+    x = np.asarray(x, dtype=np.float64)
+    if x.size == 0:
+        return x
+    lo, hi = float(x.min()), float(x.max())
+    return (x - lo) / (hi - lo) if hi > lo else np.zeros_like(x)
+
+
+def convex_scores(bm25: np.ndarray, cosine: np.ndarray, alpha: float) -> np.ndarray:
+    """α·minmax(bm25) + (1 − α)·minmax(cosine) over the same candidates."""
+    return alpha * minmax(bm25) + (1.0 - alpha) * minmax(cosine)
+
+
+def query_features(bm25_sorted: Sequence[float], cos_sorted: Sequence[float], bm25_top3: Sequence[str],
+                   vec_top3: Sequence[str], coverage: float, n_chars: int) -> dict[str, float]:
+    """Cheap per-query signals of which route to trust (all from numbers the routes produce anyway).
+
+    bm25_ratio  log of BM25's top-1/top-2 score ratio: high when the query's words single out one chunk.
+    coverage    idf-weighted share of the query's indexed tokens that occur in BM25's top-1 chunk.
+    agree3      share of BM25's top-3 that is also in the vector top-3.
+    dense_margin  cosine top-1 minus top-2 (×10: the e5 cosines sit in a narrow band).
+    qlen        log(1 + question length in characters).
+    """
+    s = [float(v) for v in bm25_sorted[:2]]
+    if not s or s[0] <= 0:
+        ratio = 1.0
+    elif len(s) < 2 or s[1] <= 0:
+        ratio = RATIO_CAP
+    else:
+        ratio = min(RATIO_CAP, s[0] / s[1])
+    c = [float(v) for v in cos_sorted[:2]]
+    margin = (c[0] - c[1]) * 10 if len(c) >= 2 else 0.0
+    agree = len(set(bm25_top3[:3]) & set(vec_top3[:3])) / 3.0
+    return {"bm25_ratio": math.log(ratio), "coverage": float(coverage), "agree3": agree,
+            "dense_margin": margin, "qlen": math.log1p(max(0, n_chars))}
+
+
+def auto_weight(features: dict[str, float], coefs: dict[str, float] | None = None) -> float:
+    """α = lo + (hi − lo)·σ(bias + Σ c_f·f) — the BM25 share of the convex combination for this query.
+
+    lo/hi (default 0/1) bound the share; the other keys are feature names (query_features)."""
+    coefs = AUTO_WEIGHT_COEFS if coefs is None else coefs
+    lo, hi = coefs.get("lo", 0.0), coefs.get("hi", 1.0)
+    z = coefs.get("bias", 0.0) + sum(c * features.get(k, 0.0) for k, c in coefs.items() if k not in _NOT_FEATURES)
+    return lo + (hi - lo) / (1.0 + math.exp(-max(-50.0, min(50.0, z))))
+
+
+_NOT_FEATURES = {"bias", "lo", "hi"}
+
+
+def order_by(scores: np.ndarray, chunk_ids: Sequence[str]) -> list[int]:
+    """Indices sorted by score descending; equal scores by numeric chunk_id ascending (deterministic)."""
+    def tie(cid: str):
+        return (0, int(cid), "") if cid.isdigit() else (1, 0, cid)
+    return sorted(range(len(chunk_ids)), key=lambda i: (-float(scores[i]), tie(chunk_ids[i])))
+
+
+# ------------------------------------------------------------------------------------------ candidates
+@dataclass
+class Candidates:
+    """The union of both routes' lists, one row per chunk, with both routes' real scores."""
+
+    ids: list[str] = field(default_factory=list)
+    nodes: list[NodeWithScore] = field(default_factory=list)
+    bm25_rank: list[int | None] = field(default_factory=list)
+    vector_rank: list[int | None] = field(default_factory=list)
+    bm25_score: np.ndarray = field(default_factory=lambda: np.zeros(0))
+    cosine: np.ndarray | None = None  # None when the vector route is off (no query embedding)
+
+    @classmethod
+    def union(cls, bm25: list[NodeWithScore], vector: list[NodeWithScore]) -> "Candidates":
+        c = cls()
+        pos: dict[str, int] = {}
+        for ranked, ranks in ((bm25, c.bm25_rank), (vector, c.vector_rank)):
+            for rank, n in enumerate(ranked, start=1):
+                nid = n.node.node_id
+                if nid not in pos:
+                    pos[nid] = len(c.ids)
+                    c.ids.append(nid)
+                    c.nodes.append(n)
+                    c.bm25_rank.append(None)
+                    c.vector_rank.append(None)
+                ranks[pos[nid]] = rank
+        return c
+
+
+# Route completion: the real score of given chunks on a route, for chunks that route's list did not hold.
+BM25Completer = Callable[[list[str]], dict[str, float]]
+CosineCompleter = Callable[[list[str]], dict[str, float]]
+
+
+@dataclass
+class FusionParams:
+    mode: str = "convex"
+    rrf_k: int = 60
+    bm25_weight: float = 1.0
+    vector_weight: float = 1.0
+    bm25_adaptive: bool = True
+    convex_bm25_weight: float | None = None  # None → per-query auto weight
+
+    @classmethod
+    def from_settings(cls, s) -> "FusionParams":
+        return cls(mode=s.fusion_mode, rrf_k=s.rrf_k, bm25_weight=s.bm25_weight, vector_weight=s.vector_weight,
+                   bm25_adaptive=s.bm25_adaptive,
+                   convex_bm25_weight=None if s.convex_auto_weight else s.convex_bm25_weight)
 
 
 @dataclass
@@ -39,71 +175,124 @@ class FusionOutput:
     vector: list[NodeWithScore] = field(default_factory=list)
     fused: list[NodeWithScore] = field(default_factory=list)
     ms: dict[str, float] = field(default_factory=dict)
-    bm25_weight: float = 1.0  # the weight actually used for this query
+    mode: str = "rrf"
+    bm25_weight: float = 1.0  # the BM25 weight (rrf) or share α (convex) actually used for this query
+    features: dict[str, float] = field(default_factory=dict)
+
+
+def fuse(cands: Candidates, p: FusionParams, features: dict[str, float] | None = None
+         ) -> tuple[list[NodeWithScore], float]:
+    """Fused, ordered nodes (metadata: FUSION_KEYS) and the BM25 weight used. Pure: no I/O."""
+    n = len(cands.ids)
+    if n == 0:
+        return [], p.bm25_weight
+    has_vec = cands.cosine is not None and any(r is not None for r in cands.vector_rank)
+    has_bm25 = any(r is not None for r in cands.bm25_rank)
+    top = sorted((r, float(cands.bm25_score[i])) for i, r in enumerate(cands.bm25_rank) if r is not None)[:2]
+    rrf_w = (adaptive_bm25_weight([v for _, v in top], p.bm25_weight) if p.bm25_adaptive and has_vec
+             else p.bm25_weight)
+    rrf = rrf_scores(cands.bm25_rank, cands.vector_rank, p.rrf_k, rrf_w, p.vector_weight)
+    if p.mode == "convex" and has_vec and has_bm25:
+        alpha = p.convex_bm25_weight if p.convex_bm25_weight is not None else auto_weight(features or {})
+        fused, weight = convex_scores(cands.bm25_score, cands.cosine, alpha), alpha
+    elif p.mode == "convex":  # one route only: its own order (α = 1 for BM25 alone, 0 for vectors alone)
+        weight = 1.0 if has_bm25 else 0.0
+        fused = minmax(cands.bm25_score) if has_bm25 else minmax(cands.cosine)
+    else:
+        fused, weight = rrf, rrf_w
+    out = []
+    for i in order_by(fused, cands.ids):
+        node = cands.nodes[i].node.model_copy()
+        info = {"bm25_rank": cands.bm25_rank[i], "bm25_score": _known(cands.bm25_score[i]),
+                "vector_rank": cands.vector_rank[i],
+                "similarity": None if cands.cosine is None else _known(cands.cosine[i]),
+                "rrf_score": float(rrf[i]), "fused_score": float(fused[i])}
+        node.metadata = {**node.metadata, **info}
+        hidden = [k for k in FUSION_KEYS if k not in node.excluded_llm_metadata_keys]
+        node.excluded_llm_metadata_keys = [*node.excluded_llm_metadata_keys, *hidden]
+        node.excluded_embed_metadata_keys = [*node.excluded_embed_metadata_keys, *hidden]
+        out.append(NodeWithScore(node=node, score=float(fused[i])))
+    return out, weight
+
+
+def _known(x: float) -> float | None:
+    return None if math.isnan(x) else float(x)
 
 
 def rrf_fuse(bm25: list[NodeWithScore], vector: list[NodeWithScore], rrf_k: int = 60,
              bm25_weight: float = 1.0, vector_weight: float = 1.0) -> list[NodeWithScore]:
-    """Pure function: fuse two ranked lists. Input order is the rank (1-based)."""
-    info: dict[str, dict] = {}
-    nodes: dict[str, NodeWithScore] = {}
-    routes = ((bm25, "bm25_rank", "bm25_score", bm25_weight), (vector, "vector_rank", "similarity", vector_weight))
-    for ranked, rank_key, score_key, weight in routes:
-        for rank, n in enumerate(ranked, start=1):
-            nid = n.node.node_id
-            nodes.setdefault(nid, n)
-            d = info.setdefault(nid, {k: None for k in FUSION_KEYS} | {"rrf_score": 0.0})
-            d[rank_key], d[score_key] = rank, float(n.score or 0.0)
-            d["rrf_score"] += weight / (rrf_k + rank)
-
-    def sort_key(nid: str):
-        try:
-            tie = int(nid)
-        except ValueError:
-            tie = nid
-        return (-info[nid]["rrf_score"], 0 if isinstance(tie, int) else 1, tie if isinstance(tie, int) else 0,
-                str(tie))
-
-    out = []
-    for nid in sorted(info, key=sort_key):
-        node = nodes[nid].node.model_copy()
-        node.metadata = {**node.metadata, **info[nid]}
-        for k in FUSION_KEYS:
-            if k not in node.excluded_llm_metadata_keys:
-                node.excluded_llm_metadata_keys = [*node.excluded_llm_metadata_keys, k]
-                node.excluded_embed_metadata_keys = [*node.excluded_embed_metadata_keys, k]
-        out.append(NodeWithScore(node=node, score=info[nid]["rrf_score"]))
-    return out
+    """Weighted RRF of two ranked lists (input order is the rank); scores known only from the lists (no
+    completion: a chunk's score on the route that missed it is None)."""
+    c = Candidates.union(bm25, vector)
+    pos = {cid: i for i, cid in enumerate(c.ids)}
+    c.bm25_score, c.cosine = np.full(len(c.ids), np.nan), np.full(len(c.ids), np.nan)  # NaN: not known here
+    for ranked, arr in ((bm25, c.bm25_score), (vector, c.cosine)):
+        for n in ranked:
+            arr[pos[n.node.node_id]] = float(n.score or 0.0)
+    params = FusionParams(mode="rrf", rrf_k=rrf_k, bm25_weight=bm25_weight, vector_weight=vector_weight,
+                          bm25_adaptive=False)
+    return fuse(c, params)[0]
 
 
-class HybridRRFRetriever(BaseRetriever):
-    """Runs both routes (each recalling `recall_size`) and fuses them with weighted RRF."""
+# ------------------------------------------------------------------------------------------ the retriever
+class HybridRetriever(BaseRetriever):
+    """Both routes, full-information completion of their scores, then the fusion of `params`.
 
-    def __init__(self, bm25_retriever: BaseRetriever | None, vector_retriever: BaseRetriever | None,
-                 rrf_k: int = 60, bm25_weight: float = 1.0, vector_weight: float = 1.0, adaptive: bool = True):
+    `bm25_retriever` must offer `query_scores(query) → np.ndarray`, `hits(scores) → list[NodeWithScore]`,
+    `scores_of(scores, chunk_ids) → dict`, and `coverage(query, chunk_id) → float` (JiebaBM25Retriever);
+    `cosines(query_embedding, chunk_ids) → dict` completes the vector side.
+    """
+
+    def __init__(self, bm25_retriever, vector_retriever: BaseRetriever | None,
+                 cosines: Callable[[list[float], list[str]], dict[str, float]] | None,
+                 params: FusionParams):
         self.bm25_retriever = bm25_retriever
         self.vector_retriever = vector_retriever
-        self.rrf_k = rrf_k
-        self.adaptive = adaptive
-        self.bm25_weight = bm25_weight
-        self.vector_weight = vector_weight
-        self.last: FusionOutput | None = None
+        self.cosines = cosines
+        self.params = params
         super().__init__()
 
     def run(self, query_bundle: QueryBundle) -> FusionOutput:
-        out = FusionOutput()
+        out = FusionOutput(mode=self.params.mode)
         t0 = time.perf_counter()
-        out.bm25 = self.bm25_retriever.retrieve(query_bundle) if self.bm25_retriever else []
+        scores = None
+        if self.bm25_retriever is not None:
+            scores = self.bm25_retriever.query_scores(query_bundle.query_str)
+            out.bm25 = self.bm25_retriever.hits(scores)
         t1 = time.perf_counter()
         out.vector = self.vector_retriever.retrieve(query_bundle) if self.vector_retriever else []
         t2 = time.perf_counter()
-        out.bm25_weight = (adaptive_bm25_weight(out.bm25, self.bm25_weight) if self.adaptive and out.vector
-                           else self.bm25_weight)
-        out.fused = rrf_fuse(out.bm25, out.vector, self.rrf_k, out.bm25_weight, self.vector_weight)
+        cands = self.complete(query_bundle, out.bm25, out.vector, scores)
+        out.features = self.features(query_bundle.query_str, cands, out.bm25, out.vector)
+        out.fused, out.bm25_weight = fuse(cands, self.params, out.features)
         t3 = time.perf_counter()
-        out.ms = {"bm25": (t1 - t0) * 1000, "vector": (t2 - t1) * 1000, "rrf": (t3 - t2) * 1000}
-        self.last = out
+        out.ms = {"bm25": (t1 - t0) * 1000, "vector": (t2 - t1) * 1000, "fusion": (t3 - t2) * 1000}
         return out
+
+    def complete(self, qb: QueryBundle, bm25: list[NodeWithScore], vector: list[NodeWithScore],
+                 scores: np.ndarray | None) -> Candidates:
+        c = Candidates.union(bm25, vector)
+        known_b = {n.node.node_id: float(n.score or 0.0) for n in bm25}
+        missing_b = [i for i in c.ids if i not in known_b]
+        if missing_b and scores is not None:
+            known_b |= self.bm25_retriever.scores_of(scores, missing_b)
+        c.bm25_score = np.array([known_b.get(i, 0.0) for i in c.ids], dtype=np.float64)
+        if qb.embedding is not None and self.vector_retriever is not None and self.cosines is not None:
+            known_v = {n.node.node_id: float(n.score or 0.0) for n in vector}
+            missing_v = [i for i in c.ids if i not in known_v]
+            if missing_v:
+                known_v |= self.cosines(qb.embedding, missing_v)
+            c.cosine = np.array([known_v.get(i, 0.0) for i in c.ids], dtype=np.float64)
+        return c
+
+    def features(self, query: str, c: Candidates, bm25: list[NodeWithScore], vector: list[NodeWithScore]
+                 ) -> dict[str, float]:
+        if not bm25 or not vector:
+            return {}
+        cov = self.bm25_retriever.coverage(query, bm25[0].node.node_id)
+        return query_features([n.score for n in bm25], [n.score for n in vector],
+                              [n.node.node_id for n in bm25[:3]], [n.node.node_id for n in vector[:3]],
+                              cov, len(query))
 
     def _retrieve(self, query_bundle: QueryBundle) -> list[NodeWithScore]:
         return self.run(query_bundle).fused

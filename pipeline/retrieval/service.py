@@ -1,4 +1,4 @@
-"""Query flow (SRS §4.2): embed query → BM25 ‖ vector recall → weighted RRF → rerank → no-answer gate.
+"""Query flow (SRS §4.2): embed query → BM25 ‖ vector recall → fusion (fusion.py) → rerank → no-answer gate.
 
 Produces a RetrievalResult that carries everything the trace, the sources panel and the debug view need,
 with the milliseconds of each stage.
@@ -10,18 +10,17 @@ import time
 from dataclasses import dataclass, field
 from typing import Callable
 
-import numpy as np
 from llama_index.core.schema import NodeWithScore, QueryBundle
 
 from store.documents import DocumentStore
 from store.vectors import VectorStore
 
 from pipeline.retrieval.bm25 import BM25Index
-from pipeline.retrieval.fusion import FusionOutput, HybridRRFRetriever
+from pipeline.retrieval.fusion import FusionOutput, FusionParams, HybridRetriever
 from pipeline.retrieval.rerank import SafeRerank
 from pipeline.settings import Settings
 from pipeline.tokenize_zh import ChineseTokenizer
-from pipeline.retrieval.vector import ReadyVectorRetriever, chroma_index
+from pipeline.retrieval.vector import ReadyVectorRetriever, chroma_index, stored_cosines
 
 log = logging.getLogger(__name__)
 
@@ -51,6 +50,8 @@ class RetrievalResult:
     ms: dict = field(default_factory=dict)
     hit: bool = False
     bm25_weight: float = 1.0
+    fusion_mode: str = "rrf"
+    fusion_features: dict = field(default_factory=dict)
     _query_embedding: list | None = field(default=None, repr=False)
     _t_start: float = field(default=0.0, repr=False)
     max_similarity: float = 0.0
@@ -83,16 +84,13 @@ class RetrievalResult:
             "bm25": [base(n) | {"rank": i, "score": _r(n.score)} for i, n in enumerate(self.bm25[:TRACE_TOP], 1)],
             "vector": [base(n) | {"rank": i, "similarity": _r(n.score)}
                        for i, n in enumerate(self.vector[:TRACE_TOP], 1)],
-            "rrf": [base(n) | {"rank": i, "rrf_score": _r(n.node.metadata.get("rrf_score"), 6),
-                               "bm25_rank": n.node.metadata.get("bm25_rank"),
-                               "vector_rank": n.node.metadata.get("vector_rank")}
-                    for i, n in enumerate(self.fused[:TRACE_TOP], 1)],
+            "rrf": [base(n) | {"rank": i} | fused_row(n) for i, n in enumerate(self.fused[:TRACE_TOP], 1)],
             "rerank": [base(n) | {"no": i, "rerank_score": _r(n.node.metadata.get("rerank_score")),
                                   "rrf_score": _r(n.node.metadata.get("rrf_score"), 6),
                                   "similarity": _r(n.node.metadata.get("similarity_full"))}
                        for i, n in enumerate(self.final, 1)],
             "rerank_status": self.rerank_status,
-            "fusion": {"bm25_weight": _r(self.bm25_weight, 3)},
+            "fusion": fusion_info(self.fusion_mode, self.bm25_weight, self.fusion_features),
             "gate": {"hit": self.hit, "max_similarity": _r(self.max_similarity),
                      "min_similarity": self.min_similarity},
             "ms": {k: round(v, 1) for k, v in self.ms.items()},
@@ -101,6 +99,18 @@ class RetrievalResult:
 
 def _r(x, nd: int = 4):
     return None if x is None else round(float(x), nd)
+
+
+def fused_row(n: NodeWithScore) -> dict:
+    """A fused candidate's numbers for the trace and the debug view: fused score, both routes' score and rank."""
+    m = n.node.metadata
+    return {"fused_score": _r(m.get("fused_score"), 6), "rrf_score": _r(m.get("rrf_score"), 6),
+            "bm25_rank": m.get("bm25_rank"), "bm25_score": _r(m.get("bm25_score")),
+            "vector_rank": m.get("vector_rank"), "similarity": _r(m.get("similarity"))}
+
+
+def fusion_info(mode: str, weight: float, features: dict) -> dict:
+    return {"mode": mode, "bm25_weight": _r(weight, 3), "features": {k: _r(v, 3) for k, v in features.items()}}
 
 
 class RetrievalService:
@@ -116,6 +126,7 @@ class RetrievalService:
         self.pending_vectors = pending_vectors
         self.vector_enabled = vector_enabled
         self._index = None  # (collection, VectorStoreIndex); the collection object changes on a model reset
+        self._hybrid: tuple | None = None  # (settings key, index objects, HybridRetriever) it was built from
 
     def _vector_index(self):
         col = self.vectors.collection
@@ -123,13 +134,21 @@ class RetrievalService:
             self._index = (col, chroma_index(col, self.embed_model))
         return self._index[1]
 
-    def _routes(self, s: Settings, recall: int) -> HybridRRFRetriever:
+    def _routes(self, s: Settings, recall: int) -> HybridRetriever:
+        """The hybrid retriever, rebuilt only when what it depends on changed (settings, index, collection)."""
+        params, enabled, col = FusionParams.from_settings(s), self.vector_enabled(), self.vectors.collection
+        key = (params, recall, enabled)
+        objects = (self.bm25_index.snapshot, self.bm25_index.deleted, col)  # compared by identity
+        cached = self._hybrid
+        if cached and cached[0] == key and all(a is b for a, b in zip(cached[1], objects)):
+            return cached[2]
         lookup = self.docs.get_chunks
         bm25 = self.bm25_index.retriever(self.tokenizer, lookup, recall)
         vec = (ReadyVectorRetriever(self._vector_index(), lookup, recall, extra_fetch=self.pending_vectors)
-               if self.vector_enabled() else None)
-        return HybridRRFRetriever(bm25, vec, rrf_k=s.rrf_k, bm25_weight=s.bm25_weight,
-                                  vector_weight=s.vector_weight, adaptive=s.bm25_adaptive)
+               if enabled else None)
+        hybrid = HybridRetriever(bm25, vec, lambda q, ids: stored_cosines(col, q, ids), params)
+        self._hybrid = (key, objects, hybrid)
+        return hybrid
 
     def _embed_query(self, query: str) -> list[float]:
         return self.embed_model.get_query_embedding(query)
@@ -150,7 +169,8 @@ class RetrievalService:
         t_start = time.perf_counter()
         bundle, fusion, embed_ms = self.recall(query, s)
         res = RetrievalResult(query=query, bm25=fusion.bm25, vector=fusion.vector, fused=fusion.fused,
-                              min_similarity=s.min_similarity, bm25_weight=fusion.bm25_weight)
+                              min_similarity=s.min_similarity, bm25_weight=fusion.bm25_weight,
+                              fusion_mode=fusion.mode, fusion_features=fusion.features)
         res.max_similarity = max((n.score or 0.0 for n in fusion.vector), default=0.0)
         # Gate (F3-4): nothing similar enough → no hit, and no LLM call downstream.
         res.hit = bool(fusion.fused) and res.max_similarity >= s.min_similarity
@@ -182,15 +202,10 @@ class RetrievalService:
         for n in nodes:
             n.node.metadata["similarity_full"] = n.node.metadata.get("similarity")
         if not missing or query_emb is None:
-            return
-        got = self.vectors.collection.get(ids=[n.node.node_id for n in missing], include=["embeddings"])
-        by_id = {i: e for i, e in zip(got["ids"], got["embeddings"])}
-        q = np.asarray(query_emb, dtype=np.float32)
+            return  # the fusion already scored every candidate on both routes
+        got = stored_cosines(self.vectors.collection, query_emb, [n.node.node_id for n in missing])
         for n in missing:
-            e = by_id.get(n.node.node_id)
-            if e is not None:
-                e = np.asarray(e, dtype=np.float32)
-                n.node.metadata["similarity_full"] = float(e @ q / (np.linalg.norm(e) * np.linalg.norm(q) + 1e-9))
+            n.node.metadata["similarity_full"] = got.get(n.node.node_id)
 
     def debug_search(self, query: str, top_k: int, s: Settings) -> dict:
         """SRS §7.2 shape: bm25 / vector / rrf groups, each top_k long."""
@@ -203,10 +218,9 @@ class RetrievalService:
         return {
             "bm25": [row(n) | {"score": _r(n.score)} for n in fusion.bm25[:top_k]],
             "vector": [row(n) | {"similarity": _r(n.score)} for n in fusion.vector[:top_k]],
-            "rrf": [{"chunk_id": int(n.node.node_id), "doc_name": n.node.metadata.get("doc_name"),
-                     "text": n.node.get_content(), "rrf_score": _r(n.score, 6),
-                     "bm25_rank": n.node.metadata.get("bm25_rank"),
-                     "vector_rank": n.node.metadata.get("vector_rank")} for n in fusion.fused[:top_k]],
+            "rrf": [row(n) | fused_row(n) for n in fusion.fused[:top_k]],
             "ms": {k: round(v, 1) for k, v in fusion.ms.items()},
             "bm25_weight": round(fusion.bm25_weight, 3),
+            "fusion": fusion_info(fusion.mode, fusion.bm25_weight, fusion.features),
         }
+

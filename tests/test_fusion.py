@@ -1,0 +1,248 @@
+"""Fusion (pipeline.retrieval.fusion): exact arithmetic of both modes, full-information completion through a real
+engine (real SQLite, Chroma, bm25s; a tiny random embedding model), deterministic ties, mode switch without reload,
+and the offline CV arithmetic agreeing with the engine's."""
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import numpy as np
+import pytest
+from llama_index.core.schema import NodeWithScore, TextNode
+
+from pipeline.retrieval.fusion import (
+    Candidates, FusionParams, auto_weight, convex_scores, fuse, minmax, query_features,
+)
+
+
+def _cands(rows):
+    """rows: (chunk_id, bm25_rank, vector_rank, bm25_score, cosine)."""
+    c = Candidates()
+    c.ids = [r[0] for r in rows]
+    c.nodes = [NodeWithScore(node=TextNode(id_=r[0], text=f"t{r[0]}"), score=None) for r in rows]
+    c.bm25_rank = [r[1] for r in rows]
+    c.vector_rank = [r[2] for r in rows]
+    c.bm25_score = np.array([r[3] for r in rows], dtype=float)
+    c.cosine = np.array([r[4] for r in rows], dtype=float)
+    return c
+
+
+# chunk 30 is BM25-only, chunk 40 vector-only; both still carry their real score on the other route
+HAND = [("10", 1, 2, 9.0, 0.80), ("20", 2, 1, 5.0, 0.90), ("30", 3, None, 1.0, 0.70), ("40", None, 3, 0.0, 0.85)]
+
+
+def test_rrf_mode_exact():
+    fused, w = fuse(_cands(HAND), FusionParams(mode="rrf", rrf_k=60, bm25_adaptive=False))
+    got = {n.node.node_id: n.score for n in fused}
+    assert got == pytest.approx({"10": 1 / 61 + 1 / 62, "20": 1 / 62 + 1 / 61, "30": 1 / 63, "40": 1 / 63})
+    # 10 and 20 tie exactly, as do 30 and 40: chunk_id ascending breaks both ties
+    assert [n.node.node_id for n in fused] == ["10", "20", "30", "40"] and w == 1.0
+    m = fused[2].node.metadata
+    assert (m["bm25_rank"], m["vector_rank"], m["bm25_score"], m["similarity"]) == (3, None, 1.0, 0.70)
+    assert m["fused_score"] == m["rrf_score"] == pytest.approx(1 / 63)
+
+
+def test_convex_mode_exact():
+    fused, w = fuse(_cands(HAND), FusionParams(mode="convex", convex_bm25_weight=0.25))
+    # minmax: bm25 9,5,1,0 → 1, 5/9, 1/9, 0 ; cosine .80,.90,.70,.85 → .5, 1, 0, .75
+    want = {"10": 0.25 * 1 + 0.75 * 0.5, "20": 0.25 * 5 / 9 + 0.75 * 1.0, "30": 0.25 / 9, "40": 0.75 * 0.75}
+    assert {n.node.node_id: n.score for n in fused} == pytest.approx(want)
+    assert [n.node.node_id for n in fused] == ["20", "10", "40", "30"] and w == 0.25
+    # α = 1 is BM25's order, α = 0 the vector route's order, over the same candidates
+    assert [n.node.node_id for n in fuse(_cands(HAND), FusionParams(convex_bm25_weight=1.0))[0]] == \
+        ["10", "20", "30", "40"]
+    assert [n.node.node_id for n in fuse(_cands(HAND), FusionParams(convex_bm25_weight=0.0))[0]] == \
+        ["20", "40", "10", "30"]
+    assert list(minmax(np.array([2.0, 2.0]))) == [0.0, 0.0]  # no spread → no preference
+    assert convex_scores(np.array([3.0, 1.0]), np.array([0.5, 0.9]), 0.5) == pytest.approx([0.5, 0.5])
+
+
+def test_auto_weight_and_features_exact():
+    f = query_features([6.0, 3.0, 1.0], [0.91, 0.88], ["1", "2", "3"], ["2", "9", "8"], 0.75, 9)
+    assert f == pytest.approx({"bm25_ratio": math.log(2.0), "coverage": 0.75, "agree3": 1 / 3,
+                               "dense_margin": 0.3, "qlen": math.log(10)})
+    coefs = {"bias": -1.0, "bm25_ratio": 2.0, "coverage": 1.0}
+    z = -1.0 + 2.0 * math.log(2.0) + 0.75
+    assert auto_weight(f, coefs) == pytest.approx(1 / (1 + math.exp(-z)))
+    lo_hi = {"bias": 0.0, "lo": 0.1, "hi": 0.5}
+    assert auto_weight(f, lo_hi) == pytest.approx(0.1 + 0.4 * 0.5)  # σ(0) = ½ mapped into [lo, hi]
+    # auto mode uses it: the weight reported is the one computed from the features
+    fused, w = fuse(_cands(HAND), FusionParams(mode="convex", convex_bm25_weight=None), f)
+    assert w == pytest.approx(auto_weight(f))
+    assert fused[0].score == pytest.approx(max(convex_scores(np.array([9.0, 5, 1, 0]),
+                                                             np.array([.8, .9, .7, .85]), w)))
+
+
+def test_ties_are_deterministic_whatever_the_input_order():
+    rows = [("7", 1, None, 2.0, 0.5), ("3", None, 1, 0.0, 0.9), ("12", 2, 2, 1.0, 0.7)]
+    for params in (FusionParams(mode="convex", convex_bm25_weight=0.5),
+                   FusionParams(mode="rrf", bm25_adaptive=False)):
+        orders = {tuple(n.node.node_id for n in fuse(_cands(r), params)[0]) for r in (rows, rows[::-1])}
+        assert len(orders) == 1
+    # convex α = ½: 7 → ½·1 + ½·0 = ½, 3 → ½·0 + ½·1 = ½ (tie, 3 < 7), 12 → ½·½ + ½·½ = ½ (tie: all equal)
+    assert [n.node.node_id for n in fuse(_cands(rows), FusionParams(convex_bm25_weight=0.5))[0]] == ["3", "7", "12"]
+
+
+def test_one_route_only():
+    only_bm25 = _cands([("1", 1, None, 3.0, 0.0), ("2", 2, None, 1.0, 0.0)])
+    only_bm25.cosine = None  # vector route off (model mismatch): BM25's order, weight 1
+    fused, w = fuse(only_bm25, FusionParams())
+    assert [n.node.node_id for n in fused] == ["1", "2"] and w == 1.0
+    assert fused[0].node.metadata["similarity"] is None
+    assert fuse(Candidates(), FusionParams()) == ([], 1.0)
+
+
+# ---------------------------------------------------------------------------------------------- real engine
+DOCS = {
+    "长江.txt": "长江是中国第一长河，全长约六千三百公里，流经青海、西藏、四川、湖北等地，最终注入东海。",
+    "黄河.txt": "黄河是中国第二长河，发源于青海巴颜喀拉山，流经九个省区，在山东注入渤海。",
+    "北京.txt": "北京是中华人民共和国的首都，也是全国的政治中心和文化中心，有故宫和长城。",
+    "上海.txt": "上海位于长江入海口，是中国最大的经济中心城市，港口吞吐量世界第一。",
+    "模型.txt": "向量检索用模型把文档变成向量，再按余弦相似度找出与问题最接近的文档。",
+    "公司.txt": "公司的客服电话是 400-800-1234，工作时间为每天九点到十八点。",
+    "天气.txt": "今天天气很好，我们去公园散步，看到湖边的柳树已经发芽了。",
+    "河流.txt": "中国的河流众多，其中长江和黄河是最重要的两条大河，被称为母亲河。",
+}
+QUESTION = "长江最后流入哪里"
+
+
+@pytest.fixture(scope="module")
+def engine(tmp_path_factory):
+    from store.config_store import ConfigStore
+    from store.db import Database
+
+    from pipeline.engine import Engine
+    from tests.tiny_models import make_tiny_bert_embedding
+
+    root = tmp_path_factory.mktemp("fusion")
+    model = make_tiny_bert_embedding(root / "tiny-emb")
+    data = root / "data"
+    data.mkdir()
+    db = Database(data / "app.db")
+    ConfigStore(db).save({"embedding_model_path": str(model), "recall_size": 3})  # short lists → misses
+    db.close()
+    e = Engine(data)
+    src = root / "src"
+    src.mkdir()
+    items = []
+    for name, text in DOCS.items():
+        (src / name).write_text(text, encoding="utf-8")
+        items.append((name, src / name))
+    e.upload(items)
+    assert e.ingest.wait_idle(120)
+    yield e
+    e.close()
+
+
+def _route_lists(engine, question):
+    """Both routes' full lists (recall = every chunk): each chunk's own score on each route."""
+    from llama_index.core.schema import QueryBundle
+
+    n = engine.docs.counts()["chunks"]
+    hybrid = engine.retrieval._routes(engine.settings, n)
+    qb = QueryBundle(question, embedding=engine.embedding.embed_model.get_query_embedding(question))
+    bm25 = {x.node.node_id: x.score for x in hybrid.bm25_retriever.retrieve(qb)}
+    vec = {x.node.node_id: x.score for x in hybrid.vector_retriever.retrieve(qb)}
+    return bm25, vec
+
+
+def test_missing_chunk_gets_its_real_score_from_that_route(engine):
+    res = engine.retrieve(QUESTION)
+    metas = [n.node.metadata for n in res.fused]
+    assert len(res.bm25) <= 3 and len(res.vector) <= 3
+    only_bm25 = [m for m in metas if m["vector_rank"] is None]
+    only_vec = [m for m in metas if m["bm25_rank"] is None]
+    assert only_bm25 and only_vec, "the hand-made KB should give chunks that one route missed"
+    bm25_full, vec_full = _route_lists(engine, QUESTION)
+    for n in res.fused:
+        m = n.node.metadata
+        # the score a route gives the chunk when it does return it (BM25: 0 when no query word occurs)
+        assert m["bm25_score"] == pytest.approx(bm25_full.get(n.node.node_id, 0.0), abs=1e-5)
+        assert m["similarity"] == pytest.approx(vec_full[n.node.node_id], abs=1e-5)
+    # and independently of the stored vectors: the cosine of a re-embedded passage text
+    emb = engine.embedding.embed_model
+    q = np.asarray(emb.get_query_embedding(QUESTION))
+    for n in res.fused:
+        if n.node.metadata["vector_rank"] is None:
+            p = np.asarray(emb.get_text_embedding(n.node.get_content()))
+            cos = float(p @ q / (np.linalg.norm(p) * np.linalg.norm(q)))
+            assert n.node.metadata["similarity"] == pytest.approx(max(0.0, cos), abs=1e-4)
+
+
+def test_trace_shows_fused_and_both_routes(engine):
+    tr = engine.retrieve(QUESTION).trace()
+    assert tr["fusion"]["mode"] == engine.settings.fusion_mode
+    assert 0.0 <= tr["fusion"]["bm25_weight"] <= 1.0 and set(tr["fusion"]["features"]) >= {"bm25_ratio"}
+    row = tr["rrf"][0]
+    assert {"fused_score", "bm25_rank", "bm25_score", "vector_rank", "similarity"} <= set(row)
+    dbg = engine.search(QUESTION, 5)
+    assert dbg["fusion"]["mode"] == engine.settings.fusion_mode
+    assert all(r["bm25_score"] is not None and r["similarity"] is not None for r in dbg["rrf"])
+
+
+def test_mode_switch_takes_effect_without_reload(engine):
+    reload_ms, emb = engine.last_reload_ms, engine.embedding
+    try:
+        out = engine.update_settings({"fusion_mode": "rrf", "bm25_adaptive": False})
+        assert set(out["immediate"]) == {"fusion_mode", "bm25_adaptive"} and not out["need_reload"]
+        res = engine.retrieve(QUESTION)
+        assert res.fusion_mode == "rrf"
+        for n in res.fused:
+            m = n.node.metadata
+            want = sum(1 / (60 + r) for r in (m["bm25_rank"], m["vector_rank"]) if r is not None)
+            assert n.score == pytest.approx(want)
+        engine.update_settings({"fusion_mode": "convex", "convex_auto_weight": False, "convex_bm25_weight": 1.0})
+        res = engine.retrieve(QUESTION)
+        assert res.fusion_mode == "convex" and res.bm25_weight == 1.0
+        bm25_order = [n.node.node_id for n in res.bm25]
+        assert [n.node.node_id for n in res.fused][:len(bm25_order)] == bm25_order  # α = 1 → BM25's order
+    finally:
+        engine.update_settings({"fusion_mode": "convex", "convex_auto_weight": True, "bm25_adaptive": True,
+                                "convex_bm25_weight": 0.5})
+    assert engine.last_reload_ms == reload_ms and engine.embedding is emb  # no reload happened
+
+
+def test_invalid_mode_is_refused_with_a_clear_message(engine):
+    from pipeline.settings import SettingsError
+
+    with pytest.raises(SettingsError) as err:
+        engine.update_settings({"fusion_mode": "magic"})
+    assert "融合方式" in err.value.errors["fusion_mode"] and "rrf" in err.value.errors["fusion_mode"]
+
+
+# ---------------------------------------------------------------------------------------------- offline CV
+def test_cv_arithmetic_matches_the_engine(tmp_path):
+    """tools.fusion_cv's vectorised scoring gives the same ranks as fusion.fuse (via evaluate.rescore_dump)."""
+    from pipeline.settings import Settings
+    from tools import evaluate, fusion_cv
+
+    rng = np.random.default_rng(3)
+    rows = []
+    for qi in range(40):
+        n = 12
+        ids = rng.choice(1000, n, replace=False)
+        br = rng.permutation(n)
+        vr = rng.permutation(n)
+        cands = []
+        for j in range(n):
+            b = int(br[j]) + 1 if br[j] < 8 else None
+            v = int(vr[j]) + 1 if vr[j] < 8 else None
+            if b is None and v is None:
+                continue
+            cands.append([str(ids[j]), b, v, round(float(rng.uniform(0, 9)), 4), round(float(rng.uniform(.7, .95)), 6),
+                          bool(rng.random() < 0.15)])
+        rows.append({"q": f"q{qi}", "n_rel": 1, "features": {"bm25_ratio": 0.2, "coverage": 0.5, "agree3": 0.3,
+                                                             "dense_margin": 0.1, "qlen": 2.0}, "cands": cands})
+    path = tmp_path / "d.jsonl"
+    path.write_text("\n".join(json.dumps(r) for r in rows))
+    qs = fusion_cv.load_dump(path)
+    for alpha in (0.0, 0.3, 1.0):
+        engine_side = evaluate.rescore_dump(path, Settings(convex_auto_weight=False, convex_bm25_weight=alpha))
+        cv_side = fusion_cv.score_fitted(fusion_cv.Fitted("c", alpha_const=alpha, depth=10**6), qs, None)
+        assert engine_side["routes"]["fused"]["mrr@10"] == cv_side["mrr@10"]
+        assert engine_side["routes"]["fused"]["hit@1"] == cv_side["hit@1"]
+    base = fusion_cv.baselines(qs)
+    engine_side = evaluate.rescore_dump(path, Settings())
+    for r in ("bm25", "vector", "rrf", "adaptive_rrf"):
+        assert engine_side["routes"][r]["mrr@10"] == base[r]["mrr@10"], r
