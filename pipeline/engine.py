@@ -208,7 +208,8 @@ class Engine:
         self.llm = build_llm(s)
         self.retrieval = RetrievalService(
             self.docs, self.vectors, self.bm25_index, self.tokenizer, emb.embed_model, self.reranker,
-            pending_vectors=self.docs.pending_chunk_count, vector_enabled=lambda: self.model_warning is None)
+            pending_vectors=self.docs.pending_chunk_count, vector_enabled=lambda: self.model_warning is None,
+            embedding_model=emb.model_id)
         self._recover()
         self.bm25_index.load_or_rebuild(s.bm25_k1, s.bm25_b, self.docs.ready_chunk_ids())
         self._answers.clear()

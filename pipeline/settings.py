@@ -13,8 +13,9 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_valida
 GROUPS: dict[str, list[str]] = {
     "llm": ["llm_model", "llm_api_url", "llm_api_key", "llm_temperature", "llm_timeout"],
     "retrieval": [
-        "recall_size", "final_top_k", "fusion_mode", "convex_auto_weight", "convex_bm25_weight",
-        "rrf_k", "bm25_weight", "vector_weight", "bm25_adaptive", "bm25_k1", "bm25_b", "min_similarity", "rerank_candidates",
+        "recall_size", "final_top_k", "fusion_mode", "convex_auto_weight", "convex_norm", "convex_bm25_weight",
+        "rrf_k", "bm25_weight", "vector_weight", "bm25_adaptive", "bm25_k1", "bm25_b", "min_similarity",
+        "rerank_candidates",
     ],
     "chunking": ["chunk_size", "chunk_overlap"],
     "models": ["embedding_model_path", "reranker_model_path"],
@@ -24,7 +25,8 @@ SECRET_FIELDS = {"llm_api_key"}
 
 # Fields whose change takes effect on the next question; the rest need 重载引擎 (or a rebuild).
 IMMEDIATE_FIELDS = {
-    "recall_size", "final_top_k", "fusion_mode", "convex_auto_weight", "convex_bm25_weight", "rrf_k", "bm25_weight", "vector_weight", "bm25_adaptive", "bm25_k1", "bm25_b",
+    "recall_size", "final_top_k", "fusion_mode", "convex_auto_weight", "convex_norm", "convex_bm25_weight", "rrf_k",
+    "bm25_weight", "vector_weight", "bm25_adaptive", "bm25_k1", "bm25_b",
     "min_similarity", "rerank_candidates", "llm_temperature", "ocr_enabled", "ocr_max_pages",
 }
 RELOAD_FIELDS = {"llm_model", "llm_api_url", "llm_api_key", "llm_timeout",
@@ -42,6 +44,7 @@ LABELS: dict[str, str] = {
     "bm25_weight": "BM25 权重", "vector_weight": "向量权重", "bm25_adaptive": "BM25 自适应权重",
     "bm25_k1": "BM25 k1", "bm25_b": "BM25 b", "min_similarity": "最低相似度",
     "rerank_candidates": "精排候选数", "fusion_mode": "融合方式", "convex_auto_weight": "按问题自动定权",
+    "convex_norm": "分数归一化",
     "convex_bm25_weight": "BM25 占比（固定）", "chunk_size": "块大小(字符)", "chunk_overlap": "块重叠(字符)",
     "embedding_model_path": "Embedding 模型路径", "reranker_model_path": "Reranker 模型路径",
     "ocr_enabled": "启用 OCR", "ocr_max_pages": "OCR 页数上限",
@@ -69,6 +72,9 @@ class Settings(BaseModel):
     convex_auto_weight: bool = Field(
         True, description="convex 模式下按问题特征（BM25 首位优势、词覆盖、两路一致度等）自动决定 BM25 占比",
         json_schema_extra={"group": "retrieval", "effect": "immediate", "label": "按问题自动定权"})
+    convex_norm: Literal["minmax", "zscore"] = Field(
+        "minmax", description="convex 模式下每路分数在本次候选内的归一化方式：minmax（0–1）或 zscore（标准分）",
+        json_schema_extra={"group": "retrieval", "effect": "immediate", "label": "分数归一化"})
     convex_bm25_weight: float = Field(
         0.5, ge=0, le=1, description="convex 模式、关闭自动定权时 BM25 的固定占比（向量占 1 − 该值）",
         json_schema_extra={"group": "retrieval", "effect": "immediate", "label": "BM25 占比（固定）"})

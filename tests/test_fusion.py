@@ -60,18 +60,23 @@ def test_convex_mode_exact():
 
 def test_auto_weight_and_features_exact():
     f = query_features([6.0, 3.0, 1.0], [0.91, 0.88], ["1", "2", "3"], ["2", "9", "8"], 0.75, 9)
-    assert f == pytest.approx({"bm25_ratio": math.log(2.0), "coverage": 0.75, "agree3": 1 / 3,
-                               "dense_margin": 0.3, "qlen": math.log(10)})
+    assert f == pytest.approx({"bm25_ratio": math.log(2.0), "coverage": 0.75, "agree3": 1 / 3, "agree10": 0.1,
+                               "dense_margin": 0.3, "dense_spread": 0.3, "cos1": 0.91, "qlen": math.log(10)})
     coefs = {"bias": -1.0, "bm25_ratio": 2.0, "coverage": 1.0}
     z = -1.0 + 2.0 * math.log(2.0) + 0.75
     assert auto_weight(f, coefs) == pytest.approx(1 / (1 + math.exp(-z)))
     lo_hi = {"bias": 0.0, "lo": 0.1, "hi": 0.5}
     assert auto_weight(f, lo_hi) == pytest.approx(0.1 + 0.4 * 0.5)  # σ(0) = ½ mapped into [lo, hi]
     # auto mode uses it: the weight reported is the one computed from the features
-    fused, w = fuse(_cands(HAND), FusionParams(mode="convex", convex_bm25_weight=None), f)
-    assert w == pytest.approx(auto_weight(f))
+    fused, w = fuse(_cands(HAND), FusionParams(mode="convex", convex_bm25_weight=None, auto_coefs=coefs), f)
+    assert w == pytest.approx(auto_weight(f, coefs))
     assert fused[0].score == pytest.approx(max(convex_scores(np.array([9.0, 5, 1, 0]),
                                                              np.array([.8, .9, .7, .85]), w)))
+    # the shipped weights apply only to the embedding model they were fitted for; another gets a constant share
+    from pipeline.retrieval.fusion import AUTO_WEIGHTS, DEFAULT_ALPHA, auto_weights_for
+
+    assert auto_weights_for(AUTO_WEIGHTS["embedding_model"], "minmax") == AUTO_WEIGHTS["minmax"]
+    assert auto_weight(f, auto_weights_for("local:some-other-model", "minmax")) == pytest.approx(DEFAULT_ALPHA)
 
 
 def test_ties_are_deterministic_whatever_the_input_order():
@@ -230,18 +235,23 @@ def test_cv_arithmetic_matches_the_engine(tmp_path):
             v = int(vr[j]) + 1 if vr[j] < 8 else None
             if b is None and v is None:
                 continue
-            cands.append([str(ids[j]), b, v, round(float(rng.uniform(0, 9)), 4), round(float(rng.uniform(.7, .95)), 6),
-                          bool(rng.random() < 0.15)])
-        rows.append({"q": f"q{qi}", "n_rel": 1, "features": {"bm25_ratio": 0.2, "coverage": 0.5, "agree3": 0.3,
-                                                             "dense_margin": 0.1, "qlen": 2.0}, "cands": cands})
+            cands.append([str(ids[j]), b, v, round(float(rng.uniform(0, 9)), 4),
+                          round(float(rng.uniform(.85, .95)), 6), bool(rng.random() < 0.15)])
+        rows.append({"q": "问题" * (qi % 7 + 1), "n_rel": 1, "features": {"coverage": float(rng.uniform())},
+                     "cands": cands})
     path = tmp_path / "d.jsonl"
     path.write_text("\n".join(json.dumps(r) for r in rows))
     qs = fusion_cv.load_dump(path)
-    for alpha in (0.0, 0.3, 1.0):
-        engine_side = evaluate.rescore_dump(path, Settings(convex_auto_weight=False, convex_bm25_weight=alpha))
-        cv_side = fusion_cv.score_fitted(fusion_cv.Fitted("c", alpha_const=alpha, depth=10**6), qs, None)
-        assert engine_side["routes"]["fused"]["mrr@10"] == cv_side["mrr@10"]
-        assert engine_side["routes"]["fused"]["hit@1"] == cv_side["hit@1"]
+    from pipeline.retrieval.fusion import AUTO_WEIGHTS
+
+    for norm in ("minmax", "zscore"):
+        for alpha in (0.0, 0.3, 1.0, None):  # None: the per-query auto weight (features recomputed from the row)
+            s = Settings(convex_norm=norm, convex_auto_weight=alpha is None, convex_bm25_weight=alpha or 0.0)
+            engine_side = evaluate.rescore_dump(path, s)["routes"]["fused"]
+            fitted = fusion_cv.Fitted("c", alpha_const=alpha, coefs=None if alpha is not None else AUTO_WEIGHTS[norm],
+                                      norm=norm)
+            cv_side = fusion_cv.score_fitted(fitted, qs)
+            assert (engine_side["mrr@10"], engine_side["hit@1"]) == (cv_side["mrr@10"], cv_side["hit@1"]), (norm, alpha)
     base = fusion_cv.baselines(qs)
     engine_side = evaluate.rescore_dump(path, Settings())
     for r in ("bm25", "vector", "rrf", "adaptive_rrf"):

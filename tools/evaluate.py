@@ -1,13 +1,19 @@
-"""Retrieval evaluation on public QA sets, through the real engine (ingest → BM25 / vector / RRF / rerank).
+"""Retrieval evaluation on public QA sets, through the real engine (ingest → BM25 / vector / fusion / rerank).
 
     python -m tools.evaluate --squad FILE [--distractors FILE] [--dureader FILE] [--limit N]
-                                [--json OUT] [--sweep]
+                                [--json OUT] [--sweep] [--dump OUT]
+    python -m tools.evaluate --set NAME --kb-cache DIR [--dump OUT]     (a named dev set, cached KB)
+    python -m tools.evaluate --cv --kb-cache DIR --dump-dir DIR [--write-weights FILE]
 
-Builds a fresh knowledge base in a temp data dir: each SQuAD context is one document (optional distractor file:
-one document per line); with --dureader the corpus is every paragraph of every document (JSON lines) and the
-gold is `most_related_para` of the documents in `answer_docs`. A hit is a retrieved chunk that belongs to the
-question's gold document and (SQuAD) contains one of its answer strings.
-Prints Hit@1/3/5/10, MRR@10, nDCG@10, p50/p95 latency per route; --sweep also prints weighted-RRF variants.
+Builds a knowledge base in a temp data dir (or copies a cached one, tools.kb_cache): each SQuAD context is one
+document (optional distractor file: one document per line); with --dureader the corpus is every paragraph of
+every document (JSON lines) and the gold is `most_related_para` of the documents in `answer_docs`. A hit is a
+retrieved chunk that belongs to the question's gold document and (SQuAD) contains one of its answer strings.
+Prints Hit@1/3/5/10, MRR@10, nDCG@10, p50/p95 latency per route: bm25, vector, union_oracle (the best
+reordering of both routes' top-10), rrf (the SRS's RRF, K = 60), adaptive_rrf (the previous default) and fused
+(the fusion the settings select). --dump writes every question's full-information candidates (both routes' rank
+and real score for every chunk of the union, hit flags, features) for offline studies; --cv dumps each dev set
+once, then fits the fusion on all sets but one and scores the left-out set, for every set (tools.fusion_cv).
 """
 from __future__ import annotations
 
@@ -270,20 +276,22 @@ def rescore_dump(path: Path, s) -> dict:
     Goes through the engine's own `fuse`, so the arithmetic is the app's; latency is not available here.
     """
     from pipeline.retrieval.fusion import FusionParams, fuse
+    from tools.fusion_cv import PACKAGED_E5, row_features
 
     refs = reference_params(s)
-    params = FusionParams.from_settings(s)
+    params = FusionParams.from_settings(s, PACKAGED_E5)
     routes: dict[str, list[list[bool]]] = {r: [] for r in ["bm25", "vector", "union_oracle", *refs, "fused"]}
     n_rel = []
     with open(path, encoding="utf-8") as f:
         for line in f:
             row = json.loads(line)
             cands, hit_of = candidates_from_row(row)
+            feats = row_features(row)  # fusion.query_features of this row's numbers (what the engine computes)
             routes["bm25"].append(route_hits(row, 1))
             routes["vector"].append(route_hits(row, 2))
             routes["union_oracle"].append(union_oracle(row))
             for name, p in [*refs.items(), ("fused", params)]:
-                routes[name].append([hit_of[n.node.node_id] for n in fuse(cands, p, row["features"])[0][:K]])
+                routes[name].append([hit_of[n.node.node_id] for n in fuse(cands, p, feats)[0][:K]])
             n_rel.append(row["n_rel"])
     return {"questions": len(n_rel), "routes": {r: metrics(v, n_rel, []) for r, v in routes.items()}}
 
@@ -354,8 +362,12 @@ def run_cv(args) -> dict:
             res = evaluate_set(name, cache_root(args.kb_cache), _overrides(args), dump=tmp)
             tmp.rename(path)
             print_table(res, res["title"])
-    result = fusion_cv.cross_validate({n: fusion_cv.load_dump(dump_dir / f"{n}.jsonl") for n in names})
+    data = {n: fusion_cv.load_dump(dump_dir / f"{n}.jsonl") for n in names}
+    result = fusion_cv.cross_validate(data)
     fusion_cv.print_cv(result)
+    if args.write_weights:  # the shipped weights: the same procedure fitted on every set
+        result["weights"] = fusion_cv.fit_all(data)
+        Path(args.write_weights).write_text(json.dumps(result["weights"], indent=2) + "\n", encoding="utf-8")
     return result
 
 
@@ -415,6 +427,8 @@ def main(argv=None) -> int:
     p.add_argument("--sets", default=None, help="--cv: comma-separated set names (default: all dev sets)")
     p.add_argument("--dump-dir", default="dumps", help="--cv: where the per-set candidate dumps live")
     p.add_argument("--redump", action="store_true", help="--cv: re-run retrieval even if a dump exists")
+    p.add_argument("--write-weights", default=None,
+                   help="--cv: also fit the auto weight on every set and write it (pipeline/retrieval/fusion_weights.json)")
     p.add_argument("--distractors", help="one document per line (e.g. CRUD-RAG news)")
     p.add_argument("--max-distractors", type=int, default=None)
     p.add_argument("--limit", type=int, default=None, help="number of questions (corpus kept whole for SQuAD)")

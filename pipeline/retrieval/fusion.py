@@ -9,18 +9,20 @@ Modes (setting `fusion_mode`):
 - "rrf": the SRS's Reciprocal Rank Fusion, score = Σ_route w_route / (rrf_k + rank_route), ranks from 1 in
   each route's own list (a route that missed the chunk adds nothing). With `bm25_adaptive` the BM25 weight is
   scaled per query by BM25's top-1/top-2 ratio (the previous default); with both weights 1 it is plain RRF.
-- "convex": fused = α·N(bm25) + (1 − α)·N(cosine), N = min-max over the query's candidates (Bruch, Gai &
-  Ingber, ACM TOIS 2023: convex combination beats RRF in and out of domain). α, the BM25 share, is either the
-  `convex_bm25_weight` setting or — when that is "auto" (None) — a logistic function of cheap per-query
-  features (see `query_features`), α = σ(b + Σ c_f·f). The coefficients were fitted leave-one-set-out over
-  the dev sets (tools/fusion_cv.py, docs/retrieval-eval.md).
+- "convex": fused = α·N(bm25) + (1 − α)·N(cosine), N = min-max (default) or z-score over the query's
+  candidates (Bruch, Gai & Ingber, ACM TOIS 2023: convex combination beats RRF in and out of domain). α, the
+  BM25 share, is the `convex_bm25_weight` setting, or with `convex_auto_weight` a logistic function of cheap
+  per-query features (`query_features`), α = σ(b + Σ c_f·f), coefficients in fusion_weights.json. Fitting and
+  its leave-one-set-out check: tools/fusion_cv.py, docs/retrieval-eval.md.
 Ties are broken by chunk_id (numeric) so results are reproducible.
 """
 from __future__ import annotations
 
+import json
 import math
 import time
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Callable, Sequence
 
 import numpy as np
@@ -34,9 +36,38 @@ ADAPTIVE_SLOPE = 1.5
 ADAPTIVE_FLOOR = 0.2
 RATIO_CAP = 4.0  # bm25 top-1/top-2 ratio above this is "decisive" either way; keeps log features bounded
 
-# Logistic model for the per-query BM25 share α in convex mode (fitted by tools.fusion_cv; see the doc).
-AUTO_FEATURES = ["bm25_ratio", "coverage", "agree3", "dense_margin", "qlen"]
-AUTO_WEIGHT_COEFS: dict[str, float] = {"bias": 0.0}
+# Logistic model for the per-query BM25 share α in convex mode, one coefficient set per normalisation. Written by
+# `python -m tools.evaluate --cv --write-weights` (fitted on every dev set; the LOSO tables in
+# docs/retrieval-eval.md say how the same procedure does on sets it was not fitted on).
+WEIGHTS_FILE = Path(__file__).with_name("fusion_weights.json")
+AUTO_FEATURES = ["bm25_ratio", "coverage", "agree3", "agree10", "dense_margin", "dense_spread", "cos1", "qlen"]
+DEFAULT_ALPHA = 0.35  # no weights for this model: about the best single min-max share on the dev sets
+
+
+def load_auto_weights(path: Path = WEIGHTS_FILE) -> dict:
+    """{"embedding_model": id, "zscore": coefs, "minmax": coefs}; a constant share when the file is unusable."""
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+        out = {norm: {k: float(v) for k, v in data[norm].items()} for norm in NORMS}
+        out["embedding_model"] = data.get("embedding_model")
+        return out
+    except (OSError, ValueError, KeyError, TypeError, AttributeError):
+        return {"embedding_model": None} | {norm: constant_weight(DEFAULT_ALPHA) for norm in NORMS}
+
+
+def constant_weight(alpha: float) -> dict[str, float]:
+    """Coefficients that give the same α to every query."""
+    return {"bias": math.log(alpha / (1 - alpha))}
+
+
+def auto_weights_for(model_id: str | None, norm: str) -> dict[str, float]:
+    """The fitted coefficients when they were fitted for this embedding model (the cosine features live on its
+    scale); otherwise a constant share, until `evaluate --cv --write-weights` is run with that model."""
+    if model_id is None or AUTO_WEIGHTS.get("embedding_model") in (None, model_id):
+        return AUTO_WEIGHTS[norm]
+    return constant_weight(DEFAULT_ALPHA)
+
+
 
 
 # ------------------------------------------------------------------------------------------ pure functions
@@ -61,6 +92,15 @@ def rrf_scores(bm25_ranks: Sequence[int | None], vector_ranks: Sequence[int | No
     return out
 
 
+def zscore(x: np.ndarray) -> np.ndarray:
+    """Standard scores over the query's candidates; a constant column carries no preference → all 0."""
+    x = np.asarray(x, dtype=np.float64)
+    if x.size == 0:
+        return x
+    sd = float(x.std())
+    return (x - float(x.mean())) / sd if sd > 0 else np.zeros_like(x)
+
+
 def minmax(x: np.ndarray) -> np.ndarray:
     """Scale to [0, 1] over the query's candidates; a constant column carries no preference → all 0."""
     x = np.asarray(x, dtype=np.float64)
@@ -70,20 +110,28 @@ def minmax(x: np.ndarray) -> np.ndarray:
     return (x - lo) / (hi - lo) if hi > lo else np.zeros_like(x)
 
 
-def convex_scores(bm25: np.ndarray, cosine: np.ndarray, alpha: float) -> np.ndarray:
-    """α·minmax(bm25) + (1 − α)·minmax(cosine) over the same candidates."""
-    return alpha * minmax(bm25) + (1.0 - alpha) * minmax(cosine)
+NORMS = {"zscore": zscore, "minmax": minmax}
+AUTO_WEIGHTS = load_auto_weights()
 
 
-def query_features(bm25_sorted: Sequence[float], cos_sorted: Sequence[float], bm25_top3: Sequence[str],
-                   vec_top3: Sequence[str], coverage: float, n_chars: int) -> dict[str, float]:
-    """Cheap per-query signals of which route to trust (all from numbers the routes produce anyway).
+def convex_scores(bm25: np.ndarray, cosine: np.ndarray, alpha: float, norm: str = "minmax") -> np.ndarray:
+    """α·N(bm25) + (1 − α)·N(cosine) over the same candidates, N = z-score or min-max."""
+    n = NORMS[norm]
+    return alpha * n(bm25) + (1.0 - alpha) * n(cosine)
 
-    bm25_ratio  log of BM25's top-1/top-2 score ratio: high when the query's words single out one chunk.
-    coverage    idf-weighted share of the query's indexed tokens that occur in BM25's top-1 chunk.
-    agree3      share of BM25's top-3 that is also in the vector top-3.
-    dense_margin  cosine top-1 minus top-2 (×10: the e5 cosines sit in a narrow band).
-    qlen        log(1 + question length in characters).
+
+def query_features(bm25_sorted: Sequence[float], cos_sorted: Sequence[float], bm25_top: Sequence[str],
+                   vec_top: Sequence[str], coverage: float, n_chars: int) -> dict[str, float]:
+    """Cheap per-query signals of which route to trust, from numbers the routes produce anyway.
+
+    bm25_sorted / cos_sorted: each route's scores in its own rank order; bm25_top / vec_top: its chunk ids.
+    bm25_ratio    log of BM25's top-1/top-2 score ratio: high when the query's words single out one chunk.
+    coverage      idf-weighted share of the query's indexed tokens found in BM25's top-1 chunk.
+    agree3/10     share of BM25's top-3 (top-10) that is also in the vector top-3 (top-10).
+    dense_margin  (cosine top-1 − top-2) × 10;  dense_spread  (top-1 − top-10) × 10.
+    cos1          the top cosine (e5 places passages that paraphrase a question very high).
+    qlen          log(1 + question length in characters).
+    The cosine features are on the embedding model's scale: the fitted coefficients belong to that model.
     """
     s = [float(v) for v in bm25_sorted[:2]]
     if not s or s[0] <= 0:
@@ -92,18 +140,23 @@ def query_features(bm25_sorted: Sequence[float], cos_sorted: Sequence[float], bm
         ratio = RATIO_CAP
     else:
         ratio = min(RATIO_CAP, s[0] / s[1])
-    c = [float(v) for v in cos_sorted[:2]]
+    c = [float(v) for v in cos_sorted[:10]]
     margin = (c[0] - c[1]) * 10 if len(c) >= 2 else 0.0
-    agree = len(set(bm25_top3[:3]) & set(vec_top3[:3])) / 3.0
-    return {"bm25_ratio": math.log(ratio), "coverage": float(coverage), "agree3": agree,
-            "dense_margin": margin, "qlen": math.log1p(max(0, n_chars))}
+    spread = (c[0] - c[-1]) * 10 if len(c) >= 2 else 0.0
+
+    def agree(k: int) -> float:
+        return len(set(bm25_top[:k]) & set(vec_top[:k])) / float(k)
+
+    return {"bm25_ratio": math.log(ratio), "coverage": float(coverage), "agree3": agree(3), "agree10": agree(10),
+            "dense_margin": margin, "dense_spread": spread, "cos1": c[0] if c else 0.0,
+            "qlen": math.log1p(max(0, n_chars))}
 
 
 def auto_weight(features: dict[str, float], coefs: dict[str, float] | None = None) -> float:
     """α = lo + (hi − lo)·σ(bias + Σ c_f·f) — the BM25 share of the convex combination for this query.
 
     lo/hi (default 0/1) bound the share; the other keys are feature names (query_features)."""
-    coefs = AUTO_WEIGHT_COEFS if coefs is None else coefs
+    coefs = AUTO_WEIGHTS["minmax"] if coefs is None else coefs
     lo, hi = coefs.get("lo", 0.0), coefs.get("hi", 1.0)
     z = coefs.get("bias", 0.0) + sum(c * features.get(k, 0.0) for k, c in coefs.items() if k not in _NOT_FEATURES)
     return lo + (hi - lo) / (1.0 + math.exp(-max(-50.0, min(50.0, z))))
@@ -160,13 +213,16 @@ class FusionParams:
     bm25_weight: float = 1.0
     vector_weight: float = 1.0
     bm25_adaptive: bool = True
-    convex_bm25_weight: float | None = None  # None → per-query auto weight
+    convex_bm25_weight: float | None = None  # None → per-query auto weight from auto_coefs
+    norm: str = "minmax"
+    auto_coefs: dict[str, float] | None = None  # None → the fitted ones for `norm`
 
     @classmethod
-    def from_settings(cls, s) -> "FusionParams":
+    def from_settings(cls, s, embedding_model: str | None = None) -> "FusionParams":
         return cls(mode=s.fusion_mode, rrf_k=s.rrf_k, bm25_weight=s.bm25_weight, vector_weight=s.vector_weight,
-                   bm25_adaptive=s.bm25_adaptive,
-                   convex_bm25_weight=None if s.convex_auto_weight else s.convex_bm25_weight)
+                   bm25_adaptive=s.bm25_adaptive, norm=s.convex_norm,
+                   convex_bm25_weight=None if s.convex_auto_weight else s.convex_bm25_weight,
+                   auto_coefs=auto_weights_for(embedding_model, s.convex_norm))
 
 
 @dataclass
@@ -193,11 +249,12 @@ def fuse(cands: Candidates, p: FusionParams, features: dict[str, float] | None =
              else p.bm25_weight)
     rrf = rrf_scores(cands.bm25_rank, cands.vector_rank, p.rrf_k, rrf_w, p.vector_weight)
     if p.mode == "convex" and has_vec and has_bm25:
-        alpha = p.convex_bm25_weight if p.convex_bm25_weight is not None else auto_weight(features or {})
-        fused, weight = convex_scores(cands.bm25_score, cands.cosine, alpha), alpha
+        alpha = (p.convex_bm25_weight if p.convex_bm25_weight is not None
+                 else auto_weight(features or {}, p.auto_coefs or AUTO_WEIGHTS[p.norm]))
+        fused, weight = convex_scores(cands.bm25_score, cands.cosine, alpha, p.norm), alpha
     elif p.mode == "convex":  # one route only: its own order (α = 1 for BM25 alone, 0 for vectors alone)
         weight = 1.0 if has_bm25 else 0.0
-        fused = minmax(cands.bm25_score) if has_bm25 else minmax(cands.cosine)
+        fused = NORMS[p.norm](cands.bm25_score if has_bm25 else cands.cosine)
     else:
         fused, weight = rrf, rrf_w
     out = []
@@ -290,8 +347,8 @@ class HybridRetriever(BaseRetriever):
         if not bm25 or not vector:
             return {}
         cov = self.bm25_retriever.coverage(query, bm25[0].node.node_id)
-        return query_features([n.score for n in bm25], [n.score for n in vector],
-                              [n.node.node_id for n in bm25[:3]], [n.node.node_id for n in vector[:3]],
+        return query_features([n.score for n in bm25[:10]], [n.score for n in vector[:10]],
+                              [n.node.node_id for n in bm25[:10]], [n.node.node_id for n in vector[:10]],
                               cov, len(query))
 
     def _retrieve(self, query_bundle: QueryBundle) -> list[NodeWithScore]:

@@ -116,7 +116,8 @@ def fusion_info(mode: str, weight: float, features: dict) -> dict:
 class RetrievalService:
     def __init__(self, docs: DocumentStore, vectors: VectorStore, bm25_index: BM25Index,
                  tokenizer: ChineseTokenizer, embed_model, reranker: SafeRerank,
-                 pending_vectors: Callable[[], int] = lambda: 0, vector_enabled: Callable[[], bool] = lambda: True):
+                 pending_vectors: Callable[[], int] = lambda: 0, vector_enabled: Callable[[], bool] = lambda: True,
+                 embedding_model: str | None = None):
         self.docs = docs
         self.vectors = vectors
         self.bm25_index = bm25_index
@@ -125,6 +126,7 @@ class RetrievalService:
         self.reranker = reranker
         self.pending_vectors = pending_vectors
         self.vector_enabled = vector_enabled
+        self.embedding_model = embedding_model  # whose cosine scale the fusion's auto weight was fitted on
         self._index = None  # (collection, VectorStoreIndex); the collection object changes on a model reset
         self._hybrid: tuple | None = None  # (settings key, index objects, HybridRetriever) it was built from
 
@@ -136,7 +138,8 @@ class RetrievalService:
 
     def _routes(self, s: Settings, recall: int) -> HybridRetriever:
         """The hybrid retriever, rebuilt only when what it depends on changed (settings, index, collection)."""
-        params, enabled, col = FusionParams.from_settings(s), self.vector_enabled(), self.vectors.collection
+        params = FusionParams.from_settings(s, self.embedding_model)
+        enabled, col = self.vector_enabled(), self.vectors.collection
         key = (params, recall, enabled)
         objects = (self.bm25_index.snapshot, self.bm25_index.deleted, col)  # compared by identity
         cached = self._hybrid
