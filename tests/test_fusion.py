@@ -5,14 +5,19 @@ from __future__ import annotations
 
 import json
 import math
-from pathlib import Path
 
 import numpy as np
 import pytest
 from llama_index.core.schema import NodeWithScore, TextNode
 
 from pipeline.retrieval.fusion import (
-    Candidates, FusionParams, auto_weight, convex_scores, fuse, minmax, query_features,
+    Candidates,
+    FusionParams,
+    auto_weight,
+    convex_scores,
+    fuse,
+    minmax,
+    query_features,
 )
 
 
@@ -114,10 +119,9 @@ QUESTION = "长江最后流入哪里"
 
 @pytest.fixture(scope="module")
 def engine(tmp_path_factory):
+    from pipeline.engine import Engine
     from store.config_store import ConfigStore
     from store.db import Database
-
-    from pipeline.engine import Engine
     from tests.tiny_models import make_tiny_bert_embedding
 
     root = tmp_path_factory.mktemp("fusion")
@@ -135,7 +139,7 @@ def engine(tmp_path_factory):
         (src / name).write_text(text, encoding="utf-8")
         items.append((name, src / name))
     e.upload(items)
-    assert e.ingest.wait_idle(120)
+    assert e.wait_idle(120)
     yield e
     e.close()
 
@@ -144,9 +148,9 @@ def _route_lists(engine, question):
     """Both routes' full lists (recall = every chunk): each chunk's own score on each route."""
     from llama_index.core.schema import QueryBundle
 
-    n = engine.docs.counts()["chunks"]
-    hybrid = engine.retrieval._routes(engine.settings, n)
-    qb = QueryBundle(question, embedding=engine.embedding.embed_model.get_query_embedding(question))
+    c = engine.components
+    hybrid = c.retrieval.stages(engine.settings, c.docs.counts()["chunks"]).fusion
+    qb = QueryBundle(question, embedding=c.models.embedding.embed_model.get_query_embedding(question))
     bm25 = {x.node.node_id: x.score for x in hybrid.bm25_retriever.retrieve(qb)}
     vec = {x.node.node_id: x.score for x in hybrid.vector_retriever.retrieve(qb)}
     return bm25, vec
@@ -166,7 +170,7 @@ def test_missing_chunk_gets_its_real_score_from_that_route(engine):
         assert m["bm25_score"] == pytest.approx(bm25_full.get(n.node.node_id, 0.0), abs=1e-5)
         assert m["similarity"] == pytest.approx(vec_full[n.node.node_id], abs=1e-5)
     # and independently of the stored vectors: the cosine of a re-embedded passage text
-    emb = engine.embedding.embed_model
+    emb = engine.components.models.embedding.embed_model
     q = np.asarray(emb.get_query_embedding(QUESTION))
     for n in res.fused:
         if n.node.metadata["vector_rank"] is None:
@@ -176,7 +180,9 @@ def test_missing_chunk_gets_its_real_score_from_that_route(engine):
 
 
 def test_trace_shows_fused_and_both_routes(engine):
-    tr = engine.retrieve(QUESTION).trace()
+    from pipeline import events as ev
+
+    tr = ev.trace_payload(engine.retrieve(QUESTION))
     assert tr["fusion"]["mode"] == engine.settings.fusion_mode
     assert 0.0 <= tr["fusion"]["bm25_weight"] <= 1.0 and set(tr["fusion"]["features"]) >= {"bm25_ratio"}
     row = tr["rrf"][0]
@@ -187,7 +193,7 @@ def test_trace_shows_fused_and_both_routes(engine):
 
 
 def test_mode_switch_takes_effect_without_reload(engine):
-    reload_ms, emb = engine.last_reload_ms, engine.embedding
+    reload_ms, emb = engine.last_reload_ms, engine.components.models.embedding
     try:
         out = engine.update_settings({"fusion_mode": "rrf", "bm25_adaptive": False})
         assert set(out["immediate"]) == {"fusion_mode", "bm25_adaptive"} and not out["need_reload"]
@@ -204,8 +210,8 @@ def test_mode_switch_takes_effect_without_reload(engine):
         assert [n.node.node_id for n in res.fused][:len(bm25_order)] == bm25_order  # α = 1 → BM25's order
     finally:
         engine.update_settings({"fusion_mode": "convex", "convex_auto_weight": True, "bm25_adaptive": True,
-                                "convex_bm25_weight": 0.5})
-    assert engine.last_reload_ms == reload_ms and engine.embedding is emb  # no reload happened
+                                "convex_bm25_weight": 0.35})
+    assert engine.last_reload_ms == reload_ms and engine.components.models.embedding is emb  # no reload
 
 
 def test_invalid_mode_is_refused_with_a_clear_message(engine):

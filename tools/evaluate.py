@@ -30,6 +30,7 @@ from pathlib import Path
 import numpy as np
 
 from pipeline.retrieval.fusion import rrf_fuse
+from pipeline.retrieval.rerank import SafeRerank
 
 K = 10
 SWEEP = [(1.0, 1.0), (0.75, 1.0), (0.5, 1.0), (0.35, 1.0), (0.25, 1.0), (0.0, 1.0), (1.0, 0.0)]
@@ -120,9 +121,9 @@ def build_kb(engine, corpus: Corpus, tmp: Path) -> dict[str, int]:
                 raise RuntimeError(f"upload refused: {k}: {r.msg}")
             key_to_doc[k] = r.doc_id
             p.unlink()
-    engine.ingest.wait_idle()
-    engine.bm25_index.rebuild(engine.settings.bm25_k1, engine.settings.bm25_b)
-    c = engine.docs.counts()
+    engine.wait_idle()
+    engine.components.bm25.rebuild(engine.settings.bm25_k1, engine.settings.bm25_b)
+    c = engine.components.docs.counts()
     print(f"# knowledge base: {c['ready_docs']} docs ready, {c['chunks']} chunks, "
           f"ingest {time.perf_counter() - t0:.0f} s", file=sys.stderr)
     return key_to_doc
@@ -213,12 +214,12 @@ def evaluate(engine, corpus: Corpus, key_to_doc: dict[str, int], sweep: bool = F
     from pipeline.retrieval.fusion import fuse
 
     s = engine.settings
-    svc = engine.retrieval
+    svc = engine.components.retrieval
     refs = reference_params(s)
     names = ["bm25", "vector", "union_oracle", *refs, "fused"]
     routes: dict[str, list[list[bool]]] = {r: [] for r in names}
     lat: dict[str, list[float]] = {"bm25": [], "vector": [], "fused": []}
-    has_rerank = engine.reranker.available
+    has_rerank = engine.components.models.cross_encoder is not None
     if has_rerank:
         routes["rerank"], lat["rerank"] = [], []
     sweep_hits: dict[tuple, list[list[bool]]] = {w: [] for w in SWEEP} if sweep else {}
@@ -228,7 +229,7 @@ def evaluate(engine, corpus: Corpus, key_to_doc: dict[str, int], sweep: bool = F
         gold_ids = {key_to_doc[k] for k in q.gold_docs if k in key_to_doc}
         rel = 0  # relevant chunk count (nDCG's ideal ranking)
         for did in gold_ids:
-            for ch in engine.docs.chunks_of(did):
+            for ch in engine.components.docs.chunks_of(did):
                 rel += (not q.answers) or any(a in ch["text"] for a in q.answers)
         n_rel.append(rel)
         bundle, fusion, embed_ms = svc.recall(q.text, s)
@@ -245,7 +246,8 @@ def evaluate(engine, corpus: Corpus, key_to_doc: dict[str, int], sweep: bool = F
         lat["fused"].append(embed_ms + sum(fusion.ms.values()))
         if has_rerank:
             t0 = time.perf_counter()
-            ranked, _ = engine.reranker.rerank(fusion.fused, q.text, top_n=K, candidates=s.rerank_candidates)
+            ranked = SafeRerank(engine.components.models.cross_encoder, top_n=K,
+                                candidates=s.rerank_candidates).postprocess_nodes(fusion.fused, query_str=q.text)
             lat["rerank"].append(lat["fused"][-1] + (time.perf_counter() - t0) * 1000)
             routes["rerank"].append([_is_hit(n, q, gold_ids) for n in ranked[:K]])
         for w in sweep_hits:
@@ -262,7 +264,7 @@ def evaluate(engine, corpus: Corpus, key_to_doc: dict[str, int], sweep: bool = F
                         "bm25_weight": s.bm25_weight, "vector_weight": s.vector_weight,
                         "bm25_adaptive": s.bm25_adaptive,
                         "recall_size": s.recall_size, "chunk_size": s.chunk_size,
-                        "embedding": engine.embedding.label}}
+                        "embedding": engine.components.models.embedding.label}}
     if sweep:
         out["sweep"] = {f"bm25={w[0]},vector={w[1]}": metrics(sweep_hits[w], n_rel, []) for w in SWEEP}
         for v in out["sweep"].values():

@@ -15,9 +15,9 @@ from __future__ import annotations
 
 import json
 import math
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable
 
 import numpy as np
 
@@ -329,7 +329,6 @@ def print_cv(result: dict) -> None:
 
 def main(argv=None) -> int:
     import argparse
-    import sys
 
     ap = argparse.ArgumentParser(prog="python -m tools.fusion_cv", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)

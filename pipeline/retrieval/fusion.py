@@ -20,14 +20,15 @@ from __future__ import annotations
 
 import json
 import math
-import time
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable, Sequence
 
 import numpy as np
 from llama_index.core.base.base_retriever import BaseRetriever
 from llama_index.core.schema import NodeWithScore, QueryBundle
+
+from pipeline.retrieval import timing
 
 FUSION_MODES = ("rrf", "convex")
 # Metadata every fused node carries (None where a score cannot be known, e.g. the vector route is off).
@@ -295,9 +296,13 @@ def rrf_fuse(bm25: list[NodeWithScore], vector: list[NodeWithScore], rrf_k: int 
 class HybridRetriever(BaseRetriever):
     """Both routes, full-information completion of their scores, then the fusion of `params`.
 
-    `bm25_retriever` must offer `query_scores(query) → np.ndarray`, `hits(scores) → list[NodeWithScore]`,
-    `scores_of(scores, chunk_ids) → dict`, and `coverage(query, chunk_id) → float` (JiebaBM25Retriever);
-    `cosines(query_embedding, chunk_ids) → dict` completes the vector side.
+    Built once per settings change and shared by concurrent questions: it holds no per-question state.
+    `bm25_retriever` is a LiveBM25Retriever (`query_scores(query)` → (snapshot retriever, whole-corpus scores);
+    that retriever gives the top list `hits(scores)`, `scores_of(scores, ids)` and `coverage(query, id)`);
+    `cosines(query_embedding, ids)` gives the stored-vector cosine of chunks the vector route did not return.
+    `retrieve()` returns the fused nodes (both routes' rank and real score, the fused and the RRF score in their
+    metadata); `run()` returns them with the route lists, the weight used and the features. Stage timings go to
+    pipeline.retrieval.timing when the caller collects them.
     """
 
     def __init__(self, bm25_retriever, vector_retriever: BaseRetriever | None,
@@ -311,30 +316,30 @@ class HybridRetriever(BaseRetriever):
 
     def run(self, query_bundle: QueryBundle) -> FusionOutput:
         out = FusionOutput(mode=self.params.mode)
-        t0 = time.perf_counter()
-        scores = None
-        if self.bm25_retriever is not None:
-            scores = self.bm25_retriever.query_scores(query_bundle.query_str)
-            out.bm25 = self.bm25_retriever.hits(scores)
-        t1 = time.perf_counter()
-        out.vector = self.vector_retriever.retrieve(query_bundle) if self.vector_retriever else []
-        t2 = time.perf_counter()
-        cands = self.complete(query_bundle, out.bm25, out.vector, scores)
-        out.features = self.features(query_bundle.query_str, cands, out.bm25, out.vector)
-        out.fused, out.bm25_weight = fuse(cands, self.params, out.features)
-        t3 = time.perf_counter()
-        out.ms = {"bm25": (t1 - t0) * 1000, "vector": (t2 - t1) * 1000, "fusion": (t3 - t2) * 1000}
+        with timing.collect() as ms:
+            with timing.stage("bm25"):
+                got = self.bm25_retriever.query_scores(query_bundle.query_str) if self.bm25_retriever else None
+                inner, scores = got if got is not None else (None, None)
+                out.bm25 = inner.hits(scores) if inner is not None else []
+            with timing.stage("vector"):
+                out.vector = self.vector_retriever.retrieve(query_bundle) if self.vector_retriever else []
+            with timing.stage("fusion"):
+                cands = self.complete(query_bundle, out.bm25, out.vector, inner, scores)
+                out.features = self.features(query_bundle.query_str, inner, out.bm25, out.vector)
+                out.fused, out.bm25_weight = fuse(cands, self.params, out.features)
+        out.ms = dict(ms)
+        timing.merge(ms)  # an outer collector (the engine's) sees the route timings too
         return out
 
-    def complete(self, qb: QueryBundle, bm25: list[NodeWithScore], vector: list[NodeWithScore],
+    def complete(self, qb: QueryBundle, bm25: list[NodeWithScore], vector: list[NodeWithScore], inner,
                  scores: np.ndarray | None) -> Candidates:
         c = Candidates.union(bm25, vector)
         known_b = {n.node.node_id: float(n.score or 0.0) for n in bm25}
         missing_b = [i for i in c.ids if i not in known_b]
-        if missing_b and scores is not None:
-            known_b |= self.bm25_retriever.scores_of(scores, missing_b)
+        if missing_b and inner is not None:
+            known_b |= inner.scores_of(scores, missing_b)
         c.bm25_score = np.array([known_b.get(i, 0.0) for i in c.ids], dtype=np.float64)
-        if qb.embedding is not None and self.vector_retriever is not None and self.cosines is not None:
+        if qb.embedding is not None and vector and self.cosines is not None:
             known_v = {n.node.node_id: float(n.score or 0.0) for n in vector}
             missing_v = [i for i in c.ids if i not in known_v]
             if missing_v:
@@ -342,11 +347,11 @@ class HybridRetriever(BaseRetriever):
             c.cosine = np.array([known_v.get(i, 0.0) for i in c.ids], dtype=np.float64)
         return c
 
-    def features(self, query: str, c: Candidates, bm25: list[NodeWithScore], vector: list[NodeWithScore]
-                 ) -> dict[str, float]:
-        if not bm25 or not vector:
+    @staticmethod
+    def features(query: str, inner, bm25: list[NodeWithScore], vector: list[NodeWithScore]) -> dict[str, float]:
+        if not bm25 or not vector or inner is None:
             return {}
-        cov = self.bm25_retriever.coverage(query, bm25[0].node.node_id)
+        cov = inner.coverage(query, bm25[0].node.node_id)
         return query_features([n.score for n in bm25[:10]], [n.score for n in vector[:10]],
                               [n.node.node_id for n in bm25[:10]], [n.node.node_id for n in vector[:10]],
                               cov, len(query))
