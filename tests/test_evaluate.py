@@ -28,14 +28,17 @@ def test_cmrc_slice(tmp_path):
     res = json.loads(out.read_text())
     assert res["questions"] == 50
     r = res["routes"]
-    assert set(r) >= {"bm25", "vector", "rrf"}
+    assert set(r) >= {"bm25", "vector", "union_oracle", "rrf", "adaptive_rrf", "fused"}
     assert r["bm25"]["hit@5"] >= 0.8
     assert r["vector"]["hit@5"] >= 0.7
-    for route in r.values():
+    for name, route in r.items():
         assert 0 <= route["hit@1"] <= route["hit@3"] <= route["hit@5"] <= route["hit@10"] <= 1
-        assert route["mrr@10"] <= route["hit@10"] and route["p95_ms"] >= route["p50_ms"] > 0
+        assert route["mrr@10"] <= route["hit@10"]
+        if name in ("bm25", "vector", "fused"):  # the routes the engine ran (the others are re-fused offline)
+            assert route["p95_ms"] >= route["p50_ms"] > 0
     best_single = max(r["bm25"]["mrr@10"], r["vector"]["mrr@10"])
-    assert r["rrf"]["mrr@10"] >= best_single - 0.05
+    assert r["rrf"]["mrr@10"] >= best_single - 0.05 and r["fused"]["mrr@10"] >= best_single - 0.05
+    assert r["union_oracle"]["hit@1"] >= max(r["bm25"]["hit@10"], r["vector"]["hit@10"])
 
 
 def test_dureader_slice(tmp_path):
@@ -44,7 +47,7 @@ def test_dureader_slice(tmp_path):
                    "--json", str(out)])
     res = json.loads(out.read_text())
     assert res["questions"] == 8
-    assert res["routes"]["rrf"]["hit@10"] >= 0.5
+    assert res["routes"]["rrf"]["hit@10"] >= 0.5 and res["routes"]["fused"]["hit@10"] >= 0.5
 
 
 def test_rescore_dump(tmp_path):

@@ -262,3 +262,43 @@ def test_cv_arithmetic_matches_the_engine(tmp_path):
     engine_side = evaluate.rescore_dump(path, Settings())
     for r in ("bm25", "vector", "rrf", "adaptive_rrf"):
         assert engine_side["routes"][r]["mrr@10"] == base[r]["mrr@10"], r
+
+
+def _synthetic_set(rng, n_q: int, vector_better: bool) -> list:
+    """Questions where the hit sits high on one route (vector_better chooses which) and the routes disagree."""
+    from tools.fusion_cv import Q
+
+    out = []
+    for _ in range(n_q):
+        n = 20
+        ids = rng.choice(10_000, n, replace=False).astype(np.int64)
+        rb, rv = rng.permutation(n) + 1.0, rng.permutation(n) + 1.0
+        sb = np.sort(rng.uniform(1, 9, n))[::-1][(rb - 1).astype(int)]
+        sc = np.sort(rng.uniform(.8, .95, n))[::-1][(rv - 1).astype(int)]
+        hit = np.zeros(n, bool)
+        hit[int(np.argmin(rv if vector_better else rb) if rng.random() < .7 else rng.integers(n))] = True
+        f = {k: float(rng.normal()) for k in ("bm25_ratio", "coverage", "agree3", "agree10", "dense_margin",
+                                               "dense_spread", "cos1", "qlen")}
+        f["cos1"] = 1.0 if vector_better else 0.0  # a feature that tells the kinds apart
+        out.append(Q(ids, rb, rv, sb, sc, hit, f))
+    return out
+
+
+def test_cv_never_fits_on_the_left_out_set():
+    """--cv: the fit scored on a set is made without it — changing that set's hits leaves its fit unchanged,
+    and the auto weight learns which route a kind of question needs."""
+    from tools import fusion_cv
+
+    rng = np.random.default_rng(5)
+    data = {"a": _synthetic_set(rng, 60, False), "b": _synthetic_set(rng, 60, True),
+            "c": _synthetic_set(rng, 60, False), "d": _synthetic_set(rng, 60, True)}
+    res = fusion_cv.cross_validate(data, norms=("minmax",))
+    flipped = dict(data)
+    flipped["a"] = [fusion_cv.Q(q.ids, q.rb, q.rv, q.sb, q.sc, ~q.hit, q.f) for q in data["a"]]
+    res2 = fusion_cv.cross_validate(flipped, norms=("minmax",))
+    assert res["sets"]["a"]["fitted"] == res2["sets"]["a"]["fitted"]  # a's own fold ignores a
+    assert res["sets"]["b"]["fitted"] != res2["sets"]["b"]["fitted"]  # the other folds train on it
+    w = fusion_cv.fit_all(data)["minmax"]
+    assert w["cos1"] < 0  # "vector kind" questions get a smaller BM25 share
+    alpha = {s: res["sets"][s]["routes"]["convex_auto/minmax"]["mean_alpha"] for s in data}
+    assert max(alpha["b"], alpha["d"]) < min(alpha["a"], alpha["c"])  # learnt without seeing the scored set

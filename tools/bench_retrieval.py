@@ -28,7 +28,6 @@ import numpy as np
 from tools.kb_cache import shared_data_dir
 
 
-
 def _texts(n: int, chunk_size: int = 300, overlap: int = 50) -> list[str]:
     from pipeline.ingestion.chunking import split_text
 
