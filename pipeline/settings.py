@@ -60,7 +60,7 @@ class Settings(BaseModel):
         "minmax", group="retrieval", effect="immediate", label="分数归一化",
         description="convex 模式下每路分数在本次候选内的归一化方式：minmax（0–1）或 zscore（标准分）")
     convex_bm25_weight: float = setting(
-        0.35, group="retrieval", effect="immediate", label="BM25 占比（固定）",
+        0.25, group="retrieval", effect="immediate", label="BM25 占比（固定）",
         description="convex 模式、关闭自动定权时 BM25 的固定占比（向量占 1 − 该值）", ge=0, le=1)
     rrf_k: int = setting(60, group="retrieval", effect="immediate", label="RRF K",
                          description="RRF 常数（SRS 取 60）", ge=1)

@@ -210,7 +210,7 @@ def test_mode_switch_takes_effect_without_reload(engine):
         assert [n.node.node_id for n in res.fused][:len(bm25_order)] == bm25_order  # α = 1 → BM25's order
     finally:
         engine.update_settings({"fusion_mode": "convex", "convex_auto_weight": True, "bm25_adaptive": True,
-                                "convex_bm25_weight": 0.35})
+                                "convex_bm25_weight": 0.25})
     assert engine.last_reload_ms == reload_ms and engine.components.models.embedding is emb  # no reload
 
 
