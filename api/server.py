@@ -16,7 +16,7 @@ from typing import Any
 
 from fastapi import Depends, FastAPI, File, Form, Query, Request, UploadFile
 from fastapi.exceptions import RequestValidationError
-from fastapi.responses import FileResponse, JSONResponse, StreamingResponse
+from fastapi.responses import FileResponse, JSONResponse, Response, StreamingResponse
 from pydantic import BaseModel, ConfigDict, Field
 from starlette.concurrency import run_in_threadpool
 from starlette.exceptions import HTTPException as StarletteHTTPException
@@ -300,6 +300,15 @@ def create_api(engine: Engine, policy: AccessPolicy | None = None) -> FastAPI:
         path, name = engine.document_file(doc_id)
         return FileResponse(path, filename=name, media_type=MEDIA_TYPES.get(path.suffix.lstrip("."),
                                                                            "application/octet-stream"))
+
+    @app.get("/api/kb/documents/{doc_id}/page", tags=["kb"], response_class=Response,
+             responses={200: {"content": {"image/jpeg": {}}}})
+    def document_page(doc_id: int, page: int = Query(1, ge=1), chunk_id: int | None = Query(None, ge=1),
+                      _: str | None = Depends(current_user)):
+        """A PDF page as JPEG; with `chunk_id` its page, the passage boxed where the text layer allows (header
+        X-Passage-Boxed: 1 / 0)."""
+        data, boxed = engine.page_image(doc_id, page, chunk_id)
+        return Response(data, media_type="image/jpeg", headers={"X-Passage-Boxed": "1" if boxed else "0"})
 
     @app.get("/api/kb/documents/{doc_id}/versions", response_model=Envelope, tags=["kb"])
     def document_versions(doc_id: int, _: str | None = Depends(current_user)):

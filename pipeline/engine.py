@@ -316,7 +316,7 @@ class Engine:
                      "eta_s": None}
             # 处理中 but not (yet) on the board: just enqueued by a restart, or the rebuild's turn is to come
             return empty | ({"stage": "queued", "stage_label": "排队"} if doc["status"] == "processing" else {})
-        snap.pop("text", None)
+        snap["progress"] = snap.pop("text")  # the text field of the first release, now from the board
         return snap
 
     def get_document(self, doc_id: int) -> dict:
@@ -399,6 +399,26 @@ class Engine:
             view["current_version"] = current["version"] if current else None
             view["current_doc_id"] = current["doc_id"] if current else None
         return view
+
+    def page_image(self, doc_id: int, page: int, chunk_id: int | None = None) -> tuple[bytes, bool]:
+        """(JPEG of a PDF page, whether the chunk's passage is boxed on it — only where the text layer allows)."""
+        from pipeline.page_image import render_page
+
+        path, _ = self.document_file(doc_id)
+        doc = self.components.docs.get(doc_id)
+        if doc["file_type"] != "pdf":
+            raise EngineError(CODE_VALIDATION, "只有 PDF 文档有页面图", "doc_id")
+        passage = None
+        if chunk_id is not None:
+            ch = next((c for c in self.components.docs.chunks_of(doc_id) if c["chunk_id"] == int(chunk_id)), None)
+            if ch is None:
+                raise EngineError(CODE_NO_DOC, f"块 {chunk_id} 不属于文档 {doc_id}", "chunk_id")
+            page = ch["page"] or page
+            passage = ch["text"] if ch["source"] != "ocr" else None
+        try:
+            return render_page(path, int(page), passage)
+        except IndexError:
+            raise EngineError(CODE_VALIDATION, f"页码 {page} 超出范围", "page") from None
 
     def chunk_document(self, chunk_id: int) -> int:
         """The document a chunk belongs to (a source card knows its chunk)."""

@@ -106,3 +106,36 @@ def test_file_download_is_login_checked(live, docs):
     wrong = get(live, f"/api/kb/documents/{docs['pdf']}/file", user=("reader", "nope"))
     assert wrong.status_code == 401
     assert get(live, "/api/kb/documents/99999/file").json()["code"] == 3002
+
+
+def test_pdf_page_rendered_with_the_passage_boxed(live, docs):
+    from PIL import Image
+
+    c = next(c for c in live.engine.document_chunks(docs["pdf"]) if c["page"] == 3)
+    r = get(live, f"/api/kb/documents/{docs['pdf']}/page", chunk_id=c["chunk_id"])
+    assert r.status_code == 200 and r.headers["content-type"] == "image/jpeg"
+    assert r.headers["x-passage-boxed"] == "1"
+    import io
+
+    img = Image.open(io.BytesIO(r.content))
+    assert img.width > 500 and img.height > img.width  # a portrait page
+    # where the passage is boxed the page has the box's amber pixels; a plain render of the page has none
+    plain = Image.open(io.BytesIO(get(live, f"/api/kb/documents/{docs['pdf']}/page", page=3).content))
+
+    def amber(im):
+        return sum(1 for p in im.convert("RGB").getdata() if p[0] > 220 and 130 < p[1] < 190 and p[2] < 60)
+
+    assert amber(img) > 200 and amber(plain) < amber(img) / 10
+    ocr = live.engine.document_chunks(docs["scan"])[0]
+    r = get(live, f"/api/kb/documents/{docs['scan']}/page", chunk_id=ocr["chunk_id"])
+    assert r.status_code == 200 and r.headers["x-passage-boxed"] == "0"  # OCR page: no text layer to box from
+    assert get(live, f"/api/kb/documents/{docs['txt']}/page").json()["code"] == 1001
+    assert get(live, f"/api/kb/documents/{docs['pdf']}/page", page=99).json()["code"] == 1001
+
+
+def test_passage_found_through_normalization():
+    from pipeline.page_image import passage_range
+
+    layer = "第一行 ⽤ 于测试\r\n全角 ＡＢＣ 与半角\n结尾"
+    assert passage_range(layer, "用于测试 全角ABC与半角") == (layer.index("第") + 4, layer.index("角\n"))
+    assert passage_range(layer, "不在这一页") is None

@@ -16,6 +16,7 @@ from pipeline.access import AccessPolicy, Role
 from pipeline.knowledge_bases import DEFAULT_KB_ID
 
 from . import guard
+from .confirm import confirm_panel
 from .render import esc
 
 
@@ -61,11 +62,8 @@ def build_kb_manager(engine, policy: AccessPolicy) -> KBManager:
         with gr.Row():
             save = gr.Button("保存", variant="primary", elem_id="kb-space-save")
             cancel = gr.Button("取消")
-    with gr.Group(visible=False) as confirm:
-        confirm_text = gr.Markdown("")
-        with gr.Row():
-            del_yes = gr.Button("确认删除知识库", variant="stop", elem_id="kb-space-del-yes")
-            del_no = gr.Button("取消")
+    panel = confirm_panel("确认删除知识库", "kb-space-del-yes")
+    confirm, confirm_text, del_yes, del_no = panel.group, panel.text, panel.yes, panel.no
     msg = gr.Markdown("", elem_id="kb-space-msg")
 
     def wire(refresh: Callable[..., tuple], refresh_outputs: list) -> None:

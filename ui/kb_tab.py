@@ -21,6 +21,7 @@ from pipeline.ingestion.progress import UNITS, format_eta, stage_text
 from pipeline.knowledge_bases import DEFAULT_KB_ID
 
 from . import guard
+from .confirm import confirm_panel
 from .debug_view import build_debug_view
 from .guard import request_user
 from .header import badge_html
@@ -290,11 +291,8 @@ def build_kb_tab(engine, badge=None, policy: AccessPolicy | None = None) -> dict
             page = gr.Number(1, visible=False, precision=0)
             del_id = gr.Number(None, visible=False, precision=0)
             view_id = gr.Number(None, visible=False, precision=0)
-            with gr.Group(visible=False) as del_confirm:
-                del_text = gr.Markdown("")
-                with gr.Row():
-                    del_yes = gr.Button("确认删除", variant="stop", elem_id="kb-del-yes")
-                    del_no = gr.Button("取消")
+            panel = confirm_panel("确认删除", "kb-del-yes")
+            del_confirm, del_text, del_yes, del_no = panel.group, panel.text, panel.yes, panel.no
             del_msg = gr.Markdown("", elem_id="kb-del-msg")
             with gr.Group(visible=False) as chunk_panel:
                 with gr.Row(equal_height=True):

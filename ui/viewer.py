@@ -3,11 +3,13 @@
 Opened by clicking a source (the [n] citation, a source card's 查看原文, a 检索过程 row, a 双路检索调试 card or a
 chunk of 查看块): those HTML components call `trigger('click', {chunk_id})` from their js_on_load and their
 `.click` is wired to the viewer's `open` handler (see `connect`). PDFs show the page number, OCR'd pages say
-so, old versions say which version is current; long texts are paged (上一部分 / 下一部分).
+so, old versions say which version is current; long texts are paged (上一部分 / 下一部分). A PDF page with a
+text layer is also shown rendered, the passage boxed (pipeline.page_image), folded under 页面原图.
 Data: Engine.document_text (GET /api/kb/documents/{id}/text); the original: /api/kb/documents/{id}/file.
 """
 from __future__ import annotations
 
+import base64
 import logging
 from dataclasses import dataclass
 
@@ -32,6 +34,8 @@ mark.kbv-hl { background: #fde68a; color: inherit; padding: 1px 0; border-radius
                   background: var(--button-secondary-background-fill); }
 .kbv-nav button[disabled] { opacity: .4; cursor: default; }
 .kbv-note { font-size: .8rem; color: #8a5200; }
+.kbv-pageimg { margin-top: 8px; font-size: .85rem; }
+.kbv-pageimg img { border: 1px solid var(--border-color-primary); margin-top: 4px; }
 """
 
 # Scroll the highlight into view after every render; page buttons ask the server for another part.
@@ -66,7 +70,16 @@ DRAWER_CSS = """
 """
 
 
-def viewer_html(view: dict) -> str:
+def page_image_html(page_jpeg: bytes | None, boxed: bool) -> str:
+    if not page_jpeg:
+        return ""
+    note = "引用段落已框出" if boxed else "此页文字层无法定位引用段落"
+    data = base64.b64encode(page_jpeg).decode("ascii")
+    return (f'<details class="kbv-pageimg" data-boxed="{int(boxed)}"><summary>页面原图（{note}）</summary>'
+            f'<img alt="页面原图" src="data:image/jpeg;base64,{data}" style="width:100%"></details>')
+
+
+def viewer_html(view: dict, page_jpeg: bytes | None = None, boxed: bool = False) -> str:
     doc_id = int(view["doc_id"])
     tags = [f'<span class="kbv-name">{esc(view.get("file_name"))}</span>']
     if view.get("kb_name"):
@@ -100,7 +113,8 @@ def viewer_html(view: dict) -> str:
                f'<span>第 {part} / {parts} 部分</span>'
                f'<button data-doc="{doc_id}" data-part="{part + 1}"{next_dis}>下一部分</button></div>')
     return (f'<div class="kbv" data-doc="{doc_id}" data-part="{part}" data-highlight="{esc(view.get("highlight"))}">'
-            f'<div class="kbv-head">{" ".join(tags)}</div>{ctx}{note}<div class="kbv-text">{body}</div>{nav}</div>')
+            f'<div class="kbv-head">{" ".join(tags)}</div>{ctx}{note}<div class="kbv-text">{body}</div>{nav}'
+            f'{page_image_html(page_jpeg, boxed)}</div>')
 
 
 @dataclass
@@ -118,9 +132,12 @@ def make_open(engine):
     def open_viewer(evt: gr.EventData):
         data = getattr(evt, "_data", None) or {}
         try:
+            page_jpeg, boxed = None, False
             if data.get("chunk_id"):
                 chunk_id = int(data["chunk_id"])
                 view = engine.document_text(engine.chunk_document(chunk_id), chunk_id=chunk_id)
+                if view["file_type"] == "pdf" and view.get("page"):
+                    page_jpeg, boxed = engine.page_image(view["doc_id"], view["page"], chunk_id)
             elif data.get("doc_id"):
                 view = engine.document_text(int(data["doc_id"]), part=int(data.get("part") or 1))
             else:
@@ -130,7 +147,7 @@ def make_open(engine):
                 log.exception("viewer failed")
             msg = getattr(exc, "msg", None) or str(exc)
             return gr.update(visible=True), f'<div class="kbv-note">⚠️ {esc(msg)}</div>'
-        return gr.update(visible=True), viewer_html(view)
+        return gr.update(visible=True), viewer_html(view, page_jpeg, boxed)
 
     return open_viewer
 

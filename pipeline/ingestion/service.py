@@ -361,10 +361,8 @@ class IngestService:
                 self._cleanup(p.doc_id)
 
     def _stage(self, doc_id: int, stage: str, done: int = 0, total: int = 0) -> None:
-        """Structured progress (the board) + its text in the document row (kept for older readers)."""
+        """Structured progress, in memory only (the list reads it from the board: no SQLite write per step)."""
         self.progress.stage(doc_id, stage, done, total)
-        snap = self.progress.snapshot(doc_id)
-        self.docs.set_progress(doc_id, snap["text"] if snap else None)
 
     def _finish(self, p: "_Prepared") -> None:
         p.done = True
