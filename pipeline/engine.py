@@ -84,7 +84,7 @@ class Engine:
         self.ingest = IngestService(
             self.docs, self.vectors, self.files, self.tokenizer, lambda: self._settings,
             lambda: self.embedding.embed_model, lambda: (self.embedding.model_id, self.embedding.dim),
-            on_change=self._after_ingest, busy_reason=self._busy_reason)
+            on_change=self._after_ingest, busy_reason=self._busy_reason, on_ready=self.bm25_index.add_ready)
         self.last_reload_ms: float | None = None
         if load_async:
             threading.Thread(target=self._load_guarded, name="engine-load", daemon=True).start()

@@ -73,7 +73,8 @@ class IngestService:
     def __init__(self, docs: DocumentStore, vectors: VectorStore, files: FileStore, tokenizer: ChineseTokenizer,
                  get_settings: Callable[[], Settings], get_embedding: Callable[[], object],
                  model_ident: Callable[[], tuple[str, int]], on_change: Callable[[], None],
-                 busy_reason: Callable[[], str | None] = lambda: None):
+                 busy_reason: Callable[[], str | None] = lambda: None,
+                 on_ready: Callable[[list[tuple[int, list[str]]]], None] = lambda items: None):
         self.docs = docs
         self.vectors = vectors
         self.files = files
@@ -82,6 +83,8 @@ class IngestService:
         self.get_embedding = get_embedding
         self.model_ident = model_ident
         self.on_change = on_change  # refresh BM25 / ready-set after a document changes state
+        # (chunk_id, tokens) of a document about to turn 就绪: BM25Index.add_ready, so 就绪 means searchable
+        self.on_ready = on_ready
         self.busy_reason = busy_reason
         self.timer = StageTimer()
         self._queue: "queue.Queue[int | None]" = queue.Queue()
@@ -320,6 +323,8 @@ class IngestService:
         if self._is_cancelled(p.doc_id):
             self._cleanup(p.doc_id)
             return
+        # Vectors are written (Chroma finds them); BM25 must find the chunks too before the status says 就绪.
+        self.on_ready([(cid, row.tokens) for cid, row in zip(p.chunk_ids, p.rows)])
         self.docs.mark_ready(p.doc_id, len(p.rows))
         self.timer.chunks += len(p.rows)
         log.info("doc %s ready: %d chunks", p.doc["file_name"], len(p.rows))
