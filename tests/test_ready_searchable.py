@@ -31,27 +31,36 @@ def test_every_document_is_bm25_searchable_as_soon_as_it_reads_ready(tmp_path):
         stop = threading.Event()
         errors: list[str] = []
 
+        def check(d):
+            in_main = set(engine.bm25_index.snapshot.chunk_ids.tolist())
+            busy = not engine.ingest.wait_idle(0)
+            # the BM25 route alone, as retrieval builds it for every question
+            bm25 = engine.bm25_index.retriever(engine.tokenizer, engine.docs.get_chunks, 5)
+            hits = bm25.retrieve(idents[d["file_name"]]) if bm25 is not None else []
+            found = any(h.node.metadata["doc_id"] == d["doc_id"] for h in hits)
+            chunk_ids = {c["chunk_id"] for c in engine.docs.chunks_of(d["doc_id"])}
+            checked[d["doc_id"]] = {"found": found, "via_delta": not (chunk_ids & in_main), "queue_busy": busy}
+            if not found:
+                errors.append(f"{d['file_name']} reads 就绪 but BM25 misses {idents[d['file_name']]}")
+
         def watch():
             while not stop.is_set():
-                for d in engine.docs.all_docs():
-                    if d["status"] != "ready" or d["doc_id"] in checked or d["file_name"] not in idents:
-                        continue
-                    in_main = set(engine.bm25_index.snapshot.chunk_ids.tolist())
-                    hits = engine.search(idents[d["file_name"]], top_k=5)["bm25"]
-                    found = any(h["doc_name"] == d["file_name"] for h in hits)
-                    chunk_ids = {c["chunk_id"] for c in engine.docs.chunks_of(d["doc_id"])}
-                    checked[d["doc_id"]] = {"found": found, "via_delta": not (chunk_ids & in_main),
-                                            "queue_busy": not engine.ingest.wait_idle(0)}
-                    if not found:
-                        errors.append(f"{d['file_name']} reads 就绪 but BM25 misses {idents[d['file_name']]}")
+                try:
+                    for d in engine.docs.all_docs():
+                        if d["status"] == "ready" and d["doc_id"] not in checked and d["file_name"] in idents:
+                            check(d)
+                except Exception as exc:  # a crashed watcher must fail the test, not end it quietly
+                    errors.append(f"watcher: {type(exc).__name__}: {exc}")
+                    return
                 time.sleep(0.01)
 
         watcher = threading.Thread(target=watch, daemon=True)
         watcher.start()
-        res = engine.upload([(p.name, p) for p in files[:5]] + [(long_doc.name, long_doc)])
-        res += engine.upload([(p.name, p) for p in files[5:15]])
-        res += engine.upload([(p.name, p) for p in files[15:25]])
-        res += engine.upload([(p.name, p) for p in files[25:]])
+        # The long novel goes first; the small documents queue behind it and turn ready group by group while
+        # the rest of the queue still waits (the old code rebuilt BM25 only once the queue was empty).
+        res = engine.upload([(long_doc.name, long_doc)])
+        for start in range(0, N_SMALL, 10):
+            res += engine.upload([(p.name, p) for p in files[start:start + 10]])
         assert all(r.ok for r in res), [r.msg for r in res if not r.ok]
         wait_idle(engine, 900)
         time.sleep(0.3)
@@ -61,7 +70,7 @@ def test_every_document_is_bm25_searchable_as_soon_as_it_reads_ready(tmp_path):
         assert not errors, errors
         assert len(checked) == N_SMALL
         # The check ran while the queue was busy, served by the delta (so it would fail with the old behaviour).
-        assert sum(1 for c in checked.values() if c["via_delta"] and c["queue_busy"]) >= N_SMALL // 2, checked
+        assert sum(1 for c in checked.values() if c["via_delta"] and c["queue_busy"]) >= N_SMALL // 3, checked
         # Once drained, the full build has folded the delta in.
         assert engine.bm25_index.delta.size == 0
         assert engine.bm25_index.indexed_ids() == engine.docs.ready_chunk_ids()

@@ -151,7 +151,7 @@ class BM25Index:
     """Owns the current snapshot and its delta: rebuild from stored tokens, persist, load, soft-delete, and
     `add_ready` for documents about to turn 就绪 (searchable at once through the delta).
 
-    Readers take `self.snapshot` / `self.delta` (attribute reads are atomic), so a rebuild never blocks
+    Readers take the (snapshot, delta) pair in one attribute read (atomic), so a rebuild never blocks
     questions. A rebuild reads the tokens without the lock (seconds at 50k chunks) and swaps under it: delta
     entries the new snapshot does not hold (made ready while it was being built) are carried over, and a build
     that started earlier than the current snapshot's is dropped, so no ready chunk ever falls out of BM25.
@@ -160,13 +160,23 @@ class BM25Index:
     def __init__(self, persist_dir: Path, token_source: Callable[[], Iterable[tuple[int, list[str]]]]):
         self.persist_dir = Path(persist_dir)
         self.token_source = token_source
-        self.snapshot = BM25Snapshot(None, np.zeros(0, dtype=np.int64), 1.5, 0.75)
-        self.delta = DeltaBM25()
+        # (snapshot, delta) is published as one pair: a reader taking the old snapshot with the new delta
+        # (or the reverse) across a fold would miss the chunks that moved from one to the other.
+        self._view: tuple[BM25Snapshot, DeltaBM25] = (BM25Snapshot(None, np.zeros(0, dtype=np.int64), 1.5, 0.75),
+                                                      DeltaBM25())
         self.deleted: set[int] = set()
         self._lock = threading.Lock()
         self._generation = 0
         self._folding = False
         self.last_build_ms = 0.0
+
+    @property
+    def snapshot(self) -> BM25Snapshot:
+        return self._view[0]
+
+    @property
+    def delta(self) -> DeltaBM25:
+        return self._view[1]
 
     def _next_generation(self) -> int:
         with self._lock:
@@ -183,8 +193,7 @@ class BM25Index:
                 log.info("BM25 build %d superseded by %d; dropped", gen, self.snapshot.generation)
                 return self.snapshot
             held = set(snap.chunk_ids.tolist())
-            self.delta = DeltaBM25((c, t) for c, t in self.delta.items if c not in held)
-            self.snapshot = snap
+            self._view = (snap, DeltaBM25((c, t) for c, t in self.delta.items if c not in held))
             self.deleted = set()
             self.last_build_ms = (time.perf_counter() - t0) * 1000
             if persist:
@@ -238,10 +247,10 @@ class BM25Index:
             ids = np.load(self.persist_dir / "chunk_ids.npy")
             if (meta["k1"] == k1 and meta["b"] == b and set(ids.tolist()) == expected_ids):
                 bm = bm25s.BM25.load(str(self.persist_dir)) if len(ids) else None
+                snap = BM25Snapshot(bm, ids.astype(np.int64), k1, b, total_len=int(meta["total_len"]))
                 with self._lock:
-                    self.snapshot = BM25Snapshot(bm, ids.astype(np.int64), k1, b, total_len=int(meta["total_len"]),
-                                                 generation=self._generation)
-                    self.delta = DeltaBM25()
+                    snap.generation = self._generation
+                    self._view = (snap, DeltaBM25())
                     self.deleted = set()
                 return "loaded"
         except (OSError, ValueError, KeyError):
@@ -251,11 +260,11 @@ class BM25Index:
 
     def indexed_ids(self) -> set[int]:
         """Chunk ids BM25 can find now (main + delta, minus soft deletes): what the audit compares."""
-        snap, delta = self.snapshot, self.delta
+        snap, delta = self._view
         return (set(snap.chunk_ids.tolist()) | set(delta.chunk_ids[:delta.size])) - self.deleted
 
     def retriever(self, tokenizer: ChineseTokenizer, lookup: ChunkLookup, top_k: int) -> JiebaBM25Retriever | None:
-        snap, delta = self.snapshot, self.delta
+        snap, delta = self._view
         size = snap.size + delta.size
         if size == 0:
             return None
