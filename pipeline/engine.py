@@ -24,12 +24,15 @@ from store.config_store import ConfigStore  # noqa: E402
 from store.db import Database  # noqa: E402
 from store.documents import DocumentStore  # noqa: E402
 from store.files import FileStore  # noqa: E402
+from store.gate import WriteGate  # noqa: E402
 from store.vectors import VectorStore  # noqa: E402
 
 from pipeline import events as ev  # noqa: E402
 from pipeline.retrieval.bm25 import BM25Index  # noqa: E402
 from pipeline.ingestion.service import IngestBusy, IngestService, UploadResult  # noqa: E402
 from pipeline.models.paths import embedding_model_id, resolve_model_dir  # noqa: E402
+from pipeline.ops.audit import KBAuditor, ModelIds  # noqa: E402
+from pipeline.ops.repair import KBRepairer, RepairHooks  # noqa: E402
 from pipeline.retrieval.rerank import SafeRerank, load_cross_encoder  # noqa: E402
 from pipeline.retrieval.service import RetrievalResult, RetrievalService, default_min_similarity  # noqa: E402
 from pipeline.settings import (  # noqa: E402
@@ -81,10 +84,20 @@ class Engine:
         self._rebuild = {"running": False, "done": 0, "total": 0, "current": "", "error": None,
                          "elapsed_ms": None}
         self._lock = threading.RLock()
+        self.gate = WriteGate()  # multi-store writes shared, backup/repair exclusive (store/gate.py)
         self.ingest = IngestService(
             self.docs, self.vectors, self.files, self.tokenizer, lambda: self._settings,
             lambda: self.embedding.embed_model, lambda: (self.embedding.model_id, self.embedding.dim),
-            on_change=self._after_ingest, busy_reason=self._busy_reason, on_ready=self.bm25_index.add_ready)
+            on_change=self._after_ingest, busy_reason=self._busy_reason, on_ready=self.bm25_index.add_ready,
+            gate=self.gate)
+        self.auditor = KBAuditor(self.docs, self.vectors, self.files, self.tokenizer, self._model_ids,
+                                 bm25_ids=self.bm25_index.indexed_ids, has_job=self._has_job, gate=self.gate)
+        self.repairer = KBRepairer(self.auditor, self.docs, self.vectors, self.files, self.tokenizer, self.gate,
+                                   RepairHooks(embed=lambda texts: self.embedding.embed_model
+                                               .get_text_embedding_batch(texts),
+                                               model=lambda: (self.embedding.model_id, self.embedding.dim),
+                                               requeue=self.ingest.enqueue, rebuild_bm25=self._after_ingest,
+                                               on_model_fixed=self._refresh_model_warning))
         self.last_reload_ms: float | None = None
         if load_async:
             threading.Thread(target=self._load_guarded, name="engine-load", daemon=True).start()
@@ -209,7 +222,8 @@ class Engine:
         self.retrieval = RetrievalService(
             self.docs, self.vectors, self.bm25_index, self.tokenizer, emb.embed_model, self.reranker,
             pending_vectors=self.docs.pending_chunk_count, vector_enabled=lambda: self.model_warning is None)
-        self._recover()
+        with self.gate.writing():
+            self._recover()
         self.bm25_index.load_or_rebuild(s.bm25_k1, s.bm25_b, self.docs.ready_chunk_ids())
         self._answers.clear()
         self.state = "ready"
@@ -315,9 +329,10 @@ class Engine:
         chunk_ids = [c["chunk_id"] for c in self.docs.chunks_of(doc_id)]
         self.bm25_index.soft_delete(chunk_ids)  # excluded from BM25 at once, before the rebuild lands
         self.ingest.cancel(doc_id)
-        self.vectors.delete_doc(doc_id)
-        self.docs.delete(doc_id)
-        self.files.delete(doc.get("stored_name"))
+        with self.gate.writing():  # all three stores or none, as far as a backup can see
+            self.vectors.delete_doc(doc_id)
+            self.docs.delete(doc_id)
+            self.files.delete(doc.get("stored_name"))
         self._answers.clear()  # cached retrievals may hold its chunks
         threading.Thread(target=self._after_ingest, name="bm25-rebuild", daemon=True).start()
         return {"doc_id": doc_id, "file_name": doc["file_name"], "chunks_removed": len(chunk_ids)}
@@ -352,7 +367,8 @@ class Engine:
         try:
             self.ingest.wait_idle()
             if self.model_warning:
-                self.vectors.reset()  # vectors of another model: start over, never mix
+                with self.gate.writing():
+                    self.vectors.reset()  # vectors of another model: start over, never mix
                 self.model_warning = None
             for i, doc in enumerate(docs):
                 self._rebuild["current"] = doc["file_name"]
@@ -370,6 +386,34 @@ class Engine:
             self._rebuild["running"] = False
             self._rebuild["current"] = ""
             self._rebuild["elapsed_ms"] = round((time.perf_counter() - t0) * 1000)
+
+    # ------------------------------------------------------------------ audit & repair (pipeline/ops)
+    def _model_ids(self) -> ModelIds:
+        stored, stored_dim = self.vectors.model_info()
+        emb = self.embedding
+        return ModelIds(stored, stored_dim, self.expected_model_id(), emb.model_id if emb else None,
+                        emb.dim if emb else None)
+
+    def _has_job(self, doc_id: int) -> bool:
+        return self.ingest.is_queued(doc_id) or bool(self._rebuild["running"])
+
+    def _refresh_model_warning(self) -> None:
+        self.model_warning = self.vectors.check_model(self.embedding.model_id, self.embedding.dim)
+
+    def audit(self, check_tokens: bool = True) -> dict:
+        """Read-only consistency report (pipeline.ops.audit)."""
+        self._require_ready()
+        return self.auditor.audit(check_tokens).to_dict()
+
+    def repair(self, wait: bool = False, timeout: float | None = None) -> dict:
+        """Repair derived state; with `wait`, requeued documents are re-ingested before the closing audit."""
+        self._require_ready()
+        if self._rebuild["running"]:
+            raise EngineError(ev.CODE_ENGINE, "全量重建进行中，请完成后再修复")
+        with self._lock:
+            res = self.repairer.repair(wait_requeued=(lambda: self.ingest.wait_idle(timeout)) if wait else lambda: None)
+        self._answers.clear()  # cached retrievals may hold repaired chunks
+        return res.to_dict()
 
     # ------------------------------------------------------------------ retrieval & answers
     def search(self, query: str, top_k: int = 10) -> dict:
