@@ -22,6 +22,7 @@ from llama_index.core import Settings as LISettings  # noqa: E402
 
 from store.config_store import ConfigStore  # noqa: E402
 from store.db import Database  # noqa: E402
+from store.dirlock import DataDirLock  # noqa: E402
 from store.documents import DocumentStore  # noqa: E402
 from store.files import FileStore  # noqa: E402
 from store.gate import WriteGate  # noqa: E402
@@ -31,6 +32,7 @@ from pipeline import events as ev  # noqa: E402
 from pipeline.retrieval.bm25 import BM25Index  # noqa: E402
 from pipeline.ingestion.service import IngestBusy, IngestService, UploadResult  # noqa: E402
 from pipeline.models.paths import embedding_model_id, resolve_model_dir  # noqa: E402
+from pipeline.ops import backup as backup_ops  # noqa: E402
 from pipeline.ops.audit import KBAuditor, ModelIds  # noqa: E402
 from pipeline.ops.repair import KBRepairer, RepairHooks  # noqa: E402
 from pipeline.retrieval.rerank import SafeRerank, load_cross_encoder  # noqa: E402
@@ -64,6 +66,10 @@ class Engine:
         self.data_dir.mkdir(parents=True, exist_ok=True)
         self.project_root = Path(project_root or PROJECT_ROOT)
         self.models_dir = Path(models_dir or self.project_root / "models")
+        self.dir_lock = DataDirLock(self.data_dir)  # tells offline tools (audit/backup) the app writes here
+        if not self.dir_lock.acquire():
+            log.error("数据目录 %s 已被另一个进程（pid %s）使用：两个进程同时写入会损坏数据", self.data_dir,
+                      self.dir_lock.holder())
         self.db = Database(self.data_dir / "app.db")
         self.config = ConfigStore(self.db)
         self.docs = DocumentStore(self.db)
@@ -415,6 +421,13 @@ class Engine:
         self._answers.clear()  # cached retrievals may hold repaired chunks
         return res.to_dict()
 
+    def backup(self, dest: str | Path) -> dict:
+        """Consistent backup of the live data dir into `dest` (absolute, new or empty); returns the manifest."""
+        try:
+            return backup_ops.backup(Path(dest), self.data_dir, self.db, self.vectors, self.files, self.gate)
+        except backup_ops.BackupError as exc:
+            raise EngineError(ev.CODE_VALIDATION, exc.msg, exc.field) from None
+
     # ------------------------------------------------------------------ retrieval & answers
     def search(self, query: str, top_k: int = 10) -> dict:
         self._validate_question(query, "query")
@@ -509,3 +522,4 @@ class Engine:
     def close(self) -> None:
         self.ingest.stop()
         self.db.close()
+        self.dir_lock.release()
