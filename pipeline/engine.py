@@ -39,7 +39,7 @@ from pipeline.retrieval.rerank import SafeRerank, load_cross_encoder  # noqa: E4
 from pipeline.retrieval.service import RetrievalResult, RetrievalService, default_min_similarity  # noqa: E402
 from pipeline.settings import (  # noqa: E402
     DEFAULT_EMBEDDING_PATH, DEFAULT_RERANKER_PATH, LABELS, SECRET_FIELDS, Settings, SettingsError, effect_of,
-    flatten_grouped, is_masked, merge_update,
+    flatten_grouped, is_masked, merge_update, settings_from_stored, validate_settings,
 )
 from pipeline.tokenize_zh import ChineseTokenizer  # noqa: E402
 
@@ -129,12 +129,10 @@ class Engine:
             stored = defaults
         else:
             self.config.write_defaults({k: v for k, v in Settings().model_dump().items() if k not in stored})
-        known = {k: v for k, v in stored.items() if k in Settings.model_fields}
-        try:
-            return Settings(**{**Settings().model_dump(), **known})
-        except Exception as exc:  # a hand-edited database must not stop the app
-            log.error("stored settings invalid (%s); using defaults", exc)
-            return Settings()
+        settings, dropped = settings_from_stored(stored)  # a hand-edited database must not stop the app
+        for key, why in dropped.items():
+            log.error("stored setting %s invalid (%s); using its default", key, why)
+        return settings
 
     @property
     def settings(self) -> Settings:
@@ -182,6 +180,10 @@ class Engine:
             if v is None or (k in SECRET_FIELDS and is_masked(v)):
                 continue
             vals[k] = v
+        try:  # the same rules as saving: a bad URL is named before any connection is tried
+            vals = validate_settings(vals).model_dump()
+        except SettingsError as exc:
+            return {"ok": False, "msg": str(exc)}
         if not vals["llm_api_url"] or not vals["llm_model"]:
             return {"ok": False, "msg": "请先填写 API 地址和模型名称"}
         t = min(float(vals.get("llm_timeout") or 10), 30)
