@@ -26,7 +26,7 @@ def cited(res: dict) -> list[tuple]:
 def wait_embedding(engine: Engine, doc_id: int, timeout: float = 120) -> None:
     deadline = time.time() + timeout
     while time.time() < deadline:
-        d = engine.docs.get(doc_id)
+        d = engine.components.docs.get(doc_id)
         if d["status"] == "processing" and (d.get("progress") or "").startswith("向量化"):
             return
         time.sleep(0.05)
@@ -63,13 +63,13 @@ def test_backup_during_ingest_restores_to_the_same_answers(tmp_path, capsys):
         manifest = json.loads((dest / "manifest.json").read_text(encoding="utf-8"))
         c = manifest["counts"]
         assert (c["docs"], c["ready_docs"], c["processing_docs"], c["files"]) == (4, 3, 1, 4)
-        assert c["vectors"] >= sum(d["chunk_count"] for d in engine.docs.all_docs() if d["status"] == "ready")
+        assert c["vectors"] >= sum(d["chunk_count"] for d in engine.components.docs.all_docs() if d["status"] == "ready")
         assert {"app.db", "userdict.txt", "chroma/chroma.sqlite3"} <= set(manifest["files"])
         assert all(len(v["sha256"]) == 64 for v in manifest["files"].values())
         assert "备份完成" in capsys.readouterr().out
         wait_idle(engine, 600)
         expected = {q: engine.ask_sync(q) for q in QUESTIONS}
-        final = {d["file_name"]: (d["status"], d["chunk_count"]) for d in engine.docs.all_docs()}
+        final = {d["file_name"]: (d["status"], d["chunk_count"]) for d in engine.components.docs.all_docs()}
     finally:
         live.stop(close_engine=True)
 
@@ -79,8 +79,8 @@ def test_backup_during_ingest_restores_to_the_same_answers(tmp_path, capsys):
     e2 = Engine(restored)
     try:
         assert e2.audit()["problems"] == 0
-        assert {d["file_name"]: (d["status"], d["chunk_count"]) for d in e2.docs.all_docs()} == final
-        assert "行政诉讼监督" in e2.tokenizer("行政诉讼监督规则")  # the user dictionary came along
+        assert {d["file_name"]: (d["status"], d["chunk_count"]) for d in e2.components.docs.all_docs()} == final
+        assert "行政诉讼监督" in e2.components.tokenizer("行政诉讼监督规则")  # the user dictionary came along
         for q, want in expected.items():
             got = e2.ask_sync(q)
             assert got["answer"] == want["answer"], q

@@ -27,7 +27,7 @@ def live(tmp_path_factory):
 
 
 def add_orphan(engine, cid: int = 910001) -> None:
-    engine.vectors.collection.add(ids=[str(cid)], embeddings=[[0.3] * engine.embedding.dim], documents=["孤儿"],
+    engine.components.vectors.collection.add(ids=[str(cid)], embeddings=[[0.3] * engine.components.models.embedding.dim], documents=["孤儿"],
                                   metadatas=[{"doc_id": 777, "doc_name": "ghost"}])
 
 

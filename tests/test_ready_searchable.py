@@ -32,13 +32,13 @@ def test_every_document_is_bm25_searchable_as_soon_as_it_reads_ready(tmp_path):
         errors: list[str] = []
 
         def check(d):
-            in_main = set(engine.bm25_index.snapshot.chunk_ids.tolist())
-            busy = not engine.ingest.wait_idle(0)
+            in_main = set(engine.components.bm25.snapshot.chunk_ids.tolist())
+            busy = not engine.wait_idle(0)
             # the BM25 route alone, as retrieval builds it for every question
-            bm25 = engine.bm25_index.retriever(engine.tokenizer, engine.docs.get_chunks, 5)
+            bm25 = engine.components.bm25.retriever(engine.components.tokenizer, engine.components.docs.get_chunks, 5)
             hits = bm25.retrieve(idents[d["file_name"]]) if bm25 is not None else []
             found = any(h.node.metadata["doc_id"] == d["doc_id"] for h in hits)
-            chunk_ids = {c["chunk_id"] for c in engine.docs.chunks_of(d["doc_id"])}
+            chunk_ids = {c["chunk_id"] for c in engine.components.docs.chunks_of(d["doc_id"])}
             checked[d["doc_id"]] = {"found": found, "via_delta": not (chunk_ids & in_main), "queue_busy": busy}
             if not found:
                 errors.append(f"{d['file_name']} reads 就绪 but BM25 misses {idents[d['file_name']]}")
@@ -46,7 +46,7 @@ def test_every_document_is_bm25_searchable_as_soon_as_it_reads_ready(tmp_path):
         def watch():
             while not stop.is_set():
                 try:
-                    for d in engine.docs.all_docs():
+                    for d in engine.components.docs.all_docs():
                         if d["status"] == "ready" and d["doc_id"] not in checked and d["file_name"] in idents:
                             check(d)
                 except Exception as exc:  # a crashed watcher must fail the test, not end it quietly
@@ -72,7 +72,7 @@ def test_every_document_is_bm25_searchable_as_soon_as_it_reads_ready(tmp_path):
         # The check ran while the queue was busy, served by the delta (so it would fail with the old behaviour).
         assert sum(1 for c in checked.values() if c["via_delta"] and c["queue_busy"]) >= N_SMALL // 3, checked
         # Once drained, the full build has folded the delta in.
-        assert engine.bm25_index.delta.size == 0
-        assert engine.bm25_index.indexed_ids() == engine.docs.ready_chunk_ids()
+        assert engine.components.bm25.delta.size == 0
+        assert engine.components.bm25.indexed_ids() == engine.components.docs.ready_chunk_ids()
     finally:
         engine.close()

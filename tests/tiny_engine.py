@@ -35,4 +35,4 @@ def real_paragraphs(path: Path = RULES, min_len: int = 40) -> list[str]:
 
 
 def wait_idle(engine: Engine, timeout: float = 300) -> None:
-    assert engine.ingest.wait_idle(timeout), "ingest did not finish"
+    assert engine.wait_idle(timeout), "ingest did not finish"

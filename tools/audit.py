@@ -17,8 +17,6 @@ from pathlib import Path
 
 from tools.app_client import AppError, add_app_args, call
 
-ROOT = Path(__file__).resolve().parents[1]
-
 
 def render(report: dict) -> str:
     c = report["counts"]
@@ -47,13 +45,14 @@ def render_repair(res: dict) -> str:
 
 def offline_repair(data_dir: Path) -> dict:
     from pipeline.engine import Engine
-    from pipeline.ops.offline import locked
+    from pipeline.ops.offline_audit import ensure_free
 
-    with locked(data_dir):
-        pass  # refuse a dir the app holds before the engine (which only warns) opens it
+    if not (data_dir / "app.db").is_file():
+        raise FileNotFoundError(f"不是数据目录（缺少 app.db）：{data_dir}")
+    ensure_free(data_dir)
     engine = Engine(data_dir)
     try:
-        engine.ingest.wait_idle(3600)  # what its start-up recovery requeued
+        engine.wait_idle(3600)  # what its start-up recovery requeued
         return engine.repair(wait=True, timeout=3600)
     finally:
         engine.close()
@@ -70,10 +69,10 @@ def main(argv=None) -> int:
     args = ap.parse_args(argv)
     try:
         if args.data_dir:
-            from pipeline.ops.offline import audit_data_dir
+            from pipeline.ops.offline_audit import audit_data_dir
 
             data = Path(args.data_dir)
-            out = offline_repair(data) if args.repair else audit_data_dir(data, ROOT, not args.quick)
+            out = offline_repair(data) if args.repair else audit_data_dir(data, not args.quick)
         elif args.repair:
             out = call(args, "POST", "/api/kb/repair")
         else:

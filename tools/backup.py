@@ -17,24 +17,6 @@ from pathlib import Path
 from tools.app_client import AppError, add_app_args, call
 
 
-def offline_backup(data_dir: Path, dest: Path) -> dict:
-    from pipeline.ops.backup import backup
-    from pipeline.ops.offline import locked
-    from store.db import Database
-    from store.files import FileStore
-    from store.gate import WriteGate
-    from store.vectors import VectorStore
-
-    data_dir = data_dir.resolve()
-    with locked(data_dir):
-        db = Database(data_dir / "app.db")
-        try:
-            return backup(dest, data_dir, db, VectorStore(data_dir / "chroma"), FileStore(data_dir / "uploads"),
-                          WriteGate())
-        finally:
-            db.close()
-
-
 def summary(m: dict) -> str:
     c = m["counts"]
     return (f"备份完成：文档 {c['docs']}（就绪 {c['ready_docs']}，处理中 {c['processing_docs']}）· 块 {c['chunks']}"
@@ -54,10 +36,12 @@ def main(argv=None) -> int:
     dest = Path(args.dest).absolute()
     try:
         if args.data_dir:
-            manifest = offline_backup(Path(args.data_dir), dest)
+            from pipeline.ops.offline_audit import backup_data_dir
+
+            manifest = backup_data_dir(Path(args.data_dir), dest)
         else:
             manifest = call(args, "POST", "/api/kb/backup", json={"dest": str(dest)})
-    except (AppError, RuntimeError, ValueError) as exc:
+    except (AppError, RuntimeError, ValueError, FileNotFoundError) as exc:
         print(f"备份失败：{getattr(exc, 'msg', None) or exc}", file=sys.stderr)
         return 1
     print(json.dumps(manifest, ensure_ascii=False, indent=2) if args.json else summary(manifest))

@@ -39,7 +39,7 @@ def main(argv=None) -> int:
 
     engine = Engine(target)
     try:
-        engine.ingest.wait_idle(3600)  # documents caught mid-ingest are re-ingested from their originals
+        engine.wait_idle(3600)  # documents caught mid-ingest are re-ingested from their originals
         report = engine.audit()
     finally:
         engine.close()

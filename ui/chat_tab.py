@@ -12,21 +12,23 @@ from __future__ import annotations
 import html
 import logging
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import Any, Iterator
+from typing import Any
 
 import gradio as gr
 
-from pipeline import events as ev
 from pipeline.access import AccessPolicy
+from pipeline.errors import CODE_ENGINE, CODE_LLM
 
 from . import history as hist
+from .guard import request_user
 from .render import answer_markdown, render_sources, render_stage, render_trace
 
 log = logging.getLogger(__name__)
 
 STREAM_MIN_INTERVAL = 0.05  # seconds between streamed answer updates (the engine may emit many tiny deltas)
-RETRYABLE = {ev.CODE_LLM, ev.CODE_ENGINE}
+RETRYABLE = {CODE_LLM, CODE_ENGINE}
 KB_HINT_ADMIN = "请到「知识库」标签页上传相关资料后再提问。"
 KB_HINT_USER = "（知识库由管理员维护，请联系管理员补充相关资料。）"
 
@@ -44,10 +46,6 @@ class ChatTab:
     history: gr.BrowserState
     history_list: gr.Radio
     refresh_history: Any  # fn(history, request) -> Radio update, for demo.load
-
-
-def _username(request: gr.Request | None) -> str | None:
-    return getattr(request, "username", None) if request is not None else None
 
 
 def _messages(question: str, answer_md: str | None) -> list[dict]:
@@ -151,10 +149,10 @@ def build_chat_tab(engine, policy: AccessPolicy | None = None) -> ChatTab:
                     return
         except Exception as exc:  # an engine bug must not leave the page stuck with a disabled button
             log.exception("answer stream failed")
-            yield _error_update(q, answer, ev.CODE_ENGINE, f"内部错误：{exc}", trace_data)
+            yield _error_update(q, answer, CODE_ENGINE, f"内部错误：{exc}", trace_data)
             return
         # The stream ended without done/error (should not happen): unlock the page.
-        yield _error_update(q, answer, ev.CODE_ENGINE, "回答意外中断", trace_data)
+        yield _error_update(q, answer, CODE_ENGINE, "回答意外中断", trace_data)
 
     def _error_update(q, answer, code, msg, trace_data):
         skip = gr.skip()
@@ -168,10 +166,10 @@ def build_chat_tab(engine, policy: AccessPolicy | None = None) -> ChatTab:
                 gr.Button(visible=can_retry), gr.Button(visible=False), skip, skip, q)
 
     def ask(question_text: str, history_value: list, request: gr.Request):
-        yield from run(question_text, history_value, _username(request), retry_flag=False)
+        yield from run(question_text, history_value, request_user(request), retry_flag=False)
 
     def retry_fn(current_q: str, history_value: list, request: gr.Request):
-        yield from run(current_q or "", history_value, _username(request), retry_flag=True)
+        yield from run(current_q or "", history_value, request_user(request), retry_flag=True)
 
     gr.on([send.click, question.submit], ask, [question, history], outputs, api_name="ask",
           concurrency_limit=4, concurrency_id="kb-ask", show_progress="hidden")
@@ -180,17 +178,17 @@ def build_chat_tab(engine, policy: AccessPolicy | None = None) -> ChatTab:
 
     # ------------------------------------------------------------------ history
     def refresh_history(history_value: list, request: gr.Request):
-        return gr.Radio(choices=hist.choices(history_value, _username(request)), value=None)
+        return gr.Radio(choices=hist.choices(history_value, request_user(request)), value=None)
 
     def replay(rec_id: str, history_value: list, request: gr.Request):
-        rec = hist.find(history_value, rec_id, _username(request))
+        rec = hist.find(history_value, rec_id, request_user(request))
         if rec is None:
             return (gr.skip(),) * 7
         q = str(rec.get("question") or "")
         no_answer = bool(rec.get("no_answer"))
-        hint = _kb_hint(_username(request))
+        hint = _kb_hint(request_user(request))
         shown = answer_markdown(str(rec.get("answer") or ""))
-        if no_answer and not policy.is_kb_admin(_username(request)):
+        if no_answer and not policy.is_kb_admin(request_user(request)):
             shown += f"\n\n*{hint}*"
         srcs = rec.get("sources") if isinstance(rec.get("sources"), list) else []
         srcs = [s for s in srcs if isinstance(s, dict)]
@@ -204,17 +202,17 @@ def build_chat_tab(engine, policy: AccessPolicy | None = None) -> ChatTab:
         if not rec_id:
             gr.Warning("请先在列表中选择一条历史记录")
             return gr.skip()
-        return hist.delete(history_value, rec_id, _username(request))
+        return hist.delete(history_value, rec_id, request_user(request))
 
     def ask_clear(history_value: list, request: gr.Request):
-        n = len(hist.for_user(history_value, _username(request)))
+        n = len(hist.for_user(history_value, request_user(request)))
         if n == 0:
             gr.Info("没有历史记录")
             return gr.Row(visible=False), gr.skip()
         return gr.Row(visible=True), f"确认清空全部 **{n}** 条历史记录？此操作不可撤销。"
 
     def do_clear(history_value: list, request: gr.Request):
-        return hist.clear(history_value, _username(request)), gr.Row(visible=False)
+        return hist.clear(history_value, request_user(request)), gr.Row(visible=False)
 
     history.change(refresh_history, [history], [history_list], api_name="history_list", show_progress="hidden",
                    queue=False)

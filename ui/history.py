@@ -29,7 +29,7 @@ def storage_secret(data_dir: Any) -> str:
     Gradio's BrowserState encrypts in the browser with a secret it sends in the page config, so this is
     tamper-obfuscation, not confidentiality; deterministic is enough and needs no file of its own.
     """
-    return hashlib.sha256(f"kbqa-history-secret|{data_dir}".encode("utf-8")).hexdigest()[:32]
+    return hashlib.sha256(f"kbqa-history-secret|{data_dir}".encode()).hexdigest()[:32]
 
 
 def _records(state: Any) -> list[dict]:

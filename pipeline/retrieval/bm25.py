@@ -12,21 +12,21 @@ import logging
 import shutil
 import threading
 import time
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Iterable
 
 import bm25s
 import numpy as np
-from llama_index.core.schema import NodeWithScore, QueryBundle, TextNode
+from llama_index.core.base.base_retriever import BaseRetriever
+from llama_index.core.schema import NodeWithScore, QueryBundle
 from llama_index.retrievers.bm25 import BM25Retriever
 
 from pipeline.retrieval.bm25_delta import DeltaBM25
+from pipeline.retrieval.nodes import ChunkLookup, node_from_row
 from pipeline.tokenize_zh import ChineseTokenizer
 
 log = logging.getLogger(__name__)
-
-ChunkLookup = Callable[[list[int]], dict[int, dict]]
 
 # Fold the delta into a full build before it grows past this share of the main index (or FOLD_MIN chunks):
 # the delta is scored in Python per query, a rebuild costs time proportional to the main index, so folding at a
@@ -140,13 +140,6 @@ class JiebaBM25Retriever(BM25Retriever):
         return out
 
 
-def node_from_row(row: dict) -> TextNode:
-    meta = {"doc_id": row["doc_id"], "doc_name": row["file_name"], "chunk_index": row["chunk_index"],
-            "page": row.get("page"), "source": row.get("source") or "text"}
-    return TextNode(id_=str(row["chunk_id"]), text=row["text"], metadata=meta,
-                    excluded_embed_metadata_keys=list(meta), excluded_llm_metadata_keys=list(meta))
-
-
 class BM25Index:
     """Owns the current snapshot and its delta: rebuild from stored tokens, persist, load, soft-delete, and
     `add_ready` for documents about to turn 就绪 (searchable at once through the delta).
@@ -258,15 +251,59 @@ class BM25Index:
         self.rebuild(k1, b)
         return "rebuilt"
 
+    def persisted_ids(self) -> set[int]:
+        """Chunk ids of the index on disk (what the next start loads; empty when there is none)."""
+        try:
+            return set(np.load(self.persist_dir / "chunk_ids.npy").tolist())
+        except (OSError, ValueError):
+            return set()
+
     def indexed_ids(self) -> set[int]:
         """Chunk ids BM25 can find now (main + delta, minus soft deletes): what the audit compares."""
         snap, delta = self._view
         return (set(snap.chunk_ids.tolist()) | set(delta.chunk_ids[:delta.size])) - self.deleted
 
     def retriever(self, tokenizer: ChineseTokenizer, lookup: ChunkLookup, top_k: int) -> JiebaBM25Retriever | None:
+        """A retriever over the current snapshot and delta (None while both are empty).
+
+        Not capped at today's size: the delta grows under the retriever, and _retrieve caps k per query.
+        """
         snap, delta = self._view
-        size = snap.size + delta.size
-        if size == 0:
+        if snap.size + delta.size == 0:
             return None
-        return JiebaBM25Retriever(snap, tokenizer, lookup, similarity_top_k=min(top_k, size),
-                                  mask_out=self.deleted, delta=delta)
+        return JiebaBM25Retriever(snap, tokenizer, lookup, similarity_top_k=top_k, mask_out=self.deleted,
+                                  delta=delta)
+
+    @property
+    def view(self) -> tuple[BM25Snapshot, DeltaBM25]:
+        """The current (snapshot, delta) pair; a new pair after every rebuild."""
+        return self._view
+
+
+class LiveBM25Retriever(BaseRetriever):
+    """The BM25 route as a long-lived retriever: always searches the index's current snapshot.
+
+    BM25Index swaps its (snapshot, delta) pair on rebuild and grows its soft-delete set on delete; the inner
+    JiebaBM25Retriever is re-made only when either changed, not per question (a delta that grows in place is
+    seen by the retriever that holds it).
+    """
+
+    def __init__(self, index: BM25Index, tokenizer: ChineseTokenizer, lookup: ChunkLookup, top_k: int):
+        self._index = index
+        self._tokenizer = tokenizer
+        self._lookup = lookup
+        self._top_k = top_k
+        self._cached: tuple[object, frozenset[int], JiebaBM25Retriever | None] | None = None
+        super().__init__()
+
+    def _current(self) -> JiebaBM25Retriever | None:
+        view, deleted = self._index.view, frozenset(self._index.deleted)
+        cached = self._cached
+        if cached is None or cached[0] is not view or cached[1] != deleted:
+            cached = (view, deleted, self._index.retriever(self._tokenizer, self._lookup, self._top_k))
+            self._cached = cached  # one attribute write: concurrent readers see an old or a new triple
+        return cached[2]
+
+    def _retrieve(self, query_bundle: QueryBundle) -> list[NodeWithScore]:
+        inner = self._current()
+        return inner.retrieve(query_bundle) if inner is not None else []

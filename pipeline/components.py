@@ -1,0 +1,141 @@
+"""The one place that constructs the app's components (PrivateGPT's `di.py` idea).
+
+    components = build_components(data_dir, settings=..., on_ingested=..., busy_reason=...)
+    load_models(components, settings)   # embedding, cross-encoder, LLM, retrieval service; again on 重载引擎
+
+`Engine` is a facade over a `Components`; tools and tests use `engine.components.<store>` (or Engine's public
+methods). Nothing else builds stores, indexes or models.
+"""
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from llama_index.core import Settings as LISettings
+
+from pipeline.ingestion.service import IngestService
+from pipeline.models.paths import resolve_model_dir
+from pipeline.retrieval.bm25 import BM25Index
+from pipeline.retrieval.rerank import CrossEncoder, load_cross_encoder
+from pipeline.retrieval.service import RetrievalService
+from pipeline.settings import Settings
+from pipeline.tokenize_zh import ChineseTokenizer
+from store.config_store import ConfigStore
+from store.db import Database
+from store.dirlock import DataDirLock
+from store.documents import DocumentStore
+from store.files import FileStore
+from store.gate import WriteGate
+from store.vectors import VectorStore
+
+log = logging.getLogger(__name__)
+
+PROJECT_ROOT = Path(__file__).resolve().parents[1]
+
+
+class DataDirBusy(RuntimeError):
+    """Another process (the running app) holds the data dir: go through its HTTP API instead."""
+
+
+@dataclass
+class Models:
+    """What (re)loading builds from the settings."""
+
+    embedding: Any                       # pipeline.models.embeddings.LoadedEmbedding
+    cross_encoder: CrossEncoder | None   # None → rerank stage skipped
+    llm: Any                             # OpenAILike, or None → extractive answers
+    model_warning: str | None = None     # the collection holds vectors of another model (需要全量重建)
+
+
+@dataclass
+class Components:
+    data_dir: Path
+    project_root: Path
+    models_dir: Path
+    db: Database
+    config: ConfigStore
+    docs: DocumentStore
+    files: FileStore
+    vectors: VectorStore
+    tokenizer: ChineseTokenizer
+    bm25: BM25Index
+    ingest: IngestService
+    gate: WriteGate  # multi-store writes hold it shared; backup / audit / repair freeze it (store/gate.py)
+    dir_lock: DataDirLock
+    models: Models | None = None
+    retrieval: RetrievalService | None = None
+
+    def close(self) -> None:
+        self.ingest.stop()
+        self.db.close()
+        self.dir_lock.release()
+
+
+def build_components(data_dir: Path | str, *, project_root: Path | None = None, models_dir: Path | None = None,
+                     settings: Callable[[], Settings], on_ingested: Callable[[], None] = lambda: None,
+                     busy_reason: Callable[[], str | None] = lambda: None, exclusive: bool = False) -> Components:
+    """Stores, indexes and the ingest worker over one data dir. Models come later (`load_models`).
+
+    `settings` returns the current settings (they change at run time); `on_ingested` runs after the ingest
+    queue drains; `busy_reason` says why uploads are refused right now (or None). The data dir's lock
+    (store/dirlock.py) is taken; with `exclusive` (offline tools) a dir another process holds is refused.
+    """
+    data_dir = Path(data_dir).resolve()
+    data_dir.mkdir(parents=True, exist_ok=True)
+    project_root = Path(project_root or PROJECT_ROOT)
+    dir_lock = DataDirLock(data_dir)
+    if not dir_lock.acquire():
+        msg = f"数据目录 {data_dir} 正被运行中的应用（pid {dir_lock.holder()}）使用"
+        if exclusive:
+            raise DataDirBusy(msg + "：请用 --url 让应用自己执行，或先停止应用")
+        log.error("%s：两个进程同时写入会损坏数据", msg)
+    db = Database(data_dir / "app.db")
+    docs = DocumentStore(db)
+    files = FileStore(data_dir / "uploads")
+    vectors = VectorStore(data_dir / "chroma")
+    tokenizer = ChineseTokenizer(user_dict=data_dir / "userdict.txt")
+    comps: Components  # the ingest worker reads the models that load_models puts here later
+
+    def embed_model():
+        return comps.models.embedding.embed_model
+
+    def model_ident() -> tuple[str, int]:
+        return comps.models.embedding.model_id, comps.models.embedding.dim
+
+    bm25 = BM25Index(data_dir / "bm25", docs.iter_ready_tokens)
+    gate = WriteGate()
+    ingest = IngestService(docs, vectors, files, tokenizer, settings, embed_model, model_ident,
+                           on_change=on_ingested, busy_reason=busy_reason, on_ready=bm25.add_ready, gate=gate)
+    comps = Components(data_dir, project_root, Path(models_dir or project_root / "models"), db, ConfigStore(db),
+                       docs, files, vectors, tokenizer, bm25, ingest, gate, dir_lock)
+    return comps
+
+
+def load_models(c: Components, s: Settings) -> Models:
+    """(Re)build the embedding model, the cross-encoder, the LLM and the retrieval service from the settings."""
+    from pipeline.generation.llm_client import build_llm
+    from pipeline.models.embeddings import load_embedding
+
+    emb = load_embedding(s.embedding_model_path, c.project_root, c.models_dir)
+    LISettings.embed_model = emb.embed_model  # never let LlamaIndex fall back to OpenAI
+    LISettings.llm = None
+    models = Models(emb, _load_cross_encoder(c, s), build_llm(s), c.vectors.check_model(emb.model_id, emb.dim))
+    c.models = models
+    c.retrieval = RetrievalService(
+        c.docs, c.vectors, c.bm25, c.tokenizer, emb.embed_model, models.cross_encoder,
+        pending_vectors=c.docs.pending_chunk_count, vector_enabled=lambda: models.model_warning is None)
+    return models
+
+
+def _load_cross_encoder(c: Components, s: Settings) -> CrossEncoder | None:
+    d = resolve_model_dir(s.reranker_model_path, c.project_root)
+    if d is None:
+        return None
+    try:
+        return load_cross_encoder(d, s.final_top_k)
+    except Exception as exc:  # a broken reranker folder must not stop the app: the stage is skipped
+        log.error("reranker %s failed to load: %s", d, exc)
+        return None
