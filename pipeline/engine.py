@@ -124,6 +124,7 @@ class Engine:
         return {"changed": changed, **effect, "warnings": warnings, "config": new.grouped(mask=True)}
 
     def _check_model_paths(self, new: Settings, changed: list[str]) -> None:
+        errors = {}
         for key, default in (("embedding_model_path", DEFAULT_EMBEDDING_PATH),
                              ("reranker_model_path", DEFAULT_RERANKER_PATH)):
             if key not in changed:
@@ -132,7 +133,19 @@ class Engine:
             if not value or value == default:
                 continue  # empty → packaged default / skipped; the untouched SRS default may be absent
             if resolve_model_dir(value, self.project_root) is None:
-                raise SettingsError({key: f"{LABELS[key]} 无效：目录 {value} 不存在或不含 config.json"})
+                errors[key] = f"{LABELS[key]} 无效：目录 {value} 不存在或不含 config.json"
+        if errors:
+            raise SettingsError(errors)
+
+    def check_settings(self, payload: dict[str, Any]) -> dict[str, str]:
+        """What saving this change would refuse (field → message); {} when it would be accepted. Saves nothing
+        (the settings tab asks while the user types, to mark fields red and disable 保存)."""
+        try:
+            new, changed = merge_update(self._settings, flatten_grouped(payload))
+            self._check_model_paths(new, changed)
+        except SettingsError as exc:
+            return dict(exc.errors)
+        return {}
 
     def test_llm(self, payload: dict[str, Any] | None = None) -> dict:
         """Connectivity test with the given (possibly unsaved) LLM values; masked key → the stored key."""

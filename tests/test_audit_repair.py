@@ -24,7 +24,7 @@ def engine(tmp_path_factory):
     res = e.upload([(p.name, p) for p in FILES])
     assert all(r.ok for r in res)
     wait_idle(e)
-    assert all(d["status"] == "ready" for d in e.docs.all_docs())
+    assert all(d["status"] == "ready" for d in e.components.docs.all_docs())
     yield e
     e.close()
 
