@@ -126,10 +126,7 @@ class DocumentStore:
             ready_docs = conn.execute("SELECT COUNT(*) FROM kb_document WHERE status='ready'").fetchone()[0]
             processing = conn.execute(
                 "SELECT COUNT(*) FROM kb_document WHERE status='processing'").fetchone()[0]
-            chunks = conn.execute(
-                "SELECT COUNT(*) FROM kb_chunk c JOIN kb_document d ON d.doc_id = c.doc_id"
-                " WHERE d.status = 'ready'").fetchone()[0]
-        return {"docs": docs, "ready_docs": ready_docs, "processing": processing, "chunks": chunks}
+        return {"docs": docs, "ready_docs": ready_docs, "processing": processing, "chunks": self.ready_chunk_count()}
 
     # --- chunks ------------------------------------------------------------------------------
     def replace_chunks(self, doc_id: int, chunks: list[ChunkRow]) -> list[int]:
@@ -184,6 +181,12 @@ class DocumentStore:
                 " WHERE d.status = 'ready' ORDER BY c.chunk_id")
             for chunk_id, tokens in cur:
                 yield chunk_id, decode_tokens(tokens)
+
+    def ready_chunk_count(self) -> int:
+        with self.db.connect() as conn:
+            return conn.execute(
+                "SELECT COUNT(*) FROM kb_chunk c JOIN kb_document d ON d.doc_id = c.doc_id"
+                " WHERE d.status = 'ready'").fetchone()[0]
 
     def pending_chunk_count(self) -> int:
         """Chunks written for documents not yet 就绪 (their vectors may already sit in Chroma)."""

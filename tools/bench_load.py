@@ -9,7 +9,8 @@ question i) until S seconds have passed (requests in flight then finish). A requ
 stream ends with a `done` event; anything else is a failure, counted by code: the `error` event's code
 (2001 LLM, 2002 engine busy …), `http_<status>` (with the envelope code when there is one), `no_done`
 (stream ended early), `timeout`, `connect`. Never retries. Prints successes, failures by code, p50/p95/p99
-time to the first event and to `done`, and throughput (successes per second of wall time).
+time to the first event and to `done` (and to the first answer text, `delta`), and throughput (successes per
+second of wall time).
 Exit status 1 on any failure (or when nothing was asked).
 """
 from __future__ import annotations
@@ -36,6 +37,7 @@ class Outcome:
     code: str = ""
     first_s: float | None = None  # time to the first complete SSE event
     done_s: float | None = None
+    text_s: float | None = None  # time to the first answer text (`delta`): what a reader waits for
 
 
 def load_questions(path: Path) -> list[str]:
@@ -55,7 +57,7 @@ def load_questions(path: Path) -> list[str]:
 def ask(client: httpx.Client, question: str, timeout: float) -> Outcome:
     """One question through POST /api/qa/ask; no retry. Events are parsed as they arrive."""
     t0 = time.perf_counter()
-    first = None
+    first = text = None
     last_event = None
     try:
         with client.stream("POST", "/api/qa/ask", json={"question": question}, timeout=timeout) as r:
@@ -75,6 +77,8 @@ def ask(client: httpx.Client, question: str, timeout: float) -> Outcome:
                 elif line == "" and event:
                     if first is None:
                         first = time.perf_counter() - t0
+                    if text is None and event == "delta":
+                        text = time.perf_counter() - t0
                     last_event = event
                     if event == "error":
                         try:
@@ -82,7 +86,7 @@ def ask(client: httpx.Client, question: str, timeout: float) -> Outcome:
                         except ValueError:
                             return Outcome(False, "error", first)
                     if event == "done":
-                        return Outcome(True, "", first, time.perf_counter() - t0)
+                        return Outcome(True, "", first, time.perf_counter() - t0, text)
                     event, data = None, None
     except httpx.TimeoutException:
         return Outcome(False, "timeout", first)
@@ -132,14 +136,16 @@ def run(url: str, questions: list[str], concurrency: int, duration: float | None
             "successes": len(ok), "failures": len(outcomes) - len(ok),
             "failures_by_code": dict(Counter(o.code for o in outcomes if not o.ok)),
             "first_event_s": pcts([o.first_s for o in ok]), "done_s": pcts([o.done_s for o in ok]),
+            "first_text_s": pcts([o.text_s for o in ok if o.text_s is not None]),
             "throughput_per_s": round(len(ok) / wall, 2) if wall else 0.0, "wall_s": round(wall, 2)}
 
 
 def render(r: dict) -> str:
-    f, d = r["first_event_s"], r["done_s"]
+    f, d, t = r["first_event_s"], r["done_s"], r["first_text_s"]
     codes = ", ".join(f"{k}: {v}" for k, v in sorted(r["failures_by_code"].items())) or "无"
     return (f"并发 {r['concurrency']} · 请求 {r['requests']} · 成功 {r['successes']} · 失败 {r['failures']}（{codes}）\n"
-            f"首个事件 p50/p95/p99 {f['p50']} / {f['p95']} / {f['p99']} s · done p50/p95/p99 "
+            f"首个事件 p50/p95/p99 {f['p50']} / {f['p95']} / {f['p99']} s · 首段答案 p50/p95 {t['p50']} / {t['p95']} s"
+            f" · done p50/p95/p99 "
             f"{d['p50']} / {d['p95']} / {d['p99']} s · 吞吐 {r['throughput_per_s']} 问/秒 · 用时 {r['wall_s']} s")
 
 

@@ -82,7 +82,7 @@ class RetrievalService:
                 lookup = self.docs.get_chunks
                 bm25 = LiveBM25Retriever(self.bm25_index, self.tokenizer, lookup, recall)
                 vec = ReadyVectorRetriever(self._vector_index, lookup, recall, extra_fetch=self.pending_vectors,
-                                           enabled=self.vector_enabled)
+                                           enabled=self.vector_enabled, ready_count=self.docs.ready_chunk_count)
                 fusion = HybridRRFRetriever(bm25, vec, rrf_k=s.rrf_k, bm25_weight=s.bm25_weight,
                                             vector_weight=s.vector_weight, adaptive=s.bm25_adaptive)
                 built = _Stages(fusion, SafeRerank(self.cross_encoder, top_n=s.final_top_k,
