@@ -12,7 +12,6 @@ Checksums are computed on the copies, after the freeze.
 """
 from __future__ import annotations
 
-import hashlib
 import json
 import shutil
 import sqlite3
@@ -21,7 +20,7 @@ from datetime import datetime
 from pathlib import Path
 
 from store.db import Database
-from store.files import FileStore
+from store.files import FileStore, file_digest
 from store.gate import WriteGate
 from store.vectors import VectorStore
 
@@ -52,11 +51,7 @@ def _sqlite_copy(src: Path, dst: Path) -> None:
 
 
 def _sha256(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            h.update(block)
-    return h.hexdigest()
+    return file_digest(path, "sha256")
 
 
 def _counts(db_path: Path) -> dict:
