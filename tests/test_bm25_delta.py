@@ -164,3 +164,26 @@ def test_big_delta_is_folded_in_the_background(corpus, tok, tmp_path, monkeypatc
         time.sleep(0.05)
     assert idx.snapshot.size == 10 and idx.delta.size == 0
     assert idx.indexed_ids() == {c for c, _ in items[:10]}
+
+
+def test_full_information_fusion_reads_delta_chunks_like_main_ones(corpus, tok, tmp_path):
+    """query_scores / hits / scores_of / coverage (the fusion's per-query reads) cover the delta too."""
+    from pipeline.retrieval.bm25 import LiveBM25Retriever
+
+    items = [(c, t) for c, _, t in corpus]
+    idx = BM25Index(tmp_path / "bm25", lambda: items[:-5])
+    idx.rebuild(1.5, 0.75)
+    idx.add_ready(items[-5:])
+    live = LiveBM25Retriever(idx, tok, _lookup_for(corpus), 10)
+    target = corpus[-2]
+    inner, scores = live.query_scores(target[1][:30])
+    assert len(scores) == idx.snapshot.size + 5
+    top = inner.hits(scores)
+    assert top[0].node.node_id == str(target[0])
+    got = inner.scores_of(scores, [str(target[0]), str(corpus[0][0]), "999999"])
+    assert got[str(target[0])] == pytest.approx(top[0].score) and got["999999"] == 0.0
+    assert got[str(corpus[0][0])] == pytest.approx(float(scores[0]))
+    assert 0.5 < inner.coverage(target[1][:30], str(target[0])) <= 1.0
+    other = next(t for t in corpus[0][2] if t not in target[2] and len(t) > 1)  # indexed, not in the target
+    assert inner.coverage(other, str(target[0])) == 0.0
+    assert inner.coverage("zzqq", str(target[0])) == 0.0  # no indexed term at all

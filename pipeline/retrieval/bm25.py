@@ -9,11 +9,12 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 import shutil
 import threading
 import time
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import bm25s
@@ -45,6 +46,8 @@ class BM25Snapshot:
     b: float
     total_len: int = 0  # Σ chunk lengths in tokens (the delta needs main's average length)
     generation: int = 0  # order in which builds started; an older build never replaces a newer one
+    _order: np.ndarray | None = field(default=None, repr=False)  # argsort of chunk_ids (lazy)
+    _sorted: np.ndarray | None = field(default=None, repr=False)
 
     @property
     def size(self) -> int:
@@ -59,6 +62,17 @@ class BM25Snapshot:
             return 0
         indptr = self.bm25.scores["indptr"]
         return int(indptr[tid + 1] - indptr[tid])
+
+    def positions(self, chunk_ids: list[int]) -> np.ndarray:
+        """Index position of each chunk_id, −1 where the snapshot does not hold it."""
+        q = np.asarray(chunk_ids, dtype=np.int64)
+        if self.size == 0:
+            return np.full(len(q), -1, dtype=np.int64)
+        if self._order is None:  # built in chunk_id order, but do not rely on it
+            self._order = np.argsort(self.chunk_ids, kind="stable")
+            self._sorted = self.chunk_ids[self._order]
+        at = np.minimum(np.searchsorted(self._sorted, q), self.size - 1)
+        return np.where(self._sorted[at] == q, self._order[at], -1)
 
 
 def build_snapshot(items: Iterable[tuple[int, list[str]]], k1: float, b: float) -> BM25Snapshot:
@@ -120,9 +134,30 @@ class JiebaBM25Retriever(BM25Retriever):
             scores = scores * np.isin(chunk_ids, np.fromiter(self.mask_out, dtype=np.int64), invert=True)
         return chunk_ids, scores
 
-    def _retrieve(self, query_bundle: QueryBundle) -> list[NodeWithScore]:
-        tokens = self.tokenizer(query_bundle.query_str)
-        chunk_ids, scores = self.score_tokens(tokens)
+    def query_scores(self, query: str) -> np.ndarray:
+        """BM25 score of every indexed chunk for this query: the snapshot's positions, then the delta's."""
+        return self.score_tokens(self.tokenizer(query))[1]
+
+    def _chunk_ids(self, n: int) -> np.ndarray:
+        """chunk_id of each of the first n score positions (snapshot, then delta; the delta only appends)."""
+        snap = self.snapshot
+        if n <= snap.size:
+            return snap.chunk_ids
+        return np.concatenate([snap.chunk_ids, np.asarray(self.delta.chunk_ids[:n - snap.size], dtype=np.int64)])
+
+    def _positions(self, chunk_ids: list[int], n: int) -> np.ndarray:
+        """Score position of each chunk_id among the first n, −1 where neither index holds it."""
+        pos = self.snapshot.positions(chunk_ids)
+        if self.delta is not None and n > self.snapshot.size:
+            for k, c in enumerate(chunk_ids):
+                d = self.delta.pos_of.get(int(c))
+                if pos[k] < 0 and d is not None and self.snapshot.size + d < n:
+                    pos[k] = self.snapshot.size + d
+        return pos
+
+    def hits(self, scores: np.ndarray) -> list[NodeWithScore]:
+        """The top `similarity_top_k` chunks with a positive score, as ready nodes."""
+        chunk_ids = self._chunk_ids(len(scores))
         k = min(self.similarity_top_k, len(scores))
         if k <= 0:
             return []
@@ -138,6 +173,38 @@ class JiebaBM25Retriever(BM25Retriever):
                 continue
             out.append(NodeWithScore(node=node_from_row(row), score=score))
         return out
+
+    def scores_of(self, scores: np.ndarray, chunk_ids: list[str]) -> dict[str, float]:
+        """The real BM25 score of given chunks (0.0 for a chunk neither the snapshot nor the delta holds)."""
+        pos = self._positions([int(c) for c in chunk_ids], len(scores))
+        return {c: (float(scores[p]) if p >= 0 else 0.0) for c, p in zip(chunk_ids, pos)}
+
+    def coverage(self, query: str, chunk_id: str) -> float:
+        """idf-weighted share of the query's indexed tokens that occur in the chunk (0–1)."""
+        tokens = self.tokenizer(query)
+        p = int(self.snapshot.positions([int(chunk_id)])[0])
+        if p < 0 and self.delta is not None and int(chunk_id) in self.delta.pos_of:
+            snap = self.snapshot
+            return self.delta.coverage(tokens, self.delta.pos_of[int(chunk_id)], snap.doc_freq, snap.size)
+        if self.snapshot.bm25 is None:
+            return 0.0
+        ids = sorted(set(self.bm25.get_tokens_ids(tokens)))
+        if p < 0 or not ids:
+            return 0.0
+        sc = self.bm25.scores
+        indptr, indices, n = sc["indptr"], sc["indices"], float(sc["num_docs"])
+        total = found = 0.0
+        for t in ids:
+            s, e = int(indptr[t]), int(indptr[t + 1])
+            df = e - s
+            idf = math.log(1.0 + (n - df + 0.5) / (df + 0.5))
+            total += idf
+            if df and bool(np.any(indices[s:e] == p)):
+                found += idf
+        return found / total if total > 0 else 0.0
+
+    def _retrieve(self, query_bundle: QueryBundle) -> list[NodeWithScore]:
+        return self.hits(self.query_scores(query_bundle.query_str))
 
 
 class BM25Index:
@@ -307,3 +374,11 @@ class LiveBM25Retriever(BaseRetriever):
     def _retrieve(self, query_bundle: QueryBundle) -> list[NodeWithScore]:
         inner = self._current()
         return inner.retrieve(query_bundle) if inner is not None else []
+
+    # Full-information fusion (pipeline.retrieval.fusion.HybridRetriever): the whole-corpus scores of one
+    # query, its top list from them, and the real score of any other chunk — one scoring pass per question.
+    def query_scores(self, query: str) -> tuple[JiebaBM25Retriever, np.ndarray] | None:
+        """(the snapshot's retriever, its scores for the query), or None while the index is empty. The
+        retriever is handed back so the list and the completion read the same snapshot."""
+        inner = self._current()
+        return None if inner is None else (inner, inner.query_scores(query))

@@ -27,6 +27,7 @@ class DeltaBM25:
     def __init__(self, items: Iterable[tuple[int, list[str]]] = ()):
         self.items: list[tuple[int, list[str]]] = []  # kept to carry entries over a fold (see BM25Index)
         self.chunk_ids: list[int] = []
+        self.pos_of: dict[int, int] = {}  # chunk_id → position
         self.lengths: list[int] = []
         self.total_len = 0
         self.postings: dict[str, list[tuple[int, int]]] = {}  # term → [(position, term frequency)]
@@ -41,6 +42,7 @@ class DeltaBM25:
                 self.postings.setdefault(term, []).append((pos, tf))
             self.items.append((int(chunk_id), tokens))
             self.chunk_ids.append(int(chunk_id))
+            self.pos_of[int(chunk_id)] = pos
             self.lengths.append(len(tokens))
             self.total_len += len(tokens)
             self.size = pos + 1  # published last: readers below this watermark see complete entries
@@ -69,3 +71,20 @@ class DeltaBM25:
             tf = np.fromiter((t for _, t in plist), dtype=np.float32, count=len(plist))
             out[pos] += idf * tf / (norm[pos] + tf)
         return np.asarray(self.chunk_ids[:n], dtype=np.int64), out
+
+    def coverage(self, query_tokens: list[str], pos: int, main_df, main_n: int) -> float:
+        """idf-weighted share of the query's indexed terms that occur in the chunk at `pos` (0–1), with the
+        same main + delta statistics as `scores` (the fusion's per-query features read it)."""
+        n = self.size
+        total_n = main_n + n
+        total = found = 0.0
+        for term in set(query_tokens):
+            plist = [p for p, _ in self.postings.get(term, ()) if p < n]
+            df = main_df(term) + len(plist)
+            if not df:
+                continue  # not an indexed term
+            idf = math.log(1.0 + (total_n - df + 0.5) / (df + 0.5))
+            total += idf
+            if pos in plist:
+                found += idf
+        return found / total if total > 0 else 0.0
