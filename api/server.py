@@ -69,6 +69,11 @@ class AskBody(BaseModel):
     retry: bool = False
 
 
+class BackupBody(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    dest: str = Field(min_length=1, max_length=1000, description="absolute path on the app's machine; new or empty")
+
+
 class Envelope(BaseModel):
     code: int = 0
     msg: str = "ok"
@@ -232,6 +237,25 @@ def create_api(engine: Engine, policy: AccessPolicy | None = None) -> FastAPI:
     def rebuild_status(_: str | None = Depends(current_user)):
         """Progress of the running/last full rebuild: running, done, total, current, elapsed_ms."""
         return ok(engine.rebuild_status())
+
+    @app.get("/api/kb/audit", response_model=Envelope, tags=["kb"])
+    def audit(quick: bool = Query(False, description="skip re-tokenizing every chunk"),
+              _: str | None = Depends(kb_admin_user)):
+        """Read-only consistency report: files vs documents, chunks vs vectors and BM25 tokens, stuck documents,
+        embedding model. `problems` 0 means consistent; each finding says whether repair can fix it."""
+        return ok(engine.audit(check_tokens=not quick))
+
+    @app.post("/api/kb/repair", response_model=Envelope, tags=["kb"])
+    def repair(_: str | None = Depends(admin_user)):
+        """Repair derived state only (vectors, tokens, BM25, stuck jobs, unreferenced files); never an original.
+        Returns the actions taken and the audit after them (requeued documents show as 处理中)."""
+        return ok(engine.repair())
+
+    @app.post("/api/kb/backup", response_model=Envelope, tags=["kb"])
+    def backup(body: BackupBody, _: str | None = Depends(admin_user)):
+        """Consistent backup of the live data dir into `dest` (writes pause for the copy, questions go on).
+        Returns the manifest (counts, sha256 per file). Restore offline: python -m tools.restore."""
+        return ok(engine.backup(body.dest))
 
     @app.post("/api/kb/search", response_model=Envelope, tags=["kb"])
     def search(body: SearchBody, _: str | None = Depends(current_user)):

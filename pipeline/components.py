@@ -25,13 +25,19 @@ from pipeline.settings import Settings
 from pipeline.tokenize_zh import ChineseTokenizer
 from store.config_store import ConfigStore
 from store.db import Database
+from store.dirlock import DataDirLock
 from store.documents import DocumentStore
 from store.files import FileStore
+from store.gate import WriteGate
 from store.vectors import VectorStore
 
 log = logging.getLogger(__name__)
 
 PROJECT_ROOT = Path(__file__).resolve().parents[1]
+
+
+class DataDirBusy(RuntimeError):
+    """Another process (the running app) holds the data dir: go through its HTTP API instead."""
 
 
 @dataclass
@@ -57,25 +63,35 @@ class Components:
     tokenizer: ChineseTokenizer
     bm25: BM25Index
     ingest: IngestService
+    gate: WriteGate  # multi-store writes hold it shared; backup / audit / repair freeze it (store/gate.py)
+    dir_lock: DataDirLock
     models: Models | None = None
     retrieval: RetrievalService | None = None
 
     def close(self) -> None:
         self.ingest.stop()
         self.db.close()
+        self.dir_lock.release()
 
 
 def build_components(data_dir: Path | str, *, project_root: Path | None = None, models_dir: Path | None = None,
                      settings: Callable[[], Settings], on_ingested: Callable[[], None] = lambda: None,
-                     busy_reason: Callable[[], str | None] = lambda: None) -> Components:
+                     busy_reason: Callable[[], str | None] = lambda: None, exclusive: bool = False) -> Components:
     """Stores, indexes and the ingest worker over one data dir. Models come later (`load_models`).
 
     `settings` returns the current settings (they change at run time); `on_ingested` runs after the ingest
-    queue drains; `busy_reason` says why uploads are refused right now (or None).
+    queue drains; `busy_reason` says why uploads are refused right now (or None). The data dir's lock
+    (store/dirlock.py) is taken; with `exclusive` (offline tools) a dir another process holds is refused.
     """
     data_dir = Path(data_dir).resolve()
     data_dir.mkdir(parents=True, exist_ok=True)
     project_root = Path(project_root or PROJECT_ROOT)
+    dir_lock = DataDirLock(data_dir)
+    if not dir_lock.acquire():
+        msg = f"数据目录 {data_dir} 正被运行中的应用（pid {dir_lock.holder()}）使用"
+        if exclusive:
+            raise DataDirBusy(msg + "：请用 --url 让应用自己执行，或先停止应用")
+        log.error("%s：两个进程同时写入会损坏数据", msg)
     db = Database(data_dir / "app.db")
     docs = DocumentStore(db)
     files = FileStore(data_dir / "uploads")
@@ -89,10 +105,12 @@ def build_components(data_dir: Path | str, *, project_root: Path | None = None, 
     def model_ident() -> tuple[str, int]:
         return comps.models.embedding.model_id, comps.models.embedding.dim
 
+    bm25 = BM25Index(data_dir / "bm25", docs.iter_ready_tokens)
+    gate = WriteGate()
     ingest = IngestService(docs, vectors, files, tokenizer, settings, embed_model, model_ident,
-                           on_change=on_ingested, busy_reason=busy_reason)
+                           on_change=on_ingested, busy_reason=busy_reason, on_ready=bm25.add_ready, gate=gate)
     comps = Components(data_dir, project_root, Path(models_dir or project_root / "models"), db, ConfigStore(db),
-                       docs, files, vectors, tokenizer, BM25Index(data_dir / "bm25", docs.iter_ready_tokens), ingest)
+                       docs, files, vectors, tokenizer, bm25, ingest, gate, dir_lock)
     return comps
 
 

@@ -20,6 +20,9 @@ from pipeline.errors import CODE_ENGINE, CODE_LLM, CODE_NO_DOC, CODE_VALIDATION,
 from pipeline.ingestion.rebuild import Rebuild
 from pipeline.ingestion.service import IngestBusy, UploadResult
 from pipeline.models.paths import embedding_model_id, resolve_model_dir
+from pipeline.ops import backup as backup_ops
+from pipeline.ops.audit import KBAuditor, ModelIds
+from pipeline.ops.repair import KBRepairer, RepairHooks
 from pipeline.retrieval.result import RetrievalResult
 from pipeline.retrieval.service import default_min_similarity
 from pipeline.retry_cache import RecentRetrievals
@@ -34,6 +37,8 @@ from pipeline.settings import (
     flatten_grouped,
     is_masked,
     merge_update,
+    settings_from_stored,
+    validate_settings,
 )
 
 log = logging.getLogger(__name__)
@@ -58,6 +63,12 @@ class Engine:
         self.last_reload_ms: float | None = None
         self._recent = RecentRetrievals()
         self._rebuild = Rebuild(c, lambda: self._settings, on_done=self._recent.clear)
+        self.auditor = KBAuditor(c.docs, c.vectors, c.files, c.tokenizer, self._model_ids,
+                                 bm25_ids=c.bm25.indexed_ids, has_job=self._has_job, gate=c.gate)
+        self.repairer = KBRepairer(self.auditor, c.docs, c.vectors, c.files, c.tokenizer, c.gate, RepairHooks(
+            embed=lambda texts: c.models.embedding.embed_model.get_text_embedding_batch(texts),
+            model=lambda: (c.models.embedding.model_id, c.models.embedding.dim),
+            requeue=c.ingest.enqueue, rebuild_bm25=self._after_ingest, on_model_fixed=self._refresh_model_warning))
         self._lock = threading.RLock()
         if load_async:
             threading.Thread(target=self._load_guarded, name="engine-load", daemon=True).start()
@@ -83,12 +94,10 @@ class Engine:
             stored = defaults
         else:
             self.components.config.write_defaults({k: v for k, v in Settings().model_dump().items() if k not in stored})
-        known = {k: v for k, v in stored.items() if k in Settings.model_fields}
-        try:
-            return Settings(**{**Settings().model_dump(), **known})
-        except Exception as exc:  # a hand-edited database must not stop the app
-            log.error("stored settings invalid (%s); using defaults", exc)
-            return Settings()
+        settings, dropped = settings_from_stored(stored)  # a hand-edited database must not stop the app
+        for key, why in dropped.items():
+            log.error("stored setting %s invalid (%s); using its default", key, why)
+        return settings
 
     @property
     def settings(self) -> Settings:
@@ -115,6 +124,7 @@ class Engine:
         return {"changed": changed, **effect, "warnings": warnings, "config": new.grouped(mask=True)}
 
     def _check_model_paths(self, new: Settings, changed: list[str]) -> None:
+        errors = {}
         for key, default in (("embedding_model_path", DEFAULT_EMBEDDING_PATH),
                              ("reranker_model_path", DEFAULT_RERANKER_PATH)):
             if key not in changed:
@@ -123,7 +133,19 @@ class Engine:
             if not value or value == default:
                 continue  # empty → packaged default / skipped; the untouched SRS default may be absent
             if resolve_model_dir(value, self.project_root) is None:
-                raise SettingsError({key: f"{LABELS[key]} 无效：目录 {value} 不存在或不含 config.json"})
+                errors[key] = f"{LABELS[key]} 无效：目录 {value} 不存在或不含 config.json"
+        if errors:
+            raise SettingsError(errors)
+
+    def check_settings(self, payload: dict[str, Any]) -> dict[str, str]:
+        """What saving this change would refuse (field → message); {} when it would be accepted. Saves nothing
+        (the settings tab asks while the user types, to mark fields red and disable 保存)."""
+        try:
+            new, changed = merge_update(self._settings, flatten_grouped(payload))
+            self._check_model_paths(new, changed)
+        except SettingsError as exc:
+            return dict(exc.errors)
+        return {}
 
     def test_llm(self, payload: dict[str, Any] | None = None) -> dict:
         """Connectivity test with the given (possibly unsaved) LLM values; masked key → the stored key."""
@@ -136,6 +158,10 @@ class Engine:
             if v is None or (k in SECRET_FIELDS and is_masked(v)):
                 continue
             vals[k] = v
+        try:  # the same rules as saving: a bad URL is named before any connection is tried
+            vals = validate_settings(vals).model_dump()
+        except SettingsError as exc:
+            return {"ok": False, "msg": str(exc)}
         if not vals["llm_api_url"] or not vals["llm_model"]:
             return {"ok": False, "msg": "请先填写 API 地址和模型名称"}
         t = min(float(vals.get("llm_timeout") or 10), 30)
@@ -157,7 +183,8 @@ class Engine:
             try:
                 s = self._settings
                 load_models(self.components, s)
-                self._recover()
+                with self.components.gate.writing():
+                    self._recover()
                 self.components.bm25.load_or_rebuild(s.bm25_k1, s.bm25_b, self.components.docs.ready_chunk_ids())
                 self._recent.clear()
                 self.state, self.load_error = "ready", None
@@ -274,9 +301,10 @@ class Engine:
         chunk_ids = [ch["chunk_id"] for ch in c.docs.chunks_of(doc_id)]
         c.bm25.soft_delete(chunk_ids)  # excluded from BM25 at once, before the rebuild lands
         c.ingest.cancel(doc_id)
-        c.vectors.delete_doc(doc_id)
-        c.docs.delete(doc_id)
-        c.files.delete(doc.get("stored_name"))
+        with c.gate.writing():  # all three stores or none, as far as a backup can see
+            c.vectors.delete_doc(doc_id)
+            c.docs.delete(doc_id)
+            c.files.delete(doc.get("stored_name"))
         self._recent.clear()  # cached retrievals may hold its chunks
         threading.Thread(target=self._after_ingest, name="bm25-rebuild", daemon=True).start()
         return {"doc_id": doc_id, "file_name": doc["file_name"], "chunks_removed": len(chunk_ids)}
@@ -294,6 +322,44 @@ class Engine:
 
     def wait_rebuild(self, timeout: float | None = None) -> dict:
         return self._rebuild.wait(timeout)
+
+    # ------------------------------------------------------------------ audit, repair, backup (pipeline/ops)
+    def _model_ids(self) -> ModelIds:
+        c = self.components
+        stored, stored_dim = c.vectors.model_info()
+        emb = c.models.embedding if c.models else None
+        return ModelIds(stored, stored_dim, self.expected_model_id(), emb.model_id if emb else None,
+                        emb.dim if emb else None)
+
+    def _has_job(self, doc_id: int) -> bool:
+        return self.components.ingest.is_queued(doc_id) or self._rebuild.running
+
+    def _refresh_model_warning(self) -> None:
+        m = self.components.models
+        m.model_warning = self.components.vectors.check_model(m.embedding.model_id, m.embedding.dim)
+
+    def audit(self, check_tokens: bool = True) -> dict:
+        """Read-only consistency report (pipeline.ops.audit)."""
+        self._require_ready()
+        return self.auditor.audit(check_tokens).to_dict()
+
+    def repair(self, wait: bool = False, timeout: float | None = None) -> dict:
+        """Repair derived state; with `wait`, requeued documents are re-ingested before the closing audit."""
+        self._require_ready()
+        if self._rebuild.running:
+            raise EngineError(CODE_ENGINE, "全量重建进行中，请完成后再修复")
+        with self._lock:
+            res = self.repairer.repair(wait_requeued=(lambda: self.wait_idle(timeout)) if wait else lambda: None)
+        self._recent.clear()  # cached retrievals may hold repaired chunks
+        return res.to_dict()
+
+    def backup(self, dest: str | Path) -> dict:
+        """Consistent backup of the live data dir into `dest` (absolute, new or empty); returns the manifest."""
+        c = self.components
+        try:
+            return backup_ops.backup(Path(dest), c.data_dir, c.db, c.vectors, c.files, c.gate)
+        except backup_ops.BackupError as exc:
+            raise EngineError(CODE_VALIDATION, exc.msg, exc.field) from None
 
     # ------------------------------------------------------------------ retrieval & answers
     def search(self, query: str, top_k: int = 10) -> dict:

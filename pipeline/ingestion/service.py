@@ -30,6 +30,7 @@ from pipeline.settings import Settings
 from pipeline.tokenize_zh import ChineseTokenizer
 from store.documents import ChunkRow, DocumentStore
 from store.files import FileStore, display_name, md5_of
+from store.gate import WriteGate
 from store.vectors import VectorStore
 
 log = logging.getLogger(__name__)
@@ -79,7 +80,9 @@ class IngestService:
     def __init__(self, docs: DocumentStore, vectors: VectorStore, files: FileStore, tokenizer: ChineseTokenizer,
                  get_settings: Callable[[], Settings], get_embedding: Callable[[], object],
                  model_ident: Callable[[], tuple[str, int]], on_change: Callable[[], None],
-                 busy_reason: Callable[[], str | None] = lambda: None):
+                 busy_reason: Callable[[], str | None] = lambda: None,
+                 on_ready: Callable[[list[tuple[int, list[str]]]], None] = lambda items: None,
+                 gate: WriteGate | None = None):
         self.docs = docs
         self.vectors = vectors
         self.files = files
@@ -88,6 +91,9 @@ class IngestService:
         self.get_embedding = get_embedding
         self.model_ident = model_ident
         self.on_change = on_change  # refresh BM25 / ready-set after a document changes state
+        # (chunk_id, tokens) of a document about to turn 就绪: BM25Index.add_ready, so 就绪 means searchable
+        self.on_ready = on_ready
+        self.gate = gate or WriteGate()  # writes spanning Chroma + SQLite hold it (a backup freezes it)
         self.busy_reason = busy_reason
         self.timer = StageTimer()
         self._queue: "queue.Queue[int | None]" = queue.Queue()
@@ -266,9 +272,10 @@ class IngestService:
         # Old vectors of this document (a rebuild) go before the new ones come. A first ingest has none:
         # chunks are written before vectors, and a crashed document is cleaned on restart (Engine._recover),
         # so skip Chroma's delete-by-metadata scan (tens of ms per document) when there are no old chunks.
-        if self.docs.chunk_count_of(doc_id):
-            self.vectors.delete_doc(doc_id)
-        chunk_ids = self.docs.replace_chunks(doc_id, rows)
+        with self.gate.writing():
+            if self.docs.chunk_count_of(doc_id):
+                self.vectors.delete_doc(doc_id)
+            chunk_ids = self.docs.replace_chunks(doc_id, rows)
         self.timer.add("write", time.perf_counter() - t3)
         return _Prepared(doc, rows, chunk_ids)
 
@@ -326,6 +333,8 @@ class IngestService:
         if self._is_cancelled(p.doc_id):
             self._cleanup(p.doc_id)
             return
+        # Vectors are written (Chroma finds them); BM25 must find the chunks too before the status says 就绪.
+        self.on_ready([(cid, row.tokens) for cid, row in zip(p.chunk_ids, p.rows)])
         self.docs.mark_ready(p.doc_id, len(p.rows))
         self.timer.chunks += len(p.rows)
         log.info("doc %s ready: %d chunks", p.doc["file_name"], len(p.rows))
@@ -337,13 +346,14 @@ class IngestService:
 
     def _cleanup(self, doc_id: int, keep_doc: bool = False) -> None:
         """A failed or cancelled document leaves no vectors and no chunks."""
-        self.vectors.delete_doc(doc_id)
-        self.docs.delete_chunks(doc_id)
-        if not keep_doc:
-            doc = self.docs.get(doc_id)
-            if doc is not None and doc_id in self._cancelled:
-                self.files.delete(doc.get("stored_name"))
-                self.docs.delete(doc_id)
+        with self.gate.writing():
+            self.vectors.delete_doc(doc_id)
+            self.docs.delete_chunks(doc_id)
+            if not keep_doc:
+                doc = self.docs.get(doc_id)
+                if doc is not None and doc_id in self._cancelled:
+                    self.docs.delete(doc_id)
+                    self.files.delete(doc.get("stored_name"))
 
     def stop(self) -> None:
         self._queue.put(None)
