@@ -16,7 +16,7 @@ from typing import Any, Optional
 
 from fastapi import Depends, FastAPI, File, Query, Request, UploadFile
 from fastapi.exceptions import RequestValidationError
-from fastapi.responses import JSONResponse, StreamingResponse
+from fastapi.responses import JSONResponse, PlainTextResponse, StreamingResponse
 from pydantic import BaseModel, ConfigDict, Field
 from starlette.concurrency import run_in_threadpool
 from starlette.exceptions import HTTPException as StarletteHTTPException
@@ -58,6 +58,13 @@ class AskBody(BaseModel):
     model_config = ConfigDict(extra="forbid")
     question: str = Field(min_length=1, max_length=2000)
     retry: bool = False
+    conversation_id: Optional[str] = Field(None, description="omit to start a conversation; its id is in done")
+    use_kb: bool = Field(True, description="false: talk to the LLM without the knowledge base (route DIRECT)")
+
+
+class RenameBody(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    title: str = Field(min_length=1, max_length=100)
 
 
 class Envelope(BaseModel):
@@ -230,17 +237,21 @@ def create_api(engine: Engine, policy: Optional[AccessPolicy] = None) -> FastAPI
 
     # --- question answering -------------------------------------------------------------------
     @app.post("/api/qa/ask/sync", response_model=Envelope, tags=["qa"])
-    def ask_sync(body: AskBody, _: Optional[str] = Depends(current_user)):
-        """{answer, sources, elapsed_ms} from the same pipeline as the stream."""
-        return ok(engine.ask_sync(body.question, retry=body.retry))
+    def ask_sync(body: AskBody, user: Optional[str] = Depends(current_user)):
+        """{answer, sources, elapsed_ms, trace, conversation_id, turn_id, route, rewritten_query} from the same
+        pipeline as the stream."""
+        return ok(engine.ask_sync(body.question, retry=body.retry, conversation_id=body.conversation_id,
+                                  user=user, use_kb=body.use_kb))
 
     @app.post("/api/qa/ask", tags=["qa"], response_class=StreamingResponse,
               responses={200: {"content": {"text/event-stream": {}},
                                "description": "events stage / trace / delta / sources / done / error"}})
-    async def ask(body: AskBody, request: Request, _: Optional[str] = Depends(current_user)):
+    async def ask(body: AskBody, request: Request, user: Optional[str] = Depends(current_user)):
         """Server-Sent Events: the engine's event stream, serialized. `retry: true` regenerates from the
-        stored retrieval of the same question. A client that disconnects stops generation."""
-        gen = engine.ask(body.question, retry=body.retry)
+        stored retrieval of the same question. A client that disconnects stops generation. `done` carries
+        conversation_id (created when absent), turn_id, route and rewritten_query."""
+        gen = engine.ask(body.question, retry=body.retry, conversation_id=body.conversation_id, user=user,
+                         use_kb=body.use_kb)
         sentinel = object()
 
         async def stream():
@@ -257,6 +268,42 @@ def create_api(engine: Engine, policy: Optional[AccessPolicy] = None) -> FastAPI
 
         return StreamingResponse(stream(), media_type="text/event-stream",
                                  headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
+
+    # --- conversations (server-side history; a user sees only their own) -------------------------
+    @app.get("/api/conversations", response_model=Envelope, tags=["conversations"])
+    def list_conversations(page: int = Query(1, ge=1), size: int = Query(50, ge=1, le=200),
+                           user: Optional[str] = Depends(current_user)):
+        """The caller's conversations, newest activity first: {items: [{conv_id, title, turn_count, …}], total}."""
+        return ok(engine.list_conversations(user, page, size))
+
+    @app.delete("/api/conversations", response_model=Envelope, tags=["conversations"])
+    def clear_conversations(user: Optional[str] = Depends(current_user)):
+        """Delete all of the caller's conversations."""
+        return ok(engine.clear_conversations(user))
+
+    @app.get("/api/conversations/{conv_id}", response_model=Envelope, tags=["conversations"])
+    def get_conversation(conv_id: str, user: Optional[str] = Depends(current_user)):
+        """One conversation with every turn (question, rewritten query, answer, sources, trace, route …).
+        3002 unknown id; 4003 another user's."""
+        return ok(engine.get_conversation(conv_id, user))
+
+    @app.patch("/api/conversations/{conv_id}", response_model=Envelope, tags=["conversations"])
+    def rename_conversation(conv_id: str, body: RenameBody, user: Optional[str] = Depends(current_user)):
+        """Rename: {"title": "…"}."""
+        return ok(engine.rename_conversation(conv_id, user, body.title))
+
+    @app.delete("/api/conversations/{conv_id}", response_model=Envelope, tags=["conversations"])
+    def delete_conversation(conv_id: str, user: Optional[str] = Depends(current_user)):
+        """Delete one conversation and its turns."""
+        return ok(engine.delete_conversation(conv_id, user))
+
+    @app.get("/api/conversations/{conv_id}/export", tags=["conversations"], response_class=PlainTextResponse,
+             responses={200: {"content": {"text/markdown": {}}}})
+    def export_conversation(conv_id: str, user: Optional[str] = Depends(current_user)):
+        """The conversation as Markdown with each answer's citations (a download)."""
+        md = engine.export_conversation(conv_id, user)
+        return PlainTextResponse(md, media_type="text/markdown; charset=utf-8", headers={
+            "Content-Disposition": f'attachment; filename="conversation-{conv_id}.md"'})
 
     @app.get("/api/health", response_model=Envelope, tags=["status"])
     def health():

@@ -27,6 +27,7 @@ from store.files import FileStore  # noqa: E402
 from store.vectors import VectorStore  # noqa: E402
 
 from pipeline import events as ev  # noqa: E402
+from pipeline.errors import EngineError  # noqa: E402,F401  (re-exported: api/ui import it from here)
 from pipeline.retrieval.bm25 import BM25Index  # noqa: E402
 from pipeline.ingestion.service import IngestBusy, IngestService, UploadResult  # noqa: E402
 from pipeline.models.paths import embedding_model_id, resolve_model_dir  # noqa: E402
@@ -37,21 +38,17 @@ from pipeline.settings import (  # noqa: E402
     flatten_grouped, is_masked, merge_update,
 )
 from pipeline.tokenize_zh import ChineseTokenizer  # noqa: E402
+from pipeline.conversation.direct import direct_reply  # noqa: E402
+from pipeline.conversation.rewrite import DeterministicRewriter, LLMRewriter, Rewrite  # noqa: E402
+from pipeline.conversation.router import DIRECT, Router  # noqa: E402
+from pipeline.conversation.service import ConversationService, TurnRecorder  # noqa: E402
+from store.conversations import ConversationStore  # noqa: E402
 
 log = logging.getLogger(__name__)
 
 PROJECT_ROOT = Path(__file__).resolve().parents[1]
 MAX_QUESTION_CHARS = 2000
-
-
-class EngineError(Exception):
-    """An error with a REST/event code (1001 validation, 2002 engine, 3002 no such document…)."""
-
-    def __init__(self, code: int, msg: str, field: str | None = None):
-        super().__init__(msg)
-        self.code = code
-        self.msg = msg
-        self.field = field
+REWRITE_TIMEOUT_S = 8.0  # a follow-up's LLM rewrite must not hold the answer longer; then the rule rewrite runs
 
 
 class Engine:
@@ -68,6 +65,11 @@ class Engine:
         self.vectors = VectorStore(self.data_dir / "chroma")
         self.tokenizer = ChineseTokenizer(user_dict=self.data_dir / "userdict.txt")
         self.bm25_index = BM25Index(self.data_dir / "bm25", self.docs.iter_ready_tokens)
+        # conversations (issue 15): history on the server, router, follow-up rewriting
+        self.conversations = ConversationService(ConversationStore(self.db))
+        self.router = Router()
+        self.rule_rewriter = DeterministicRewriter()
+        self.rewriter = self.rule_rewriter  # LLMRewriter over it once an LLM is loaded
         self._settings = self._load_settings()
         self.state = "loading"
         self.load_error: str | None = None
@@ -77,7 +79,7 @@ class Engine:
         self.llm = None
         self.retrieval: RetrievalService | None = None
         self.retrieval_calls = 0
-        self._answers: "OrderedDict[str, RetrievalResult]" = OrderedDict()  # question → last retrieval (retry)
+        self._answers: "OrderedDict[tuple, tuple]" = OrderedDict()  # (conversation, question) → (rewrite, retrieval)
         self._rebuild = {"running": False, "done": 0, "total": 0, "current": "", "error": None,
                          "elapsed_ms": None}
         self._lock = threading.RLock()
@@ -206,6 +208,8 @@ class Engine:
         self.model_warning = self.vectors.check_model(emb.model_id, emb.dim)
         self.reranker = self._load_reranker(s)
         self.llm = build_llm(s)
+        self.rewriter = (LLMRewriter(self.llm, self.rule_rewriter, timeout_s=min(REWRITE_TIMEOUT_S, s.llm_timeout))
+                         if self.llm is not None else self.rule_rewriter)
         self.retrieval = RetrievalService(
             self.docs, self.vectors, self.bm25_index, self.tokenizer, emb.embed_model, self.reranker,
             pending_vectors=self.docs.pending_chunk_count, vector_enabled=lambda: self.model_warning is None)
@@ -391,42 +395,88 @@ class Engine:
         if len(q) > MAX_QUESTION_CHARS:
             raise EngineError(ev.CODE_VALIDATION, f"{field} 过长（最多 {MAX_QUESTION_CHARS} 字）", field)
 
-    def ask(self, question: str, retry: bool = False) -> Iterator[ev.Event]:
-        """The one answer event stream: stage → trace → stage → delta* → sources → done (or error)."""
-        from pipeline.generation.answer import LLMError, stream_answer
+    # ---- the answer stream; conversations, routing and query rewriting (pipeline/conversation/) ----
+    def ask(self, question: str, retry: bool = False, conversation_id: str | None = None,
+            user: str | None = None, use_kb: bool = True) -> Iterator[ev.Event]:
+        """The one answer event stream: stage → trace → stage → delta* → sources → done (or error).
 
+        `conversation_id` None starts a conversation (its id comes back in `done`); an unknown id is a 3002
+        error, another user's a 4003. The router may answer DIRECT (chit-chat, or `use_kb=False`) without
+        retrieval; follow-ups are rewritten before retrieval. The finished turn is stored before `done`.
+        """
         t0 = time.perf_counter()
         try:
             self._validate_question(question)
             self._require_ready()
+            conv = self.conversations.resolve(conversation_id, user) if conversation_id is not None else None
         except EngineError as exc:
             yield ev.error(exc.code, exc.msg)
             return
         question = question.strip()
+        conv_id = conv["conv_id"] if conv else None
+        history = self.conversations.history(conv_id)
+        route = self.router.route(question, use_kb=use_kb, has_history=bool(history),
+                                  rerank_available=self.reranker.available)
+        recorder = TurnRecorder(self.conversations, conv_id, user, question)
+        inner = (self._direct_answer(question, route, history, t0) if route.route == DIRECT
+                 else self._kb_answer(question, route, history, conv_id, retry, t0))
+        try:
+            for e in inner:
+                if e.type == "done":
+                    e = ev.Event("done", recorder.finish(e.data, e.data.get("rewritten_query"), route.route))
+                recorder.see(e)
+                yield e
+        finally:
+            inner.close()  # a consumer that hangs up closes the LLM stream now
+
+    def _direct_answer(self, question, route, history, t0) -> Iterator[ev.Event]:
+        from pipeline.generation.answer import LLMError
+
+        yield ev.Event("trace", {"route": route.to_dict(), "query": Rewrite(question, question, "none").to_dict()})
+        yield ev.stage("generate")
+        try:
+            mode = yield from direct_reply(question, route, history, self.llm, self._settings.llm_temperature)
+        except LLMError as exc:
+            yield ev.error(ev.CODE_LLM, exc.msg)
+            return
+        yield ev.Event("sources", {"sources": []})
+        yield ev.Event("done", {"elapsed_ms": round((time.perf_counter() - t0) * 1000), "no_answer": False,
+                                "mode": mode, "rewritten_query": None})
+
+    def _kb_answer(self, question, route, history, conv_id, retry, t0) -> Iterator[ev.Event]:
+        from pipeline.generation.answer import LLMError, stream_answer
+
         s = self._settings
-        res = self._answers.get(question) if retry else None
-        if res is None:
+        key = (conv_id or "", question)
+        cached = self._answers.get(key) if retry else None
+        if cached is None:
             self.retrieval_calls += 1
             try:
                 yield ev.stage("recall")
-                res = self.retrieval.recall_stage(question, s)
+                rw = self.rewriter.rewrite(question, history) if history else Rewrite(question, question, "none")
+                res = self.retrieval.recall_stage(rw.query, s)
                 yield ev.stage("rerank")
-                res = self.retrieval.rerank_stage(res, s)
+                res = self.retrieval.rerank_stage(res, s)  # LIGHT has no reranker: the stage reports skipped
             except Exception as exc:
                 log.exception("retrieval failed")
                 yield ev.error(ev.CODE_ENGINE, f"检索失败：{exc}")
                 return
-        self._remember(question, res)
-        yield ev.Event("trace", res.trace())
+        else:
+            rw, res = cached
+        self._remember(key, (rw, res))
+        trace = {**res.trace(), "route": route.to_dict(), "query": rw.to_dict()}
+        yield ev.Event("trace", trace)
+        rewritten = rw.query if rw.changed else None
         if not res.hit:
             yield ev.delta(ev.NO_ANSWER_TEXT)
             yield ev.Event("sources", {"sources": []})
-            yield ev.Event("done", {"elapsed_ms": round((time.perf_counter() - t0) * 1000), "no_answer": True})
+            yield ev.Event("done", {"elapsed_ms": round((time.perf_counter() - t0) * 1000), "no_answer": True,
+                                    "rewritten_query": rewritten})
             return
         yield ev.stage("generate")
         try:
             result = yield from stream_answer(question, res.final, self.llm, s.llm_temperature,
-                                              tokenizer=self.tokenizer)
+                                              tokenizer=self.tokenizer, history=history, retrieval_query=rw.query)
         except LLMError as exc:
             yield ev.error(ev.CODE_LLM, exc.msg)
             return
@@ -435,21 +485,25 @@ class Engine:
             src["cited"] = src["no"] in result.cited
         yield ev.Event("sources", {"sources": sources})
         yield ev.Event("done", {"elapsed_ms": round((time.perf_counter() - t0) * 1000), "no_answer": False,
-                                "mode": "llm" if self.llm is not None else "extractive"})
+                                "mode": "llm" if self.llm is not None else "extractive",
+                                "rewritten_query": rewritten})
 
-    def _remember(self, question: str, res: RetrievalResult) -> None:
-        self._answers[question] = res
-        self._answers.move_to_end(question)
+    def _remember(self, key: tuple, value: tuple) -> None:
+        self._answers[key] = value
+        self._answers.move_to_end(key)
         while len(self._answers) > 64:
             self._answers.popitem(last=False)
 
-    def ask_sync(self, question: str, retry: bool = False) -> dict:
-        """The synchronous form over the same stream: {answer, sources, elapsed_ms} or EngineError."""
+    def ask_sync(self, question: str, retry: bool = False, conversation_id: str | None = None,
+                 user: str | None = None, use_kb: bool = True) -> dict:
+        """The synchronous form over the same stream: {answer, sources, elapsed_ms, trace, conversation_id,
+        turn_id, route, rewritten_query} or EngineError."""
         parts: list[str] = []
         sources: list = []
         elapsed = None
         trace = None
-        for e in self.ask(question, retry=retry):
+        done: dict = {}
+        for e in self.ask(question, retry=retry, conversation_id=conversation_id, user=user, use_kb=use_kb):
             if e.type == "delta":
                 parts.append(e.data["text"])
             elif e.type == "sources":
@@ -458,9 +512,31 @@ class Engine:
                 trace = e.data
             elif e.type == "done":
                 elapsed = e.data["elapsed_ms"]
+                done = e.data
             elif e.type == "error":
                 raise EngineError(e.data["code"], e.data["msg"])
-        return {"answer": "".join(parts), "sources": sources, "elapsed_ms": elapsed, "trace": trace}
+        return {"answer": "".join(parts), "sources": sources, "elapsed_ms": elapsed, "trace": trace,
+                **{k: done.get(k) for k in ("conversation_id", "turn_id", "route", "rewritten_query", "mode",
+                                            "no_answer")}}
+
+    # ---- conversations (issue 15): thin facade over pipeline.conversation.service ----
+    def list_conversations(self, user: str | None, page: int = 1, size: int = 50) -> dict:
+        return self.conversations.list(user, page, size)
+
+    def get_conversation(self, conv_id: str, user: str | None) -> dict:
+        return self.conversations.get(conv_id, user)
+
+    def rename_conversation(self, conv_id: str, user: str | None, title: str) -> dict:
+        return self.conversations.rename(conv_id, user, title)
+
+    def delete_conversation(self, conv_id: str, user: str | None) -> dict:
+        return self.conversations.delete(conv_id, user)
+
+    def clear_conversations(self, user: str | None) -> dict:
+        return self.conversations.clear(user)
+
+    def export_conversation(self, conv_id: str, user: str | None) -> str:
+        return self.conversations.export_markdown(conv_id, user)
 
     def close(self) -> None:
         self.ingest.stop()

@@ -94,12 +94,14 @@ def _llm_context(llm: Any) -> dict:
 
 
 def stream_answer(question: str, nodes: Sequence[Any], llm: Any, temperature: float,
-                  *, tokenizer: Any = None) -> Generator[Event, None, GenerationResult]:
+                  *, tokenizer: Any = None, history: Sequence[dict] = (),
+                  retrieval_query: str | None = None) -> Generator[Event, None, GenerationResult]:
     """Yield delta events of the answer; return GenerationResult(text, cited).
 
     `nodes` are the reranked NodeWithScore list (material [n] = nodes[n-1]). `llm` None → extractive answer
     (pass a shared `tokenizer` — a pipeline.tokenize_zh.ChineseTokenizer — to avoid building one).
-    No nodes → the standard no-answer text without calling the LLM.
+    No nodes → the standard no-answer text without calling the LLM. `history` (the last few turns) and the
+    rewritten `retrieval_query` of a follow-up go into the prompt, apart from the materials.
     """
     nodes = list(nodes or [])
     if not nodes:
@@ -107,13 +109,21 @@ def stream_answer(question: str, nodes: Sequence[Any], llm: Any, temperature: fl
         return GenerationResult(NO_ANSWER_TEXT, set())
 
     if llm is None:
-        deltas, cited = extractive_deltas(question, nodes, tokenizer)
+        # the rewritten query carries the follow-up's topic (「那乙方呢」 alone matches no sentence)
+        deltas, cited = extractive_deltas(retrieval_query or question, nodes, tokenizer)
         for d in deltas:
             yield delta(d)
         return GenerationResult("".join(deltas), cited, sorted(cited))
 
-    messages = build_messages(question, nodes)
-    guard = CitationGuard(len(nodes))
+    messages = build_messages(question, nodes, history=history, retrieval_query=retrieval_query)
+    return (yield from stream_llm(messages, llm, temperature, materials=len(nodes)))
+
+
+def stream_llm(messages: list, llm: Any, temperature: float,
+               *, materials: int = 0) -> Generator[Event, None, GenerationResult]:
+    """Stream one chat call as delta events: citations beyond `materials` removed, a leading <think> dropped,
+    every failure raised as LLMError (also used for the no-retrieval replies of the router's DIRECT route)."""
+    guard = CitationGuard(materials)
     think = ThinkFilter()
     ctx = _llm_context(llm)
     parts: list[str] = []
