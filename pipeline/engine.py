@@ -424,6 +424,8 @@ class Engine:
             for e in inner:
                 if e.type == "done":
                     e = ev.Event("done", recorder.finish(e.data, e.data.get("rewritten_query"), route.route))
+                    if conv_id is None and ("", question) in self._answers:  # 重试 in the conversation just made
+                        self._remember((e.data["conversation_id"], question), self._answers[("", question)])
                 recorder.see(e)
                 yield e
         finally:

@@ -5,9 +5,9 @@
 word (「第二条呢」), or one without any topic word (「怎么申请？」) — is completed from the previous turn's
 retrieval query (which already carries the topic of the turns before it):
 
-  1. a parallel term is swapped in place: same ordinal unit (第一条 → 第二条) or a shared head word
-     (甲方 → 乙方, 角色提示 → 种子词提示): 「采购合同里甲方的违约责任是什么」+「那乙方呢」
-     → 「采购合同里乙方的违约责任是什么」;
+  1. a parallel term is swapped in place: same ordinal unit (第一条 → 第二条; the previous predicate is
+     dropped: 「第五条规定了哪些情形」+「第七条呢」→「第七条」) or a shared head word (甲方 → 乙方,
+     角色提示 → 种子词提示): 「采购合同里甲方的违约责任是什么」+「那乙方呢」→「采购合同里乙方的违约责任是什么」;
   2. a pronoun is replaced by the previous query's topic (its words before the predicate):
      「星河智能手表有什么功能」+「它的价格是多少」→「星河智能手表的价格是多少」;
   3. otherwise the previous topic is carried in front of the follow-up's own words.
@@ -45,7 +45,7 @@ QUESTION_WORDS = {"什么", "啥", "哪", "哪些", "哪个", "哪里", "哪儿"
                   "么", "何", "何时", "几时", "能否", "可否"}
 # Words that end a question's topic: copulas, modals, predicate starters (and the question words).
 PREDICATE_STOP = QUESTION_WORDS | {"是", "有", "为", "能", "能够", "可以", "可", "要", "需要", "应当", "应该", "会",
-                                   "了", "规定", "包括", "属于", "叫", "指", "在于", "由", "被", "将"}
+                                   "了", "规定", "包括", "属于", "叫", "指", "在于", "由", "被", "将", "说", "讲"}
 PARTICLES = {"呢", "吗", "吧", "啊", "呀", "的", "了", "么", "请问", "一下"}
 FUNCTION_CHARS = set("的了是在和与及或也都就还又把被给对向从到为以之其这那呢吗吧啊呀么")
 _ORDINAL = re.compile(r"第[零〇一二两三四五六七八九十百千\d]+(条|章|节|项|款|部分|点|个|种|类|步|篇|页|天|年|轮|次|名)")
@@ -195,6 +195,10 @@ class DeterministicRewriter:
             span = self._parallel(prev, phrase)
             if span:
                 rewritten = prev.replace(span, phrase, 1)
+                if _ORDINAL.fullmatch(phrase):
+                    # 「第七条呢」 asks about article 7 itself: what the last question said about article 5
+                    # (its predicate) is no part of it — keep the topic up to the ordinal's predicate
+                    rewritten = self.topic(rewritten) or rewritten
                 extra = [t for t in self.content(core) if t not in rewritten and t not in phrase]
                 if extra:
                     rewritten = f"{rewritten} {''.join(extra)}"

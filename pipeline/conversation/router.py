@@ -27,7 +27,7 @@ CHITCHAT: dict[str, tuple[str, ...]] = {
     ),
     "thanks": (
         "谢谢", "谢谢你", "谢谢您", "多谢", "感谢", "感谢你", "感谢您", "非常感谢", "十分感谢", "谢了", "谢啦",
-        "thanks", "thank you", "thx", "辛苦了", "麻烦你了", "麻烦了", "太感谢了", "谢谢帮忙", "感谢帮助",
+        "thanks", "thank you", "thx", "辛苦", "辛苦了", "麻烦你了", "麻烦了", "太感谢了", "谢谢帮忙", "感谢帮助",
     ),
     "farewell": ("再见", "拜拜", "bye", "goodbye", "回头见", "下次见", "明天见", "先这样", "就这样吧", "没事了",
                  "没有了", "没别的了", "不用了"),
@@ -48,9 +48,6 @@ CHITCHAT: dict[str, tuple[str, ...]] = {
 _FILLERS = ("啊", "呀", "哇", "呢", "吧", "啦", "哦", "喔", "嘛", "哈", "了", "的", "呐", "哟", "咯", "哒", "嗷",
             "小助手", "助手", "机器人", "朋友", "老师", "同学", "亲", "请问", "那", "那么", "哎", "唉", "诶", "嗯",
             "你", "您", "很", "非常", "真的", "真", "太", "一下", "大家", "各位", "啊啊")
-_PHRASES = sorted({p for ps in CHITCHAT.values() for p in ps} | set(_FILLERS), key=len, reverse=True)
-_KIND = {p: k for k, ps in CHITCHAT.items() for p in ps}
-_PHRASE_RE = re.compile("|".join(re.escape(p) for p in _PHRASES))
 MAX_CHITCHAT_CHARS = 40  # a chit-chat message is short; longer text is never routed away
 
 
@@ -74,10 +71,19 @@ def _normalise(text: str) -> str:
     return "".join(ch for ch in t if unicodedata.category(ch)[0] in "LN")
 
 
+# lexicon entries go through the same normalisation as messages ("thank you" → "thankyou")
+_KIND = {_normalise(p): k for k, ps in CHITCHAT.items() for p in ps}
+_PHRASES = sorted(set(_KIND) | {_normalise(f) for f in _FILLERS}, key=len, reverse=True)
+_PHRASE_RE = re.compile("|".join(re.escape(p) for p in _PHRASES))
+
+
 def chitchat_kind(text: str) -> str | None:
     """The chit-chat kind when the whole message is chit-chat, else None."""
     t = _normalise(text)
-    if not t or len(t) > MAX_CHITCHAT_CHARS:
+    if not t:
+        # nothing but emoji / symbols (「👍」「🙂🙂」): no question to look up
+        return "ack" if (text or "").strip() and not any(c in "?？" for c in text) else None
+    if len(t) > MAX_CHITCHAT_CHARS:
         return None
     kinds = [_KIND[m.group(0)] for m in _PHRASE_RE.finditer(t) if m.group(0) in _KIND]
     if not kinds or _PHRASE_RE.sub("", t):
