@@ -58,7 +58,8 @@ def test_heldout_chitchat_reported():
 
 
 @pytest.mark.parametrize("q", ["你好，请问退货期限是多久？", "谢谢，那保修多久？",
-                               "你是谁开发的知识库系统里的第五条说了什么", "好的，第七条呢？", "请问客服电话", "hi, what is RRF?", "你能告诉我退货政策吗"])
+                               "你是谁开发的知识库系统里的第五条说了什么", "好的，第七条呢？", "请问客服电话",
+                               "hi, what is RRF?", "你能告诉我退货政策吗"])
 def test_a_question_inside_chitchat_still_retrieves(q):
     assert Router().route(q).route != DIRECT
 
