@@ -62,6 +62,21 @@ class AskBody(BaseModel):
     use_kb: bool = Field(True, description="false: talk to the LLM without the knowledge base (route DIRECT)")
 
 
+class FeedbackBody(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    turn_id: int
+    rating: str = Field(description="up | down")
+    reason: Optional[str] = Field(None, description="👎 only: 不准确 / 引用错误 / 没回答 / 其他")
+    comment: Optional[str] = Field(None, max_length=500)
+
+
+class VerifiedBody(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    question: str = Field(min_length=1, max_length=500)
+    answer: str = Field(min_length=1, max_length=4000)
+    feedback_id: Optional[int] = Field(None, description="the feedback item (and so the answer) it comes from")
+
+
 class RenameBody(BaseModel):
     model_config = ConfigDict(extra="forbid")
     title: str = Field(min_length=1, max_length=100)
@@ -304,6 +319,42 @@ def create_api(engine: Engine, policy: Optional[AccessPolicy] = None) -> FastAPI
         md = engine.export_conversation(conv_id, user)
         return PlainTextResponse(md, media_type="text/markdown; charset=utf-8", headers={
             "Content-Disposition": f'attachment; filename="conversation-{conv_id}.md"'})
+
+    # --- feedback and verified Q&A entries ------------------------------------------------------
+    @app.post("/api/feedback", response_model=Envelope, tags=["feedback"])
+    def give_feedback(body: FeedbackBody, user: Optional[str] = Depends(current_user)):
+        """👍 / 👎 on one of the caller's answers (turn_id from `done`); 👎 may carry a reason and a comment.
+        Rating again replaces the earlier rating."""
+        return ok(engine.give_feedback(body.turn_id, user, body.rating, body.reason, body.comment))
+
+    @app.get("/api/feedback", response_model=Envelope, tags=["feedback"])
+    def list_feedback(rating: Optional[str] = Query(None, description="up | down"), page: int = Query(1, ge=1),
+                      size: int = Query(50, ge=1, le=200), _: Optional[str] = Depends(kb_admin_user)):
+        """Feedback with the question, answer and sources it was given on, newest first (KB admins)."""
+        return ok(engine.list_feedback(rating, page, size))
+
+    @app.get("/api/feedback/export", tags=["feedback"], response_class=PlainTextResponse,
+             responses={200: {"content": {"application/x-ndjson": {}}}})
+    def export_feedback(rating: Optional[str] = Query(None), _: Optional[str] = Depends(kb_admin_user)):
+        """All feedback (or one rating) as JSON Lines, a download."""
+        return PlainTextResponse(engine.export_feedback(rating), media_type="application/x-ndjson; charset=utf-8",
+                                 headers={"Content-Disposition": 'attachment; filename="feedback.jsonl"'})
+
+    @app.post("/api/verified", response_model=Envelope, tags=["feedback"])
+    def create_verified(body: VerifiedBody, user: Optional[str] = Depends(kb_admin_user)):
+        """A verified Q&A entry (question + checked answer [+ the cited chunks of feedback_id's answer]),
+        indexed like a small document on both routes and cited as 「已核实问答」 (KB admins)."""
+        return ok(engine.create_verified(body.question, body.answer, user, body.feedback_id))
+
+    @app.get("/api/verified", response_model=Envelope, tags=["feedback"])
+    def list_verified(_: Optional[str] = Depends(kb_admin_user)):
+        """Verified Q&A entries with their document's status (processing → ready)."""
+        return ok(engine.list_verified())
+
+    @app.delete("/api/verified/{qa_id}", response_model=Envelope, tags=["feedback"])
+    def delete_verified(qa_id: int, _: Optional[str] = Depends(kb_admin_user)):
+        """Delete the entry; its document leaves both retrieval routes."""
+        return ok(engine.delete_verified(qa_id))
 
     @app.get("/api/health", response_model=Envelope, tags=["status"])
     def health():

@@ -41,8 +41,12 @@ from pipeline.tokenize_zh import ChineseTokenizer  # noqa: E402
 from pipeline.conversation.direct import direct_reply  # noqa: E402
 from pipeline.conversation.rewrite import DeterministicRewriter, LLMRewriter, Rewrite  # noqa: E402
 from pipeline.conversation.router import DIRECT, Router  # noqa: E402
+from pipeline.conversation.feedback import FeedbackService  # noqa: E402
 from pipeline.conversation.service import ConversationService, TurnRecorder  # noqa: E402
+from pipeline.conversation.verified import VerifiedQAService  # noqa: E402
 from store.conversations import ConversationStore  # noqa: E402
+from store.feedback import FeedbackStore  # noqa: E402
+from store.verified import VerifiedQAStore  # noqa: E402
 
 log = logging.getLogger(__name__)
 
@@ -87,6 +91,9 @@ class Engine:
             self.docs, self.vectors, self.files, self.tokenizer, lambda: self._settings,
             lambda: self.embedding.embed_model, lambda: (self.embedding.model_id, self.embedding.dim),
             on_change=self._after_ingest, busy_reason=self._busy_reason)
+        self.feedback = FeedbackService(FeedbackStore(self.db), self.conversations)
+        self.verified = VerifiedQAService(VerifiedQAStore(self.db), self.docs, self.files, self.ingest.enqueue,
+                                          self.delete_document, busy_reason=self._busy_reason)
         self.last_reload_ms: float | None = None
         if load_async:
             threading.Thread(target=self._load_guarded, name="engine-load", daemon=True).start()
@@ -539,6 +546,35 @@ class Engine:
 
     def export_conversation(self, conv_id: str, user: str | None) -> str:
         return self.conversations.export_markdown(conv_id, user)
+
+    # ---- feedback and verified Q&A entries (issue 15) ----
+    def give_feedback(self, turn_id: int, user: str | None, rating: str, reason: str | None = None,
+                      comment: str | None = None) -> dict:
+        return self.feedback.give(turn_id, user, rating, reason, comment)
+
+    def list_feedback(self, rating: str | None = None, page: int = 1, size: int = 50) -> dict:
+        return self.feedback.list(rating, page, size)
+
+    def get_feedback(self, fb_id: int) -> dict:
+        return self.feedback.get(fb_id)
+
+    def export_feedback(self, rating: str | None = None) -> str:
+        return self.feedback.export_jsonl(rating)
+
+    def create_verified(self, question: str, answer: str, user: str | None, feedback_id: int | None = None) -> dict:
+        """A verified Q&A entry; from a feedback item it keeps that answer's cited chunks and turn."""
+        cited, turn_id = [], None
+        if feedback_id is not None:
+            fb = self.feedback.get(feedback_id)
+            cited = [s for s in fb["sources"] if s.get("cited")] or fb["sources"]
+            turn_id = fb["turn_id"]
+        return self.verified.create(question, answer, user, cited, turn_id)
+
+    def list_verified(self) -> list[dict]:
+        return self.verified.list()
+
+    def delete_verified(self, qa_id: int) -> dict:
+        return self.verified.delete(qa_id)
 
     def close(self) -> None:
         self.ingest.stop()

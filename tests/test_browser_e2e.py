@@ -3,7 +3,8 @@
 upload (through the 知识库 tab's file input when it has one, else through the engine) → 就绪 → ask → click [n]
 highlights and scrolls to source n → follow up (「那服务时间呢？」, rewritten query in the trace) → reload → the
 conversation comes back with both turns, citations and trace → 新对话, then the 历史 list replays it → browser
-restart (same profile) → the history (kept on the server) is still there.
+restart (same profile) → the history (kept on the server) is still there → 👎 with a reason → the 反馈 tab lists
+it → a verified Q&A entry made from it answers the same question afterwards, cited as 「已核实问答」.
 
 Needs `apt-get install chromium` and `pip install playwright` (never `playwright install`: its browser
 download does not work offline; we only use /usr/bin/chromium). Set KBQA_SCREENSHOTS_DIR to also save
@@ -21,6 +22,9 @@ import pytest
 from tests.test_ui_chat import KB_NAME, KB_TEXT, QUESTION, LiveUI, make_engine
 
 FOLLOW_UP = "那服务时间呢？"
+REASON_TEXT = "服务时间没有单独列出"
+VERIFIED_Q = "星河电子客服几点上班？"
+VERIFIED_A = "星河电子客服每天 9 点到 21 点在线，电话 400-800-1234。"
 
 CHROMIUM = "/usr/bin/chromium"
 ARGS = ["--no-sandbox", "--disable-gpu", "--disable-background-networking", "--disable-component-update",
@@ -179,6 +183,39 @@ def test_browser_upload_ask_cite_reload_replay(tmp_path):
             page.wait_for_selector("#kb-question textarea", timeout=60_000)
             _replay_first(page)
             assert _panel_texts(page)["answer"] == before["answer"]
+
+            # 👎 with a reason on the answer on screen → the 反馈 tab lists it
+            page.click("#kb-fb-down")
+            page.locator("#kb-fb-reason label").filter(has_text="引用错误").click()
+            page.fill("#kb-fb-text textarea", REASON_TEXT)
+            page.click("#kb-fb-submit")
+            page.wait_for_selector("#kb-fb-status .kb-fb-done[data-rating=down]", timeout=10_000)
+            _open_tab(page, "反馈")
+            page.locator("#kb-fba-filter label").filter(has_text="仅").first.click()
+            page.wait_for_function("([t]) => (document.querySelector('#kb-fba-list')?.innerText || '').includes(t)",
+                                   arg=[REASON_TEXT], timeout=10_000)
+            row = page.locator("#kb-fba-table tr[data-rating=down]").first
+            assert "引用错误" in row.inner_text() and FOLLOW_UP in row.inner_text()
+            fb_id = row.get_attribute("data-fb")
+
+            # a verified entry from it answers the same question afterwards, cited as 已核实问答
+            page.fill("#kb-qa-pick input", fb_id)
+            page.click("#kb-qa-load")
+            page.wait_for_function("() => (document.querySelector('#kb-qa-question textarea')?.value || '')"
+                                   ".length > 0", timeout=10_000)
+            page.fill("#kb-qa-question textarea", VERIFIED_Q)
+            page.fill("#kb-qa-answer textarea", VERIFIED_A)
+            page.click("#kb-qa-create")
+            page.wait_for_selector("#kb-qa-status .kb-qa-done", timeout=10_000)
+            assert live.engine.ingest.wait_idle(120)
+            _open_tab(page, "问答")
+            page.click("#kb-new-conv")
+            page.fill("#kb-question textarea", VERIFIED_Q)
+            page.click("#kb-send")
+            page.wait_for_function("() => document.querySelectorAll('#kb-chatbot .bot').length === 1 && "
+                                   "!!document.querySelector('#kb-stage .kb-stage-done')", timeout=180_000)
+            assert VERIFIED_A in page.locator("#kb-chatbot .bot").last.inner_text()
+            assert "已核实问答" in page.locator("#kb-sources .kb-src").first.inner_text()
             ctx.close()
     finally:
         live.stop()

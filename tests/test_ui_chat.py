@@ -304,8 +304,10 @@ def test_restricted_tabs_start_hidden_with_logins(engine):
 
     def tab_visibility(demo):
         return {b.elem_id: b.visible for b in demo.blocks.values() if getattr(b, "elem_id", None) in
-                ("tab-qa", "tab-kb", "tab-config")}
+                ("tab-qa", "tab-kb", "tab-config", "tab-feedback")}
 
-    assert tab_visibility(build_ui(engine)) == {"tab-qa": True, "tab-kb": True, "tab-config": True}
+    assert tab_visibility(build_ui(engine)) == {"tab-qa": True, "tab-kb": True, "tab-config": True,
+                                                "tab-feedback": True}
     policy = AccessPolicy.from_args(["alice:a", "bob:b"], admins=["alice"])
-    assert tab_visibility(build_ui(engine, policy)) == {"tab-qa": True, "tab-kb": False, "tab-config": False}
+    assert tab_visibility(build_ui(engine, policy)) == {"tab-qa": True, "tab-kb": False, "tab-config": False,
+                                                        "tab-feedback": False}

@@ -27,6 +27,7 @@ from pipeline.access import AccessPolicy
 from pipeline.errors import EngineError
 
 from . import history as hist
+from .answer_feedback import build_answer_feedback
 from .render import answer_markdown, render_sources, render_stage, render_trace
 
 log = logging.getLogger(__name__)
@@ -66,6 +67,9 @@ def build_chat_tab(engine, policy: AccessPolicy | None = None) -> ChatTab:
     policy = policy or AccessPolicy()
     data_dir = getattr(engine, "data_dir", "data")
     export_dir = Path(tempfile.mkdtemp(prefix="kbqa-export-"))
+    conv_state = gr.State(None)      # id of the conversation in the chat (None: the next question starts one)
+    turns_state = gr.State([])       # its turns (hist.turn_record dicts)
+    active_state = gr.State(None)    # index of the turn whose sources / trace are shown
 
     with gr.Row(equal_height=False):
         with gr.Column(scale=6, min_width=360):
@@ -78,6 +82,7 @@ def build_chat_tab(engine, policy: AccessPolicy | None = None) -> ChatTab:
             with gr.Row():
                 retry = gr.Button("重试", visible=False, elem_id="kb-retry", size="sm", variant="secondary")
                 goto_kb = gr.Button("前往「知识库」补充资料", visible=False, elem_id="kb-goto-kb", size="sm")
+            build_answer_feedback(engine, turns_state, active_state)
             with gr.Row(equal_height=True):
                 question = gr.Textbox(show_label=False, placeholder="输入问题，按 Enter 发送", lines=1, max_lines=6,
                                       scale=8, elem_id="kb-question", autofocus=True)
@@ -109,9 +114,6 @@ def build_chat_tab(engine, policy: AccessPolicy | None = None) -> ChatTab:
                     confirm_yes = gr.Button("确认清空", size="sm", variant="stop", elem_id="kb-history-clear-yes")
                     confirm_no = gr.Button("取消", size="sm", elem_id="kb-history-clear-no")
 
-    conv_state = gr.State(None)      # id of the conversation in the chat (None: the next question starts one)
-    turns_state = gr.State([])       # its turns (hist.turn_record dicts)
-    active_state = gr.State(None)    # index of the turn whose sources / trace are shown
     current = gr.State(None)         # the question being / last answered (for 重试)
     last_conv = gr.BrowserState("", storage_key=hist.storage_key(data_dir), secret=hist.storage_secret(data_dir))
 

@@ -103,7 +103,8 @@ class JiebaBM25Retriever(BM25Retriever):
 
 def node_from_row(row: dict) -> TextNode:
     meta = {"doc_id": row["doc_id"], "doc_name": row["file_name"], "chunk_index": row["chunk_index"],
-            "page": row.get("page"), "source": row.get("source") or "text"}
+            "page": row.get("page"), "source": row.get("source") or "text",
+            "verified": row.get("file_type") == "qa"}  # a verified Q&A entry (pipeline.conversation.verified)
     return TextNode(id_=str(row["chunk_id"]), text=row["text"], metadata=meta,
                     excluded_embed_metadata_keys=list(meta), excluded_llm_metadata_keys=list(meta))
 

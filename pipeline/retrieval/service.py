@@ -65,7 +65,7 @@ class RetrievalResult:
                 "no": i, "chunk_id": int(n.node.node_id), "doc_id": m.get("doc_id"),
                 "doc_name": m.get("doc_name"), "page": m.get("page"), "source": m.get("source", "text"),
                 "text": n.node.get_content(), "similarity": _r(m.get("similarity_full")),
-                "rerank_score": _r(m.get("rerank_score")), "cited": False,
+                "rerank_score": _r(m.get("rerank_score")), "cited": False, "verified": bool(m.get("verified")),
             })
         return out
 
