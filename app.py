@@ -7,17 +7,14 @@ from __future__ import annotations
 
 import argparse
 import logging
-import os
 import sys
 import threading
 import time
 
+from pipeline.offline import enable_offline
+
 # Offline by construction: no analytics, no hub look-ups, no telemetry (set before the libraries import).
-os.environ.setdefault("GRADIO_ANALYTICS_ENABLED", "False")
-os.environ.setdefault("HF_HUB_OFFLINE", "1")
-os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
-os.environ.setdefault("ORT_DISABLE_TELEMETRY", "1")
-os.environ.setdefault("ANONYMIZED_TELEMETRY", "False")
+enable_offline()
 
 
 def parse_args(argv=None):

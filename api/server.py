@@ -12,7 +12,7 @@ import logging
 import shutil
 import tempfile
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any
 
 from fastapi import Depends, FastAPI, File, Query, Request, UploadFile
 from fastapi.exceptions import RequestValidationError
@@ -21,16 +21,25 @@ from pydantic import BaseModel, ConfigDict, Field
 from starlette.concurrency import run_in_threadpool
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from pipeline import events as ev
-from pipeline.access import AccessPolicy
-from pipeline.engine import Engine, EngineError
+from pipeline.access import AccessPolicy, Role
+from pipeline.engine import Engine
+from pipeline.errors import (
+    CODE_AUTH,
+    CODE_ENGINE,
+    CODE_FORBIDDEN,
+    CODE_LLM,
+    CODE_NO_DOC,
+    CODE_PARSE,
+    CODE_VALIDATION,
+    EngineError,
+)
 from pipeline.ingestion.parsing import MAX_BATCH_FILES, MAX_FILE_BYTES
 from pipeline.settings import SettingsError
 
 log = logging.getLogger(__name__)
 
-HTTP_STATUS = {ev.CODE_VALIDATION: 400, ev.CODE_LLM: 502, ev.CODE_ENGINE: 503, ev.CODE_PARSE: 422,
-               ev.CODE_NO_DOC: 404, 4001: 401, 4003: 403}
+HTTP_STATUS = {CODE_VALIDATION: 400, CODE_LLM: 502, CODE_ENGINE: 503, CODE_PARSE: 422, CODE_NO_DOC: 404,
+               CODE_AUTH: 401, CODE_FORBIDDEN: 403}
 
 
 def ok(data: Any = None) -> dict:
@@ -58,7 +67,7 @@ class AskBody(BaseModel):
     model_config = ConfigDict(extra="forbid")
     question: str = Field(min_length=1, max_length=2000)
     retry: bool = False
-    conversation_id: Optional[str] = Field(None, description="omit to start a conversation; its id is in done")
+    conversation_id: str | None = Field(None, description="omit to start a conversation; its id is in done")
     use_kb: bool = Field(True, description="false: talk to the LLM without the knowledge base (route DIRECT)")
 
 
@@ -66,15 +75,15 @@ class FeedbackBody(BaseModel):
     model_config = ConfigDict(extra="forbid")
     turn_id: int
     rating: str = Field(description="up | down")
-    reason: Optional[str] = Field(None, description="👎 only: 不准确 / 引用错误 / 没回答 / 其他")
-    comment: Optional[str] = Field(None, max_length=500)
+    reason: str | None = Field(None, description="👎 only: 不准确 / 引用错误 / 没回答 / 其他")
+    comment: str | None = Field(None, max_length=500)
 
 
 class VerifiedBody(BaseModel):
     model_config = ConfigDict(extra="forbid")
     question: str = Field(min_length=1, max_length=500)
     answer: str = Field(min_length=1, max_length=4000)
-    feedback_id: Optional[int] = Field(None, description="the feedback item (and so the answer) it comes from")
+    feedback_id: int | None = Field(None, description="the feedback item (and so the answer) it comes from")
 
 
 class RenameBody(BaseModel):
@@ -88,7 +97,7 @@ class Envelope(BaseModel):
     data: Any = None
 
 
-def create_api(engine: Engine, policy: Optional[AccessPolicy] = None) -> FastAPI:
+def create_api(engine: Engine, policy: AccessPolicy | None = None) -> FastAPI:
     policy = policy or AccessPolicy()
     app = FastAPI(
         title="中文知识库问答 API",
@@ -109,12 +118,12 @@ def create_api(engine: Engine, policy: Optional[AccessPolicy] = None) -> FastAPI
             field = "body"
         else:
             msg = f"参数 {field} 无效：{first.get('msg', '')}"
-        return fail(ev.CODE_VALIDATION, msg, {"field": field, "errors": [
+        return fail(CODE_VALIDATION, msg, {"field": field, "errors": [
             {"field": ".".join(str(x) for x in e.get("loc", ())), "msg": e.get("msg")} for e in errs]})
 
     @app.exception_handler(ApiError)
     async def _api_error(_: Request, exc: ApiError):
-        headers = {"WWW-Authenticate": 'Basic realm="kbqa"'} if exc.code == 4001 else None
+        headers = {"WWW-Authenticate": 'Basic realm="kbqa"'} if exc.code == CODE_AUTH else None
         return fail(exc.code, exc.msg, exc.data, headers)
 
     @app.exception_handler(EngineError)
@@ -124,21 +133,21 @@ def create_api(engine: Engine, policy: Optional[AccessPolicy] = None) -> FastAPI
     @app.exception_handler(SettingsError)
     async def _settings_error(_: Request, exc: SettingsError):
         field = next(iter(exc.errors), None)
-        return fail(ev.CODE_VALIDATION, str(exc), {"field": field, "errors": exc.errors})
+        return fail(CODE_VALIDATION, str(exc), {"field": field, "errors": exc.errors})
 
     @app.exception_handler(StarletteHTTPException)
     async def _http_error(_: Request, exc: StarletteHTTPException):
-        code = ev.CODE_NO_DOC if exc.status_code == 404 else ev.CODE_VALIDATION
+        code = CODE_NO_DOC if exc.status_code == 404 else CODE_VALIDATION
         return JSONResponse({"code": code, "msg": str(exc.detail), "data": None}, status_code=exc.status_code)
 
     @app.exception_handler(Exception)
     async def _unexpected(_: Request, exc: Exception):
         log.exception("unhandled API error")
-        return JSONResponse({"code": ev.CODE_ENGINE, "msg": f"内部错误：{type(exc).__name__}", "data": None},
+        return JSONResponse({"code": CODE_ENGINE, "msg": f"内部错误：{type(exc).__name__}", "data": None},
                             status_code=500)
 
     # --- auth ---------------------------------------------------------------------------------
-    def current_user(request: Request) -> Optional[str]:
+    def current_user(request: Request) -> str | None:
         if not policy.enabled:
             return None
         header = request.headers.get("authorization", "")
@@ -149,37 +158,38 @@ def create_api(engine: Engine, policy: Optional[AccessPolicy] = None) -> FastAPI
                 user, pw = "", ""
             if policy.check(user, pw):
                 return user
-        raise ApiError(4001, "需要登录：请使用 HTTP Basic 认证")
+        raise ApiError(CODE_AUTH, "需要登录：请使用 HTTP Basic 认证")
 
-    def admin_user(user: Optional[str] = Depends(current_user)) -> Optional[str]:
-        if not policy.is_admin(user):
-            raise ApiError(4003, "仅管理员可修改配置")
-        return user
+    def role_user(role: Role):
+        def dependency(user: str | None = Depends(current_user)) -> str | None:
+            denied = policy.denial(user, role)
+            if denied:
+                raise ApiError(CODE_FORBIDDEN, denied)
+            return user
+        return dependency
 
-    def kb_admin_user(user: Optional[str] = Depends(current_user)) -> Optional[str]:
-        if not policy.is_kb_admin(user):
-            raise ApiError(4003, "仅知识库管理员可管理文档")
-        return user
+    admin_user = role_user(Role.ADMIN)
+    kb_admin_user = role_user(Role.KB_ADMIN)
 
     # --- config -------------------------------------------------------------------------------
     @app.get("/api/config", response_model=Envelope, tags=["config"])
-    def get_config(_: Optional[str] = Depends(admin_user)):
+    def get_config(_: str | None = Depends(admin_user)):
         """All settings grouped (llm, retrieval, chunking, models, ocr); the API key masked."""
         return ok(engine.settings.grouped(mask=True))
 
     @app.put("/api/config", response_model=Envelope, tags=["config"])
-    def put_config(payload: dict[str, Any], _: Optional[str] = Depends(admin_user)):
+    def put_config(payload: dict[str, Any], _: str | None = Depends(admin_user)):
         """Partial update in the grouped shape. Keys not sent and masked secrets stay unchanged. Reply lists
         `immediate` (took effect now), `need_reload` (重载引擎) and `need_rebuild` (全量重建 for old docs)."""
         return ok(engine.update_settings(payload))
 
     @app.post("/api/config/test-llm", response_model=Envelope, tags=["config"])
-    def test_llm(payload: dict[str, Any] | None = None, _: Optional[str] = Depends(admin_user)):
+    def test_llm(payload: dict[str, Any] | None = None, _: str | None = Depends(admin_user)):
         """Test LLM connectivity with the body's (unsaved) llm settings; omitted values use the saved ones."""
         return ok(engine.test_llm(payload or {}))
 
     @app.post("/api/config/reload", response_model=Envelope, tags=["config"])
-    def reload(_: Optional[str] = Depends(admin_user)):
+    def reload(_: str | None = Depends(admin_user)):
         """Reload models and indexes (blocking). Questions get 2002 meanwhile."""
         ms = engine.reload()
         return ok({"elapsed_ms": round(ms)})
@@ -187,7 +197,7 @@ def create_api(engine: Engine, policy: Optional[AccessPolicy] = None) -> FastAPI
     # --- knowledge base -----------------------------------------------------------------------
     @app.post("/api/kb/documents", response_model=Envelope, tags=["kb"])
     async def upload(file: list[UploadFile] = File(..., description="repeatable"),
-                     _: Optional[str] = Depends(kb_admin_user)):
+                     _: str | None = Depends(kb_admin_user)):
         """Upload up to 10 files (txt/md/pdf/docx, ≤ 20 MB each). Returns one record per file:
         status processing, 已存在 (deduplicated), or refused with the reason."""
         tmpdir = Path(tempfile.mkdtemp(prefix="kbqa-up-"))
@@ -221,38 +231,38 @@ def create_api(engine: Engine, policy: Optional[AccessPolicy] = None) -> FastAPI
 
     @app.get("/api/kb/documents", response_model=Envelope, tags=["kb"])
     def list_documents(page: int = Query(1, ge=1), size: int = Query(20, ge=1, le=200),
-                       keyword: str = Query("", max_length=200), _: Optional[str] = Depends(current_user)):
+                       keyword: str = Query("", max_length=200), _: str | None = Depends(current_user)):
         """Paged document list with chunk counts, status and failure reason."""
         return ok(engine.list_documents(page, size, keyword))
 
     @app.get("/api/kb/documents/{doc_id}/chunks", response_model=Envelope, tags=["kb"])
-    def document_chunks(doc_id: int, _: Optional[str] = Depends(current_user)):
+    def document_chunks(doc_id: int, _: str | None = Depends(current_user)):
         """Chunk index + text of one document."""
         return ok(engine.document_chunks(doc_id))
 
     @app.delete("/api/kb/documents/{doc_id}", response_model=Envelope, tags=["kb"])
-    def delete_document(doc_id: int, _: Optional[str] = Depends(kb_admin_user)):
+    def delete_document(doc_id: int, _: str | None = Depends(kb_admin_user)):
         """Delete the document, its chunks, its vectors, its BM25 entries and its stored file."""
         return ok(engine.delete_document(doc_id))
 
     @app.post("/api/kb/rebuild", response_model=Envelope, tags=["kb"])
-    def rebuild(_: Optional[str] = Depends(kb_admin_user)):
+    def rebuild(_: str | None = Depends(kb_admin_user)):
         """Start a full rebuild with the current chunk params (refused while one runs). Poll GET."""
         return ok(engine.start_rebuild())
 
     @app.get("/api/kb/rebuild", response_model=Envelope, tags=["kb"])
-    def rebuild_status(_: Optional[str] = Depends(current_user)):
+    def rebuild_status(_: str | None = Depends(current_user)):
         """Progress of the running/last full rebuild: running, done, total, current, elapsed_ms."""
         return ok(engine.rebuild_status())
 
     @app.post("/api/kb/search", response_model=Envelope, tags=["kb"])
-    def search(body: SearchBody, _: Optional[str] = Depends(current_user)):
+    def search(body: SearchBody, _: str | None = Depends(current_user)):
         """Dual-route debug search: {bm25, vector, rrf} as in SRS §7.2."""
         return ok(engine.search(body.query, body.top_k))
 
     # --- question answering -------------------------------------------------------------------
     @app.post("/api/qa/ask/sync", response_model=Envelope, tags=["qa"])
-    def ask_sync(body: AskBody, user: Optional[str] = Depends(current_user)):
+    def ask_sync(body: AskBody, user: str | None = Depends(current_user)):
         """{answer, sources, elapsed_ms, trace, conversation_id, turn_id, route, rewritten_query} from the same
         pipeline as the stream."""
         return ok(engine.ask_sync(body.question, retry=body.retry, conversation_id=body.conversation_id,
@@ -261,7 +271,7 @@ def create_api(engine: Engine, policy: Optional[AccessPolicy] = None) -> FastAPI
     @app.post("/api/qa/ask", tags=["qa"], response_class=StreamingResponse,
               responses={200: {"content": {"text/event-stream": {}},
                                "description": "events stage / trace / delta / sources / done / error"}})
-    async def ask(body: AskBody, request: Request, user: Optional[str] = Depends(current_user)):
+    async def ask(body: AskBody, request: Request, user: str | None = Depends(current_user)):
         """Server-Sent Events: the engine's event stream, serialized. `retry: true` regenerates from the
         stored retrieval of the same question. A client that disconnects stops generation. `done` carries
         conversation_id (created when absent), turn_id, route and rewritten_query."""
@@ -287,34 +297,34 @@ def create_api(engine: Engine, policy: Optional[AccessPolicy] = None) -> FastAPI
     # --- conversations (server-side history; a user sees only their own) -------------------------
     @app.get("/api/conversations", response_model=Envelope, tags=["conversations"])
     def list_conversations(page: int = Query(1, ge=1), size: int = Query(50, ge=1, le=200),
-                           user: Optional[str] = Depends(current_user)):
+                           user: str | None = Depends(current_user)):
         """The caller's conversations, newest activity first: {items: [{conv_id, title, turn_count, …}], total}."""
         return ok(engine.list_conversations(user, page, size))
 
     @app.delete("/api/conversations", response_model=Envelope, tags=["conversations"])
-    def clear_conversations(user: Optional[str] = Depends(current_user)):
+    def clear_conversations(user: str | None = Depends(current_user)):
         """Delete all of the caller's conversations."""
         return ok(engine.clear_conversations(user))
 
     @app.get("/api/conversations/{conv_id}", response_model=Envelope, tags=["conversations"])
-    def get_conversation(conv_id: str, user: Optional[str] = Depends(current_user)):
+    def get_conversation(conv_id: str, user: str | None = Depends(current_user)):
         """One conversation with every turn (question, rewritten query, answer, sources, trace, route …).
         3002 unknown id; 4003 another user's."""
         return ok(engine.get_conversation(conv_id, user))
 
     @app.patch("/api/conversations/{conv_id}", response_model=Envelope, tags=["conversations"])
-    def rename_conversation(conv_id: str, body: RenameBody, user: Optional[str] = Depends(current_user)):
+    def rename_conversation(conv_id: str, body: RenameBody, user: str | None = Depends(current_user)):
         """Rename: {"title": "…"}."""
         return ok(engine.rename_conversation(conv_id, user, body.title))
 
     @app.delete("/api/conversations/{conv_id}", response_model=Envelope, tags=["conversations"])
-    def delete_conversation(conv_id: str, user: Optional[str] = Depends(current_user)):
+    def delete_conversation(conv_id: str, user: str | None = Depends(current_user)):
         """Delete one conversation and its turns."""
         return ok(engine.delete_conversation(conv_id, user))
 
     @app.get("/api/conversations/{conv_id}/export", tags=["conversations"], response_class=PlainTextResponse,
              responses={200: {"content": {"text/markdown": {}}}})
-    def export_conversation(conv_id: str, user: Optional[str] = Depends(current_user)):
+    def export_conversation(conv_id: str, user: str | None = Depends(current_user)):
         """The conversation as Markdown with each answer's citations (a download)."""
         md = engine.export_conversation(conv_id, user)
         return PlainTextResponse(md, media_type="text/markdown; charset=utf-8", headers={
@@ -322,37 +332,37 @@ def create_api(engine: Engine, policy: Optional[AccessPolicy] = None) -> FastAPI
 
     # --- feedback and verified Q&A entries ------------------------------------------------------
     @app.post("/api/feedback", response_model=Envelope, tags=["feedback"])
-    def give_feedback(body: FeedbackBody, user: Optional[str] = Depends(current_user)):
+    def give_feedback(body: FeedbackBody, user: str | None = Depends(current_user)):
         """👍 / 👎 on one of the caller's answers (turn_id from `done`); 👎 may carry a reason and a comment.
         Rating again replaces the earlier rating."""
         return ok(engine.give_feedback(body.turn_id, user, body.rating, body.reason, body.comment))
 
     @app.get("/api/feedback", response_model=Envelope, tags=["feedback"])
-    def list_feedback(rating: Optional[str] = Query(None, description="up | down"), page: int = Query(1, ge=1),
-                      size: int = Query(50, ge=1, le=200), _: Optional[str] = Depends(kb_admin_user)):
+    def list_feedback(rating: str | None = Query(None, description="up | down"), page: int = Query(1, ge=1),
+                      size: int = Query(50, ge=1, le=200), _: str | None = Depends(kb_admin_user)):
         """Feedback with the question, answer and sources it was given on, newest first (KB admins)."""
         return ok(engine.list_feedback(rating, page, size))
 
     @app.get("/api/feedback/export", tags=["feedback"], response_class=PlainTextResponse,
              responses={200: {"content": {"application/x-ndjson": {}}}})
-    def export_feedback(rating: Optional[str] = Query(None), _: Optional[str] = Depends(kb_admin_user)):
+    def export_feedback(rating: str | None = Query(None), _: str | None = Depends(kb_admin_user)):
         """All feedback (or one rating) as JSON Lines, a download."""
         return PlainTextResponse(engine.export_feedback(rating), media_type="application/x-ndjson; charset=utf-8",
                                  headers={"Content-Disposition": 'attachment; filename="feedback.jsonl"'})
 
     @app.post("/api/verified", response_model=Envelope, tags=["feedback"])
-    def create_verified(body: VerifiedBody, user: Optional[str] = Depends(kb_admin_user)):
+    def create_verified(body: VerifiedBody, user: str | None = Depends(kb_admin_user)):
         """A verified Q&A entry (question + checked answer [+ the cited chunks of feedback_id's answer]),
         indexed like a small document on both routes and cited as 「已核实问答」 (KB admins)."""
         return ok(engine.create_verified(body.question, body.answer, user, body.feedback_id))
 
     @app.get("/api/verified", response_model=Envelope, tags=["feedback"])
-    def list_verified(_: Optional[str] = Depends(kb_admin_user)):
+    def list_verified(_: str | None = Depends(kb_admin_user)):
         """Verified Q&A entries with their document's status (processing → ready)."""
         return ok(engine.list_verified())
 
     @app.delete("/api/verified/{qa_id}", response_model=Envelope, tags=["feedback"])
-    def delete_verified(qa_id: int, _: Optional[str] = Depends(kb_admin_user)):
+    def delete_verified(qa_id: int, _: str | None = Depends(kb_admin_user)):
         """Delete the entry; its document leaves both retrieval routes."""
         return ok(engine.delete_verified(qa_id))
 

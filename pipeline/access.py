@@ -9,6 +9,22 @@ from __future__ import annotations
 
 import hmac
 from dataclasses import dataclass, field
+from enum import Enum
+
+
+class Role(str, Enum):
+    """What an action needs. Every logged-in user has USER; ADMIN implies KB_ADMIN."""
+
+    USER = "user"
+    KB_ADMIN = "kb_admin"
+    ADMIN = "admin"
+
+
+# The one refusal text per role, shown by the UI and returned by the API (code 4003).
+DENIED_TEXT = {
+    Role.KB_ADMIN: "无权限：仅知识库管理员可以管理知识库",
+    Role.ADMIN: "无权限：仅管理员可以查看和修改配置",
+}
 
 
 @dataclass
@@ -49,6 +65,18 @@ class AccessPolicy:
 
     def is_kb_admin(self, username: str | None) -> bool:
         return not self.enabled or (username in self.kb_admins)
+
+    def allows(self, username: str | None, role: Role) -> bool:
+        """The one role check used by ui/ and api/."""
+        if role is Role.ADMIN:
+            return self.is_admin(username)
+        if role is Role.KB_ADMIN:
+            return self.is_kb_admin(username)
+        return True
+
+    def denial(self, username: str | None, role: Role) -> str | None:
+        """None when allowed, else the refusal text for that role."""
+        return None if self.allows(username, role) else DENIED_TEXT[role]
 
     def gradio_auth(self):
         """Value for Gradio's `auth=` (None when logins are off)."""

@@ -1,18 +1,20 @@
-"""Error codes shared by the answer event stream and the REST envelope, and the engine's error type.
+"""Every error code of the app in one place: the answer event stream, the REST envelope and the UI use these.
 
-1001 validation (field named) · 2001 LLM failure · 2002 engine loading/reloading/busy · 3001 parse failure ·
-3002 no such document / conversation / entry · 4001 login required · 4003 not yours / not allowed.
+1xxx bad input · 2xxx engine / LLM · 3xxx documents · 4xxx login and roles.
 """
 from __future__ import annotations
 
-from pipeline.events import CODE_ENGINE, CODE_LLM, CODE_NO_DOC, CODE_PARSE, CODE_VALIDATION  # noqa: F401
-
-CODE_AUTH = 4001
-CODE_FORBIDDEN = 4003
+CODE_VALIDATION = 1001  # a field is missing, of the wrong type or out of range (the field is named)
+CODE_LLM = 2001         # the LLM call failed (auth, timeout, refused, cut off …)
+CODE_ENGINE = 2002      # engine loading / reloading / busy (rebuild) / not ready
+CODE_PARSE = 3001       # a document could not be parsed
+CODE_NO_DOC = 3002      # no such document
+CODE_AUTH = 4001        # login required
+CODE_FORBIDDEN = 4003   # logged in, but the role does not allow it
 
 
 class EngineError(Exception):
-    """An error with a REST/event code (1001 validation, 2002 engine, 3002 no such document…)."""
+    """An error with a REST/event code; `field` names the offending input for 1001."""
 
     def __init__(self, code: int, msg: str, field: str | None = None):
         super().__init__(msg)

@@ -1,52 +1,258 @@
-"""The one answer event stream (SRS §7.3–7.4).
+"""The one answer event stream (SRS §7.3–7.4): its event types, their payloads, and the builders of both.
 
-`Engine.ask()` yields these; the Gradio chat and the HTTP SSE endpoint both consume the very same objects.
+`Engine.ask()` yields these; the Gradio chat and the HTTP SSE endpoint consume the very same objects.
 Order: stage(recall) → stage(rerank) → trace → stage(generate) → delta* → sources → done, or error at any point.
+The trace and sources payloads are built here from a plain `RetrievalResult`, so a question flows down once:
+engine → retrieval → generation → these builders.
 """
 from __future__ import annotations
 
 import json
 from dataclasses import dataclass, field
-from typing import Any
+from enum import Enum
+from typing import TYPE_CHECKING, Any, Literal, NotRequired, TypedDict
 
-EVENT_TYPES = ("stage", "trace", "delta", "sources", "done", "error")
+from pipeline.retrieval.nodes import node_meta, node_text
 
-# Error codes shared by the event stream and the REST envelope.
-CODE_VALIDATION = 1001
-CODE_LLM = 2001
-CODE_ENGINE = 2002
-CODE_PARSE = 3001
-CODE_NO_DOC = 3002
+if TYPE_CHECKING:
+    from pipeline.retrieval.result import RetrievalResult
 
 NO_ANSWER_TEXT = "根据现有资料无法回答该问题，请到知识库补充相关资料。"
 NO_ANSWER_SHORT = "根据现有资料无法回答"
 EXTRACTIVE_LABEL = "未配置大模型，以下为知识库原文摘录"
 
+TRACE_TOP = 10  # rows per route shown in 检索过程
+SNIPPET = 120   # characters of each trace row's text
+
+
+class EventType(str, Enum):
+    STAGE = "stage"
+    TRACE = "trace"
+    DELTA = "delta"
+    SOURCES = "sources"
+    DONE = "done"
+    ERROR = "error"
+
+
+EVENT_TYPES = tuple(t.value for t in EventType)
+
+
+# --- payloads ----------------------------------------------------------------------------------------
+class StagePayload(TypedDict):
+    phase: Literal["recall", "rerank", "generate"]
+
+
+class TraceRow(TypedDict):
+    chunk_id: int
+    doc_name: str | None
+    page: int | None
+    text: str  # a snippet
+
+
+class BM25Row(TraceRow):
+    rank: int
+    score: float | None
+
+
+class VectorRow(TraceRow):
+    rank: int
+    similarity: float | None
+
+
+class FusedRow(TraceRow):
+    rank: int
+    rrf_score: float | None
+    bm25_rank: int | None
+    vector_rank: int | None
+
+
+class RerankRow(TraceRow):
+    no: int
+    rerank_score: float | None
+    rrf_score: float | None
+    similarity: float | None
+
+
+class RerankStatus(TypedDict):
+    status: Literal["ok", "skipped", "fallback"]
+    msg: str
+
+
+class GateInfo(TypedDict):
+    hit: bool
+    max_similarity: float | None
+    min_similarity: float
+
+
+class RouteInfo(TypedDict):  # pipeline.conversation.router.Route.to_dict()
+    route: Literal["DIRECT", "LIGHT", "STRONG"]
+    label: str
+    reason: str
+    kind: str | None
+
+
+class QueryInfo(TypedDict):  # pipeline.conversation.rewrite.Rewrite.to_dict(): 「检索问题：…」
+    original: str
+    query: str
+    changed: bool
+    method: str
+    kind: str | None
+    note: str
+
+
+class TracePayload(TypedDict):
+    bm25: list[BM25Row]
+    vector: list[VectorRow]
+    rrf: list[FusedRow]
+    rerank: list[RerankRow]
+    rerank_status: RerankStatus | dict
+    fusion: dict[str, Any]
+    gate: GateInfo
+    ms: dict[str, float]
+    route: NotRequired[RouteInfo]
+    query: NotRequired[QueryInfo]
+
+
+class DirectTracePayload(TypedDict):
+    """The trace of a DIRECT answer: nothing was retrieved."""
+    route: RouteInfo
+    query: QueryInfo
+
+
+class DeltaPayload(TypedDict):
+    text: str
+
+
+class Source(TypedDict):
+    no: int  # the [n] of the citations: position in the rerank output, from 1
+    chunk_id: int
+    doc_id: int | None
+    doc_name: str | None
+    page: int | None
+    source: str  # "text" | "ocr"
+    text: str
+    similarity: float | None
+    rerank_score: float | None
+    cited: bool
+    verified: bool  # a verified Q&A entry (shown as 「已核实问答」)
+
+
+class SourcesPayload(TypedDict):
+    sources: list[Source]
+
+
+class DonePayload(TypedDict):
+    elapsed_ms: int
+    no_answer: bool
+    mode: NotRequired[Literal["llm", "extractive", "fixed"]]  # fixed: the offline reply of a DIRECT route
+    rewritten_query: NotRequired[str | None]  # what retrieval saw, when a follow-up was rewritten
+    # added by the conversation recorder (pipeline.conversation.service.TurnRecorder) before it is sent:
+    conversation_id: NotRequired[str]
+    turn_id: NotRequired[int]
+    route: NotRequired[Literal["DIRECT", "LIGHT", "STRONG"]]
+
+
+class ErrorPayload(TypedDict):
+    code: int
+    msg: str
+
 
 @dataclass(frozen=True)
 class Event:
-    type: str
+    type: EventType
     data: dict[str, Any] = field(default_factory=dict)
 
     def __post_init__(self):
-        if self.type not in EVENT_TYPES:
-            raise ValueError(f"unknown event type {self.type!r}")
+        try:
+            object.__setattr__(self, "type", EventType(self.type))
+        except ValueError:
+            raise ValueError(f"unknown event type {self.type!r}") from None
 
     def to_dict(self) -> dict[str, Any]:
-        return {"event": self.type, "data": self.data}
+        return {"event": self.type.value, "data": self.data}
 
     def to_sse(self) -> str:
         """Serialize as one Server-Sent Event frame."""
-        return f"event: {self.type}\ndata: {json.dumps(self.data, ensure_ascii=False)}\n\n"
+        return f"event: {self.type.value}\ndata: {json.dumps(self.data, ensure_ascii=False)}\n\n"
 
 
+# --- builders ----------------------------------------------------------------------------------------
 def stage(phase: str) -> Event:
-    return Event("stage", {"phase": phase})
+    return Event(EventType.STAGE, StagePayload(phase=phase))  # type: ignore[typeddict-item]
 
 
 def delta(text: str) -> Event:
-    return Event("delta", {"text": text})
+    return Event(EventType.DELTA, DeltaPayload(text=text))
 
 
 def error(code: int, msg: str) -> Event:
-    return Event("error", {"code": code, "msg": msg})
+    return Event(EventType.ERROR, ErrorPayload(code=code, msg=msg))
+
+
+def done(elapsed_ms: float, no_answer: bool, mode: str | None = None, rewritten_query: str | None = None) -> Event:
+    payload = DonePayload(elapsed_ms=round(elapsed_ms), no_answer=no_answer, rewritten_query=rewritten_query)
+    if mode is not None:
+        payload["mode"] = mode  # type: ignore[typeddict-item]
+    return Event(EventType.DONE, payload)
+
+
+def _r(x: Any, nd: int = 4) -> float | None:
+    return None if x is None else round(float(x), nd)
+
+
+def _row(n: Any) -> TraceRow:
+    meta = node_meta(n)
+    text = node_text(n).replace("\n", " ")
+    return TraceRow(chunk_id=int(n.node.node_id), doc_name=meta.get("doc_name"), page=meta.get("page"),
+                    text=text[:SNIPPET] + ("…" if len(text) > SNIPPET else ""))
+
+
+def trace_payload(res: "RetrievalResult") -> TracePayload:
+    """检索过程 ①–④: each route's top rows, the fused list, the final sources, rerank status, gate, timings."""
+    def meta(n, key):
+        return n.node.metadata.get(key)
+
+    return TracePayload(
+        bm25=[BM25Row(**_row(n), rank=i, score=_r(n.score)) for i, n in enumerate(res.bm25[:TRACE_TOP], 1)],
+        vector=[VectorRow(**_row(n), rank=i, similarity=_r(n.score))
+                for i, n in enumerate(res.vector[:TRACE_TOP], 1)],
+        rrf=[FusedRow(**_row(n), rank=i, rrf_score=_r(meta(n, "rrf_score"), 6), bm25_rank=meta(n, "bm25_rank"),
+                      vector_rank=meta(n, "vector_rank")) for i, n in enumerate(res.fused[:TRACE_TOP], 1)],
+        rerank=[RerankRow(**_row(n), no=i, rerank_score=_r(meta(n, "rerank_score")),
+                          rrf_score=_r(meta(n, "rrf_score"), 6), similarity=_r(meta(n, "similarity_full")))
+                for i, n in enumerate(res.final, 1)],
+        rerank_status=res.rerank_status,
+        fusion={"bm25_weight": _r(res.bm25_weight, 3)},
+        gate=GateInfo(hit=res.hit, max_similarity=_r(res.max_similarity), min_similarity=res.min_similarity),
+        ms={k: round(v, 1) for k, v in res.ms.items()},
+    )
+
+
+def trace(res: "RetrievalResult", route: RouteInfo | None = None, query: QueryInfo | None = None) -> Event:
+    payload = trace_payload(res)
+    if route is not None:
+        payload["route"] = route
+    if query is not None:
+        payload["query"] = query
+    return Event(EventType.TRACE, payload)
+
+
+def route_trace(route: RouteInfo, query: QueryInfo) -> Event:
+    """DIRECT: the trace says which route was taken and why, and that nothing was retrieved."""
+    return Event(EventType.TRACE, DirectTracePayload(route=route, query=query))
+
+
+def source_list(res: "RetrievalResult", cited: set[int] | frozenset[int] = frozenset()) -> list[Source]:
+    """The final nodes as numbered sources (`no` = the [n] the answer cites)."""
+    out: list[Source] = []
+    for i, n in enumerate(res.final, start=1):
+        m = n.node.metadata
+        out.append(Source(no=i, chunk_id=int(n.node.node_id), doc_id=m.get("doc_id"), doc_name=m.get("doc_name"),
+                          page=m.get("page"), source=m.get("source", "text"), text=node_text(n),
+                          similarity=_r(m.get("similarity_full")), rerank_score=_r(m.get("rerank_score")),
+                          cited=i in cited, verified=bool(m.get("verified"))))
+    return out
+
+
+def sources(items: list[Source]) -> Event:
+    return Event(EventType.SOURCES, SourcesPayload(sources=items))

@@ -1,50 +1,31 @@
 """Typed application settings (SRS F1.1) — the contract for field names, defaults and ranges.
 
-The settings object is plain pydantic; persistence lives in store.config_store (key/value rows in
-`sys_config`). Groups mirror the REST API's grouped shape (`llm`, `retrieval`, `chunking`, `models`, `ocr`).
+One source per rule: every field declares, on its pydantic `Field`, its range (ge/le), a description, and in
+`json_schema_extra` its group (the REST API's grouped shape and the settings tab's cards), its effect
+(`immediate` = next question, `reload` = needs 重载引擎, `rebuild` = new uploads at once, existing documents need
+全量重建) and its Chinese label. GROUPS, LABELS, the effect sets, range texts, the settings tab and the README
+table (`python -m tools.settings_table`) are all derived from these declarations.
+Persistence lives in store.config_store (key/value rows in `sys_config`).
 """
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
-# Which group each field belongs to. Order is the display order of the settings tab.
-GROUPS: dict[str, list[str]] = {
-    "llm": ["llm_model", "llm_api_url", "llm_api_key", "llm_temperature", "llm_timeout"],
-    "retrieval": [
-        "recall_size", "final_top_k", "rrf_k", "bm25_weight", "vector_weight", "bm25_adaptive",
-        "bm25_k1", "bm25_b", "min_similarity", "rerank_candidates",
-    ],
-    "chunking": ["chunk_size", "chunk_overlap"],
-    "models": ["embedding_model_path", "reranker_model_path"],
-    "ocr": ["ocr_enabled", "ocr_max_pages"],
-}
-SECRET_FIELDS = {"llm_api_key"}
-
-# Fields whose change takes effect on the next question; the rest need 重载引擎 (or a rebuild).
-IMMEDIATE_FIELDS = {
-    "recall_size", "final_top_k", "rrf_k", "bm25_weight", "vector_weight", "bm25_adaptive", "bm25_k1", "bm25_b",
-    "min_similarity", "rerank_candidates", "llm_temperature", "ocr_enabled", "ocr_max_pages",
-}
-RELOAD_FIELDS = {"llm_model", "llm_api_url", "llm_api_key", "llm_timeout",
-                 "embedding_model_path", "reranker_model_path"}
-REBUILD_FIELDS = {"chunk_size", "chunk_overlap"}  # new uploads at once; existing docs need 全量重建
-
+Effect = Literal["immediate", "reload", "rebuild"]
+GROUP_ORDER = ("llm", "retrieval", "chunking", "models", "ocr")
 DEFAULT_EMBEDDING_PATH = "models/bge-small-zh-v1.5"
 DEFAULT_RERANKER_PATH = "models/bge-reranker-base"
 
-# Human labels used in error messages and the settings tab.
-LABELS: dict[str, str] = {
-    "llm_model": "模型名称", "llm_api_url": "API 地址", "llm_api_key": "API Key",
-    "llm_temperature": "温度", "llm_timeout": "超时(秒)",
-    "recall_size": "每路召回数", "final_top_k": "最终 Top-K", "rrf_k": "RRF K",
-    "bm25_weight": "BM25 权重", "vector_weight": "向量权重", "bm25_adaptive": "BM25 自适应权重",
-    "bm25_k1": "BM25 k1", "bm25_b": "BM25 b", "min_similarity": "最低相似度",
-    "rerank_candidates": "精排候选数", "chunk_size": "块大小(字符)", "chunk_overlap": "块重叠(字符)",
-    "embedding_model_path": "Embedding 模型路径", "reranker_model_path": "Reranker 模型路径",
-    "ocr_enabled": "启用 OCR", "ocr_max_pages": "OCR 页数上限",
-}
+
+def setting(default: Any, *, group: str, effect: Effect, label: str, description: str, secret: bool = False,
+            **constraints: Any) -> Any:
+    """A settings Field with its metadata (group, effect, label) next to its range."""
+    extra = {"group": group, "effect": effect, "label": label}
+    if secret:
+        extra["secret"] = True
+    return Field(default, description=description, json_schema_extra=extra, **constraints)
 
 
 class Settings(BaseModel):
@@ -53,34 +34,57 @@ class Settings(BaseModel):
     model_config = ConfigDict(extra="forbid", validate_assignment=True)
 
     # llm
-    llm_model: str = ""
-    llm_api_url: str = ""
-    llm_api_key: str = ""
-    llm_temperature: float = Field(0.3, ge=0, le=1)
-    llm_timeout: float = Field(60.0, ge=1, le=600)
+    llm_model: str = setting("", group="llm", effect="reload", label="模型名称",
+                             description="OpenAI 兼容服务的模型名；留空 = 原文摘录模式")
+    llm_api_url: str = setting("", group="llm", effect="reload", label="API 地址",
+                               description="OpenAI 兼容的 base URL，例如 https://api.deepseek.com/v1")
+    llm_api_key: str = setting("", group="llm", effect="reload", label="API Key", secret=True,
+                               description="只显示掩码 ****abcd")
+    llm_temperature: float = setting(0.3, group="llm", effect="immediate", label="温度",
+                                     description="生成温度", ge=0, le=1)
+    llm_timeout: float = setting(60.0, group="llm", effect="reload", label="超时(秒)",
+                                 description="单次大模型请求超时", ge=1, le=600)
     # retrieval
-    recall_size: int = Field(50, ge=1, le=200)
-    final_top_k: int = Field(6, ge=1, le=20)
-    rrf_k: int = Field(60, ge=1)
+    recall_size: int = setting(50, group="retrieval", effect="immediate", label="每路召回数",
+                               description="BM25 与向量各召回的块数", ge=1, le=200)
+    final_top_k: int = setting(6, group="retrieval", effect="immediate", label="最终 Top-K",
+                               description="送入生成的资料数", ge=1, le=20)
+    rrf_k: int = setting(60, group="retrieval", effect="immediate", label="RRF K",
+                         description="RRF 常数（SRS 取 60）", ge=1)
     # Weighted RRF; with bm25_adaptive the BM25 weight per query is scaled down when BM25's ranking is not
     # decisive (pipeline.retrieval.fusion). Defaults chosen by measurement (docs/retrieval-eval.md).
-    bm25_weight: float = Field(1.0, ge=0, le=5)
-    vector_weight: float = Field(1.0, ge=0, le=5)
-    bm25_adaptive: bool = True
-    bm25_k1: float = Field(1.5, ge=0, le=3)
-    bm25_b: float = Field(0.75, ge=0, le=1)
-    # SRS says 0.3; calibrated per embedding model (see pipeline.models.calibrated_min_similarity).
-    min_similarity: float = Field(0.3, ge=0, le=1)
-    rerank_candidates: int = Field(20, ge=1, le=200)
+    bm25_weight: float = setting(1.0, group="retrieval", effect="immediate", label="BM25 权重",
+                                 description="RRF 中 BM25 路的权重（自适应时为上限）", ge=0, le=5)
+    vector_weight: float = setting(1.0, group="retrieval", effect="immediate", label="向量权重",
+                                   description="RRF 中向量路的权重", ge=0, le=5)
+    bm25_adaptive: bool = setting(True, group="retrieval", effect="immediate", label="BM25 自适应权重",
+                                  description="按 BM25 前两名得分比逐问调整 BM25 权重")
+    bm25_k1: float = setting(1.5, group="retrieval", effect="immediate", label="BM25 k1",
+                             description="BM25 词频饱和参数", ge=0, le=3)
+    bm25_b: float = setting(0.75, group="retrieval", effect="immediate", label="BM25 b",
+                            description="BM25 长度归一参数", ge=0, le=1)
+    # SRS says 0.3; calibrated per embedding model (pipeline.retrieval.service.default_min_similarity).
+    min_similarity: float = setting(0.3, group="retrieval", effect="immediate", label="最低相似度",
+                                    description="无答案门槛：最高余弦相似度低于它则拒答", ge=0, le=1)
+    rerank_candidates: int = setting(20, group="retrieval", effect="immediate", label="精排候选数",
+                                     description="送入精排模型的融合候选数", ge=1, le=200)
     # chunking
-    chunk_size: int = Field(300, ge=50, le=2000)
-    chunk_overlap: int = Field(50, ge=0)
+    chunk_size: int = setting(300, group="chunking", effect="rebuild", label="块大小(字符)",
+                              description="切块目标长度（字符）", ge=50, le=2000)
+    chunk_overlap: int = setting(50, group="chunking", effect="rebuild", label="块重叠(字符)",
+                                 description="相邻块重叠字符数，须小于块大小", ge=0)
     # models
-    embedding_model_path: str = DEFAULT_EMBEDDING_PATH
-    reranker_model_path: str = DEFAULT_RERANKER_PATH
+    embedding_model_path: str = setting(DEFAULT_EMBEDDING_PATH, group="models", effect="reload",
+                                        label="Embedding 模型路径",
+                                        description="含 config.json 的本地目录；不存在时用内置 multilingual-e5-small")
+    reranker_model_path: str = setting(DEFAULT_RERANKER_PATH, group="models", effect="reload",
+                                       label="Reranker 模型路径",
+                                       description="交叉编码器目录；不存在时跳过精排")
     # ocr
-    ocr_enabled: bool = True
-    ocr_max_pages: int = Field(50, ge=1, le=2000)
+    ocr_enabled: bool = setting(True, group="ocr", effect="immediate", label="启用 OCR",
+                                description="扫描页/乱码页走离线 OCR")
+    ocr_max_pages: int = setting(50, group="ocr", effect="immediate", label="OCR 页数上限",
+                                 description="每个文档最多 OCR 的页数", ge=1, le=2000)
 
     @model_validator(mode="after")
     def _overlap_below_size(self) -> "Settings":
@@ -103,6 +107,45 @@ class Settings(BaseModel):
         return d
 
 
+# --- metadata derived from the Field declarations ------------------------------------------------
+def field_meta(name: str) -> dict[str, Any]:
+    """{group, effect, label[, secret]} of one field."""
+    return dict(Settings.model_fields[name].json_schema_extra or {})
+
+
+def _fields_where(pred) -> list[str]:
+    return [n for n in Settings.model_fields if pred(field_meta(n))]
+
+
+GROUPS: dict[str, list[str]] = {g: _fields_where(lambda m, g=g: m["group"] == g) for g in GROUP_ORDER}
+LABELS: dict[str, str] = {n: field_meta(n)["label"] for n in Settings.model_fields}
+SECRET_FIELDS = set(_fields_where(lambda m: m.get("secret", False)))
+IMMEDIATE_FIELDS = set(_fields_where(lambda m: m["effect"] == "immediate"))
+RELOAD_FIELDS = set(_fields_where(lambda m: m["effect"] == "reload"))
+REBUILD_FIELDS = set(_fields_where(lambda m: m["effect"] == "rebuild"))
+
+
+def bounds(name: str) -> tuple[Any, Any]:
+    """(ge, le) of a numeric field; None where unbounded."""
+    lo = hi = None
+    for m in Settings.model_fields[name].metadata:
+        if getattr(m, "ge", None) is not None:
+            lo = m.ge
+        if getattr(m, "le", None) is not None:
+            hi = m.le
+    return lo, hi
+
+
+def range_text(name: str) -> str:
+    """`0–1`, `≥ 1` or "" — the one wording used by error messages, the settings tab and the README."""
+    lo, hi = bounds(name)
+    if lo is not None and hi is not None:
+        return f"{lo}–{hi}"
+    if lo is not None:
+        return f"≥ {lo}"
+    return ""
+
+
 class SettingsError(ValueError):
     """Invalid settings: `errors` maps field name → Chinese message naming the allowed range."""
 
@@ -122,17 +165,11 @@ def is_masked(value: Any) -> bool:
     return isinstance(value, str) and value.startswith("****")
 
 
-def _range_text(name: str) -> str:
-    info = Settings.model_fields[name]
-    lo = hi = None
-    for m in info.metadata:
-        lo = getattr(m, "ge", lo) if getattr(m, "ge", None) is not None else lo
-        hi = getattr(m, "le", hi) if getattr(m, "le", None) is not None else hi
-    if lo is not None and hi is not None:
-        return f"取值范围 {lo}–{hi}"
-    if lo is not None:
-        return f"必须 ≥ {lo}"
-    return ""
+def _range_phrase(name: str) -> str:
+    r = range_text(name)
+    if not r:
+        return ""
+    return f"取值范围 {r}" if "–" in r else f"必须 {r}"
 
 
 def _friendly(err: dict) -> tuple[str, str]:
@@ -143,15 +180,15 @@ def _friendly(err: dict) -> tuple[str, str]:
     if etype == "extra_forbidden":
         return field, f"未知配置项 {field}"
     if etype in {"int_parsing", "int_type", "int_from_float"}:
-        return field, f"{label} 必须是整数，{_range_text(field)}".rstrip("，")
+        return field, f"{label} 必须是整数，{_range_phrase(field)}".rstrip("，")
     if etype in {"float_parsing", "float_type"}:
-        return field, f"{label} 必须是数字，{_range_text(field)}".rstrip("，")
+        return field, f"{label} 必须是数字，{_range_phrase(field)}".rstrip("，")
     if etype in {"bool_parsing", "bool_type"}:
         return field, f"{label} 必须是 true/false"
     if etype in {"string_type"}:
         return field, f"{label} 必须是字符串"
     if etype.startswith(("greater", "less")):
-        return field, f"{label} 超出范围，{_range_text(field)}"
+        return field, f"{label} 超出范围，{_range_phrase(field)}"
     msg = err.get("msg", "")
     if msg.startswith("Value error, "):
         msg = msg[len("Value error, "):]

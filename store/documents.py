@@ -5,9 +5,9 @@ storage without re-tokenizing the corpus.
 """
 from __future__ import annotations
 
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Iterable, Iterator
 
 from .db import Database
 

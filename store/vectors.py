@@ -6,14 +6,11 @@ different model is detected ("需要全量重建") and vectors of two models are
 from __future__ import annotations
 
 import logging
-import os
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Sequence
 
-os.environ.setdefault("ANONYMIZED_TELEMETRY", "False")
-
-import chromadb  # noqa: E402
-from chromadb.config import Settings as ChromaSettings  # noqa: E402
+import chromadb
+from chromadb.config import Settings as ChromaSettings  # telemetry off per client (anonymized_telemetry)
 
 log = logging.getLogger(__name__)
 

@@ -3,6 +3,10 @@ from __future__ import annotations
 
 import pytest
 
+from pipeline.offline import enable_offline
+
+enable_offline()  # before any test module imports gradio / transformers / onnxruntime
+
 
 @pytest.fixture
 def fake_llm():

@@ -8,6 +8,7 @@ import time
 from pathlib import Path
 
 import httpx
+
 from tests.live import free_port
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -74,12 +74,12 @@ def _upload(page, live, tmp_path) -> str:
         page.wait_for_function(
             "([name]) => { const t = document.querySelector('#kb-table')?.innerText || '';"
             " return t.includes(name) && t.includes('就绪'); }", arg=[KB_NAME], timeout=180_000)
-        assert live.engine.ingest.wait_idle(60)
+        assert live.engine.wait_idle(60)
         how = "ui"
     else:
         res = live.engine.upload([(KB_NAME, f)])
         assert res[0].ok, res
-        assert live.engine.ingest.wait_idle(120)
+        assert live.engine.wait_idle(120)
         how = "engine"
     assert live.engine.health()["chunks"] > 0
     # the header badge follows (KB tab update or the timer)
@@ -207,7 +207,7 @@ def test_browser_upload_ask_cite_reload_replay(tmp_path):
             page.fill("#kb-qa-answer textarea", VERIFIED_A)
             page.click("#kb-qa-create")
             page.wait_for_selector("#kb-qa-status .kb-qa-done", timeout=10_000)
-            assert live.engine.ingest.wait_idle(120)
+            assert live.engine.wait_idle(120)
             _open_tab(page, "问答")
             page.click("#kb-new-conv")
             page.fill("#kb-question textarea", VERIFIED_Q)

@@ -153,13 +153,14 @@ def test_chitchat_goes_direct_without_retrieval(engine):
 
 
 def test_follow_up_prompt_carries_history_apart_from_materials(engine, fake_llm):
-    from pipeline.generation.answer import build_llm
+    from pipeline.generation.llm_client import build_llm
     from pipeline.settings import Settings
 
-    old_llm, old_rewriter = engine.llm, engine.rewriter
+    models = engine.components.models
+    old_llm, old_rewriter = models.llm, models.rewriter
     try:
-        engine.llm = build_llm(Settings(llm_api_url=fake_llm.base_url, llm_model="fake-model", llm_api_key="k"))
-        engine.rewriter = engine.rule_rewriter  # the LLM rewrite has its own test (test_rewrite.py)
+        models.llm = build_llm(Settings(llm_api_url=fake_llm.base_url, llm_model="fake-model", llm_api_key="k"))
+        models.rewriter = engine.components.rule_rewriter  # the LLM rewrite has its own test (test_rewrite.py)
         fake_llm.reply = "客服电话是 400-800-1234[1]。"
         cid = _events(engine, QUESTION)[-1][1]["conversation_id"]
         fake_llm.reply = "服务时间为每天 9 点到 21 点[1]。"
@@ -175,4 +176,4 @@ def test_follow_up_prompt_carries_history_apart_from_materials(engine, fake_llm)
         assert "用户问题：那服务时间呢？" in user_msg
         assert "完整意思是：" in user_msg and "服务时间" in user_msg[user_msg.index("完整意思是："):]
     finally:
-        engine.llm, engine.rewriter = old_llm, old_rewriter
+        models.llm, models.rewriter = old_llm, old_rewriter

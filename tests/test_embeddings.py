@@ -3,7 +3,6 @@ fast path, local model folders and the tiny test models. Real models, no mocks; 
 from __future__ import annotations
 
 import json
-import os
 import shutil
 import socket
 import time
@@ -12,9 +11,6 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-
-os.environ.setdefault("HF_HUB_OFFLINE", "1")
-os.environ.setdefault("ORT_DISABLE_TELEMETRY", "1")
 
 from pipeline.models.e5_convert import E5_DIRNAME, MARKER_NAME, ensure_packaged_e5  # noqa: E402
 

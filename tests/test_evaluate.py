@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from pipeline import evaluate
+from tools import evaluate
 from tools.evaluate import metrics
 
 DATA = Path(__file__).resolve().parents[1].parent / "shared" / "data"

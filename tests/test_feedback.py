@@ -39,7 +39,7 @@ def test_feedback_validation_ownership_and_snapshot(engine):
     assert _err(lambda: engine.give_feedback(999999, "ann", "up")).code == CODE_NO_DOC
     for bad in (dict(rating="meh"), dict(rating="down", reason="太长"), dict(rating="up", reason="不准确"),
                 dict(rating="down", reason="其他", comment="x" * 501)):
-        assert _err(lambda: engine.give_feedback(tid, "ann", **bad)).code == CODE_VALIDATION
+        assert _err(lambda bad=bad: engine.give_feedback(tid, "ann", **bad)).code == CODE_VALIDATION
     assert _err(lambda: engine.give_feedback("1", "ann", "up")).code == CODE_VALIDATION
     # the admin's view keeps the rated answer after the user deletes the conversation
     engine.delete_conversation(r["conversation_id"], "ann")
@@ -73,7 +73,7 @@ def test_verified_entry_joins_both_routes_is_cited_and_leaves_on_delete(engine):
     entry = engine.create_verified(NEW_Q, NEW_A, "admin", fb["fb_id"])
     assert entry["cited"] and entry["cited"][0]["chunk_id"] == r["sources"][0]["chunk_id"]
     assert entry["turn_id"] == r["turn_id"]
-    assert engine.ingest.wait_idle(120)
+    assert engine.wait_idle(120)
     listed = engine.list_verified()
     assert listed[0]["qa_id"] == entry["qa_id"] and listed[0]["status"] == "ready"
     chunk_id = engine.document_chunks(entry["doc_id"])[0]["chunk_id"]
@@ -101,6 +101,6 @@ def test_verified_entry_joins_both_routes_is_cited_and_leaves_on_delete(engine):
 
 def test_deleting_the_entry_document_from_the_kb_deletes_the_entry(engine):
     entry = engine.create_verified("星河电子的总部在哪里？", "星河电子总部位于杭州市西湖区。", None)
-    assert engine.ingest.wait_idle(120)
+    assert engine.wait_idle(120)
     engine.delete_document(entry["doc_id"])
     assert all(e["qa_id"] != entry["qa_id"] for e in engine.list_verified())

@@ -9,17 +9,16 @@ import re
 import time
 
 import pytest
-from tests.live import free_port
 from llama_index.core.schema import NodeWithScore, TextNode
 
-from pipeline.generation.citations import CitationGuard, strip_citations
 from pipeline.events import EXTRACTIVE_LABEL, NO_ANSWER_SHORT, NO_ANSWER_TEXT, Event
-from pipeline.generation.answer import GenerationResult, LLMError, ThinkFilter, build_llm, stream_answer, \
-    test_llm_connection as check_connection
-from pipeline.generation.llm_client import PLACEHOLDER_API_KEY
+from pipeline.generation.answer import GenerationResult, ThinkFilter, stream_answer
+from pipeline.generation.citations import CitationGuard, strip_citations
+from pipeline.generation.llm_client import PLACEHOLDER_API_KEY, LLMError, build_llm
+from pipeline.generation.llm_client import test_llm_connection as check_connection
 from pipeline.generation.prompting import SYSTEM_PROMPT, build_prompt, neutralise
 from pipeline.settings import Settings
-
+from tests.live import free_port
 
 # --- helpers ------------------------------------------------------------------------------------------------------
 
@@ -466,5 +465,5 @@ def test_closing_the_answer_stops_the_llm_stream(fake_llm):
     sent = fake_llm.sent_chunks
     time.sleep(0.5)
     assert fake_llm.sent_chunks == sent < 100  # the server's writes failed: the HTTP response was closed
-    from pipeline import llm_client
+    from pipeline.generation import llm_client
     assert llm_client._open_responses == {}  # nothing left registered

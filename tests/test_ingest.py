@@ -13,13 +13,14 @@ from pathlib import Path
 import pytest
 
 from pipeline.engine import Engine, EngineError
+from pipeline.events import source_list
 
 ROOT = Path(__file__).resolve().parents[1]
 DOCS = ROOT.parent / "shared" / "docs"
 
 
 def wait_docs(engine: Engine, timeout: float = 300) -> None:
-    assert engine.ingest.wait_idle(timeout), "ingest did not finish"
+    assert engine.wait_idle(timeout), "ingest did not finish"
 
 
 def upload_file(engine: Engine, path: Path, name: str | None = None):
@@ -27,7 +28,7 @@ def upload_file(engine: Engine, path: Path, name: str | None = None):
 
 
 def doc_status(engine, doc_id):
-    return engine.docs.get(doc_id)
+    return engine.components.docs.get(doc_id)
 
 
 @pytest.fixture(scope="module")
@@ -90,10 +91,10 @@ def test_scanned_pdf_without_ocr_fails_with_reason(tmp_path):
         g = upload_file(e, DOCS / "mineru/zh_garbled_textlayer_gbk_bytes_1p.pdf")
         wait_docs(e)
         for rr in (r, g):
-            d = e.docs.get(rr.doc_id)
+            d = e.components.docs.get(rr.doc_id)
             assert d["status"] == "failed" and d["fail_reason"] == "未解析到文本"
-            assert e.docs.chunks_of(rr.doc_id) == []
-        assert e.vectors.count() == 0  # a failed document leaves no vectors
+            assert e.components.docs.chunks_of(rr.doc_id) == []
+        assert e.components.vectors.count() == 0  # a failed document leaves no vectors
     finally:
         e.close()
 
@@ -111,7 +112,7 @@ BAD = [
     ("renamed.txt", b"\x7fELF\x02\x01\x01" + bytes(range(256)) * 20, None),
     ("random.pdf", os.urandom(4096), None),
     ("truncated.pdf", (DOCS / "mineru/zh_union_rules_table_1p.pdf").read_bytes()[:3000], None),
-    ("notzip.docx", "这不是一个 docx 文件".encode("utf-8") * 50, None),
+    ("notzip.docx", "这不是一个 docx 文件".encode() * 50, None),
     ("empty.txt", b"", None),
 ]
 
@@ -120,18 +121,18 @@ BAD = [
 def test_bad_files_fail_cleanly(engine, tmp_path, name, data, reason_part):
     p = tmp_path / "upload.bin"
     p.write_bytes(data)
-    before = engine.vectors.count()
+    before = engine.components.vectors.count()
     r = engine.upload([(name, p)])[0]
     if r.ok:  # accepted at the door, must fail in the worker with a reason
         wait_docs(engine)
-        d = engine.docs.get(r.doc_id)
+        d = engine.components.docs.get(r.doc_id)
         assert d["status"] == "failed" and d["fail_reason"]
         engine.delete_document(r.doc_id)
     else:
         assert r.msg
         if reason_part:
             assert reason_part in r.msg
-    assert engine.vectors.count() == before
+    assert engine.components.vectors.count() == before
 
 
 def test_zip_bomb_docx_fails_cleanly(engine, tmp_path):
@@ -139,7 +140,7 @@ def test_zip_bomb_docx_fails_cleanly(engine, tmp_path):
     r = engine.upload([("bomb.docx", p)])[0]
     if r.ok:
         wait_docs(engine)
-        d = engine.docs.get(r.doc_id)
+        d = engine.components.docs.get(r.doc_id)
         assert d["status"] == "failed"
         engine.delete_document(r.doc_id)
     else:
@@ -171,9 +172,9 @@ def test_hostile_file_names_never_choose_a_path(engine, tmp_path):
         p.write_text(f"文件名测试 {i} 号内容。", encoding="utf-8")
         r = engine.upload([(name, p)])[0]
         assert r.ok, r.msg
-        d = engine.docs.get(r.doc_id)
-        stored = engine.files.path_of(d["stored_name"])
-        assert stored.parent == engine.files.root.resolve() and stored.exists()
+        d = engine.components.docs.get(r.doc_id)
+        stored = engine.components.files.path_of(d["stored_name"])
+        assert stored.parent == engine.components.files.root.resolve() and stored.exists()
         assert "\x00" not in d["file_name"] and "/" not in d["file_name"] and len(d["file_name"]) <= 200
     wait_docs(engine)
     assert not (engine.data_dir.parent / "x.txt").exists()
@@ -184,10 +185,10 @@ def test_dedupe_by_md5(engine, tmp_path):
     p.write_text("重复上传的文件只保存一份。这是去重测试。", encoding="utf-8")
     r1 = engine.upload([("dup.txt", p)])[0]
     wait_docs(engine)
-    n_docs = engine.docs.counts()["docs"]
+    n_docs = engine.components.docs.counts()["docs"]
     r2 = engine.upload([("another-name.txt", p)])[0]
     assert r2.existed and r2.msg == "已存在" and r2.doc_id == r1.doc_id
-    assert engine.docs.counts()["docs"] == n_docs
+    assert engine.components.docs.counts()["docs"] == n_docs
 
 
 def test_delete_removes_from_all_stores(engine, tmp_path):
@@ -196,12 +197,12 @@ def test_delete_removes_from_all_stores(engine, tmp_path):
     r = engine.upload([("secret.txt", p)])[0]
     wait_docs(engine)
     chunk_ids = [c["chunk_id"] for c in engine.document_chunks(r.doc_id)]
-    stored = engine.files.path_of(engine.docs.get(r.doc_id)["stored_name"])
+    stored = engine.components.files.path_of(engine.components.docs.get(r.doc_id)["stored_name"])
     assert engine.search("紫藤萝计划负责人", 5)["bm25"][0]["chunk_id"] in chunk_ids
     engine.delete_document(r.doc_id)
-    assert engine.docs.get(r.doc_id) is None
-    assert engine.docs.chunks_of(r.doc_id) == []
-    assert not engine.vectors.collection.get(ids=[str(c) for c in chunk_ids])["ids"]
+    assert engine.components.docs.get(r.doc_id) is None
+    assert engine.components.docs.chunks_of(r.doc_id) == []
+    assert not engine.components.vectors.collection.get(ids=[str(c) for c in chunk_ids])["ids"]
     assert not stored.exists()
     res = engine.search("紫藤萝计划负责人", 10)
     for group in ("bm25", "vector", "rrf"):
@@ -218,17 +219,17 @@ def test_rebuild_follows_new_chunk_size(tmp_path):
     try:
         r = upload_file(e, DOCS / "chatchat/test.txt")
         wait_docs(e)
-        before = e.docs.get(r.doc_id)["chunk_count"]
+        before = e.components.docs.get(r.doc_id)["chunk_count"]
         e.update_settings({"chunking": {"chunk_size": 150, "chunk_overlap": 20}})
-        assert e.docs.get(r.doc_id)["chunk_count"] == before  # existing docs keep their chunks until rebuild
+        assert e.components.docs.get(r.doc_id)["chunk_count"] == before  # existing docs keep their chunks until rebuild
         e.start_rebuild()
         with pytest.raises(EngineError):  # uploads refused while the rebuild runs
             e.upload([("x.txt", DOCS / "gbk/chardet_GB2312__ude_1.txt")])
         st = e.wait_rebuild(timeout=300)
         assert not st["running"] and st["done"] == st["total"] == 1 and st["error"] is None
-        after = e.docs.get(r.doc_id)
+        after = e.components.docs.get(r.doc_id)
         assert after["status"] == "ready" and after["chunk_count"] > before * 1.5
-        assert e.vectors.count() == after["chunk_count"]
+        assert e.components.vectors.count() == after["chunk_count"]
         assert all(len(c["text"]) <= 150 for c in e.document_chunks(r.doc_id))
     finally:
         e.close()
@@ -242,7 +243,7 @@ def test_processing_chunks_not_visible(tmp_path):
         p.write_text("星河湾项目的竣工日期是二〇三〇年五月。", encoding="utf-8")
         r = e.upload([("a.txt", p)])[0]
         wait_docs(e)
-        e.docs.set_status(r.doc_id, "processing")  # as if it were still being processed
+        e.components.docs.set_status(r.doc_id, "processing")  # as if it were still being processed
         res = e.search("星河湾项目竣工日期", 5)
         assert res["bm25"] == [] and res["vector"] == []
     finally:
@@ -264,8 +265,8 @@ CRASH_SCRIPT = textwrap.dedent("""
             print("EMBEDDED", flush=True)
             time.sleep(0.5)
             return out
-    real = e.embedding.embed_model
-    e.ingest.get_embedding = lambda: Slow(real)
+    real = e.components.models.embedding.embed_model
+    e.components.ingest.get_embedding = lambda: Slow(real)
     # small chunks → many embedding batches; vectors are flushed to Chroma every 128
     e.update_settings(dict(chunk_size=100, chunk_overlap=10))
     r = e.upload([("big.txt", Path({src!r}))])
@@ -305,10 +306,10 @@ def test_crash_mid_document_leaves_no_orphans(tmp_path):
     e = Engine(data)
     try:
         wait_docs(e)
-        docs = e.docs.all_docs()
+        docs = e.components.docs.all_docs()
         assert len(docs) == 1 and docs[0]["status"] == "ready"  # resumed
-        assert e.vectors.all_ids() == e.docs.all_chunk_ids()  # no orphan vectors
-        assert e.vectors.count() == docs[0]["chunk_count"]
+        assert e.components.vectors.all_ids() == e.components.docs.all_chunk_ids()  # no orphan vectors
+        assert e.components.vectors.count() == docs[0]["chunk_count"]
     finally:
         e.close()
 
@@ -325,14 +326,14 @@ def engine_with_one_doc(data: Path, src: Path, text: str) -> tuple[Engine, Path]
 def test_orphan_vectors_removed_on_start(tmp_path):
     data = tmp_path / "data"
     e, _ = engine_with_one_doc(data, tmp_path / "o.txt", "孤儿向量测试文档。")
-    dim = e.embedding.dim
-    e.vectors.collection.add(ids=["999999"], embeddings=[[0.1] * dim], documents=["ghost"],
+    dim = e.components.models.embedding.dim
+    e.components.vectors.collection.add(ids=["999999"], embeddings=[[0.1] * dim], documents=["ghost"],
                              metadatas=[{"doc_id": 4242, "doc_name": "ghost"}])
     e.close()
     e2 = Engine(data)
     try:
-        assert "999999" not in {str(i) for i in e2.vectors.all_ids()}
-        assert e2.vectors.all_ids() == e2.docs.all_chunk_ids()
+        assert "999999" not in {str(i) for i in e2.components.vectors.all_ids()}
+        assert e2.components.vectors.all_ids() == e2.components.docs.all_chunk_ids()
     finally:
         e2.close()
 
@@ -340,7 +341,7 @@ def test_orphan_vectors_removed_on_start(tmp_path):
 def test_embedding_model_change_detected(tmp_path):
     data = tmp_path / "data"
     e, p = engine_with_one_doc(data, tmp_path / "m.txt", "模型变更检测。")
-    e.vectors.collection.modify(metadata={"embedding_model": "local:other-model",
+    e.components.vectors.collection.modify(metadata={"embedding_model": "local:other-model",
                                           "embedding_dim": 768})
     e.close()
     e2 = Engine(data)
@@ -351,7 +352,7 @@ def test_embedding_model_change_detected(tmp_path):
             e2.upload([("n.txt", p)])
         st = e2.rebuild(timeout=300)
         assert st["error"] is None and e2.model_warning is None
-        assert e2.vectors.model_info() == (e2.embedding.model_id, e2.embedding.dim)
+        assert e2.components.vectors.model_info() == (e2.components.models.embedding.model_id, e2.components.models.embedding.dim)
     finally:
         e2.close()
 
@@ -362,14 +363,14 @@ def test_scanned_pdf_is_ocrd_and_retrievable(tmp_path):
     try:
         r = upload_file(e, DOCS / "mineru/zh_scanned_book_2p.pdf")
         wait_docs(e, 600)
-        d = e.docs.get(r.doc_id)
+        d = e.components.docs.get(r.doc_id)
         assert d["status"] == "ready", d["fail_reason"]
         chunks = e.document_chunks(r.doc_id)
         assert {c["source"] for c in chunks} == {"ocr"} and {c["page"] for c in chunks} == {1, 2}
         res = e.retrieve("商品的使用价值是什么")
         assert res.hit and res.final[0].node.metadata["source"] == "ocr"
         assert any("使用价值" in n.node.get_content() for n in res.final)
-        src = res.sources()[0]
+        src = source_list(res)[0]
         assert src["source"] == "ocr" and src["page"] in (1, 2)
     finally:
         e.close()

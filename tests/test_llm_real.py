@@ -17,8 +17,9 @@ import httpx
 import pytest
 from llama_index.core.schema import NodeWithScore, TextNode
 
-from pipeline.generation.answer import GenerationResult, build_llm, stream_answer
-from pipeline.generation.answer import test_llm_connection as check_connection
+from pipeline.generation.answer import GenerationResult, stream_answer
+from pipeline.generation.llm_client import build_llm
+from pipeline.generation.llm_client import test_llm_connection as check_connection
 from pipeline.settings import Settings
 
 pytestmark = pytest.mark.slow

@@ -25,9 +25,9 @@ from pipeline.ingestion.parsing import (
     normalize_text,
     parse_file,
     sniff_content,
+    validate,
 )
 from pipeline.ingestion.parsing import ocr as ocr_mod
-from pipeline.ingestion.parsing import validate
 
 DOCS = Path(__file__).resolve().parents[1] / ".." / "shared" / "docs"
 NOT_DOCUMENTS = {"LICENSE", "LICENSE.md", "MANIFEST.tsv", "SOURCE.txt"}
@@ -117,7 +117,7 @@ CASES: dict[str, Case] = {
 }
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def parse_doc(rel: str, ocr_enabled: bool, ocr_max_pages: int = 50):
     """Parses a fixture once per session: ("ok", ParsedDocument, progress messages) or ("err", reason, msgs)."""
     case = CASES[rel]
@@ -265,9 +265,9 @@ def test_scanned_page_off_reports_warning():
 
 
 def test_garbled_detection_is_cheap_and_specific():
-    from pipeline.ingestion.parsing.pdf import garbled_ascii_share, is_garbled
-
     import pypdfium2 as pdfium
+
+    from pipeline.ingestion.parsing.pdf import garbled_ascii_share, is_garbled
 
     for rel in [r for r, c in CASES.items() if r.endswith(".pdf")]:
         pdf = pdfium.PdfDocument(str(DOCS / rel))
@@ -448,7 +448,7 @@ def test_docx_built_in_memory_with_merged_cells_and_textbox_free_body(tmp_path):
 
 # --- text decoding ---------------------------------------------------------------------------------
 @pytest.mark.parametrize("data,encoding", [
-    ("中文\r\n第二行\r第三行".encode("utf-8"), "utf-8"),
+    ("中文\r\n第二行\r第三行".encode(), "utf-8"),
     ("\ufeff中文\r\n第二行\r第三行".encode("utf-8"), "utf-8-sig"),
     ("中文\r\n第二行\r第三行".encode("gbk"), "gb18030"),
     ("中文\r\n第二行\r第三行".encode("utf-16"), "utf-16"),

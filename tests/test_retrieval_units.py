@@ -6,10 +6,10 @@ import pytest
 from llama_index.core.schema import NodeWithScore, QueryBundle, TextNode
 from llama_index.retrievers.bm25 import BM25Retriever
 
-from pipeline.retrieval.bm25 import BM25Index, build_snapshot
 from pipeline.ingestion.chunking import ChineseChunker, split_text
+from pipeline.retrieval.bm25 import BM25Index, build_snapshot
 from pipeline.retrieval.fusion import rrf_fuse
-from pipeline.retrieval.rerank import SKIPPED_MSG, SafeRerank
+from pipeline.retrieval.rerank import SKIPPED_MSG, CrossEncoder, SafeRerank, rerank_status
 from pipeline.tokenize_zh import ChineseTokenizer
 
 CORPUS = {
@@ -129,7 +129,8 @@ def test_rrf_ties_are_deterministic():
 
 def test_rerank_skipped_and_fallback():
     nodes = _nws([1, 2, 3, 4])
-    out, status = SafeRerank(None).rerank(nodes, "q", top_n=2)
+    out = SafeRerank(None, top_n=2).postprocess_nodes(nodes, query_str="q")
+    status = rerank_status(out)
     assert [n.node.node_id for n in out] == ["1", "2"] and status == {"status": "skipped", "msg": SKIPPED_MSG}
 
     class Broken:
@@ -138,18 +139,20 @@ def test_rerank_skipped_and_fallback():
         def postprocess_nodes(self, *a, **k):
             raise RuntimeError("boom")
 
-    out, status = SafeRerank(Broken(), "x").rerank(nodes, "q", top_n=3)
+    out = SafeRerank(CrossEncoder(Broken(), "x"), top_n=3).postprocess_nodes(nodes, query_str="q")
+    status = rerank_status(out)
     assert [n.node.node_id for n in out] == ["1", "2", "3"] and status["status"] == "fallback"
     assert "boom" in status["msg"]
 
 
 def test_tiny_cross_encoder_reranks(tmp_path):
-    from tests.tiny_models import make_tiny_cross_encoder
     from pipeline.retrieval.rerank import load_cross_encoder
+    from tests.tiny_models import make_tiny_cross_encoder
 
     d = make_tiny_cross_encoder(tmp_path / "ce")
-    r = SafeRerank(load_cross_encoder(d, 2), "tiny")
-    out, status = r.rerank(_nws([1, 2, 3]), "问题", top_n=2)
+    r = SafeRerank(load_cross_encoder(d, 2), top_n=2)
+    out = r.postprocess_nodes(_nws([1, 2, 3]), query_str="问题")
+    status = rerank_status(out)
     assert status["status"] == "ok" and len(out) == 2
     assert all(isinstance(n.score, float) for n in out)
     # scores are the cross-encoder's, sorted descending
@@ -161,7 +164,7 @@ def test_chunker_limits_overlap_and_determinism():
     spans = split_text(text, 100, 20)
     assert all(e - s <= 100 for s, e in spans)
     assert spans == split_text(text, 100, 20)
-    for (s1, e1), (s2, _) in zip(spans, spans[1:]):
+    for (_, e1), (s2, _) in zip(spans, spans[1:]):
         assert 0 <= e1 - s2 <= 20  # overlap never exceeds chunk_overlap
         assert text[e1 - 1] in "。"  # cut at a sentence end
     # full coverage: every character is in some chunk

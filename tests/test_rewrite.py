@@ -73,7 +73,7 @@ def test_chain_carries_the_topic_and_skips_chitchat_turns(rules):
 
 # --- the LLM rewrite --------------------------------------------------------------------------------
 def llm_for(server, timeout=5.0):
-    from pipeline.generation.answer import build_llm
+    from pipeline.generation.llm_client import build_llm
     from pipeline.settings import Settings
 
     return build_llm(Settings(llm_api_url=server.base_url, llm_model="fake-model", llm_api_key="k",

@@ -7,7 +7,14 @@ import time
 import pytest
 
 from pipeline.settings import (
-    GROUPS, Settings, SettingsError, effect_of, flatten_grouped, mask_secret, merge_update, validate_settings,
+    GROUPS,
+    Settings,
+    SettingsError,
+    effect_of,
+    flatten_grouped,
+    mask_secret,
+    merge_update,
+    validate_settings,
 )
 from store.config_store import ConfigStore
 from store.db import Database
@@ -101,3 +108,23 @@ def test_engine_settings_survive_restart_and_never_log_key(tmp_path, caplog):
     finally:
         e2.close()
     assert "sk-verysecret-9876" not in caplog.text
+
+
+def test_field_metadata_is_the_one_source():
+    from pipeline.settings import IMMEDIATE_FIELDS, LABELS, REBUILD_FIELDS, RELOAD_FIELDS, field_meta, range_text
+
+    for name in Settings.model_fields:
+        meta = field_meta(name)
+        assert meta["group"] in GROUPS and name in GROUPS[meta["group"]]
+        assert meta["effect"] in ("immediate", "reload", "rebuild") and LABELS[name] == meta["label"]
+        assert Settings.model_fields[name].description
+    assert IMMEDIATE_FIELDS | RELOAD_FIELDS | REBUILD_FIELDS == set(Settings.model_fields)
+    assert range_text("recall_size") == "1–200" and range_text("rrf_k") == "≥ 1" and range_text("llm_model") == ""
+
+
+def test_readme_settings_table_matches_the_fields():
+    from tools.settings_table import BEGIN, END, README, table
+
+    text = README.read_text(encoding="utf-8")
+    assert text.count(BEGIN) == 1 and text.count(END) == 1, "README.md lost its settings-table markers"
+    assert text.split(BEGIN)[1].split(END)[0].strip() == table(), "run: python -m tools.settings_table --write"

@@ -7,12 +7,9 @@ rename, export, delete, clear, restore after reload, per user), chit-chat and th
 """
 from __future__ import annotations
 
-import os
 import re
 import time
 from pathlib import Path
-
-os.environ.setdefault("GRADIO_ANALYTICS_ENABLED", "False")
 
 import pytest  # noqa: E402
 
@@ -41,7 +38,7 @@ def make_engine(data_dir: Path, with_doc: bool = True):
         f.write_text(KB_TEXT, encoding="utf-8")
         res = engine.upload([(KB_NAME, f)])
         assert res and res[0].ok, res
-        assert engine.ingest.wait_idle(120)
+        assert engine.wait_idle(120)
         assert engine.health()["chunks"] > 0
     return engine
 

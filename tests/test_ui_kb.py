@@ -4,18 +4,15 @@ Real files from ../shared/docs; the engine is the real one (packaged embedding m
 """
 from __future__ import annotations
 
-import os
 import re
 from pathlib import Path
 from types import SimpleNamespace
 
-os.environ.setdefault("GRADIO_ANALYTICS_ENABLED", "False")
-
 import gradio as gr  # noqa: E402
 import pytest  # noqa: E402
-from tests.live import launched_ui  # noqa: E402
 
 from pipeline.access import AccessPolicy  # noqa: E402
+from tests.live import launched_ui  # noqa: E402
 
 DOCS = Path(__file__).resolve().parents[1].parent / "shared" / "docs"
 TEST_TXT = DOCS / "chatchat" / "test.txt"
@@ -67,7 +64,7 @@ def test_doc(live):
     exe = live.tmp / "setup.exe"
     exe.write_bytes(b"MZ" + b"\0" * 200)
     out = upload(live, [TEST_TXT, exe])
-    assert live.engine.ingest.wait_idle(300)
+    assert live.engine.wait_idle(300)
     return SimpleNamespace(report=out[0], upload_outputs=out)
 
 
@@ -109,7 +106,7 @@ def test_server_side_refusals_size_and_count(live, test_doc):
     out = upload(live, many)
     assert out[0].count('data-result="accepted"') == 10
     assert re.search(r"many_10\.txt：已拒绝 — 单次最多上传 10 个文件", out[0])
-    assert live.engine.ingest.wait_idle(120)
+    assert live.engine.wait_idle(120)
     # clean up the ten small documents (through the UI's delete route)
     ids = [d["doc_id"] for d in live.engine.list_documents(1, 50, "many_")["items"]]
     assert len(ids) == 10
@@ -167,7 +164,7 @@ def test_delete_updates_table_and_badge(live, test_doc):
     extra.write_text("# 待删除\n\n这是一份马上要删除的文档，讲的是海豚的睡眠方式：海豚睡觉时半个大脑保持清醒。\n",
                      encoding="utf-8")
     upload(live, [extra])
-    assert live.engine.ingest.wait_idle(120)
+    assert live.engine.wait_idle(120)
     before = live.engine.health()["chunks"]
     did = live.engine.list_documents(1, 10, "待删除")["items"][0]["doc_id"]
     out = live.client.predict(doc_id=did, pg=1, kw="", api_name="/kb_delete")

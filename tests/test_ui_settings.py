@@ -2,21 +2,18 @@
 from __future__ import annotations
 
 import logging
-import os
 import re
 import time
 import urllib.request
 from pathlib import Path
 from types import SimpleNamespace
 
-os.environ.setdefault("GRADIO_ANALYTICS_ENABLED", "False")
-
 import gradio as gr  # noqa: E402
 import pytest  # noqa: E402
-from tests.live import launched_ui  # noqa: E402
 
 from pipeline.access import AccessPolicy  # noqa: E402
 from pipeline.settings import GROUPS, Settings  # noqa: E402
+from tests.live import launched_ui  # noqa: E402
 
 DOCS = Path(__file__).resolve().parents[1].parent / "shared" / "docs"
 TEST_TXT = DOCS / "chatchat" / "test.txt"
@@ -36,7 +33,7 @@ def live(tmp_path_factory):
     if TEST_TXT.exists():
         res = engine.upload([("test.txt", TEST_TXT)])
         assert res[0].ok, res[0].msg
-        assert engine.ingest.wait_idle(300)
+        assert engine.wait_idle(300)
     with launched_ui(engine) as ui:
         yield SimpleNamespace(engine=engine, demo=ui.demo, client=ui.client, tmp=data.parent)
     engine.close()
@@ -79,7 +76,7 @@ def test_load_shows_masked_key_only(live):
 
 def test_out_of_range_shows_message_and_saves_nothing(live):
     before = live.engine.settings.model_dump()
-    stored = live.engine.config.load()
+    stored = live.engine.components.config.load()
     form = load(live)
     values, errors, banner = save(live, form, final_top_k=99, llm_temperature=1.5, chunk_overlap=400)
     errs = shown_errors(errors)
@@ -88,7 +85,7 @@ def test_out_of_range_shows_message_and_saves_nothing(live):
     assert "温度" in errs["llm_temperature"] and "0–1" in errs["llm_temperature"]
     assert "未保存" in banner
     assert live.engine.settings.model_dump() == before
-    assert live.engine.config.load() == stored
+    assert live.engine.components.config.load() == stored
     # cross-field rule and type rule
     _, errors, banner = save(live, form, chunk_overlap=400)
     assert "chunk_overlap 必须小于 chunk_size" in shown_errors(errors)["chunk_overlap"]
@@ -278,7 +275,7 @@ def test_only_admins_through_login(live):
         user = Client(demo.local_url, auth=("u", "y"), analytics_enabled=False, verbose=False)
         out = user.predict(api_name="/settings_load")
         assert "无权限" in out[-1] and SECRET not in str(out)
-        with pytest.raises(Exception):
+        with pytest.raises(Exception):  # noqa: B017 — gradio_client wraps the refusal in its own type
             user.predict(**{**before, "llm_api_key": "****wxyz", "final_top_k": 4}, api_name="/settings_save")
         assert live.engine.settings.model_dump() == before
         admin = Client(demo.local_url, auth=("a", "x"), analytics_enabled=False, verbose=False)

@@ -10,10 +10,7 @@ Building takes well under a second. Weights are random (seeded): use them for pl
 from __future__ import annotations
 
 import json
-import os
 from pathlib import Path
-
-os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 TINY_DIM = 32
 _SPECIALS = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]

@@ -26,9 +26,6 @@ import sys
 import time
 from pathlib import Path
 
-os.environ.setdefault("HF_HUB_OFFLINE", "1")
-os.environ.setdefault("ORT_DISABLE_TELEMETRY", "1")
-
 import numpy as np  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]

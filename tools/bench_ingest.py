@@ -42,17 +42,17 @@ def main(argv=None) -> int:
             p = src / f"doc{i}.txt"
             p.write_text(t, encoding="utf-8")
             paths.append((p.name, p))
-        engine.ingest.timer.reset()
+        engine.components.ingest.timer.reset()
         t0 = time.perf_counter()
         for i in range(0, len(paths), 10):
             engine.upload(paths[i:i + 10])
-        engine.ingest.wait_idle()
+        engine.wait_idle()
         wall = time.perf_counter() - t0
-        timer = engine.ingest.timer
+        timer = engine.components.ingest.timer
         secs = dict(timer.seconds)
         chunks = timer.chunks
-        c = engine.docs.counts()
-        label = engine.embedding.label
+        c = engine.components.docs.counts()
+        label = engine.components.models.embedding.label
         engine.close()
     total_stage = sum(secs.values()) or 1e-9
     other = sum(v for k, v in secs.items() if k != "embed")

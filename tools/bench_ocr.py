@@ -9,8 +9,6 @@ import sys
 import time
 from pathlib import Path
 
-os.environ.setdefault("ORT_DISABLE_TELEMETRY", "1")
-
 DEFAULT_PDF = Path(__file__).resolve().parents[1] / ".." / "shared" / "docs" / "mineru" / "zh_scanned_book_2p.pdf"
 
 

@@ -61,9 +61,8 @@ def main(argv=None) -> int:
     ap.add_argument("--json", default=None)
     args = ap.parse_args(argv)
 
-    from store.documents import ChunkRow
-
     from pipeline.engine import Engine
+    from store.documents import ChunkRow
 
     report: dict = {"chunks": args.chunks, "base_chunks": args.base}
     with tempfile.TemporaryDirectory(prefix="kbqa-bench-") as tmp:
@@ -73,12 +72,12 @@ def main(argv=None) -> int:
             engine.reload()
         base = _texts(args.base)
         t0 = time.perf_counter()
-        base_emb = np.asarray(engine.embedding.embed_model.get_text_embedding_batch(base), dtype=np.float32)
+        base_emb = np.asarray(engine.components.models.embedding.embed_model.get_text_embedding_batch(base), dtype=np.float32)
         report["embed_base_s"] = round(time.perf_counter() - t0, 1)
-        base_tok = [engine.tokenizer(t) for t in base]
+        base_tok = [engine.components.tokenizer(t) for t in base]
         rng = np.random.default_rng(7)
-        model_id, dim = engine.embedding.model_id, engine.embedding.dim
-        engine.vectors.claim_model(model_id, dim)
+        model_id, dim = engine.components.models.embedding.model_id, engine.components.models.embedding.dim
+        engine.components.vectors.claim_model(model_id, dim)
 
         per_doc = 500
         n_docs = (args.chunks + per_doc - 1) // per_doc
@@ -86,7 +85,7 @@ def main(argv=None) -> int:
         made = 0
         all_texts: list[str] = []
         for d in range(n_docs):
-            doc = engine.docs.create(f"bench-{d}.txt", "txt", 0, f"{d:032x}", f"{d:032x}.txt")
+            doc = engine.components.docs.create(f"bench-{d}.txt", "txt", 0, f"{d:032x}", f"{d:032x}.txt")
             rows, embs, texts = [], [], []
             for j in range(min(per_doc, args.chunks - made)):
                 b = (made + j) % len(base)
@@ -96,9 +95,9 @@ def main(argv=None) -> int:
                 v = base_emb[b] + rng.normal(0, 0.02, dim).astype(np.float32)
                 embs.append(v / np.linalg.norm(v))
                 texts.append(text)
-            ids = engine.docs.replace_chunks(doc["doc_id"], rows)
-            engine.vectors.add(ids, embs, texts, doc["doc_id"], doc["file_name"])
-            engine.docs.mark_ready(doc["doc_id"], len(rows))
+            ids = engine.components.docs.replace_chunks(doc["doc_id"], rows)
+            engine.components.vectors.add(ids, embs, texts, doc["doc_id"], doc["file_name"])
+            engine.components.docs.mark_ready(doc["doc_id"], len(rows))
             all_texts.extend(texts)
             made += len(rows)
             print(f"\r  inserted {made}/{args.chunks}", end="", file=sys.stderr, flush=True)
@@ -107,15 +106,15 @@ def main(argv=None) -> int:
 
         s = engine.settings
         t0 = time.perf_counter()
-        engine.bm25_index.rebuild(s.bm25_k1, s.bm25_b, persist=False)
+        engine.components.bm25.rebuild(s.bm25_k1, s.bm25_b, persist=False)
         report["bm25_rebuild_from_tokens_s"] = round(time.perf_counter() - t0, 2)
 
         stages: dict[str, list[float]] = {k: [] for k in ("embed", "bm25", "vector", "rrf", "rerank",
                                                           "retrieval_no_rerank", "total")}
         qs = _questions(args.queries)
-        engine.retrieval.retrieve(qs[0], s)  # warm-up
+        engine.components.retrieval.retrieve(qs[0], s)  # warm-up
         for q in qs:
-            r = engine.retrieval.retrieve(q, s)
+            r = engine.components.retrieval.retrieve(q, s)
             for k in ("embed", "bm25", "vector", "rrf", "rerank", "total"):
                 stages[k].append(r.ms.get(k, 0.0))
             stages["retrieval_no_rerank"].append(r.ms["embed"] + r.ms["bm25"] + r.ms["vector"] + r.ms["rrf"])
@@ -124,14 +123,14 @@ def main(argv=None) -> int:
         report["peak_rss_mb"] = round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024)
 
         t0 = time.perf_counter()
-        retok = [engine.tokenizer(t) for t in all_texts]
+        retok = [engine.components.tokenizer(t) for t in all_texts]
         report["jieba_retokenize_s"] = round(time.perf_counter() - t0, 2)
         report["rebuild_speedup_vs_retokenize"] = round(
             (report["jieba_retokenize_s"] + report["bm25_rebuild_from_tokens_s"])
             / max(report["bm25_rebuild_from_tokens_s"], 1e-9), 1)
         del retok
         report["latency_ms"] = {k: {"p50": pct(v, 50), "p95": pct(v, 95)} for k, v in stages.items()}
-        report["rerank"] = engine.reranker.model_label or "未配置精排模型（阶段跳过）"
+        report["rerank"] = engine.components.retrieval.rerank_label or "未配置精排模型（阶段跳过）"
         engine.close()
 
     print(f"\nRetrieval benchmark: {args.chunks} chunks ({args.base} embedded for real), "

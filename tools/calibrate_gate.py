@@ -54,12 +54,12 @@ def main(argv=None) -> int:
         s = engine.settings
 
         def top_sim(q: str) -> float:
-            _, fusion, _ = engine.retrieval.recall(q, s)
+            _, fusion, _ = engine.components.retrieval.recall(q, s)
             return max((n.score or 0.0 for n in fusion.vector), default=0.0)
 
         pos = np.array([top_sim(q.text) for q in corpus.questions])
         neg = np.array([top_sim(q) for q in neg_q])
-        model = engine.embedding.model_id
+        model = engine.components.models.embedding.model_id
         engine.close()
     rows = sweep(pos, neg)
     best = max(rows, key=lambda r: (r["balanced_accuracy"], -r["false_refusals"]))

@@ -61,7 +61,7 @@ def build_kb(data_dir: Path, doc_paths: list[Path], base: Path | None = None) ->
             bad = [r for r in res if not r.ok]
             if bad:
                 raise SystemExit(f"upload refused: {bad}")
-        engine.ingest.wait_idle(7200)
+        engine.wait_idle(7200)
     finally:
         engine.close()
 
@@ -117,8 +117,7 @@ def run_item(engine, item: dict) -> dict:
 
 
 def hit_rank(engine, item: dict, ranked: list[int]) -> int | None:
-    docs = getattr(engine, "components", engine).docs  # engine.components.docs once main's facade lands
-    rows = docs.get_chunks(ranked)
+    rows = engine.components.docs.get_chunks(ranked)
     for i, cid in enumerate(ranked, start=1):
         r = rows.get(cid)
         if r and r["file_name"] == item["doc"] and item["expect"] in r["text"]:
@@ -129,7 +128,7 @@ def hit_rank(engine, item: dict, ranked: list[int]) -> int | None:
 def evaluate(engine, items: list[dict], modes: dict) -> dict:
     out = {}
     for name, rewriter in modes.items():
-        engine.rewriter = rewriter
+        engine.components.models.rewriter = rewriter
         rows = []
         for item in items:
             got = run_item(engine, item)
@@ -174,12 +173,12 @@ def main(argv=None) -> int:
         health = engine.health()
         print(f"knowledge base: {health['docs']} documents, {health['chunks']} chunks ({name})")
         try:
-            modes = {"none": NoRewrite(), "rules": engine.rule_rewriter}
+            modes = {"none": NoRewrite(), "rules": engine.components.rule_rewriter}
             if args.llm_url:
                 engine.update_settings({"llm": {"llm_api_url": args.llm_url, "llm_model": args.llm_model,
                                                 "llm_api_key": "local"}})
                 engine.reload()
-                modes["llm"] = engine.rewriter
+                modes["llm"] = engine.components.models.rewriter
             result = evaluate(engine, items, modes)
         finally:
             engine.close()

@@ -24,6 +24,7 @@ from pathlib import Path
 import numpy as np
 
 from pipeline.retrieval.fusion import rrf_fuse
+from pipeline.retrieval.rerank import SafeRerank
 
 K = 10
 SWEEP = [(1.0, 1.0), (0.75, 1.0), (0.5, 1.0), (0.35, 1.0), (0.25, 1.0), (0.0, 1.0), (1.0, 0.0)]
@@ -114,9 +115,9 @@ def build_kb(engine, corpus: Corpus, tmp: Path) -> dict[str, int]:
                 raise RuntimeError(f"upload refused: {k}: {r.msg}")
             key_to_doc[k] = r.doc_id
             p.unlink()
-    engine.ingest.wait_idle()
-    engine.bm25_index.rebuild(engine.settings.bm25_k1, engine.settings.bm25_b)
-    c = engine.docs.counts()
+    engine.wait_idle()
+    engine.components.bm25.rebuild(engine.settings.bm25_k1, engine.settings.bm25_b)
+    c = engine.components.docs.counts()
     print(f"# knowledge base: {c['ready_docs']} docs ready, {c['chunks']} chunks, "
           f"ingest {time.perf_counter() - t0:.0f} s", file=sys.stderr)
     return key_to_doc
@@ -155,10 +156,10 @@ def metrics(ranked_hits: list[list[bool]], n_relevant: list[int], lat_ms: list[f
 def evaluate(engine, corpus: Corpus, key_to_doc: dict[str, int], sweep: bool = False,
              dump: Path | None = None) -> dict:
     s = engine.settings
-    svc = engine.retrieval
+    svc = engine.components.retrieval
     routes: dict[str, list[list[bool]]] = {"bm25": [], "vector": [], "rrf": []}
     lat: dict[str, list[float]] = {"bm25": [], "vector": [], "rrf": []}
-    has_rerank = engine.reranker.available
+    has_rerank = (engine.components.models.cross_encoder is not None)
     if has_rerank:
         routes["rerank"], lat["rerank"] = [], []
     sweep_hits: dict[tuple, list[list[bool]]] = {w: [] for w in SWEEP} if sweep else {}
@@ -169,7 +170,7 @@ def evaluate(engine, corpus: Corpus, key_to_doc: dict[str, int], sweep: bool = F
         gold_ids = {key_to_doc[k] for k in q.gold_docs if k in key_to_doc}
         rel = 0
         for did in gold_ids:
-            for ch in engine.docs.chunks_of(did):
+            for ch in engine.components.docs.chunks_of(did):
                 rel += (not q.answers) or any(a in ch["text"] for a in q.answers)
         n_rel.append(rel)
         bundle, fusion, embed_ms = svc.recall(q.text, s)
@@ -181,7 +182,8 @@ def evaluate(engine, corpus: Corpus, key_to_doc: dict[str, int], sweep: bool = F
         lat["rrf"].append(embed_ms + sum(fusion.ms.values()))
         if has_rerank:
             t0 = time.perf_counter()
-            ranked, _ = engine.reranker.rerank(fusion.fused, q.text, top_n=K, candidates=s.rerank_candidates)
+            ranked = SafeRerank(engine.components.models.cross_encoder, top_n=K,
+                                candidates=s.rerank_candidates).postprocess_nodes(fusion.fused, query_str=q.text)
             lat["rerank"].append(lat["rrf"][-1] + (time.perf_counter() - t0) * 1000)
             routes["rerank"].append([_is_hit(n, q, gold_ids) for n in ranked[:K]])
         for w in sweep_hits:
@@ -200,7 +202,7 @@ def evaluate(engine, corpus: Corpus, key_to_doc: dict[str, int], sweep: bool = F
            "settings": {"rrf_k": s.rrf_k, "bm25_weight": s.bm25_weight, "vector_weight": s.vector_weight,
                         "bm25_adaptive": s.bm25_adaptive,
                         "recall_size": s.recall_size, "chunk_size": s.chunk_size,
-                        "embedding": engine.embedding.label}}
+                        "embedding": engine.components.models.embedding.label}}
     if sweep:
         out["sweep"] = {f"bm25={w[0]},vector={w[1]}": metrics(sweep_hits[w], n_rel, []) for w in SWEEP}
         for v in out["sweep"].values():
@@ -223,7 +225,8 @@ def rescore_dump(path: Path, s) -> dict:
         for line in f:
             d = json.loads(line)
             hit_of = {cid: h for cid, _, h in d["bm25"] + d["vector"]}
-            mk = lambda rows: [NodeWithScore(node=TextNode(id_=cid, text=""), score=sc) for cid, sc, _ in rows]
+            def mk(rows):
+                return [NodeWithScore(node=TextNode(id_=cid, text=""), score=sc) for cid, sc, _ in rows]
             bm25, vec = mk(d["bm25"]), mk(d["vector"])
             w = adaptive_bm25_weight(bm25, s.bm25_weight) if s.bm25_adaptive and vec else s.bm25_weight
             fused = rrf_fuse(bm25, vec, s.rrf_k, w, s.vector_weight)

@@ -11,11 +11,8 @@ import gradio as gr
 from pipeline.conversation.feedback import REASONS
 from pipeline.errors import EngineError
 
+from .guard import request_user
 from .render import esc
-
-
-def _user(request: gr.Request | None):
-    return getattr(request, "username", None) if request is not None else None
 
 
 def _active(turns, active) -> dict | None:
@@ -41,7 +38,7 @@ def build_answer_feedback(engine, turns_state: gr.State, active_state: gr.State)
             gr.Warning("请先提问：反馈针对已完成的回答")
             return None
         try:
-            engine.give_feedback(t["turn_id"], _user(request), rating, why, text)
+            engine.give_feedback(t["turn_id"], request_user(request), rating, why, text)
         except EngineError as exc:
             gr.Warning(exc.msg)
             return None

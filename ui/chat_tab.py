@@ -16,24 +16,26 @@ import html
 import logging
 import tempfile
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 import gradio as gr
 
 from pipeline import events as ev
 from pipeline.access import AccessPolicy
-from pipeline.errors import EngineError
+from pipeline.errors import CODE_ENGINE, CODE_LLM, EngineError
 
 from . import history as hist
 from .answer_feedback import build_answer_feedback
+from .guard import request_user
 from .render import answer_markdown, render_sources, render_stage, render_trace
 
 log = logging.getLogger(__name__)
 
 STREAM_MIN_INTERVAL = 0.05  # seconds between streamed answer updates (the engine may emit many tiny deltas)
-RETRYABLE = {ev.CODE_LLM, ev.CODE_ENGINE}
+RETRYABLE = {CODE_LLM, CODE_ENGINE}
 KB_HINT_ADMIN = "请到「知识库」标签页上传相关资料后再提问。"
 KB_HINT_USER = "（知识库由管理员维护，请联系管理员补充相关资料。）"
 HISTORY_PAGE = 100  # conversations listed in the panel (newest first)
@@ -57,10 +59,6 @@ class ChatTab:
     current_turn: Any  # fn(turns, active) -> the active turn dict or None (feedback acts on it)
     turns_state: gr.State
     active_state: gr.State
-
-
-def _username(request: gr.Request | None) -> str | None:
-    return getattr(request, "username", None) if request is not None else None
 
 
 def build_chat_tab(engine, policy: AccessPolicy | None = None) -> ChatTab:
@@ -171,20 +169,20 @@ def build_chat_tab(engine, policy: AccessPolicy | None = None) -> ChatTab:
         last = 0.0
         try:
             for e in engine.ask(q, retry=retry_flag, conversation_id=conv_id, user=user, use_kb=bool(use_kb_value)):
-                if e.type == "stage":
+                if e.type is ev.EventType.STAGE:
                     yield {stage: render_stage(e.data.get("phase"))}
-                elif e.type == "trace":
+                elif e.type is ev.EventType.TRACE:
                     trace_data = e.data
                     yield {trace: render_trace(trace_data)}
-                elif e.type == "delta":
+                elif e.type is ev.EventType.DELTA:
                     answer += e.data.get("text", "")
                     now = time.monotonic()
                     if now - last >= STREAM_MIN_INTERVAL:
                         last = now
                         yield {chatbot: pending(answer_markdown(answer))}
-                elif e.type == "sources":
+                elif e.type is ev.EventType.SOURCES:
                     sources_list = e.data.get("sources") or []
-                elif e.type == "done":
+                elif e.type is ev.EventType.DONE:
                     rec = hist.turn_record(q, answer, sources_list, trace_data, e.data)
                     turns2 = turns + [rec]
                     cid = e.data.get("conversation_id")
@@ -195,16 +193,16 @@ def build_chat_tab(engine, policy: AccessPolicy | None = None) -> ChatTab:
                            goto_kb: gr.Button(visible=no_answer and policy.is_kb_admin(user)),
                            history_list: list_update(user, cid)}
                     return
-                elif e.type == "error":
+                elif e.type is ev.EventType.ERROR:
                     yield _error_update(pending, answer, e.data.get("code"), e.data.get("msg") or "未知错误",
                                         trace_data)
                     return
         except Exception as exc:  # an engine bug must not leave the page stuck with a disabled button
             log.exception("answer stream failed")
-            yield _error_update(pending, answer, ev.CODE_ENGINE, f"内部错误：{exc}", trace_data)
+            yield _error_update(pending, answer, CODE_ENGINE, f"内部错误：{exc}", trace_data)
             return
         # The stream ended without done/error (should not happen): unlock the page.
-        yield _error_update(pending, answer, ev.CODE_ENGINE, "回答意外中断", trace_data)
+        yield _error_update(pending, answer, CODE_ENGINE, "回答意外中断", trace_data)
 
     def _error_update(pending, answer, code, msg, trace_data) -> dict:
         partial = (answer_markdown(answer) + "\n\n---\n") if answer else ""
@@ -220,10 +218,10 @@ def build_chat_tab(engine, policy: AccessPolicy | None = None) -> ChatTab:
         return out
 
     def ask(question_text: str, use_kb_value: bool, conv_id, turns, request: gr.Request):
-        yield from run(question_text, conv_id, turns, use_kb_value, _username(request), retry_flag=False)
+        yield from run(question_text, conv_id, turns, use_kb_value, request_user(request), retry_flag=False)
 
     def retry_fn(use_kb_value: bool, current_q: str, conv_id, turns, request: gr.Request):
-        yield from run(current_q or "", conv_id, turns, use_kb_value, _username(request), retry_flag=True)
+        yield from run(current_q or "", conv_id, turns, use_kb_value, request_user(request), retry_flag=True)
 
     gr.on([send.click, question.submit], ask, [question, use_kb, conv_state, turns_state], run_outputs,
           api_name="ask", concurrency_limit=4, concurrency_id="kb-ask", show_progress="hidden")
@@ -235,7 +233,7 @@ def build_chat_tab(engine, policy: AccessPolicy | None = None) -> ChatTab:
         turns = list(turns or [])
         if not isinstance(idx, int) or not 0 <= idx < len(turns):
             return {}
-        return show(turns, idx, conv_id, _username(request))
+        return show(turns, idx, conv_id, request_user(request))
 
     turn_list.input(select_turn, [turn_list, turns_state, conv_state], view, api_name="select_turn",
                     show_progress="hidden", queue=False)
@@ -265,14 +263,14 @@ def build_chat_tab(engine, policy: AccessPolicy | None = None) -> ChatTab:
     open_outputs = view + [retry, goto_kb]
 
     def history_open(conv_id: str, request: gr.Request):
-        return open_conversation(conv_id, _username(request)) if conv_id else {}
+        return open_conversation(conv_id, request_user(request)) if conv_id else {}
 
     def refresh_history(request: gr.Request):
-        return list_update(_username(request))
+        return list_update(request_user(request))
 
     def restore(last: str, request: gr.Request):
         """Page load: the list, and the conversation that was open before the reload (if it is still the user's)."""
-        user = _username(request)
+        user = request_user(request)
         out = {history_list: list_update(user, last or None)}
         if last:
             try:
@@ -287,14 +285,14 @@ def build_chat_tab(engine, policy: AccessPolicy | None = None) -> ChatTab:
             gr.Warning("请先在列表中选择一个对话")
             return gr.skip(), gr.skip()
         try:
-            engine.rename_conversation(conv_id, _username(request), title)
+            engine.rename_conversation(conv_id, request_user(request), title)
         except EngineError as exc:
             gr.Warning(exc.msg)
             return gr.skip(), gr.skip()
-        return list_update(_username(request), conv_id), ""
+        return list_update(request_user(request), conv_id), ""
 
     def delete_selected(conv_id: str, open_id, request: gr.Request):
-        user = _username(request)
+        user = request_user(request)
         if not conv_id:
             gr.Warning("请先在列表中选择一个对话")
             return {}
@@ -310,15 +308,15 @@ def build_chat_tab(engine, policy: AccessPolicy | None = None) -> ChatTab:
         return out
 
     def ask_clear(request: gr.Request):
-        n = engine.list_conversations(_username(request), 1, 1)["total"]
+        n = engine.list_conversations(request_user(request), 1, 1)["total"]
         if n == 0:
             gr.Info("没有历史对话")
             return gr.Row(visible=False), gr.skip()
         return gr.Row(visible=True), f"确认清空全部 **{n}** 个历史对话？此操作不可撤销。"
 
     def do_clear(request: gr.Request):
-        engine.clear_conversations(_username(request))
-        return {**new_conversation(), history_list: list_update(_username(request)),
+        engine.clear_conversations(request_user(request))
+        return {**new_conversation(), history_list: list_update(request_user(request)),
                 confirm_row: gr.Row(visible=False)}
 
     def export(conv_id: str, open_id, request: gr.Request):
@@ -327,7 +325,7 @@ def build_chat_tab(engine, policy: AccessPolicy | None = None) -> ChatTab:
             gr.Warning("请先选择或打开一个对话")
             return gr.File(visible=False)
         try:
-            md = engine.export_conversation(cid, _username(request))
+            md = engine.export_conversation(cid, request_user(request))
         except EngineError as exc:
             gr.Warning(exc.msg)
             return gr.File(visible=False)

@@ -12,17 +12,14 @@ from pathlib import Path
 
 import gradio as gr
 
-from pipeline.access import AccessPolicy
+from pipeline.access import AccessPolicy, Role
 from pipeline.errors import EngineError
 
+from .guard import request_user, require
 from .render import doc_label, esc, snippet
 
 FILTERS = {"全部": None, "仅 👎": "down", "仅 👍": "up"}
 PAGE = 100
-
-
-def _user(request: gr.Request | None):
-    return getattr(request, "username", None) if request is not None else None
 
 
 def render_feedback(items: list[dict], total: int) -> str:
@@ -88,10 +85,8 @@ def build_feedback_tab(engine, policy: AccessPolicy | None = None):
         delete = gr.Button("删除", size="sm", variant="stop", elem_id="kb-qa-delete", scale=1)
 
     def _allowed(request) -> bool:
-        if policy.is_kb_admin(_user(request)):
-            return True
-        gr.Warning("仅知识库管理员可查看反馈与管理已核实问答")
-        return False
+        require(policy, request, Role.KB_ADMIN)  # raises gr.Error with the refusal text
+        return True
 
     def show_list(filter_label: str, request: gr.Request):
         if not _allowed(request):
@@ -127,7 +122,7 @@ def build_feedback_tab(engine, policy: AccessPolicy | None = None):
         if not _allowed(request):
             return gr.skip(), gr.skip()
         try:
-            e = engine.create_verified(question, answer, _user(request), int(fb_id) if fb_id else None)
+            e = engine.create_verified(question, answer, request_user(request), int(fb_id) if fb_id else None)
         except EngineError as exc:
             gr.Warning(exc.msg)
             return f'<span class="kb-qa-error">⚠️ {esc(exc.msg)}</span>', gr.skip()

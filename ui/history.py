@@ -28,7 +28,7 @@ def storage_key(data_dir: Any) -> str:
 def storage_secret(data_dir: Any) -> str:
     """Stable across restarts so the browser can still read the id after one. Only an id is kept there; the
     server checks on every use that the conversation is the caller's (another user's id → refused)."""
-    return hashlib.sha256(f"kbqa-conversation-secret|{data_dir}".encode("utf-8")).hexdigest()[:32]
+    return hashlib.sha256(f"kbqa-conversation-secret|{data_dir}".encode()).hexdigest()[:32]
 
 
 def conversation_label(c: dict) -> str:

@@ -16,9 +16,11 @@ from typing import Any
 
 import gradio as gr
 
-from pipeline.access import AccessPolicy
+from pipeline.access import DENIED_TEXT, AccessPolicy, Role
 
+from . import guard
 from .debug_view import build_debug_view
+from .guard import request_user
 from .header import badge_html
 from .render import esc
 
@@ -28,7 +30,7 @@ PAGE_SIZE = 10
 REFRESH_SECONDS = 3
 FILE_TYPES = [".txt", ".md", ".pdf", ".docx"]
 MAX_CHUNKS_SHOWN = 300
-DENIED = "无权限：仅知识库管理员可以管理知识库"
+DENIED = DENIED_TEXT[Role.KB_ADMIN]
 
 TABLE_CSS = """
 .kbt-wrap { overflow-x: auto; }
@@ -162,10 +164,6 @@ def chunks_html(chunks: list[dict]) -> str:
 
 
 # ---------------------------------------------------------------------------------------------- helpers
-def _user(request: Any) -> str | None:
-    return getattr(request, "username", None) if request is not None else None
-
-
 def _int(x: Any, default: int = 1) -> int:
     try:
         return int(float(x))
@@ -202,12 +200,10 @@ def build_kb_tab(engine, badge=None, policy: AccessPolicy | None = None) -> dict
     policy = policy or AccessPolicy()
 
     def allowed(request) -> bool:
-        return policy.is_kb_admin(_user(request))
+        return policy.allows(request_user(request), Role.KB_ADMIN)
 
     def require(request) -> None:
-        if not allowed(request):
-            log.warning("knowledge-base action refused for user %r", _user(request))
-            raise gr.Error(DENIED)
+        guard.require(policy, request, Role.KB_ADMIN)
 
     with gr.Tabs():
         with gr.Tab("文档管理", id="kb-docs"):
@@ -370,7 +366,7 @@ def build_kb_tab(engine, badge=None, policy: AccessPolicy | None = None) -> dict
         except Exception as exc:
             yield (hide, f"⚠️ 无法开始全量重建：{esc(_err_msg(exc))}", *list_values(pg, kw, request))
             return
-        log.info("full rebuild started by %r", _user(request))
+        log.info("full rebuild started by %r", request_user(request))
         yield (hide, "全量重建中…", *list_values(pg, kw, request))
         last_yield = time.monotonic()
         while True:

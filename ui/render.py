@@ -1,6 +1,6 @@
 """HTML rendering helpers for the answer, the sources panel, the retrieval trace and the stage indicator.
 
-Pure functions of the engine's event payloads (pipeline.events / RetrievalResult.trace() / .sources()); no
+Pure functions of the engine's event payloads (the TypedDicts of pipeline.events: trace, sources); no
 Gradio import, so the knowledge-base / debug views and tests can use them freely. Everything that comes from
 documents or the model is HTML-escaped here.
 
@@ -12,7 +12,8 @@ from __future__ import annotations
 
 import html
 import re
-from typing import Any, Iterable
+from collections.abc import Iterable
+from typing import Any
 
 SNIPPET_CHARS = 80
 STAGES = (("recall", "检索中"), ("rerank", "重排中"), ("generate", "生成中"))

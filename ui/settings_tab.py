@@ -15,27 +15,38 @@ from __future__ import annotations
 
 import inspect
 import logging
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import gradio as gr
 
-from pipeline.access import AccessPolicy
+from pipeline.access import DENIED_TEXT, AccessPolicy, Role
 from pipeline.settings import (
-    GROUPS, IMMEDIATE_FIELDS, LABELS, REBUILD_FIELDS, RELOAD_FIELDS, SECRET_FIELDS, Settings, SettingsError,
-    is_masked, mask_secret,
+    GROUPS,
+    LABELS,
+    SECRET_FIELDS,
+    Settings,
+    SettingsError,
+    field_meta,
+    is_masked,
+    mask_secret,
+    range_text,
 )
 
+from . import guard
+from .guard import request_user
 from .render import esc
 
 log = logging.getLogger(__name__)
 
-DENIED = "无权限：仅管理员可以查看和修改配置"
+DENIED = DENIED_TEXT[Role.ADMIN]
 FIELDS: list[str] = [f for fields in GROUPS.values() for f in fields]
 CARDS: list[tuple[str, list[str]]] = [
     ("llm", ["llm"]), ("retrieval", ["retrieval"]), ("chunking", ["chunking", "ocr"]), ("models", ["models"]),
 ]
 CARD_TITLES = {"llm": "LLM 生成", "retrieval": "检索参数", "chunking": "切块参数 · OCR", "models": "模型路径"}
 
+EFFECT_TEXT = {"immediate": "保存后立即生效", "reload": "需 重载引擎", "rebuild": "新文档立即生效，已有文档需 全量重建"}
 ERROR_STYLE = "color:#b42318;font-size:.85rem;margin-top:-6px"
 
 
@@ -43,20 +54,6 @@ ERROR_STYLE = "color:#b42318;font-size:.85rem;margin-top:-6px"
 def field_kind(name: str) -> type:
     ann = Settings.model_fields[name].annotation
     return ann if ann in (str, int, float, bool) else str
-
-
-def range_text(name: str) -> str:
-    lo = hi = None
-    for m in Settings.model_fields[name].metadata:
-        if getattr(m, "ge", None) is not None:
-            lo = m.ge
-        if getattr(m, "le", None) is not None:
-            hi = m.le
-    if lo is not None and hi is not None:
-        return f"{lo}–{hi}"
-    if lo is not None:
-        return f"≥ {lo}"
-    return ""
 
 
 def field_info(name: str) -> str:
@@ -73,12 +70,8 @@ def field_info(name: str) -> str:
         parts.append("含 config.json 的本地目录；留空 = 内置默认")
     if name == "embedding_model_path":
         parts.append("更换后需 重载引擎 + 全量重建")
-    elif name in IMMEDIATE_FIELDS:
-        parts.append("保存后立即生效")
-    elif name in RELOAD_FIELDS:
-        parts.append("需 重载引擎")
-    elif name in REBUILD_FIELDS:
-        parts.append("新文档立即生效，已有文档需 全量重建")
+    else:
+        parts.append(EFFECT_TEXT[field_meta(name)["effect"]])
     return "；".join(parts)
 
 
@@ -111,10 +104,6 @@ def scrub(text: str, secrets: list[str]) -> str:
         if s and len(s) >= 4 and not is_masked(s):
             text = text.replace(s, mask_secret(s))
     return text
-
-
-def _user(request: Any) -> str | None:
-    return getattr(request, "username", None) if request is not None else None
 
 
 def _named(names: list[str], impl: Callable[..., Any], with_progress: bool = False) -> Callable[..., Any]:
@@ -233,12 +222,10 @@ def build_settings_tab(engine, policy: AccessPolicy | None = None) -> dict[str, 
     err_list = [errs[n] for n in FIELDS]
 
     def admin(request) -> bool:
-        return policy.is_admin(_user(request))
+        return policy.allows(request_user(request), Role.ADMIN)
 
     def require(request) -> None:
-        if not admin(request):
-            log.warning("settings action refused for user %r", _user(request))
-            raise gr.Error(DENIED)
+        guard.require(policy, request, Role.ADMIN)
 
     def no_errors() -> list:
         return [gr.update(value="", visible=False) for _ in FIELDS]
@@ -268,7 +255,7 @@ def build_settings_tab(engine, policy: AccessPolicy | None = None) -> dict[str, 
             log.info("settings not saved: %d invalid field(s): %s", len(exc.errors), ", ".join(exc.errors))
             return (*[gr.skip() for _ in FIELDS], *err_updates,
                     banner("err", f"未保存：{len(exc.errors)} 项参数有误，请按提示修改（所有参数均未改变）", lines))
-        log.info("settings saved by %r: %s", _user(request), ", ".join(result.get("changed") or []) or "no change")
+        log.info("settings saved by %r: %s", request_user(request), ", ".join(result.get("changed") or []) or "no change")
         cfg_flat = {k: v for g in (result.get("config") or {}).values() for k, v in g.items()}
         return (*values_of(cfg_flat), *no_errors(), save_banner(result))
 
@@ -306,7 +293,7 @@ def build_settings_tab(engine, policy: AccessPolicy | None = None) -> dict[str, 
                 log.exception("engine reload failed")
             yield banner("err", "❌ 重载引擎失败", [esc(getattr(exc, "msg", None) or f"{type(exc).__name__}: {exc}")])
             return
-        log.info("engine reloaded by %r in %.0f ms", _user(request), ms)
+        log.info("engine reloaded by %r in %.0f ms", request_user(request), ms)
         took = f"{ms:.0f} ms" if ms < 1000 else f"{ms / 1000:.1f} 秒"
         yield banner("ok", f"✅ 引擎已重载，用时 {took}")
 

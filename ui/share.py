@@ -15,8 +15,9 @@ log = logging.getLogger(__name__)
 
 def _reason(exc: BaseException) -> str:
     try:
-        from gradio.tunneling import BINARY_PATH
         from pathlib import Path
+
+        from gradio.tunneling import BINARY_PATH
 
         if not Path(BINARY_PATH).exists():
             return f"缺少 Gradio 的隧道程序 frpc（{BINARY_PATH}），且无法联网下载"

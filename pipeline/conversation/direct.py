@@ -5,7 +5,8 @@ not coming from the knowledge base. Offline: a fixed text per chit-chat kind.
 """
 from __future__ import annotations
 
-from typing import Any, Generator, Sequence
+from collections.abc import Generator, Sequence
+from typing import Any
 
 from pipeline.events import Event, delta
 

@@ -4,9 +4,8 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from store.feedback import FeedbackStore
-
 from pipeline.errors import CODE_NO_DOC, CODE_VALIDATION, EngineError
+from store.feedback import FeedbackStore
 
 from .service import ConversationService
 

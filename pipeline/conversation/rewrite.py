@@ -23,8 +23,9 @@ from __future__ import annotations
 import logging
 import re
 import threading
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any, Callable, Sequence
+from typing import Any
 
 import jieba
 

@@ -9,9 +9,8 @@ from __future__ import annotations
 import re
 from typing import Any
 
-from store.conversations import ConversationStore, title_from
-
 from pipeline.errors import CODE_FORBIDDEN, CODE_NO_DOC, CODE_VALIDATION, EngineError
+from store.conversations import ConversationStore, title_from
 
 HISTORY_TURNS = 3  # turns handed to the rewrite and to the answer prompt (the last few, not the whole chat)
 MAX_TITLE_CHARS = 100
@@ -142,7 +141,8 @@ class TurnRecorder:
         elif event.type == "trace":
             self.trace = event.data
 
-    def finish(self, done: dict, rewritten: str | None, route: str) -> dict:
+    def finish(self, done: dict, route: str) -> dict:
+        rewritten = done.get("rewritten_query")
         saved = self.service.record(
             self.conv_id, self.user, self.question, "".join(self.parts), rewritten=rewritten,
             sources=self.sources, trace=self.trace, mode=done.get("mode"), route=route,

@@ -9,15 +9,16 @@ both routes (and deleting the document from the 知识库 tab deletes the entry)
 from __future__ import annotations
 
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
+from pipeline.errors import CODE_ENGINE, CODE_NO_DOC, CODE_VALIDATION, EngineError
+from pipeline.ingestion.service import QA_FILE_TYPE  # one constant for the ingest path and the entries
 from store.documents import DocumentStore
 from store.files import FileStore, md5_of
 from store.verified import VerifiedQAStore
 
-from pipeline.errors import CODE_ENGINE, CODE_NO_DOC, CODE_VALIDATION, EngineError
-from pipeline.ingestion.service import QA_FILE_TYPE  # one constant for the ingest path and the entries
 QA_PREFIX_Q, QA_PREFIX_A = "问：", "答："
 MAX_QUESTION_CHARS, MAX_ANSWER_CHARS = 500, 4000
 NAME_CHARS = 30

@@ -11,31 +11,28 @@ llm_client.py (build_llm, LLMError, error mapping, test_llm_connection).
 from __future__ import annotations
 
 import logging
+from collections.abc import Generator, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Generator, Sequence
+from typing import Any
 
-from pipeline.generation.citations import CitationGuard
 from pipeline.events import NO_ANSWER_TEXT, Event, delta
+from pipeline.generation.citations import CitationGuard
 from pipeline.generation.extractive import extractive_deltas
-from pipeline.generation.llm_client import (  # noqa: F401  (re-exported: the engine imports these from here)
+from pipeline.generation.llm_client import (
     KIND_INTERRUPTED,
     KIND_OTHER,
-    LLMError,
-    build_llm,
     STREAM_TAG_HEADER,
+    LLMError,
     map_llm_error,
     new_stream_tag,
-    normalize_api_base,
     release_stream,
     supports_stream_tag,
-    test_llm_connection,
 )
 from pipeline.generation.prompting import build_messages
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["GenerationResult", "LLMError", "build_llm", "stream_answer", "test_llm_connection",
-           "CitationGuard", "ThinkFilter"]
+__all__ = ["GenerationResult", "ThinkFilter", "stream_answer"]
 
 
 @dataclass
@@ -99,7 +96,8 @@ def stream_answer(question: str, nodes: Sequence[Any], llm: Any, temperature: fl
     """Yield delta events of the answer; return GenerationResult(text, cited).
 
     `nodes` are the reranked NodeWithScore list (material [n] = nodes[n-1]). `llm` None → extractive answer
-    (pass a shared `tokenizer` — a pipeline.tokenize_zh.ChineseTokenizer — to avoid building one).
+    with `tokenizer` (pass the engine's pipeline.tokenize_zh.ChineseTokenizer: user dictionary included, no
+    dictionary load per answer).
     No nodes → the standard no-answer text without calling the LLM. `history` (the last few turns) and the
     rewritten `retrieval_query` of a follow-up go into the prompt, apart from the materials.
     """
@@ -109,6 +107,9 @@ def stream_answer(question: str, nodes: Sequence[Any], llm: Any, temperature: fl
         return GenerationResult(NO_ANSWER_TEXT, set())
 
     if llm is None:
+        if tokenizer is None:  # library use without an engine: a fresh one (~1 s to load jieba's dictionary)
+            from pipeline.tokenize_zh import ChineseTokenizer
+            tokenizer = ChineseTokenizer()
         # the rewritten query carries the follow-up's topic (「那乙方呢」 alone matches no sentence)
         deltas, cited = extractive_deltas(retrieval_query or question, nodes, tokenizer)
         for d in deltas:

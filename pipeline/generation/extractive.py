@@ -6,12 +6,12 @@ BM25 uses), longer tokens weighing more; ties go to the higher-ranked chunk, the
 from __future__ import annotations
 
 import re
-import threading
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, Sequence
+from typing import Any
 
 from pipeline.events import EXTRACTIVE_LABEL
-from pipeline.generation.prompting import node_text
+from pipeline.retrieval.nodes import node_text
 
 VERIFIED_LABEL = "未配置大模型，以下为已核实问答"
 MAX_CHUNKS = 3          # look at the top-ranked chunks only
@@ -27,21 +27,6 @@ STOPWORDS = frozenset("""
 什么 怎么 怎样 怎么样 如何 哪些 哪个 哪里 为什么 为何 多少 几 是否 是不是 有没有 能否 可以 能 会 要 需要 应该 请 请问 问
 一下 一个 有 没有 我 你 您 他 她 它 我们 你们 他们 这个 那个 这些 那些 关于 中 里 上 下 吗？
 """.split())
-
-_default_tokenizer = None
-_tok_lock = threading.Lock()
-
-
-def default_tokenizer():
-    """One shared ChineseTokenizer (building one loads jieba's dictionary: ~1 s)."""
-    global _default_tokenizer
-    if _default_tokenizer is None:
-        with _tok_lock:
-            if _default_tokenizer is None:
-                from pipeline.tokenize_zh import ChineseTokenizer
-                _default_tokenizer = ChineseTokenizer()
-    return _default_tokenizer
-
 
 @dataclass(frozen=True)
 class Sentence:
@@ -69,9 +54,9 @@ def _query_terms(tokens: list[str]) -> set[str]:
     return terms or set(tokens)
 
 
-def select_sentences(question: str, nodes: Sequence[Any], tokenizer=None,
+def select_sentences(question: str, nodes: Sequence[Any], tokenizer,
                      max_sentences: int = MAX_SENTENCES) -> list[Sentence]:
-    tok = tokenizer or default_tokenizer()
+    tok = tokenizer
     q_terms = _query_terms(tok(question))
     candidates: list[tuple[tuple, Sentence]] = []
     seen: set[str] = set()
@@ -105,7 +90,7 @@ def render_sentence(s: Sentence) -> str:
     return f"- {body}[{s.source}]{punct}"
 
 
-def extractive_deltas(question: str, nodes: Sequence[Any], tokenizer=None) -> tuple[list[str], set[int]]:
+def extractive_deltas(question: str, nodes: Sequence[Any], tokenizer) -> tuple[list[str], set[int]]:
     """The deltas of an extractive answer (label first) and the set of cited material numbers.
 
     When the best source is a verified Q&A entry, its checked answer is the reply (quoting sentences of it

@@ -8,9 +8,11 @@ from __future__ import annotations
 
 import html
 import re
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 from pipeline.events import NO_ANSWER_SHORT
+from pipeline.retrieval.nodes import node_meta, node_text, page_of
 
 MAX_MATERIAL_CHARS = 4000  # per material; chunks are ~300 chars, this only guards against pathological nodes
 
@@ -47,28 +49,6 @@ def neutralise(text: str) -> str:
 
 def _attr(value: Any) -> str:
     return html.escape(neutralise(str(value)).replace("\n", " ").strip(), quote=True)
-
-
-def node_text(nws: Any) -> str:
-    node = getattr(nws, "node", nws)
-    try:
-        return node.get_content()
-    except TypeError:  # some node types want a metadata_mode argument
-        from llama_index.core.schema import MetadataMode
-        return node.get_content(metadata_mode=MetadataMode.NONE)
-
-
-def node_meta(nws: Any) -> dict:
-    node = getattr(nws, "node", nws)
-    return dict(getattr(node, "metadata", None) or {})
-
-
-def page_of(meta: dict) -> Any:
-    for key in ("page", "page_label", "page_number"):
-        v = meta.get(key)
-        if v not in (None, ""):
-            return v
-    return None
 
 
 def format_material(n: int, nws: Any) -> str:

@@ -12,7 +12,8 @@ Python strings are code-point sequences, so a cut can never split a surrogate pa
 from __future__ import annotations
 
 import re
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 from llama_index.core.node_parser import NodeParser
 from llama_index.core.schema import BaseNode, MetadataMode, TextNode

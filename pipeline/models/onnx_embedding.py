@@ -35,9 +35,7 @@ from typing import Any
 
 import numpy as np
 
-os.environ.setdefault("ORT_DISABLE_TELEMETRY", "1")
-
-from llama_index.core.base.embeddings.base import BaseEmbedding  # noqa: E402
+from llama_index.core.base.embeddings.base import BaseEmbedding
 from llama_index.core.bridge.pydantic import Field, PrivateAttr  # noqa: E402
 
 logger = logging.getLogger(__name__)

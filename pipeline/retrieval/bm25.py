@@ -12,21 +12,20 @@ import logging
 import shutil
 import threading
 import time
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Iterable
 
 import bm25s
 import numpy as np
-from llama_index.core.schema import NodeWithScore, QueryBundle, TextNode
+from llama_index.core.base.base_retriever import BaseRetriever
+from llama_index.core.schema import NodeWithScore, QueryBundle
 from llama_index.retrievers.bm25 import BM25Retriever
 
+from pipeline.retrieval.nodes import ChunkLookup, node_from_row
 from pipeline.tokenize_zh import ChineseTokenizer
 
 log = logging.getLogger(__name__)
-
-ChunkLookup = Callable[[list[int]], dict[int, dict]]
-
 
 @dataclass
 class BM25Snapshot:
@@ -101,14 +100,6 @@ class JiebaBM25Retriever(BM25Retriever):
         return out
 
 
-def node_from_row(row: dict) -> TextNode:
-    meta = {"doc_id": row["doc_id"], "doc_name": row["file_name"], "chunk_index": row["chunk_index"],
-            "page": row.get("page"), "source": row.get("source") or "text",
-            "verified": row.get("file_type") == "qa"}  # a verified Q&A entry (pipeline.conversation.verified)
-    return TextNode(id_=str(row["chunk_id"]), text=row["text"], metadata=meta,
-                    excluded_embed_metadata_keys=list(meta), excluded_llm_metadata_keys=list(meta))
-
-
 class BM25Index:
     """Owns the current snapshot: rebuild from stored tokens, persist, load, soft-delete.
 
@@ -164,8 +155,37 @@ class BM25Index:
         return "rebuilt"
 
     def retriever(self, tokenizer: ChineseTokenizer, lookup: ChunkLookup, top_k: int) -> JiebaBM25Retriever | None:
+        """A retriever over the current snapshot (None while the index is empty)."""
         snap = self.snapshot
         if snap.bm25 is None or snap.size == 0:
             return None
         return JiebaBM25Retriever(snap, tokenizer, lookup, similarity_top_k=min(top_k, snap.size),
                                   mask_out=self.deleted)
+
+
+class LiveBM25Retriever(BaseRetriever):
+    """The BM25 route as a long-lived retriever: always searches the index's current snapshot.
+
+    BM25Index swaps snapshots on rebuild and grows its soft-delete set on delete; the inner
+    JiebaBM25Retriever is re-made only when either changed, not per question.
+    """
+
+    def __init__(self, index: BM25Index, tokenizer: ChineseTokenizer, lookup: ChunkLookup, top_k: int):
+        self._index = index
+        self._tokenizer = tokenizer
+        self._lookup = lookup
+        self._top_k = top_k
+        self._cached: tuple[object, frozenset[int], JiebaBM25Retriever | None] | None = None
+        super().__init__()
+
+    def _current(self) -> JiebaBM25Retriever | None:
+        snap, deleted = self._index.snapshot, frozenset(self._index.deleted)
+        cached = self._cached
+        if cached is None or cached[0] is not snap or cached[1] != deleted:
+            cached = (snap, deleted, self._index.retriever(self._tokenizer, self._lookup, self._top_k))
+            self._cached = cached  # one attribute write: concurrent readers see an old or a new triple
+        return cached[2]
+
+    def _retrieve(self, query_bundle: QueryBundle) -> list[NodeWithScore]:
+        inner = self._current()
+        return inner.retrieve(query_bundle) if inner is not None else []

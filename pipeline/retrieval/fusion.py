@@ -13,13 +13,14 @@ Ties are broken by chunk_id so results are reproducible.
 """
 from __future__ import annotations
 
-import time
 from dataclasses import dataclass, field
 
 from llama_index.core.base.base_retriever import BaseRetriever
 from llama_index.core.schema import NodeWithScore, QueryBundle
 
-FUSION_KEYS = ["bm25_rank", "bm25_score", "vector_rank", "similarity", "rrf_score"]
+from pipeline.retrieval import timing
+
+FUSION_KEYS = ["bm25_rank", "bm25_score", "vector_rank", "similarity", "rrf_score", "fusion_weight"]
 ADAPTIVE_SLOPE = 1.5
 ADAPTIVE_FLOOR = 0.2
 
@@ -77,7 +78,14 @@ def rrf_fuse(bm25: list[NodeWithScore], vector: list[NodeWithScore], rrf_k: int 
 
 
 class HybridRRFRetriever(BaseRetriever):
-    """Runs both routes (each recalling `recall_size`) and fuses them with weighted RRF."""
+    """Runs both routes (each recalling its own top-k) and fuses them with weighted RRF.
+
+    Built once per settings change and shared by concurrent questions: it holds no per-question state.
+    `retrieve(query_bundle)` (LlamaIndex's public method) returns the fused nodes, each carrying both routes'
+    ranks and scores and the weight used (`fusion_weight`) in its metadata; `run()` returns the same together
+    with the route lists for callers that want them separately (evaluation). Route timings go to
+    pipeline.retrieval.timing when the caller collects them.
+    """
 
     def __init__(self, bm25_retriever: BaseRetriever | None, vector_retriever: BaseRetriever | None,
                  rrf_k: int = 60, bm25_weight: float = 1.0, vector_weight: float = 1.0, adaptive: bool = True):
@@ -87,23 +95,34 @@ class HybridRRFRetriever(BaseRetriever):
         self.adaptive = adaptive
         self.bm25_weight = bm25_weight
         self.vector_weight = vector_weight
-        self.last: FusionOutput | None = None
         super().__init__()
 
     def run(self, query_bundle: QueryBundle) -> FusionOutput:
         out = FusionOutput()
-        t0 = time.perf_counter()
-        out.bm25 = self.bm25_retriever.retrieve(query_bundle) if self.bm25_retriever else []
-        t1 = time.perf_counter()
-        out.vector = self.vector_retriever.retrieve(query_bundle) if self.vector_retriever else []
-        t2 = time.perf_counter()
-        out.bm25_weight = (adaptive_bm25_weight(out.bm25, self.bm25_weight) if self.adaptive and out.vector
-                           else self.bm25_weight)
-        out.fused = rrf_fuse(out.bm25, out.vector, self.rrf_k, out.bm25_weight, self.vector_weight)
-        t3 = time.perf_counter()
-        out.ms = {"bm25": (t1 - t0) * 1000, "vector": (t2 - t1) * 1000, "rrf": (t3 - t2) * 1000}
-        self.last = out
+        with timing.collect() as ms:
+            with timing.stage("bm25"):
+                out.bm25 = self.bm25_retriever.retrieve(query_bundle) if self.bm25_retriever else []
+            with timing.stage("vector"):
+                out.vector = self.vector_retriever.retrieve(query_bundle) if self.vector_retriever else []
+            with timing.stage("rrf"):
+                out.bm25_weight = (adaptive_bm25_weight(out.bm25, self.bm25_weight) if self.adaptive and out.vector
+                                   else self.bm25_weight)
+                out.fused = rrf_fuse(out.bm25, out.vector, self.rrf_k, out.bm25_weight, self.vector_weight)
+                for n in out.fused:
+                    n.node.metadata["fusion_weight"] = out.bm25_weight
+        out.ms = dict(ms)
+        timing.merge(ms)  # an outer collector (the engine's) sees the route timings too
         return out
 
     def _retrieve(self, query_bundle: QueryBundle) -> list[NodeWithScore]:
         return self.run(query_bundle).fused
+
+
+def route_lists(fused: list[NodeWithScore]) -> tuple[list[NodeWithScore], list[NodeWithScore]]:
+    """Recover each route's own ranked list (with its own scores) from fused nodes' metadata."""
+    def route(rank_key: str, score_key: str) -> list[NodeWithScore]:
+        hits = [n for n in fused if n.node.metadata.get(rank_key) is not None]
+        hits.sort(key=lambda n: n.node.metadata[rank_key])
+        return [NodeWithScore(node=n.node, score=n.node.metadata.get(score_key)) for n in hits]
+
+    return route("bm25_rank", "bm25_score"), route("vector_rank", "similarity")

@@ -1,45 +1,65 @@
 """Cross-encoder rerank stage that can never fail retrieval.
 
-Wraps LlamaIndex's SentenceTransformerRerank. No model configured → stage skipped ("未配置精排模型，已跳过");
-a model that raises at run time → RRF order kept, stage marked fallback with the reason.
+`SafeRerank` is a LlamaIndex node postprocessor: callers use its public `postprocess_nodes(nodes, query_bundle)`.
+It keeps the first `candidates` fused nodes, reranks them to `top_n`, and writes what happened into every
+returned node's metadata (`rerank_status`, `rerank_msg`, `rerank_score`):
+- no model configured → stage skipped (「未配置精排模型，已跳过」), fused order kept;
+- a model that raises at run time → fused order kept, status fallback with the reason.
+The loaded model (`CrossEncoder`) is shared; SafeRerank itself is cheap and rebuilt when the sizes change.
 """
 from __future__ import annotations
 
 import logging
 import threading
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Optional
+from typing import Any
 
 from llama_index.core.postprocessor.types import BaseNodePostprocessor
 from llama_index.core.schema import NodeWithScore, QueryBundle
-from pydantic import PrivateAttr
+from pydantic import Field, PrivateAttr
 
 log = logging.getLogger(__name__)
 
 SKIPPED_MSG = "未配置精排模型，已跳过"
+STATUS_KEYS = ("rerank_status", "rerank_msg", "rerank_score")
 
 
-def load_cross_encoder(model_dir: Path, top_n: int):
+@dataclass
+class CrossEncoder:
+    """A loaded cross-encoder (LlamaIndex SentenceTransformerRerank) and the lock around its shared top_n."""
+
+    inner: Any
+    label: str
+    lock: threading.Lock = field(default_factory=threading.Lock)
+
+
+def load_cross_encoder(model_dir: Path, top_n: int) -> CrossEncoder:
     """SentenceTransformerRerank over a local cross-encoder directory (imports torch lazily)."""
     from llama_index.postprocessor.sbert_rerank import SentenceTransformerRerank
 
-    return SentenceTransformerRerank(model=str(model_dir), top_n=top_n, device="cpu", keep_retrieval_score=True)
+    inner = SentenceTransformerRerank(model=str(model_dir), top_n=top_n, device="cpu", keep_retrieval_score=True)
+    return CrossEncoder(inner, f"本地精排模型 {model_dir.name}")
+
+
+def rerank_status(nodes: list[NodeWithScore], default: dict | None = None) -> dict:
+    """The status SafeRerank stamped on its output ({status, msg}); `default` when there were no nodes."""
+    if nodes and nodes[0].node.metadata.get("rerank_status"):
+        m = nodes[0].node.metadata
+        return {"status": m["rerank_status"], "msg": m.get("rerank_msg") or ""}
+    return dict(default or {"status": "ok", "msg": ""})
 
 
 class SafeRerank(BaseNodePostprocessor):
-    """Rerank the first `candidates` nodes to `top_n`; record what happened in `last_status`."""
+    """Rerank the first `candidates` nodes to `top_n`; never raises."""
 
-    top_n: int = 6
-    candidates: int = 20
-    _inner: Optional[object] = PrivateAttr(default=None)
-    _model_label: str = PrivateAttr(default="")
-    _lock: object = PrivateAttr(default_factory=threading.Lock)
-    _last_status: dict = PrivateAttr(default_factory=dict)
+    top_n: int = Field(6, description="nodes kept after rerank (final_top_k)", gt=0)
+    candidates: int = Field(20, description="fused nodes given to the cross-encoder (rerank_candidates)", gt=0)
+    _model: CrossEncoder | None = PrivateAttr(default=None)
 
-    def __init__(self, inner=None, model_label: str = "", top_n: int = 6, candidates: int = 20):
+    def __init__(self, model: CrossEncoder | None = None, top_n: int = 6, candidates: int = 20):
         super().__init__(top_n=top_n, candidates=candidates)
-        self._inner = inner
-        self._model_label = model_label
+        self._model = model
 
     @classmethod
     def class_name(cls) -> str:
@@ -47,37 +67,36 @@ class SafeRerank(BaseNodePostprocessor):
 
     @property
     def available(self) -> bool:
-        return self._inner is not None
-
-    @property
-    def last_status(self) -> dict:
-        return self._last_status
+        return self._model is not None
 
     @property
     def model_label(self) -> str:
-        return self._model_label
-
-    def rerank(self, nodes: list[NodeWithScore], query: str, top_n: int | None = None,
-               candidates: int | None = None) -> tuple[list[NodeWithScore], dict]:
-        """Returns (top_n nodes, status). Per-call sizes keep concurrent questions independent."""
-        top_n = top_n or self.top_n
-        pool = nodes[: max(candidates or self.candidates, top_n)]
-        if self._inner is None:
-            return pool[:top_n], {"status": "skipped", "msg": SKIPPED_MSG}
-        if not pool:
-            return [], {"status": "ok", "msg": self._model_label}
-        try:
-            # Score all candidates (top_n=len) and cut ourselves: the inner top_n is shared state.
-            with self._lock:
-                self._inner.top_n = len(pool)
-                ranked = self._inner.postprocess_nodes(pool, query_bundle=QueryBundle(query))
-            return ranked[:top_n], {"status": "ok", "msg": self._model_label}
-        except Exception as exc:  # retrieval must survive a broken reranker
-            log.warning("rerank failed, keeping RRF order: %s", exc)
-            return pool[:top_n], {"status": "fallback", "msg": f"精排失败，已按 RRF 顺序：{exc}"}
+        return self._model.label if self._model else ""
 
     def _postprocess_nodes(self, nodes: list[NodeWithScore],
-                           query_bundle: Optional[QueryBundle] = None) -> list[NodeWithScore]:
-        ranked, status = self.rerank(nodes, query_bundle.query_str if query_bundle else "")
-        self._last_status = status
-        return ranked
+                           query_bundle: QueryBundle | None = None) -> list[NodeWithScore]:
+        pool = list(nodes[: max(self.candidates, self.top_n)])
+        if self._model is None:
+            return _stamp(pool[: self.top_n], "skipped", SKIPPED_MSG, scored=False)
+        if not pool:
+            return []
+        try:
+            # Score all candidates (top_n = len) and cut ourselves: the inner top_n is shared by every SafeRerank.
+            with self._model.lock:
+                self._model.inner.top_n = len(pool)
+                ranked = self._model.inner.postprocess_nodes(pool, query_bundle=query_bundle)
+            return _stamp(ranked[: self.top_n], "ok", self._model.label, scored=True)
+        except Exception as exc:  # retrieval must survive a broken reranker
+            log.warning("rerank failed, keeping fused order: %s", exc)
+            return _stamp(pool[: self.top_n], "fallback", f"精排失败，已按 RRF 顺序：{exc}", scored=False)
+
+
+def _stamp(nodes: list[NodeWithScore], status: str, msg: str, scored: bool) -> list[NodeWithScore]:
+    for n in nodes:
+        n.node.metadata.update(rerank_status=status, rerank_msg=msg,
+                               rerank_score=float(n.score) if scored and n.score is not None else None)
+        for k in STATUS_KEYS:  # shown in the trace, never sent to the LLM or embedded
+            if k not in n.node.excluded_llm_metadata_keys:
+                n.node.excluded_llm_metadata_keys = [*n.node.excluded_llm_metadata_keys, k]
+                n.node.excluded_embed_metadata_keys = [*n.node.excluded_embed_metadata_keys, k]
+    return nodes

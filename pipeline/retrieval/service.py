@@ -1,32 +1,32 @@
 """Query flow (SRS §4.2): embed query → BM25 ‖ vector recall → weighted RRF → rerank → no-answer gate.
 
-Produces a RetrievalResult that carries everything the trace, the sources panel and the debug view need,
-with the milliseconds of each stage.
+The retrievers and the rerank postprocessor are LlamaIndex components built once per settings change (they are
+cheap objects over the shared indexes and models) and used through their public `retrieve` /
+`postprocess_nodes`. The result is a plain `RetrievalResult`; pipeline.events renders it.
 """
 from __future__ import annotations
 
 import logging
+import threading
 import time
-from dataclasses import dataclass, field
-from typing import Callable
+from collections.abc import Callable
+from dataclasses import dataclass
 
 import numpy as np
 from llama_index.core.schema import NodeWithScore, QueryBundle
 
+from pipeline.retrieval import timing
+from pipeline.retrieval.bm25 import BM25Index, LiveBM25Retriever
+from pipeline.retrieval.fusion import FusionOutput, HybridRRFRetriever, route_lists
+from pipeline.retrieval.rerank import CrossEncoder, SafeRerank, rerank_status
+from pipeline.retrieval.result import RetrievalResult
+from pipeline.retrieval.vector import ReadyVectorRetriever, chroma_index
+from pipeline.settings import Settings
+from pipeline.tokenize_zh import ChineseTokenizer
 from store.documents import DocumentStore
 from store.vectors import VectorStore
 
-from pipeline.retrieval.bm25 import BM25Index
-from pipeline.retrieval.fusion import FusionOutput, HybridRRFRetriever
-from pipeline.retrieval.rerank import SafeRerank
-from pipeline.settings import Settings
-from pipeline.tokenize_zh import ChineseTokenizer
-from pipeline.retrieval.vector import ReadyVectorRetriever, chroma_index
-
 log = logging.getLogger(__name__)
-
-TRACE_TOP = 10
-SNIPPET = 120
 
 # min_similarity calibrated per embedding model on CMRC (answerable) vs XQuAD (not in the KB);
 # see docs/retrieval-eval.md. The SRS's 0.3 suits bge-small-zh; e5's cosines sit high.
@@ -34,147 +34,112 @@ CALIBRATED_MIN_SIMILARITY = {
     "packaged:multilingual-e5-small": 0.88,
 }
 SRS_MIN_SIMILARITY = 0.3
+NOT_HIT_STATUS = {"status": "skipped", "msg": "未命中相关资料，跳过精排"}
 
 
 def default_min_similarity(model_id: str) -> float:
     return CALIBRATED_MIN_SIMILARITY.get(model_id, SRS_MIN_SIMILARITY)
 
 
-@dataclass
-class RetrievalResult:
-    query: str
-    bm25: list[NodeWithScore] = field(default_factory=list)
-    vector: list[NodeWithScore] = field(default_factory=list)
-    fused: list[NodeWithScore] = field(default_factory=list)
-    final: list[NodeWithScore] = field(default_factory=list)
-    rerank_status: dict = field(default_factory=dict)
-    ms: dict = field(default_factory=dict)
-    hit: bool = False
-    bm25_weight: float = 1.0
-    _query_embedding: list | None = field(default=None, repr=False)
-    _t_start: float = field(default=0.0, repr=False)
-    max_similarity: float = 0.0
-    min_similarity: float = 0.0
+@dataclass(frozen=True)
+class _Stages:
+    """The LlamaIndex components for one set of retrieval settings."""
 
-    def sources(self) -> list[dict]:
-        """Numbered like the citations: `no` = position in the rerank output, from 1."""
-        out = []
-        for i, n in enumerate(self.final, start=1):
-            m = n.node.metadata
-            out.append({
-                "no": i, "chunk_id": int(n.node.node_id), "doc_id": m.get("doc_id"),
-                "doc_name": m.get("doc_name"), "page": m.get("page"), "source": m.get("source", "text"),
-                "text": n.node.get_content(), "similarity": _r(m.get("similarity_full")),
-                "rerank_score": _r(m.get("rerank_score")), "cited": False, "verified": bool(m.get("verified")),
-            })
-        return out
-
-    def trace(self) -> dict:
-        def snippet(n):
-            t = n.node.get_content().replace("\n", " ")
-            return t[:SNIPPET] + ("…" if len(t) > SNIPPET else "")
-
-        def base(n):
-            m = n.node.metadata
-            return {"chunk_id": int(n.node.node_id), "doc_name": m.get("doc_name"), "page": m.get("page"),
-                    "text": snippet(n)}
-
-        return {
-            "bm25": [base(n) | {"rank": i, "score": _r(n.score)} for i, n in enumerate(self.bm25[:TRACE_TOP], 1)],
-            "vector": [base(n) | {"rank": i, "similarity": _r(n.score)}
-                       for i, n in enumerate(self.vector[:TRACE_TOP], 1)],
-            "rrf": [base(n) | {"rank": i, "rrf_score": _r(n.node.metadata.get("rrf_score"), 6),
-                               "bm25_rank": n.node.metadata.get("bm25_rank"),
-                               "vector_rank": n.node.metadata.get("vector_rank")}
-                    for i, n in enumerate(self.fused[:TRACE_TOP], 1)],
-            "rerank": [base(n) | {"no": i, "rerank_score": _r(n.node.metadata.get("rerank_score")),
-                                  "rrf_score": _r(n.node.metadata.get("rrf_score"), 6),
-                                  "similarity": _r(n.node.metadata.get("similarity_full"))}
-                       for i, n in enumerate(self.final, 1)],
-            "rerank_status": self.rerank_status,
-            "fusion": {"bm25_weight": _r(self.bm25_weight, 3)},
-            "gate": {"hit": self.hit, "max_similarity": _r(self.max_similarity),
-                     "min_similarity": self.min_similarity},
-            "ms": {k: round(v, 1) for k, v in self.ms.items()},
-        }
-
-
-def _r(x, nd: int = 4):
-    return None if x is None else round(float(x), nd)
+    fusion: HybridRRFRetriever
+    rerank: SafeRerank
 
 
 class RetrievalService:
     def __init__(self, docs: DocumentStore, vectors: VectorStore, bm25_index: BM25Index,
-                 tokenizer: ChineseTokenizer, embed_model, reranker: SafeRerank,
+                 tokenizer: ChineseTokenizer, embed_model, cross_encoder: CrossEncoder | None,
                  pending_vectors: Callable[[], int] = lambda: 0, vector_enabled: Callable[[], bool] = lambda: True):
         self.docs = docs
         self.vectors = vectors
         self.bm25_index = bm25_index
         self.tokenizer = tokenizer
         self.embed_model = embed_model
-        self.reranker = reranker
+        self.cross_encoder = cross_encoder
         self.pending_vectors = pending_vectors
         self.vector_enabled = vector_enabled
         self._index = None  # (collection, VectorStoreIndex); the collection object changes on a model reset
+        self._stages: dict[tuple, _Stages] = {}
+        self._lock = threading.Lock()
 
+    # --- components, built once per settings ----------------------------------------------------
     def _vector_index(self):
         col = self.vectors.collection
         if self._index is None or self._index[0] is not col:
             self._index = (col, chroma_index(col, self.embed_model))
         return self._index[1]
 
-    def _routes(self, s: Settings, recall: int) -> HybridRRFRetriever:
-        lookup = self.docs.get_chunks
-        bm25 = self.bm25_index.retriever(self.tokenizer, lookup, recall)
-        vec = (ReadyVectorRetriever(self._vector_index(), lookup, recall, extra_fetch=self.pending_vectors)
-               if self.vector_enabled() else None)
-        return HybridRRFRetriever(bm25, vec, rrf_k=s.rrf_k, bm25_weight=s.bm25_weight,
-                                  vector_weight=s.vector_weight, adaptive=s.bm25_adaptive)
+    def stages(self, s: Settings, recall: int | None = None) -> _Stages:
+        """Fusion retriever + rerank postprocessor for these settings (cached; a settings change makes new ones)."""
+        recall = recall or s.recall_size
+        key = (recall, s.rrf_k, s.bm25_weight, s.vector_weight, s.bm25_adaptive, s.final_top_k, s.rerank_candidates)
+        with self._lock:
+            built = self._stages.get(key)
+            if built is None:
+                lookup = self.docs.get_chunks
+                bm25 = LiveBM25Retriever(self.bm25_index, self.tokenizer, lookup, recall)
+                vec = ReadyVectorRetriever(self._vector_index, lookup, recall, extra_fetch=self.pending_vectors,
+                                           enabled=self.vector_enabled)
+                fusion = HybridRRFRetriever(bm25, vec, rrf_k=s.rrf_k, bm25_weight=s.bm25_weight,
+                                            vector_weight=s.vector_weight, adaptive=s.bm25_adaptive)
+                built = _Stages(fusion, SafeRerank(self.cross_encoder, top_n=s.final_top_k,
+                                                   candidates=s.rerank_candidates))
+                if len(self._stages) > 8:  # settings edited many times: drop the old ones
+                    self._stages.clear()
+                self._stages[key] = built
+            return built
 
-    def _embed_query(self, query: str) -> list[float]:
-        return self.embed_model.get_query_embedding(query)
+    @property
+    def rerank_label(self) -> str:
+        return self.cross_encoder.label if self.cross_encoder else ""
 
+    # --- stages ------------------------------------------------------------------------------------
     def recall(self, query: str, s: Settings, recall: int | None = None) -> tuple[QueryBundle, FusionOutput, float]:
+        """Embed the query, run both routes and the fusion. Returns (bundle, routes + fused + ms, embed ms)."""
         t0 = time.perf_counter()
-        emb = self._embed_query(query) if self.vector_enabled() else None
+        emb = self.embed_model.get_query_embedding(query) if self.vector_enabled() else None
         embed_ms = (time.perf_counter() - t0) * 1000
         bundle = QueryBundle(query_str=query, embedding=emb)
-        fusion = self._routes(s, recall or s.recall_size).run(bundle)
-        return bundle, fusion, embed_ms
-
-    def retrieve(self, query: str, s: Settings) -> RetrievalResult:
-        return self.rerank_stage(self.recall_stage(query, s), s)
+        with timing.collect() as ms:
+            fused = self.stages(s, recall).fusion.retrieve(bundle)
+        bm25, vector = route_lists(fused)
+        weight = fused[0].node.metadata.get("fusion_weight", s.bm25_weight) if fused else s.bm25_weight
+        return bundle, FusionOutput(bm25=bm25, vector=vector, fused=fused, ms=dict(ms), bm25_weight=weight), embed_ms
 
     def recall_stage(self, query: str, s: Settings) -> RetrievalResult:
         """Both routes + fusion + the no-answer gate (the answer stream reports it as stage "recall")."""
         t_start = time.perf_counter()
         bundle, fusion, embed_ms = self.recall(query, s)
         res = RetrievalResult(query=query, bm25=fusion.bm25, vector=fusion.vector, fused=fusion.fused,
-                              min_similarity=s.min_similarity, bm25_weight=fusion.bm25_weight)
+                              min_similarity=s.min_similarity, bm25_weight=fusion.bm25_weight,
+                              query_embedding=bundle.embedding, started=t_start)
         res.max_similarity = max((n.score or 0.0 for n in fusion.vector), default=0.0)
         # Gate (F3-4): nothing similar enough → no hit, and no LLM call downstream.
         res.hit = bool(fusion.fused) and res.max_similarity >= s.min_similarity
         res.ms = {"embed": embed_ms, **fusion.ms}
-        res._query_embedding, res._t_start = bundle.embedding, t_start
         return res
 
     def rerank_stage(self, res: RetrievalResult, s: Settings) -> RetrievalResult:
         """Cross-encoder (or its skip/fallback) over the fused candidates → the final, numbered sources."""
         t_r = time.perf_counter()
         if res.hit:
-            final, status = self.reranker.rerank(res.fused, res.query, top_n=s.final_top_k,
-                                                 candidates=s.rerank_candidates)
+            final = self.stages(s).rerank.postprocess_nodes(res.fused, query_str=res.query)
+            status = rerank_status(final, {"status": "ok", "msg": self.rerank_label})
         else:
-            final, status = [], {"status": "skipped", "msg": "未命中相关资料，跳过精排"}
+            final, status = [], dict(NOT_HIT_STATUS)
         rerank_ms = (time.perf_counter() - t_r) * 1000
-        for n in final:
-            n.node.metadata["rerank_score"] = float(n.score) if status["status"] == "ok" else None
-        self._fill_similarity(final, res._query_embedding)
+        self._fill_similarity(final, res.query_embedding)
         res.final, res.rerank_status = final, status
-        res.ms.update(rerank=rerank_ms, total=(time.perf_counter() - res._t_start) * 1000)
+        res.ms.update(rerank=rerank_ms, total=(time.perf_counter() - res.started) * 1000)
         log.info("retrieval q=%r bm25=%.1fms vector=%.1fms rerank=%.1fms hit=%s",
                  res.query[:40], res.ms.get("bm25", 0), res.ms.get("vector", 0), rerank_ms, res.hit)
         return res
+
+    def retrieve(self, query: str, s: Settings) -> RetrievalResult:
+        return self.rerank_stage(self.recall_stage(query, s), s)
 
     def _fill_similarity(self, nodes: list[NodeWithScore], query_emb) -> None:
         """Cosine similarity for every final node, also those the vector route did not return."""
@@ -203,10 +168,12 @@ class RetrievalService:
         return {
             "bm25": [row(n) | {"score": _r(n.score)} for n in fusion.bm25[:top_k]],
             "vector": [row(n) | {"similarity": _r(n.score)} for n in fusion.vector[:top_k]],
-            "rrf": [{"chunk_id": int(n.node.node_id), "doc_name": n.node.metadata.get("doc_name"),
-                     "text": n.node.get_content(), "rrf_score": _r(n.score, 6),
-                     "bm25_rank": n.node.metadata.get("bm25_rank"),
-                     "vector_rank": n.node.metadata.get("vector_rank")} for n in fusion.fused[:top_k]],
+            "rrf": [row(n) | {"rrf_score": _r(n.score, 6), "bm25_rank": n.node.metadata.get("bm25_rank"),
+                              "vector_rank": n.node.metadata.get("vector_rank")} for n in fusion.fused[:top_k]],
             "ms": {k: round(v, 1) for k, v in fusion.ms.items()},
             "bm25_weight": round(fusion.bm25_weight, 3),
         }
+
+
+def _r(x, nd: int = 4):
+    return None if x is None else round(float(x), nd)

@@ -8,7 +8,7 @@ so hits are filtered against SQLite (and the query over-fetches by the number of
 from __future__ import annotations
 
 import math
-from typing import Callable
+from collections.abc import Callable
 
 from llama_index.core import VectorStoreIndex
 from llama_index.core.base.base_retriever import BaseRetriever
@@ -16,7 +16,7 @@ from llama_index.core.base.embeddings.base import BaseEmbedding
 from llama_index.core.schema import NodeWithScore, QueryBundle
 from llama_index.vector_stores.chroma import ChromaVectorStore
 
-from pipeline.retrieval.bm25 import ChunkLookup, node_from_row
+from pipeline.retrieval.nodes import ChunkLookup, node_from_row
 
 
 def cosine_from_chroma_score(score: float | None) -> float:
@@ -33,24 +33,29 @@ def chroma_index(collection, embed_model: BaseEmbedding) -> VectorStoreIndex:
 
 
 class ReadyVectorRetriever(BaseRetriever):
-    def __init__(self, index: VectorStoreIndex, lookup: ChunkLookup, top_k: int,
-                 extra_fetch: Callable[[], int] = lambda: 0):
+    """Top-k cosine hits of 就绪 documents. Built once per settings change: the index comes from `index` at
+    query time (the Chroma collection object changes when vectors of another model are reset), and the route
+    answers nothing while `enabled()` is false (collection holds another model's vectors)."""
+
+    def __init__(self, index: Callable[[], VectorStoreIndex], lookup: ChunkLookup, top_k: int,
+                 extra_fetch: Callable[[], int] = lambda: 0, enabled: Callable[[], bool] = lambda: True):
         self._index = index
-        self._store = index.vector_store
         self._lookup = lookup
         self._top_k = top_k
         self._extra_fetch = extra_fetch
+        self._enabled = enabled
         super().__init__()
 
     def _retrieve(self, query_bundle: QueryBundle) -> list[NodeWithScore]:
-        count = self._store.client.count()  # the chroma collection
+        if not self._enabled():
+            return []
+        index = self._index()
+        count = index.vector_store.client.count()  # the chroma collection
         if count == 0:
             return []
         k = min(count, self._top_k + max(0, int(self._extra_fetch())))
-        inner = self._index.as_retriever(similarity_top_k=k)
-        hits = inner.retrieve(query_bundle)
-        ids = [int(h.node.node_id) for h in hits]
-        rows = self._lookup(ids)
+        hits = index.as_retriever(similarity_top_k=k).retrieve(query_bundle)
+        rows = self._lookup([int(h.node.node_id) for h in hits])
         scored = []
         for h in hits:
             row = rows.get(int(h.node.node_id))

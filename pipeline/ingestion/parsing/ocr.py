@@ -8,22 +8,18 @@
 """
 from __future__ import annotations
 
+import functools
+import glob
 import os
+import re
+import shutil
+import subprocess
+import threading
+from dataclasses import dataclass
 
-# onnxruntime ≥ 1.29 phones home unless this is set before it is imported.
-os.environ.setdefault("ORT_DISABLE_TELEMETRY", "1")
+import numpy as np
 
-import functools  # noqa: E402
-import glob  # noqa: E402
-import re  # noqa: E402
-import shutil  # noqa: E402
-import subprocess  # noqa: E402
-import threading  # noqa: E402
-from dataclasses import dataclass  # noqa: E402
-
-import numpy as np  # noqa: E402
-
-from .errors import ParseError  # noqa: E402
+from .errors import ParseError
 
 OCR_LONG_SIDE_PX = 2000  # both rapidocr and PP-OCR downscale to a 2000 px long side anyway
 OCR_MAX_SCALE = 300 / 72  # never render small pages above 300 DPI

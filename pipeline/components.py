@@ -1,0 +1,148 @@
+"""The one place that constructs the app's components (PrivateGPT's `di.py` idea).
+
+    components = build_components(data_dir, settings=..., on_ingested=..., busy_reason=...)
+    load_models(components, settings)   # embedding, cross-encoder, LLM, retrieval service; again on 重载引擎
+
+`Engine` is a facade over a `Components`; tools and tests use `engine.components.<store>` (or Engine's public
+methods). Nothing else builds stores, indexes or models.
+"""
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from llama_index.core import Settings as LISettings
+
+from pipeline.conversation.feedback import FeedbackService
+from pipeline.conversation.rewrite import DeterministicRewriter, LLMRewriter
+from pipeline.conversation.router import Router
+from pipeline.conversation.service import ConversationService
+from pipeline.conversation.verified import VerifiedQAService
+from pipeline.ingestion.service import IngestService
+from pipeline.models.paths import resolve_model_dir
+from pipeline.retrieval.bm25 import BM25Index
+from pipeline.retrieval.rerank import CrossEncoder, load_cross_encoder
+from pipeline.retrieval.service import RetrievalService
+from pipeline.settings import Settings
+from pipeline.tokenize_zh import ChineseTokenizer
+from store.config_store import ConfigStore
+from store.conversations import ConversationStore
+from store.db import Database
+from store.documents import DocumentStore
+from store.feedback import FeedbackStore
+from store.files import FileStore
+from store.vectors import VectorStore
+from store.verified import VerifiedQAStore
+
+log = logging.getLogger(__name__)
+
+PROJECT_ROOT = Path(__file__).resolve().parents[1]
+REWRITE_TIMEOUT_S = 8.0  # a follow-up's LLM rewrite must not hold the answer longer; then the rule rewrite runs
+
+
+@dataclass
+class Models:
+    """What (re)loading builds from the settings."""
+
+    embedding: Any                       # pipeline.models.embeddings.LoadedEmbedding
+    cross_encoder: CrossEncoder | None   # None → rerank stage skipped
+    llm: Any                             # OpenAILike, or None → extractive answers
+    model_warning: str | None = None     # the collection holds vectors of another model (需要全量重建)
+    rewriter: Any = None                 # follow-up rewrite: LLMRewriter with an LLM, else the rule rewrite
+
+
+@dataclass
+class Components:
+    data_dir: Path
+    project_root: Path
+    models_dir: Path
+    db: Database
+    config: ConfigStore
+    docs: DocumentStore
+    files: FileStore
+    vectors: VectorStore
+    tokenizer: ChineseTokenizer
+    bm25: BM25Index
+    ingest: IngestService
+    conversations: ConversationService   # conversations, turns, ownership (pipeline.conversation)
+    feedback: FeedbackService
+    verified: VerifiedQAService
+    router: Router
+    rule_rewriter: DeterministicRewriter
+    models: Models | None = None
+    retrieval: RetrievalService | None = None
+
+    def close(self) -> None:
+        self.ingest.stop()
+        self.db.close()
+
+
+def build_components(data_dir: Path | str, *, project_root: Path | None = None, models_dir: Path | None = None,
+                     settings: Callable[[], Settings], on_ingested: Callable[[], None] = lambda: None,
+                     busy_reason: Callable[[], str | None] = lambda: None,
+                     delete_document: Callable[[int], Any] = lambda doc_id: None) -> Components:
+    """Stores, indexes and the ingest worker over one data dir. Models come later (`load_models`).
+
+    `settings` returns the current settings (they change at run time); `on_ingested` runs after the ingest
+    queue drains; `busy_reason` says why uploads are refused right now (or None); `delete_document` removes a
+    document from every index (a deleted verified Q&A entry uses it).
+    """
+    data_dir = Path(data_dir).resolve()
+    data_dir.mkdir(parents=True, exist_ok=True)
+    project_root = Path(project_root or PROJECT_ROOT)
+    db = Database(data_dir / "app.db")
+    docs = DocumentStore(db)
+    files = FileStore(data_dir / "uploads")
+    vectors = VectorStore(data_dir / "chroma")
+    tokenizer = ChineseTokenizer(user_dict=data_dir / "userdict.txt")
+    comps: Components  # the ingest worker reads the models that load_models puts here later
+
+    def embed_model():
+        return comps.models.embedding.embed_model
+
+    def model_ident() -> tuple[str, int]:
+        return comps.models.embedding.model_id, comps.models.embedding.dim
+
+    ingest = IngestService(docs, vectors, files, tokenizer, settings, embed_model, model_ident,
+                           on_change=on_ingested, busy_reason=busy_reason)
+    conversations = ConversationService(ConversationStore(db))
+    verified = VerifiedQAService(VerifiedQAStore(db), docs, files, ingest.enqueue, delete_document,
+                                 busy_reason=busy_reason)
+    comps = Components(data_dir, project_root, Path(models_dir or project_root / "models"), db, ConfigStore(db),
+                       docs, files, vectors, tokenizer, BM25Index(data_dir / "bm25", docs.iter_ready_tokens), ingest,
+                       conversations, FeedbackService(FeedbackStore(db), conversations), verified, Router(),
+                       DeterministicRewriter())
+    return comps
+
+
+def load_models(c: Components, s: Settings) -> Models:
+    """(Re)build the embedding model, the cross-encoder, the LLM and the retrieval service from the settings."""
+    from pipeline.generation.llm_client import build_llm
+    from pipeline.models.embeddings import load_embedding
+
+    emb = load_embedding(s.embedding_model_path, c.project_root, c.models_dir)
+    LISettings.embed_model = emb.embed_model  # never let LlamaIndex fall back to OpenAI
+    LISettings.llm = None
+    llm = build_llm(s)
+    rewriter = (LLMRewriter(llm, c.rule_rewriter, timeout_s=min(REWRITE_TIMEOUT_S, s.llm_timeout))
+                if llm is not None else c.rule_rewriter)
+    models = Models(emb, _load_cross_encoder(c, s), llm, c.vectors.check_model(emb.model_id, emb.dim), rewriter)
+    c.models = models
+    c.retrieval = RetrievalService(
+        c.docs, c.vectors, c.bm25, c.tokenizer, emb.embed_model, models.cross_encoder,
+        pending_vectors=c.docs.pending_chunk_count, vector_enabled=lambda: models.model_warning is None)
+    return models
+
+
+def _load_cross_encoder(c: Components, s: Settings) -> CrossEncoder | None:
+    d = resolve_model_dir(s.reranker_model_path, c.project_root)
+    if d is None:
+        return None
+    try:
+        return load_cross_encoder(d, s.final_top_k)
+    except Exception as exc:  # a broken reranker folder must not stop the app: the stage is skipped
+        log.error("reranker %s failed to load: %s", d, exc)
+        return None

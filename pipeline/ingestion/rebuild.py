@@ -1,0 +1,77 @@
+"""全量重建: re-process every document with the current chunk settings and embedding model, in a thread.
+
+Uploads and deletes are refused while it runs (Engine asks `running`). Vectors of another model are dropped
+first — two models' vectors are never mixed.
+"""
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable
+
+from pipeline.components import Components
+from pipeline.errors import CODE_ENGINE, EngineError
+from pipeline.settings import Settings
+
+log = logging.getLogger(__name__)
+
+
+class Rebuild:
+    def __init__(self, components: Components, settings: Callable[[], Settings],
+                 on_done: Callable[[], None] = lambda: None):
+        self._c = components
+        self._settings = settings
+        self._on_done = on_done
+        self._lock = threading.Lock()
+        self._status = {"running": False, "done": 0, "total": 0, "current": "", "error": None, "elapsed_ms": None}
+
+    @property
+    def running(self) -> bool:
+        return bool(self._status["running"])
+
+    def status(self) -> dict:
+        return dict(self._status)
+
+    def start(self, require_ready: Callable[[], None] = lambda: None) -> dict:
+        with self._lock:
+            if self.running:
+                raise EngineError(CODE_ENGINE, "全量重建已在进行中")
+            require_ready()
+            docs = self._c.docs.all_docs()
+            self._status = {"running": True, "done": 0, "total": len(docs), "current": "", "error": None,
+                            "elapsed_ms": None}
+        threading.Thread(target=self._run, args=(docs,), name="kb-rebuild", daemon=True).start()
+        return self.status()
+
+    def wait(self, timeout: float | None = None) -> dict:
+        t_end = time.time() + (timeout or 1e9)
+        while self.running and time.time() < t_end:
+            time.sleep(0.1)
+        return self.status()
+
+    def _run(self, docs: list[dict]) -> None:
+        c, st = self._c, self._status
+        t0 = time.perf_counter()
+        try:
+            c.ingest.wait_idle()
+            if c.models.model_warning:
+                c.vectors.reset()  # vectors of another model: start over, never mix
+                c.models.model_warning = None
+            for i, doc in enumerate(docs):
+                st["current"] = doc["file_name"]
+                if c.docs.get(doc["doc_id"]) is None:
+                    continue
+                c.docs.set_status(doc["doc_id"], "processing", None, "全量重建中")
+                c.ingest.process(doc["doc_id"])
+                st["done"] = i + 1
+            s = self._settings()
+            c.bm25.rebuild(s.bm25_k1, s.bm25_b)
+            self._on_done()
+        except Exception as exc:
+            log.exception("rebuild failed")
+            st["error"] = str(exc)
+        finally:
+            st["running"] = False
+            st["current"] = ""
+            st["elapsed_ms"] = round((time.perf_counter() - t0) * 1000)

@@ -1,0 +1,27 @@
+"""The UI side of the one role check (pipeline.access.AccessPolicy.denial): who is calling, and refuse.
+
+A hidden tab is not security: every handler that changes something calls `require` on the server.
+"""
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+import gradio as gr
+
+from pipeline.access import AccessPolicy, Role
+
+log = logging.getLogger(__name__)
+
+
+def request_user(request: Any) -> str | None:
+    """The logged-in user of a Gradio request (None without logins or outside a request)."""
+    return getattr(request, "username", None) if request is not None else None
+
+
+def require(policy: AccessPolicy, request: Any, role: Role) -> None:
+    """Raise gr.Error with the role's refusal text unless the caller holds `role`."""
+    denied = policy.denial(request_user(request), role)
+    if denied:
+        log.warning("%s action refused for user %r", role.value, request_user(request))
+        raise gr.Error(denied)
