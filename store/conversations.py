@@ -13,7 +13,7 @@ import uuid
 from datetime import datetime
 from typing import Any
 
-from .db import Database
+from .db import Database, row_with_json
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS conversation (
@@ -62,8 +62,7 @@ def title_from(question: str) -> str:
 
 
 def _turn_dict(row) -> dict:
-    d = dict(row)
-    d["sources"] = json.loads(d.get("sources") or "[]")
+    d = row_with_json(row, "sources")
     d["trace"] = json.loads(d.get("trace") or "{}")
     d["no_answer"] = bool(d.get("no_answer"))
     return d
@@ -78,8 +77,7 @@ def _conv_dict(row) -> dict:
 class ConversationStore:
     def __init__(self, db: Database):
         self.db = db
-        with db.connect() as conn:
-            conn.executescript(SCHEMA)
+        db.ensure(SCHEMA)
 
     # --- conversations ---------------------------------------------------------------------------
     def create(self, user: str, title: str) -> dict:

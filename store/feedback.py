@@ -9,7 +9,7 @@ from __future__ import annotations
 import json
 from datetime import datetime
 
-from .db import Database
+from .db import Database, row_with_json
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS answer_feedback (
@@ -35,8 +35,7 @@ def _now() -> str:
 
 
 def _row(r) -> dict:
-    d = dict(r)
-    d["sources"] = json.loads(d.get("sources") or "[]")
+    d = row_with_json(r, "sources")
     d["rating"] = "up" if d["rating"] == 1 else "down"
     return d
 
@@ -44,8 +43,7 @@ def _row(r) -> dict:
 class FeedbackStore:
     def __init__(self, db: Database):
         self.db = db
-        with db.connect() as conn:
-            conn.executescript(SCHEMA)
+        db.ensure(SCHEMA)
 
     def upsert(self, turn: dict, rating: int, reason: str | None, comment: str | None) -> dict:
         with self.db.transaction() as conn:

@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 from datetime import datetime
 
-from .db import Database
+from .db import Database, row_with_json
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS verified_qa (
@@ -22,17 +22,10 @@ CREATE TABLE IF NOT EXISTS verified_qa (
 """
 
 
-def _row(r) -> dict:
-    d = dict(r)
-    d["cited"] = json.loads(d.get("cited") or "[]")
-    return d
-
-
 class VerifiedQAStore:
     def __init__(self, db: Database):
         self.db = db
-        with db.connect() as conn:
-            conn.executescript(SCHEMA)
+        db.ensure(SCHEMA)
 
     def add(self, doc_id: int, question: str, answer: str, cited: list, turn_id: int | None, user: str) -> dict:
         with self.db.transaction() as conn:
@@ -47,11 +40,11 @@ class VerifiedQAStore:
     def get(self, qa_id: int) -> dict | None:
         with self.db.connect() as conn:
             r = conn.execute("SELECT * FROM verified_qa WHERE qa_id = ?", (qa_id,)).fetchone()
-        return _row(r) if r else None
+        return row_with_json(r, "cited") if r else None
 
     def list(self) -> list[dict]:
         with self.db.connect() as conn:
-            return [_row(r) for r in conn.execute(
+            return [row_with_json(r, "cited") for r in conn.execute(
                 "SELECT q.*, d.status FROM verified_qa q JOIN kb_document d ON d.doc_id = q.doc_id"
                 " ORDER BY q.qa_id DESC")]
 

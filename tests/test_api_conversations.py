@@ -5,25 +5,16 @@ from __future__ import annotations
 import pytest
 
 from pipeline.access import AccessPolicy
-from tests.live import LiveApp
+from tests.live import live_with_doc
 from tests.test_api import sse_events
-from tests.test_ui_chat import QUESTION, make_engine
+from tests.test_ui_chat import QUESTION
 
 ALICE, BOB = ("alice", "pw-a"), ("bob", "pw-b")
 
 
 @pytest.fixture(scope="module")
 def live(tmp_path_factory):
-    engine = make_engine(tmp_path_factory.mktemp("apiconv"))
-    app = LiveApp(engine, AccessPolicy.from_args(["alice:pw-a", "bob:pw-b"]))
-    yield app
-    app.stop(close_engine=True)
-
-
-@pytest.fixture
-def http(live):
-    with live.http() as c:
-        yield c
+    yield from live_with_doc(tmp_path_factory, "apiconv", AccessPolicy.from_args(["alice:pw-a", "bob:pw-b"]))
 
 
 def _ask_sse(http, auth, **body):

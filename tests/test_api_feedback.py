@@ -8,24 +8,16 @@ import time
 import pytest
 
 from pipeline.access import AccessPolicy
-from tests.live import LiveApp
-from tests.test_ui_chat import QUESTION, make_engine
+from tests.live import live_with_doc
+from tests.test_ui_chat import QUESTION
 
 ADMIN, USER = ("root", "pw-r"), ("bob", "pw-b")
 
 
 @pytest.fixture(scope="module")
 def live(tmp_path_factory):
-    engine = make_engine(tmp_path_factory.mktemp("apifb"))
-    app = LiveApp(engine, AccessPolicy.from_args(["root:pw-r", "bob:pw-b"], kb_admins=["root"]))
-    yield app
-    app.stop(close_engine=True)
-
-
-@pytest.fixture
-def http(live):
-    with live.http() as c:
-        yield c
+    yield from live_with_doc(tmp_path_factory, "apifb",
+                             AccessPolicy.from_args(["root:pw-r", "bob:pw-b"], kb_admins=["root"]))
 
 
 def _ask(http, auth, q):

@@ -4,21 +4,18 @@ from __future__ import annotations
 import pytest
 
 from pipeline.access import AccessPolicy
-from tests.test_ui_chat import LAST_CONV, QUESTION, LiveUI, make_engine, run_ask
+from tests.live import live_with_doc
+from tests.test_ui_chat import LAST_CONV, QUESTION, LiveUI, run_ask
 
 
 @pytest.fixture(scope="module")
-def engine(tmp_path_factory):
-    e = make_engine(tmp_path_factory.mktemp("uifb"))
-    yield e
-    e.close()
+def live(tmp_path_factory):
+    yield from live_with_doc(tmp_path_factory, "uifb")
 
 
-@pytest.fixture(scope="module")
-def live(engine):
-    ui = LiveUI(engine)
-    yield ui
-    ui.stop()
+@pytest.fixture
+def engine(live):
+    return live.engine
 
 
 def test_thumbs_down_with_reason_reaches_the_admin_tab(live, engine):

@@ -11,6 +11,8 @@ exactly what it sees in the app (the earlier turns' stored rewritten queries and
 
   none   the follow-up retrieved as typed (the rewrite switched off)
   rules  the deterministic rewrite (pipeline.conversation.rewrite.DeterministicRewriter)
+  scripted  the LLM rewrite path against a scripted OpenAI-compatible server that answers with the item's
+            hand-written `standalone` question (--scripted-llm): plumbing, and the upper bound
   llm    the LLM rewrite with its fall-back (only with --llm-url)
 
 A follow-up hits at k when one of the first k final sources is a chunk of the expected document containing the
@@ -113,7 +115,8 @@ def run_item(engine, item: dict) -> dict:
             raise RuntimeError(f"follow-up failed: {item['follow_up']}: {e.data}")
     # no-answer gate closed → no sources; rank on the fused list then (what retrieval found)
     ranked = [s["chunk_id"] for s in sources] or [r["chunk_id"] for r in trace.get("rrf", [])]
-    return {"query": (trace.get("query") or {}).get("query", item["follow_up"]), "ranked": ranked}
+    q = trace.get("query") or {}
+    return {"query": q.get("query", item["follow_up"]), "method": q.get("method"), "ranked": ranked}
 
 
 def hit_rank(engine, item: dict, ranked: list[int]) -> int | None:
@@ -125,6 +128,25 @@ def hit_rank(engine, item: dict, ranked: list[int]) -> int | None:
     return None
 
 
+def scripted_rewriter(items: list[dict], rules):
+    from pipeline.conversation.rewrite import LLMRewriter
+    from pipeline.generation.llm_client import build_llm
+    from pipeline.settings import Settings
+    from tests.fake_llm import FakeLLMServer
+
+    gold = {it["follow_up"]: it["standalone"] for it in items}
+    server = FakeLLMServer().start()  # a daemon thread; it ends with the process
+
+    def respond(body: dict) -> str:
+        prompt = body["messages"][-1]["content"]
+        last = prompt.rsplit("用户最后的问题：", 1)[-1].split("\n", 1)[0].strip()
+        return gold.get(last, last)  # a history question (not a scored follow-up) comes back as it is
+
+    server.responder = respond
+    llm = build_llm(Settings(llm_api_url=server.base_url, llm_model="fake-model", llm_api_key="k"))
+    return LLMRewriter(llm, rules, timeout_s=8.0)
+
+
 def evaluate(engine, items: list[dict], modes: dict) -> dict:
     out = {}
     for name, rewriter in modes.items():
@@ -133,7 +155,7 @@ def evaluate(engine, items: list[dict], modes: dict) -> dict:
         for item in items:
             got = run_item(engine, item)
             rows.append({"id": item["id"], "follow_up": item["follow_up"], "query": got["query"],
-                         "rank": hit_rank(engine, item, got["ranked"])})
+                         "method": got["method"], "rank": hit_rank(engine, item, got["ranked"])})
         n = len(rows)
         out[name] = {"rows": rows, **{f"hit@{k}": sum(1 for r in rows if r["rank"] and r["rank"] <= k) / n
                                       for k in KS}}
@@ -145,7 +167,11 @@ def main(argv=None) -> int:
     ap.add_argument("--set", type=Path, default=DEFAULT_SET)
     ap.add_argument("--docs", type=Path, default=DEFAULT_DOCS)
     ap.add_argument("--llm-url", default="")
+    ap.add_argument("--scripted-llm", action="store_true",
+                    help="also the LLM rewrite path against a scripted server answering with the set's `standalone`")
     ap.add_argument("--llm-model", default="local")
+    ap.add_argument("--llm-timeout", type=float, default=8.0,
+                    help="rewrite timeout (the app's: pipeline.components.REWRITE_TIMEOUT_S)")
     ap.add_argument("--json", type=Path)
     ap.add_argument("--only-set-docs", action="store_true",
                     help="KB of the set's own documents only (default: every document under --docs)")
@@ -174,11 +200,21 @@ def main(argv=None) -> int:
         print(f"knowledge base: {health['docs']} documents, {health['chunks']} chunks ({name})")
         try:
             modes = {"none": NoRewrite(), "rules": engine.components.rule_rewriter}
+            if args.scripted_llm:
+                # the plumbing with a scripted OpenAI-compatible server (tests/fake_llm.py) that answers each
+                # rewrite request with the item's hand-written standalone question: the LLM path end to end,
+                # and the upper bound a perfect rewrite reaches
+                modes["scripted"] = scripted_rewriter(items, engine.components.rule_rewriter)
             if args.llm_url:
-                engine.update_settings({"llm": {"llm_api_url": args.llm_url, "llm_model": args.llm_model,
-                                                "llm_api_key": "local"}})
-                engine.reload()
-                modes["llm"] = engine.components.models.rewriter
+                # the LLM rewrites; answers stay extractive (this measures retrieval, and a small local model
+                # generating every history answer would only slow the run down)
+                from pipeline.conversation.rewrite import LLMRewriter
+                from pipeline.generation.llm_client import build_llm
+                from pipeline.settings import Settings
+
+                llm = build_llm(Settings(llm_api_url=args.llm_url, llm_model=args.llm_model, llm_api_key="local",
+                                         llm_timeout=60))
+                modes["llm"] = LLMRewriter(llm, engine.components.rule_rewriter, timeout_s=args.llm_timeout)
             result = evaluate(engine, items, modes)
         finally:
             engine.close()
@@ -186,7 +222,10 @@ def main(argv=None) -> int:
     print(f"follow-up set: {n} items over {len(spec['docs'])} documents ({args.set.name})")
     print("mode    " + "  ".join(f"Hit@{k}" for k in KS))
     for name, r in result.items():
-        print(f"{name:<7} " + "  ".join(f"{r[f'hit@{k}']:.3f}" for k in KS))
+        methods = {}
+        for row in r["rows"]:
+            methods[row["method"]] = methods.get(row["method"], 0) + 1
+        print(f"{name:<7} " + "  ".join(f"{r[f'hit@{k}']:.3f}" for k in KS) + f"   rewrite methods: {methods}")
     base = {r["id"]: r for r in result["none"]["rows"]}
     for name in [m for m in result if m != "none"]:
         print(f"\n-- {name}: items whose Hit@5 changed")

@@ -31,12 +31,8 @@ class ConversationService:
         """The caller's conversation `conv_id`, or EngineError 3002 (unknown) / 4003 (another user's)."""
         if not isinstance(conv_id, str) or not _CONV_ID.match(conv_id):
             raise EngineError(CODE_NO_DOC, f"会话不存在：{str(conv_id)[:64]}", "conversation_id")
-        conv = self.store.get(conv_id)
-        if conv is None:
-            raise EngineError(CODE_NO_DOC, f"会话不存在：{conv_id}", "conversation_id")
-        if conv["user"] != user_key(user):
-            raise EngineError(CODE_FORBIDDEN, "无权访问该会话：它属于其他用户", "conversation_id")
-        return conv
+        return _owned(self.store.get(conv_id), user, f"会话不存在：{conv_id}", "无权访问该会话：它属于其他用户",
+                      "conversation_id")
 
     def history(self, conv_id: str | None, n: int = HISTORY_TURNS) -> list[dict]:
         return self.store.recent_turns(conv_id, n) if conv_id else []
@@ -84,15 +80,20 @@ class ConversationService:
         """A turn the caller owns (feedback is given on one's own answers)."""
         if not isinstance(turn_id, int) or isinstance(turn_id, bool):
             raise EngineError(CODE_VALIDATION, "turn_id 必须是整数", "turn_id")
-        turn = self.store.get_turn(turn_id)
-        if turn is None:
-            raise EngineError(CODE_NO_DOC, f"回答记录不存在：{turn_id}", "turn_id")
-        if turn["user"] != user_key(user):
-            raise EngineError(CODE_FORBIDDEN, "无权操作该回答：它属于其他用户", "turn_id")
-        return turn
+        return _owned(self.store.get_turn(turn_id), user, f"回答记录不存在：{turn_id}", "无权操作该回答：它属于其他用户",
+                      "turn_id")
 
     def export_markdown(self, conv_id: Any, user: str | None) -> str:
         return conversation_markdown(self.get(conv_id, user))
+
+
+def _owned(row: dict | None, user: str | None, missing: str, foreign: str, field: str) -> dict:
+    """The row when it exists and is the caller's: else 3002 (missing) or 4003 (another user's)."""
+    if row is None:
+        raise EngineError(CODE_NO_DOC, missing, field)
+    if row["user"] != user_key(user):
+        raise EngineError(CODE_FORBIDDEN, foreign, field)
+    return row
 
 
 def _md_quote(text: str) -> str:
