@@ -177,3 +177,28 @@ def test_follow_up_prompt_carries_history_apart_from_materials(engine, fake_llm)
         assert "完整意思是：" in user_msg and "服务时间" in user_msg[user_msg.index("完整意思是："):]
     finally:
         models.llm, models.rewriter = old_llm, old_rewriter
+
+
+def test_direct_with_an_llm_streams_a_short_reply_without_citations(engine, fake_llm):
+    from pipeline.conversation.direct import KB_OFF_LABEL
+    from pipeline.generation.llm_client import build_llm
+    from pipeline.settings import Settings
+
+    models = engine.components.models
+    old_llm = models.llm
+    try:
+        models.llm = build_llm(Settings(llm_api_url=fake_llm.base_url, llm_model="fake-model", llm_api_key="k"))
+        fake_llm.reply = "你好！有什么可以帮你[1]？"
+        calls = engine.retrieval_calls
+        evs = _events(engine, "你好")
+        text = "".join(d["text"] for t, d in evs if t == "delta")
+        assert text == "你好！有什么可以帮你？"  # no materials: any [n] is removed
+        assert evs[-1][1]["route"] == "DIRECT" and evs[-1][1]["mode"] == "llm" and engine.retrieval_calls == calls
+        msgs = fake_llm.chat_requests[-1]["body"]["messages"]
+        assert msgs[0]["role"] == "system" and "<materials>" not in str(msgs) and msgs[-1]["content"] == "你好"
+        fake_llm.reply = "退货一般是 7 天。"
+        evs = _events(engine, QUESTION, use_kb=False)
+        assert "".join(d["text"] for t, d in evs if t == "delta") == KB_OFF_LABEL + "退货一般是 7 天。"
+        assert next(d for t, d in evs if t == "sources") == {"sources": []} and engine.retrieval_calls == calls
+    finally:
+        models.llm = old_llm
