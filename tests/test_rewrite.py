@@ -99,6 +99,7 @@ def test_llm_rewrite_uses_history_and_its_answer(fake_llm, rules):
     ("normal", "   ", "大模型改写为空"),
     ("normal", "今天天气不错，我们去公园散步吧。", "丢失了问题中的关键词"),
     ("normal", "乙方" * 200, "过长"),
+    ("normal", "用户最后的问题：那乙方呢？", "未补全追问"),  # the prompt echoed back, unchanged
 ])
 def test_llm_rewrite_falls_back_to_the_rules(fake_llm, rules, mode, reply, why):
     fake_llm.mode = mode
@@ -107,6 +108,12 @@ def test_llm_rewrite_falls_back_to_the_rules(fake_llm, rules, mode, reply, why):
     r = LLMRewriter(llm_for(fake_llm), rules).rewrite("那乙方呢？", HIST)
     assert r.method == "llm_fallback" and why in r.note
     assert r.query == "采购合同里乙方的违约责任是什么？"  # the deterministic rewrite
+
+
+def test_llm_rewrite_of_a_standalone_question_may_stay_unchanged(fake_llm, rules):
+    fake_llm.reply = "用户：采购合同一式几份？"
+    r = LLMRewriter(llm_for(fake_llm), rules).rewrite("采购合同一式几份？", HIST)
+    assert (r.query, r.method) == ("采购合同一式几份？", "llm")
 
 
 def test_llm_rewrite_timeout_falls_back_in_time(fake_llm, rules):

@@ -257,7 +257,8 @@ def rewrite_messages(question: str, history: Sequence[dict], answer_chars: int =
 
 def _strip_answer(text: str) -> str:
     t = (text or "").strip().splitlines()[0].strip() if (text or "").strip() else ""
-    t = re.sub(r"^(改写后的?(独立)?问题|独立问题|问题|改写)\s*[:：]\s*", "", t)
+    # the prompt's own labels echoed back (small models do): 「用户最后的问题：…」「用户：…」
+    t = re.sub(r"^((用户)?(最后的)?问题|改写后的?(独立)?问题|独立问题|改写|用户|助手)\s*[:：]\s*", "", t)
     return t.strip().strip("\"'“”「」")
 
 
@@ -286,6 +287,10 @@ class LLMRewriter:
         words = self.fallback.content(self.fallback.tokens(q))
         if words and not any(w in cand for w in words):
             return self._fall_back(q, history, "大模型改写丢失了问题中的关键词，改用规则改写")
+        if _clean(cand) == _clean(q) and self.fallback.follow_up_kind(q):
+            # the rules see a question that leans on the earlier turn (they never flag a standalone CMRC
+            # question): handing it back unchanged resolves nothing
+            return self._fall_back(q, history, "大模型未补全追问，改用规则改写")
         return Rewrite(cand, q, "llm", None, "大模型改写")
 
     def _fall_back(self, q: str, history: Sequence[dict], why: str) -> Rewrite:
