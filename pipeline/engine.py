@@ -16,6 +16,10 @@ from typing import Any
 
 from pipeline import events as ev
 from pipeline.components import Components, build_components, load_models
+from pipeline.conversation.direct import direct_reply
+from pipeline.conversation.rewrite import Rewrite
+from pipeline.conversation.router import DIRECT, Route
+from pipeline.conversation.service import TurnRecorder
 from pipeline.errors import CODE_ENGINE, CODE_LLM, CODE_NO_DOC, CODE_VALIDATION, EngineError
 from pipeline.ingestion.rebuild import Rebuild
 from pipeline.ingestion.service import IngestBusy, UploadResult
@@ -53,7 +57,7 @@ class Engine:
                  models_dir: Path | None = None, load_async: bool = False):
         self.components: Components = build_components(
             data_dir, project_root=project_root, models_dir=models_dir, settings=lambda: self._settings,
-            on_ingested=self._after_ingest, busy_reason=self._busy_reason)
+            on_ingested=self._after_ingest, busy_reason=self._busy_reason, delete_document=self.delete_document)
         c = self.components
         self.data_dir, self.project_root, self.models_dir = c.data_dir, c.project_root, c.models_dir
         self._settings = self._load_settings()
@@ -381,58 +385,108 @@ class Engine:
         if len(q) > MAX_QUESTION_CHARS:
             raise EngineError(CODE_VALIDATION, f"{field} 过长（最多 {MAX_QUESTION_CHARS} 字）", field)
 
-    def ask(self, question: str, retry: bool = False) -> Iterator[ev.Event]:
-        """The one answer event stream: stage → trace → stage → delta* → sources → done (or error)."""
-        from pipeline.generation.answer import stream_answer
-        from pipeline.generation.llm_client import LLMError
+    # ---- the answer stream; conversations, routing and query rewriting (pipeline/conversation/) ----
+    def ask(self, question: str, retry: bool = False, conversation_id: str | None = None,
+            user: str | None = None, use_kb: bool = True) -> Iterator[ev.Event]:
+        """The one answer event stream: stage → trace → stage → delta* → sources → done (or error).
 
+        `conversation_id` None starts a conversation (its id comes back in `done`); an unknown id is a 3002
+        error, another user's a 4003. The router may answer DIRECT (chit-chat, or `use_kb=False`) without
+        retrieval; follow-ups are rewritten before retrieval. The finished turn is stored before `done`.
+        """
         t0 = time.perf_counter()
+        c = self.components
         try:
             self._validate_question(question)
             self._require_ready()
+            conv = c.conversations.resolve(conversation_id, user) if conversation_id is not None else None
         except EngineError as exc:
             yield ev.error(exc.code, exc.msg)
             return
         question = question.strip()
-        s = self._settings
-        c = self.components
-        res = self._recent.get(question) if retry else None
-        if res is None:
+        conv_id = conv["conv_id"] if conv else None
+        history = c.conversations.history(conv_id)
+        route = c.router.route(question, use_kb=use_kb, has_history=bool(history),
+                               rerank_available=c.models.cross_encoder is not None)
+        recorder = TurnRecorder(c.conversations, conv_id, user, question)
+        inner = (self._direct_answer(question, route, history, t0) if route.route == DIRECT
+                 else self._kb_answer(question, route, history, conv_id, retry, t0))
+        try:
+            for e in inner:
+                if e.type is ev.EventType.DONE:
+                    e = ev.Event(ev.EventType.DONE, recorder.finish(e.data, route.route))
+                    if conv_id is None and self._recent.get(("", question)):  # 重试 in the conversation just made
+                        self._recent.put((e.data["conversation_id"], question), self._recent.get(("", question)))
+                recorder.see(e)
+                yield e
+        finally:
+            inner.close()  # a consumer that hangs up closes the LLM stream now
+
+    def _direct_answer(self, question: str, route: Route, history: list[dict], t0: float) -> Iterator[ev.Event]:
+        from pipeline.generation.llm_client import LLMError
+
+        yield ev.route_trace(route.to_dict(), Rewrite(question, question, "none").to_dict())
+        yield ev.stage("generate")
+        try:
+            mode = yield from direct_reply(question, route, history, self.components.models.llm,
+                                           self._settings.llm_temperature)
+        except LLMError as exc:
+            yield ev.error(CODE_LLM, exc.msg)
+            return
+        yield ev.sources([])
+        yield ev.done((time.perf_counter() - t0) * 1000, no_answer=False, mode=mode)
+
+    def _kb_answer(self, question: str, route: Route, history: list[dict], conv_id: str | None, retry: bool,
+                   t0: float) -> Iterator[ev.Event]:
+        from pipeline.generation.answer import stream_answer
+        from pipeline.generation.llm_client import LLMError
+
+        s, c = self._settings, self.components
+        key = (conv_id or "", question)
+        cached = self._recent.get(key) if retry else None
+        if cached is None:
             self.retrieval_calls += 1
             try:
                 yield ev.stage("recall")
-                res = c.retrieval.recall_stage(question, s)
+                rw = c.models.rewriter.rewrite(question, history) if history else Rewrite(question, question, "none")
+                res = c.retrieval.recall_stage(rw.query, s)
                 yield ev.stage("rerank")
-                res = c.retrieval.rerank_stage(res, s)
+                res = c.retrieval.rerank_stage(res, s)  # LIGHT has no reranker: the stage reports skipped
             except Exception as exc:
                 log.exception("retrieval failed")
                 yield ev.error(CODE_ENGINE, f"检索失败：{exc}")
                 return
-        self._recent.put(question, res)
-        yield ev.trace(res)
+        else:
+            rw, res = cached
+        self._recent.put(key, (rw, res))
+        yield ev.trace(res, route=route.to_dict(), query=rw.to_dict())
+        rewritten = rw.query if rw.changed else None
         if not res.hit:
             yield ev.delta(ev.NO_ANSWER_TEXT)
             yield ev.sources([])
-            yield ev.done((time.perf_counter() - t0) * 1000, no_answer=True)
+            yield ev.done((time.perf_counter() - t0) * 1000, no_answer=True, rewritten_query=rewritten)
             return
         yield ev.stage("generate")
         llm = c.models.llm
         try:
-            result = yield from stream_answer(question, res.final, llm, s.llm_temperature, tokenizer=c.tokenizer)
+            result = yield from stream_answer(question, res.final, llm, s.llm_temperature, tokenizer=c.tokenizer,
+                                              history=history, retrieval_query=rw.query)
         except LLMError as exc:
             yield ev.error(CODE_LLM, exc.msg)
             return
         yield ev.sources(ev.source_list(res, result.cited))
         yield ev.done((time.perf_counter() - t0) * 1000, no_answer=False,
-                      mode="llm" if llm is not None else "extractive")
+                      mode="llm" if llm is not None else "extractive", rewritten_query=rewritten)
 
-    def ask_sync(self, question: str, retry: bool = False) -> dict:
-        """The synchronous form over the same stream: {answer, sources, elapsed_ms} or EngineError."""
+    def ask_sync(self, question: str, retry: bool = False, conversation_id: str | None = None,
+                 user: str | None = None, use_kb: bool = True) -> dict:
+        """The synchronous form over the same stream: {answer, sources, elapsed_ms, trace, conversation_id,
+        turn_id, route, rewritten_query, mode, no_answer} or EngineError."""
         parts: list[str] = []
         sources: list = []
-        elapsed = None
         trace = None
-        for e in self.ask(question, retry=retry):
+        done: dict = {}
+        for e in self.ask(question, retry=retry, conversation_id=conversation_id, user=user, use_kb=use_kb):
             if e.type is ev.EventType.DELTA:
                 parts.append(e.data["text"])
             elif e.type is ev.EventType.SOURCES:
@@ -440,10 +494,60 @@ class Engine:
             elif e.type is ev.EventType.TRACE:
                 trace = e.data
             elif e.type is ev.EventType.DONE:
-                elapsed = e.data["elapsed_ms"]
+                done = e.data
             elif e.type is ev.EventType.ERROR:
                 raise EngineError(e.data["code"], e.data["msg"])
-        return {"answer": "".join(parts), "sources": sources, "elapsed_ms": elapsed, "trace": trace}
+        return {"answer": "".join(parts), "sources": sources, "elapsed_ms": done.get("elapsed_ms"), "trace": trace,
+                **{k: done.get(k) for k in ("conversation_id", "turn_id", "route", "rewritten_query", "mode",
+                                            "no_answer")}}
+
+    # ---- conversations (issue 15): thin facade over pipeline.conversation.service ----
+    def list_conversations(self, user: str | None, page: int = 1, size: int = 50) -> dict:
+        return self.components.conversations.list(user, page, size)
+
+    def get_conversation(self, conv_id: str, user: str | None) -> dict:
+        return self.components.conversations.get(conv_id, user)
+
+    def rename_conversation(self, conv_id: str, user: str | None, title: str) -> dict:
+        return self.components.conversations.rename(conv_id, user, title)
+
+    def delete_conversation(self, conv_id: str, user: str | None) -> dict:
+        return self.components.conversations.delete(conv_id, user)
+
+    def clear_conversations(self, user: str | None) -> dict:
+        return self.components.conversations.clear(user)
+
+    def export_conversation(self, conv_id: str, user: str | None) -> str:
+        return self.components.conversations.export_markdown(conv_id, user)
+
+    # ---- feedback and verified Q&A entries (issue 15) ----
+    def give_feedback(self, turn_id: int, user: str | None, rating: str, reason: str | None = None,
+                      comment: str | None = None) -> dict:
+        return self.components.feedback.give(turn_id, user, rating, reason, comment)
+
+    def list_feedback(self, rating: str | None = None, page: int = 1, size: int = 50) -> dict:
+        return self.components.feedback.list(rating, page, size)
+
+    def get_feedback(self, fb_id: int) -> dict:
+        return self.components.feedback.get(fb_id)
+
+    def export_feedback(self, rating: str | None = None) -> str:
+        return self.components.feedback.export_jsonl(rating)
+
+    def create_verified(self, question: str, answer: str, user: str | None, feedback_id: int | None = None) -> dict:
+        """A verified Q&A entry; from a feedback item it keeps that answer's cited chunks and turn."""
+        cited, turn_id = [], None
+        if feedback_id is not None:
+            fb = self.components.feedback.get(feedback_id)
+            cited = [s for s in fb["sources"] if s.get("cited")] or fb["sources"]
+            turn_id = fb["turn_id"]
+        return self.components.verified.create(question, answer, user, cited, turn_id)
+
+    def list_verified(self) -> list[dict]:
+        return self.components.verified.list()
+
+    def delete_verified(self, qa_id: int) -> dict:
+        return self.components.verified.delete(qa_id)
 
     def close(self) -> None:
         self.components.close()

@@ -168,7 +168,7 @@ class DocumentStore:
                 q = ",".join("?" * len(part))
                 for r in conn.execute(
                     f"SELECT c.chunk_id, c.doc_id, c.chunk_index, c.text, c.page, c.source, d.file_name,"
-                    f" d.status FROM kb_chunk c JOIN kb_document d ON d.doc_id = c.doc_id"
+                    f" d.status, d.file_type FROM kb_chunk c JOIN kb_document d ON d.doc_id = c.doc_id"
                     f" WHERE c.chunk_id IN ({q})", part):
                     out[r["chunk_id"]] = dict(r)
         return out

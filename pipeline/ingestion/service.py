@@ -35,6 +35,17 @@ from store.vectors import VectorStore
 
 log = logging.getLogger(__name__)
 
+QA_FILE_TYPE = "qa"  # pipeline.conversation.verified: one question + answer, never split
+
+
+def single_chunk(pages: list[Document]) -> list:
+    """The whole text as one node, with the offsets the chunker would give."""
+    from llama_index.core.schema import TextNode
+
+    text = "\n".join(p.text for p in pages).strip()
+    return [TextNode(text=text, metadata={"page": None, "source": "text", "char_start": 0,
+                                          "char_end": len(text)})] if text else []
+
 EMBED_BATCH = 32
 WRITE_BATCH = 128  # vectors per Chroma add
 GROUP_DOCS = 16  # documents taken from the queue together
@@ -246,8 +257,9 @@ class IngestService:
         if not path.exists():
             raise ParseError("原始文件丢失，无法处理")
         t0 = time.perf_counter()
-        parsed = parse_file(path, doc["file_type"], ocr_enabled=s.ocr_enabled, ocr_max_pages=s.ocr_max_pages,
-                            progress=lambda msg: self.docs.set_progress(doc_id, msg))
+        qa = doc["file_type"] == QA_FILE_TYPE  # a verified Q&A entry: its text file, kept as one chunk
+        parsed = parse_file(path, "txt" if qa else doc["file_type"], ocr_enabled=s.ocr_enabled,
+                            ocr_max_pages=s.ocr_max_pages, progress=lambda msg: self.docs.set_progress(doc_id, msg))
         t1 = time.perf_counter()
         self.timer.add("parse", t1 - t0)
         self._check_cancel(doc_id)
@@ -255,7 +267,7 @@ class IngestService:
         chunker = ChineseChunker(chunk_size=s.chunk_size, chunk_overlap=s.chunk_overlap)
         pages = [Document(text=p.text, metadata={"page": p.page, "source": p.source}) for p in parsed.pages
                  if p.text and p.text.strip()]
-        nodes = chunker.get_nodes_from_documents(pages)
+        nodes = single_chunk(pages) if qa else chunker.get_nodes_from_documents(pages)
         if not nodes:
             raise ParseError("未解析到文本")
         t2 = time.perf_counter()
