@@ -18,7 +18,7 @@ from store.knowledge_bases import KBStore
 from store.migrations import DEFAULT_KB_ID
 from store.vectors import COLLECTION, VectorStore, open_client
 
-__all__ = ["DEFAULT_KB_ID", "KnowledgeBase", "KnowledgeBases", "collection_name", "bm25_dir"]
+__all__ = ["DEFAULT_KB_ID", "AllVectors", "KnowledgeBase", "KnowledgeBases", "collection_name", "bm25_dir"]
 
 MAX_NAME = 50
 MAX_DESCRIPTION = 500
@@ -120,6 +120,10 @@ class KnowledgeBases:
         shutil.rmtree(bm25_dir(self.data_dir, kb.kb_id), ignore_errors=True)
         self.store.delete(kb.kb_id)
 
+    @property
+    def all_vectors(self) -> "AllVectors":
+        return AllVectors(self)
+
     def model_warning(self, model_id: str, dim: int) -> str | None:
         """The first knowledge base whose vectors come from another embedding model (需要全量重建), else None."""
         for kb in self.all():
@@ -127,3 +131,99 @@ class KnowledgeBases:
             if w:
                 return w
         return None
+
+
+class _AllLocks:
+    """Holds the write locks of every collection (in kb_id order, so two holders never deadlock)."""
+
+    def __init__(self, locks: list):
+        self._locks = locks
+
+    def __enter__(self):
+        for lock in self._locks:
+            lock.acquire()
+        return self
+
+    def __exit__(self, *exc):
+        for lock in reversed(self._locks):
+            lock.release()
+        return False
+
+
+class AllVectors:
+    """Every knowledge base's collection seen as one VectorStore, for what looks at the whole data dir: the
+    consistency audit, its repair and the backup (pipeline.ops). Writes go to the collection of the chunk's
+    knowledge base; a delete by id goes to all (an id is in one of them)."""
+
+    def __init__(self, kbs: KnowledgeBases):
+        self._kbs = kbs
+
+    @property
+    def path(self) -> Path:
+        return self._kbs.data_dir / "chroma"  # one Chroma folder holds every collection
+
+    @property
+    def write_lock(self) -> _AllLocks:
+        return _AllLocks([kb.vectors.write_lock for kb in self._kbs.all()])
+
+    def _stores(self) -> list[VectorStore]:
+        return [kb.vectors for kb in self._kbs.all()]
+
+    def _store_of(self, doc_id: int) -> VectorStore | None:
+        doc = self._kbs.docs.get(int(doc_id))
+        return self._kbs.get(doc["kb_id"]).vectors if doc else None
+
+    def entries(self) -> dict:
+        out: dict = {}
+        for vs in self._stores():
+            out.update(vs.entries())
+        return out
+
+    def all_ids(self) -> set[int]:
+        return set().union(*(vs.all_ids() for vs in self._stores()))
+
+    def count(self) -> int:
+        return sum(vs.count() for vs in self._stores())
+
+    def model_info(self) -> tuple[str | None, int | None]:
+        """The model of the first collection holding vectors (a mismatch is reported by check_model)."""
+        for vs in self._stores():
+            if vs.count():
+                return vs.model_info()
+        return self._kbs.default.vectors.model_info()
+
+    def check_model(self, model_id: str, dim: int) -> str | None:
+        return self._kbs.model_warning(model_id, dim)
+
+    def claim_model(self, model_id: str, dim: int) -> None:
+        for vs in self._stores():
+            vs.claim_model(model_id, dim)
+
+    def reset(self) -> None:
+        for vs in self._stores():
+            vs.reset()
+
+    def delete_ids(self, chunk_ids) -> None:
+        for vs in self._stores():
+            vs.delete_ids(chunk_ids)
+
+    def delete_doc(self, doc_id: int) -> None:
+        vs = self._store_of(doc_id)
+        for store in [vs] if vs is not None else self._stores():
+            store.delete_doc(doc_id)
+
+    def add_many(self, chunk_ids, embeddings, texts, doc_ids, doc_names) -> None:
+        by_store: dict[int, tuple[VectorStore, list[int]]] = {}
+        for i, d in enumerate(doc_ids):
+            vs = self._store_of(d) or self._kbs.default.vectors
+            by_store.setdefault(id(vs), (vs, []))[1].append(i)
+        for vs, idx in by_store.values():
+            vs.add_many([chunk_ids[i] for i in idx], [embeddings[i] for i in idx], [texts[i] for i in idx],
+                        [doc_ids[i] for i in idx], [doc_names[i] for i in idx])
+
+    def bm25_indexed_ids(self) -> set[int]:
+        """Chunk ids the BM25 indexes of all knowledge bases find now."""
+        return set().union(*(kb.bm25.indexed_ids() for kb in self._kbs.all()))
+
+    def bm25_persisted_ids(self) -> set[int]:
+        return set().union(*(kb.bm25.persisted_ids() for kb in self._kbs.all()))

@@ -5,12 +5,21 @@ the ingest worker write while the UI reads.
 """
 from __future__ import annotations
 
+import json
 import sqlite3
 import threading
 from contextlib import contextmanager
 from pathlib import Path
 
 from .migrations import migrate
+
+
+def row_with_json(row, *fields: str, default: str = "[]") -> dict:
+    """A row as a dict with the named JSON columns decoded."""
+    d = dict(row)
+    for f in fields:
+        d[f] = json.loads(d.get(f) or default)
+    return d
 
 
 class Database:
@@ -50,6 +59,11 @@ class Database:
                 conn.execute("ROLLBACK")
                 raise
             conn.execute("COMMIT")
+
+    def ensure(self, schema: str) -> None:
+        """Create a store's own tables (CREATE … IF NOT EXISTS): each store module owns its schema."""
+        with self.connect() as conn:
+            conn.executescript(schema)
 
     def close(self) -> None:
         conn = getattr(self._local, "conn", None)

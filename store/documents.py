@@ -52,6 +52,15 @@ class SectionRow:
     text: str
 
 
+def encode_tokens(tokens: list[str]) -> str:
+    """Space-joined; a space inside a token (GB/T 7714-2015) is kept as a no-break space."""
+    return " ".join(t.replace(" ", "\u00a0") for t in tokens)
+
+
+def decode_tokens(stored: str) -> list[str]:
+    return [t.replace("\u00a0", " ") for t in stored.split(" ")] if stored else []
+
+
 def _now() -> str:
     return datetime.now().isoformat(sep=" ", timespec="seconds")
 
@@ -214,10 +223,8 @@ class DocumentStore:
                                       a).fetchone()[0]
             processing = conn.execute(f"SELECT COUNT(*) FROM kb_document d WHERE d.status='processing'{kb_sql}",
                                       a).fetchone()[0]
-            chunks = conn.execute(
-                f"SELECT COUNT(*) FROM kb_chunk c JOIN kb_document d ON d.doc_id = c.doc_id"
-                f" WHERE {RETRIEVABLE}{kb_sql}", a).fetchone()[0]
-        return {"docs": docs, "ready_docs": ready_docs, "processing": processing, "chunks": chunks}
+        return {"docs": docs, "ready_docs": ready_docs, "processing": processing,
+                "chunks": self.ready_chunk_count(kb_id)}
 
     # --- chunks ------------------------------------------------------------------------------
     def replace_chunks(self, doc_id: int, chunks: list[ChunkRow], sections: list[SectionRow] | None = None,
@@ -232,7 +239,7 @@ class DocumentStore:
                     "INSERT INTO kb_chunk(doc_id, chunk_index, text, page, char_start, char_end, source, tokens,"
                     " context, section) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
                     (doc_id, c.chunk_index, c.text, c.page, c.char_start, c.char_end, c.source,
-                     " ".join(t.replace(" ", "\u00a0") for t in c.tokens), c.context, c.section),
+                     encode_tokens(c.tokens), c.context, c.section),
                 )
                 ids.append(cur.lastrowid)
             if sections is not None:
@@ -274,7 +281,7 @@ class DocumentStore:
                 q = ",".join("?" * len(part))
                 for r in conn.execute(
                     f"SELECT c.chunk_id, c.doc_id, c.chunk_index, c.text, c.page, c.source, c.context,"
-                    f" d.file_name, d.status, d.active, d.version, d.kb_id, b.name AS kb_name"
+                    f" d.file_name, d.status, d.file_type, d.active, d.version, d.kb_id, b.name AS kb_name"
                     f" FROM kb_chunk c JOIN kb_document d ON d.doc_id = c.doc_id"
                     f" LEFT JOIN kb_base b ON b.kb_id = d.kb_id WHERE c.chunk_id IN ({q})", part):
                     out[r["chunk_id"]] = dict(r)
@@ -288,7 +295,15 @@ class DocumentStore:
                 f"SELECT c.chunk_id, c.tokens FROM kb_chunk c JOIN kb_document d ON d.doc_id = c.doc_id"
                 f" WHERE {RETRIEVABLE}{kb_sql} ORDER BY c.chunk_id", a)
             for chunk_id, tokens in cur:
-                yield chunk_id, [t.replace("\u00a0", " ") for t in tokens.split(" ")] if tokens else []
+                yield chunk_id, decode_tokens(tokens)
+
+    def ready_chunk_count(self, kb_id: int | None = None) -> int:
+        """Retrievable chunks (就绪, active version) of one knowledge base or all."""
+        kb_sql, a = _kb_clause(kb_id)
+        with self.db.connect() as conn:
+            return conn.execute(
+                f"SELECT COUNT(*) FROM kb_chunk c JOIN kb_document d ON d.doc_id = c.doc_id"
+                f" WHERE {RETRIEVABLE}{kb_sql}", a).fetchone()[0]
 
     def pending_chunk_count(self, kb_id: int | None = None) -> int:
         """Chunks whose vectors may sit in Chroma but must not be returned: documents not yet 就绪, and
@@ -298,6 +313,27 @@ class DocumentStore:
             return conn.execute(
                 f"SELECT COUNT(*) FROM kb_chunk c JOIN kb_document d ON d.doc_id = c.doc_id"
                 f" WHERE NOT ({RETRIEVABLE}){kb_sql}", a).fetchone()[0]
+
+    def audit_rows(self) -> list[tuple[int, int, str, str]]:
+        """(chunk_id, doc_id, text, stored tokens) of every chunk: what the consistency audit compares."""
+        with self.db.connect() as conn:
+            return [tuple(r) for r in conn.execute("SELECT chunk_id, doc_id, text, tokens FROM kb_chunk")]
+
+    def chunk_contexts(self) -> dict[int, str]:
+        """chunk_id → context (heading path / sheet) of the chunks that have one: their stored tokens and their
+        vectors were made from context + text (pipeline.ingestion.structured_chunking.indexed_text)."""
+        with self.db.connect() as conn:
+            return dict(conn.execute("SELECT chunk_id, context FROM kb_chunk WHERE context IS NOT NULL"))
+
+    def set_tokens(self, tokens: dict[int, list[str]]) -> None:
+        """Rewrite stored BM25 tokens (repair re-tokenizes from the chunk text, the source of truth)."""
+        with self.db.transaction() as conn:
+            conn.executemany("UPDATE kb_chunk SET tokens = ? WHERE chunk_id = ?",
+                             [(encode_tokens(t), int(c)) for c, t in tokens.items()])
+
+    def set_chunk_count(self, doc_id: int, n: int) -> None:
+        with self.db.transaction() as conn:
+            conn.execute("UPDATE kb_document SET chunk_count = ? WHERE doc_id = ?", (int(n), int(doc_id)))
 
     def all_chunk_ids(self, kb_id: int | None = None) -> set[int]:
         kb_sql, a = _kb_clause(kb_id)

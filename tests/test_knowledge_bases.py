@@ -229,3 +229,15 @@ def test_delete_kb_cascades(http, live, tmp_path):
     assert all(s["doc_id"] != r["doc_id"] for s in res["sources"])
     assert http.post("/api/qa/ask/sync", json={"question": "海豚", "kb_id": kb["kb_id"]}).json()["code"] == 3002
     time.sleep(0.1)
+
+
+def test_audit_and_backup_see_every_kb(http, spaces, live, tmp_path):
+    """The consistency audit (issue 18) looks at every knowledge base's collection and BM25 index: documents of
+    other knowledge bases and old versions are not reported as missing vectors / missing from BM25."""
+    engine = live.engine
+    assert len(engine.list_kbs()) >= 3 and any(d["active"] == 0 for d in engine.components.docs.all_docs())
+    report = engine.audit()
+    assert report["ok"], report["findings"]
+    assert report["counts"]["vectors"] == sum(kb.vectors.count() for kb in engine.components.kbs.all())
+    manifest = engine.backup(tmp_path / "backup")
+    assert manifest["counts"]["vectors"] == report["counts"]["vectors"]

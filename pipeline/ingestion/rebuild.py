@@ -70,8 +70,9 @@ class Rebuild:
         try:
             c.ingest.wait_idle()
             if c.models.model_warning:
-                for kb in c.kbs.all():
-                    kb.vectors.reset()  # vectors of another model: start over, never mix
+                with c.gate.writing():
+                    for kb in c.kbs.all():
+                        kb.vectors.reset()  # vectors of another model: start over, never mix
                 c.models.model_warning = None
             # ETA from the bytes done so far: documents differ in size far more than in count
             total_bytes = sum(int(d.get("file_size") or 0) for d in docs) or 1

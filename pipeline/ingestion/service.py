@@ -21,6 +21,7 @@ from pathlib import Path
 
 from pipeline.ingestion.parsing import (
     MAX_BATCH_FILES,
+    ParsedPage,
     ParseError,
     Progress,
     UploadRefused,
@@ -29,16 +30,21 @@ from pipeline.ingestion.parsing import (
     sniff_content,
 )
 from pipeline.ingestion.progress import ProgressBoard
-from pipeline.ingestion.structured_chunking import chunk_page, indexed_text
+from pipeline.ingestion.structured_chunking import Piece, chunk_page, indexed_text
 from pipeline.knowledge_bases import KnowledgeBases
 from pipeline.settings import Settings
 from pipeline.tokenize_zh import ChineseTokenizer
 from store.documents import ChunkRow, DocumentStore, SectionRow
 from store.files import FileStore, display_name, md5_of
+from store.gate import WriteGate
 from store.migrations import DEFAULT_KB_ID
 from store.vectors import VectorStore
 
 log = logging.getLogger(__name__)
+
+QA_FILE_TYPE = "qa"  # pipeline.conversation.verified: one question + answer, never split
+
+
 
 EMBED_BATCH = 32
 WRITE_BATCH = 128  # vectors per Chroma add
@@ -87,7 +93,7 @@ class IngestService:
     def __init__(self, docs: DocumentStore, kbs: KnowledgeBases, files: FileStore, tokenizer: ChineseTokenizer,
                  get_settings: Callable[[], Settings], get_embedding: Callable[[], object],
                  model_ident: Callable[[], tuple[str, int]], on_change: Callable[[], None],
-                 busy_reason: Callable[[], str | None] = lambda: None):
+                 busy_reason: Callable[[], str | None] = lambda: None, gate: WriteGate | None = None):
         self.docs = docs
         self.kbs = kbs  # kb_id → its collection (and BM25 index)
         self.files = files
@@ -96,6 +102,7 @@ class IngestService:
         self.get_embedding = get_embedding
         self.model_ident = model_ident
         self.on_change = on_change  # refresh BM25 / ready-set after a document changes state
+        self.gate = gate or WriteGate()  # writes spanning Chroma + SQLite hold it (a backup freezes it)
         self.busy_reason = busy_reason
         self.timer = StageTimer()
         self.progress = ProgressBoard()  # stage / counts / ETA per document (the list API and the UI read it)
@@ -267,16 +274,21 @@ class IngestService:
             else:
                 self.docs.set_progress(doc_id, msg)
 
-        parsed = parse_file(path, doc["file_type"], ocr_enabled=s.ocr_enabled, ocr_max_pages=s.ocr_max_pages,
-                            progress=parse_progress)
+        qa = doc["file_type"] == QA_FILE_TYPE  # a verified Q&A entry: its text file, kept as one chunk
+        parsed = parse_file(path, "txt" if qa else doc["file_type"], ocr_enabled=s.ocr_enabled,
+                            ocr_max_pages=s.ocr_max_pages, progress=parse_progress)
         t1 = time.perf_counter()
         self._stage(doc_id, "chunk")
         self.timer.add("parse", t1 - t0)
         self._check_cancel(doc_id)
 
-        pieces = [(k, page, pc) for k, page in enumerate(parsed.pages)
-                  for pc in chunk_page(page, s.chunk_size, s.chunk_overlap)]
-        if not pieces:
+        if qa:
+            parsed.pages = [ParsedPage("\n".join(p.text for p in parsed.pages).strip(), None)]
+            pieces = [(0, parsed.pages[0], Piece(parsed.pages[0].text, 0, len(parsed.pages[0].text)))]
+        else:
+            pieces = [(k, page, pc) for k, page in enumerate(parsed.pages)
+                      for pc in chunk_page(page, s.chunk_size, s.chunk_overlap)]
+        if not pieces or not pieces[0][2].text:
             raise ParseError("未解析到文本")
         t2 = time.perf_counter()
         self.timer.add("chunk", t2 - t1)
@@ -294,9 +306,10 @@ class IngestService:
         # Old vectors of this document (a rebuild) go before the new ones come. A first ingest has none:
         # chunks are written before vectors, and a crashed document is cleaned on restart (Engine._recover),
         # so skip Chroma's delete-by-metadata scan (tens of ms per document) when there are no old chunks.
-        if self.docs.chunk_count_of(doc_id):
-            self._vectors(doc).delete_doc(doc_id)
-        chunk_ids = self.docs.replace_chunks(doc_id, rows, sections, note="；".join(parsed.warnings) or None)
+        with self.gate.writing():
+            if self.docs.chunk_count_of(doc_id):
+                self._vectors(doc).delete_doc(doc_id)
+            chunk_ids = self.docs.replace_chunks(doc_id, rows, sections, note="；".join(parsed.warnings) or None)
         self.timer.add("write", time.perf_counter() - t3)
         return _Prepared(doc, rows, chunk_ids)
 
@@ -370,6 +383,11 @@ class IngestService:
         if self._is_cancelled(p.doc_id):
             self._cleanup(p.doc_id)
             return
+        # Vectors are written (Chroma finds them); BM25 must find the chunks too before the status says 就绪.
+        # (chunk_id, tokens) of a document about to turn 就绪 go to its knowledge base's BM25 delta first, so
+        # 就绪 means searchable (pipeline.retrieval.bm25.BM25Index.add_ready)
+        self.kbs.get(p.doc.get("kb_id") or DEFAULT_KB_ID).bm25.add_ready(
+            [(cid, row.tokens) for cid, row in zip(p.chunk_ids, p.rows)])
         self.docs.mark_ready(p.doc_id, len(p.rows))
         self.timer.chunks += len(p.rows)
         log.info("doc %s ready: %d chunks", p.doc["file_name"], len(p.rows))
@@ -383,15 +401,15 @@ class IngestService:
     def _cleanup(self, doc_id: int, keep_doc: bool = False) -> None:
         """A failed or cancelled document leaves no vectors and no chunks."""
         self.progress.finish(doc_id)
-        doc = self.docs.get(doc_id)
-        # a document deleted meanwhile (its KB too, maybe): Engine.delete_document removed its vectors already
-        if doc is not None:
-            self._vectors(doc).delete_doc(doc_id)
-        self.docs.delete_chunks(doc_id)
-        if not keep_doc:
-            if doc is not None and doc_id in self._cancelled:
-                self.files.delete(doc.get("stored_name"))
+        with self.gate.writing():
+            doc = self.docs.get(doc_id)
+            # a document deleted meanwhile (its KB too, maybe): Engine.delete_document removed its vectors
+            if doc is not None:
+                self._vectors(doc).delete_doc(doc_id)
+            self.docs.delete_chunks(doc_id)
+            if not keep_doc and doc is not None and doc_id in self._cancelled:
                 self.docs.delete(doc_id)
+                self.files.delete(doc.get("stored_name"))
 
     def _vectors(self, doc: dict) -> VectorStore:
         return self.kbs.get(doc.get("kb_id") or DEFAULT_KB_ID).vectors

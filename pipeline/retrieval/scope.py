@@ -51,8 +51,10 @@ class _MergedScorer:
         return out
 
     def coverage(self, query: str, chunk_id: str) -> float:
-        for inner in self._inners:
-            if int(inner.snapshot.positions([int(chunk_id)])[0]) >= 0:
+        cid = int(chunk_id)
+        for inner in self._inners:  # the index holding the chunk, in its snapshot or its delta
+            held = int(inner.snapshot.positions([cid])[0]) >= 0 or (inner.delta is not None and cid in inner.delta.pos_of)
+            if held:
                 return inner.coverage(query, chunk_id)
         return 0.0
 

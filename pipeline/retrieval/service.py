@@ -97,7 +97,9 @@ class RetrievalService:
                 kbs = [self.kbs.get(k) for k in scope]
                 bm25 = scoped_bm25([LiveBM25Retriever(kb.bm25, self.tokenizer, lookup, recall) for kb in kbs], recall)
                 vec = scoped([ReadyVectorRetriever(lambda kb=kb: self._vector_index(kb), lookup, recall,
-                                                   extra_fetch=self.pending_vectors, enabled=self.vector_enabled)
+                                                   extra_fetch=lambda kb=kb: self.docs.pending_chunk_count(kb.kb_id),
+                                                   enabled=self.vector_enabled,
+                                                   ready_count=lambda kb=kb: self.docs.ready_chunk_count(kb.kb_id))
                               for kb in kbs], recall)
                 fusion = HybridRetriever(bm25, vec, lambda q, ids, kbs=kbs: self._stored_cosines(q, ids, kbs), params)
                 built = _Stages(fusion, SafeRerank(self.cross_encoder, top_n=s.final_top_k,
