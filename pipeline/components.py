@@ -16,6 +16,7 @@ from typing import Any
 
 from llama_index.core import Settings as LISettings
 
+from pipeline.deployment import Deployment
 from pipeline.ingestion.service import IngestService
 from pipeline.models.paths import resolve_model_dir
 from pipeline.retrieval.bm25 import BM25Index
@@ -27,6 +28,9 @@ from store.config_store import ConfigStore
 from store.db import Database
 from store.documents import DocumentStore
 from store.files import FileStore
+from store.jobs import JobStore
+from store.retrievals import RetrievalStore
+from store.shared_state import SharedState
 from store.vectors import VectorStore
 
 log = logging.getLogger(__name__)
@@ -57,6 +61,10 @@ class Components:
     tokenizer: ChineseTokenizer
     bm25: BM25Index
     ingest: IngestService
+    jobs: JobStore                 # the ingest queue in the database
+    state: SharedState             # counters other app processes watch (KB generation, settings, reloads)
+    retrievals: RetrievalStore     # the retrieval behind each recent answer (重试 on any process)
+    deployment: Deployment
     models: Models | None = None
     retrieval: RetrievalService | None = None
 
@@ -67,21 +75,27 @@ class Components:
 
 def build_components(data_dir: Path | str, *, project_root: Path | None = None, models_dir: Path | None = None,
                      settings: Callable[[], Settings], on_ingested: Callable[[], None] = lambda: None,
-                     busy_reason: Callable[[], str | None] = lambda: None) -> Components:
+                     busy_reason: Callable[[], str | None] = lambda: None,
+                     deployment: Deployment | None = None) -> Components:
     """Stores, indexes and the ingest worker over one data dir. Models come later (`load_models`).
 
     `settings` returns the current settings (they change at run time); `on_ingested` runs after the ingest
-    queue drains; `busy_reason` says why uploads are refused right now (or None).
+    queue drains; `busy_reason` says why uploads are refused right now (or None). `deployment` says where
+    metadata, vectors and originals live (default: all embedded in the data dir).
     """
+    dep = deployment or Deployment()
     data_dir = Path(data_dir).resolve()
     data_dir.mkdir(parents=True, exist_ok=True)
     project_root = Path(project_root or PROJECT_ROOT)
-    db = Database(data_dir / "app.db")
+    db = Database(dep.database_url or data_dir / "app.db")
     docs = DocumentStore(db)
-    files = FileStore(data_dir / "uploads")
-    vectors = VectorStore(data_dir / "chroma")
+    files = FileStore(dep.files_dir or data_dir / "uploads")
+    vectors = VectorStore(url=dep.chroma_url) if dep.chroma_url else VectorStore(data_dir / "chroma")
     tokenizer = ChineseTokenizer(user_dict=data_dir / "userdict.txt")
-    comps: Components  # the ingest worker reads the models that load_models puts here later
+    jobs = JobStore(db)
+    if db.single_process:
+        jobs.release_all()  # SQLite: leases left in the queue belong to a previous run of this one process
+    comps: Components | None = None  # the ingest worker reads the models that load_models puts here later
 
     def embed_model():
         return comps.models.embedding.embed_model
@@ -90,9 +104,12 @@ def build_components(data_dir: Path | str, *, project_root: Path | None = None, 
         return comps.models.embedding.model_id, comps.models.embedding.dim
 
     ingest = IngestService(docs, vectors, files, tokenizer, settings, embed_model, model_ident,
-                           on_change=on_ingested, busy_reason=busy_reason)
+                           on_change=on_ingested, busy_reason=busy_reason, jobs=jobs,
+                           ready=lambda: comps is not None and comps.models is not None,
+                           lease_s=dep.ingest_lease_s)
     comps = Components(data_dir, project_root, Path(models_dir or project_root / "models"), db, ConfigStore(db),
-                       docs, files, vectors, tokenizer, BM25Index(data_dir / "bm25", docs.iter_ready_tokens), ingest)
+                       docs, files, vectors, tokenizer, BM25Index(data_dir / "bm25", docs.iter_ready_tokens), ingest,
+                       jobs, SharedState(db), RetrievalStore(db), dep)
     return comps
 
 

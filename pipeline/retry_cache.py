@@ -1,30 +1,78 @@
-"""The last retrievals by question, so 重试 regenerates an answer without retrieving again."""
+"""The last retrievals by question, so 重试 regenerates an answer without retrieving again — on any process.
+
+Stored in the database (store/retrievals.py), not in process memory: behind a load balancer the retry may reach
+another app process than the failed answer did. Only what a replay shows is kept: the top rows of each route
+that the trace displays, and the final numbered sources in full.
+"""
 from __future__ import annotations
 
-import threading
-from collections import OrderedDict
+import json
+import logging
 
+from llama_index.core.schema import NodeWithScore, TextNode
+
+from pipeline.events import TRACE_TOP
 from pipeline.retrieval.result import RetrievalResult
+from store.retrievals import RetrievalStore
+
+log = logging.getLogger(__name__)
+
+_LISTS = ("bm25", "vector", "fused")
+_SCALARS = ("rerank_status", "ms", "hit", "bm25_weight", "max_similarity", "min_similarity")
 
 
-class RecentRetrievals:
-    def __init__(self, capacity: int = 64):
-        self.capacity = capacity
-        self._items: "OrderedDict[str, RetrievalResult]" = OrderedDict()
-        self._lock = threading.Lock()
+def _num(x):
+    """JSON fallback for numpy scalars in scores/metadata."""
+    try:
+        return float(x)
+    except (TypeError, ValueError):
+        return str(x)
+
+
+def _node_out(n: NodeWithScore) -> dict:
+    return {"id": n.node.node_id, "text": n.node.get_content(), "meta": dict(n.node.metadata), "score": n.score}
+
+
+def _node_in(d: dict) -> NodeWithScore:
+    meta = d["meta"]
+    node = TextNode(id_=d["id"], text=d["text"], metadata=meta, excluded_embed_metadata_keys=list(meta),
+                    excluded_llm_metadata_keys=list(meta))
+    return NodeWithScore(node=node, score=d["score"])
+
+
+def dumps(res: RetrievalResult) -> str:
+    data = {k: [_node_out(n) for n in getattr(res, k)[:TRACE_TOP]] for k in _LISTS}
+    data["final"] = [_node_out(n) for n in res.final]
+    data.update({k: getattr(res, k) for k in _SCALARS})
+    data["query"] = res.query
+    return json.dumps(data, ensure_ascii=False, default=_num)
+
+
+def loads(text: str) -> RetrievalResult:
+    data = json.loads(text)
+    res = RetrievalResult(query=data["query"], **{k: data[k] for k in _SCALARS})
+    for k in (*_LISTS, "final"):
+        setattr(res, k, [_node_in(d) for d in data[k]])
+    return res
+
+
+class StoredRetrievals:
+    def __init__(self, store: RetrievalStore):
+        self.store = store
 
     def get(self, question: str) -> RetrievalResult | None:
-        with self._lock:
-            return self._items.get(question)
+        text = self.store.get(question)
+        if text is None:
+            return None
+        try:
+            return loads(text)
+        except (ValueError, KeyError, TypeError) as exc:  # written by another version: retrieve again
+            log.warning("stored retrieval unreadable (%s); retrieving again", exc)
+            return None
 
     def put(self, question: str, res: RetrievalResult) -> None:
-        with self._lock:
-            self._items[question] = res
-            self._items.move_to_end(question)
-            while len(self._items) > self.capacity:
-                self._items.popitem(last=False)
+        self.store.put(question, dumps(res))
 
     def clear(self) -> None:
-        """After a delete or rebuild: cached retrievals may hold chunks that are gone."""
-        with self._lock:
-            self._items.clear()
+        """After a delete or rebuild: stored retrievals may hold chunks that are gone."""
+        self.store.clear()
