@@ -15,7 +15,7 @@ from urllib.parse import urlsplit
 
 import chromadb
 from chromadb.config import Settings as ChromaSettings  # telemetry off per client (anonymized_telemetry)
-from chromadb.errors import NotFoundError, UniqueConstraintError
+from chromadb.errors import NotFoundError
 
 log = logging.getLogger(__name__)
 
@@ -51,8 +51,8 @@ def http_client(url: str):
         except NotFoundError:
             try:
                 admin.create_database(database)
-            except UniqueConstraintError:
-                pass  # another app process created it meanwhile
+            except Exception:  # another app process may have created it meanwhile (409): fine if it exists now
+                admin.get_database(database)
     kw = {"database": database} if database else {}
     return chromadb.HttpClient(host=host, port=port, ssl=ssl, settings=settings, **kw)
 
