@@ -29,6 +29,7 @@ from store.db import Database
 from store.documents import DocumentStore
 from store.files import FileStore
 from store.jobs import JobStore
+from store.leases import LeaseStore
 from store.retrievals import RetrievalStore
 from store.shared_state import SharedState
 from store.vectors import VectorStore
@@ -64,6 +65,7 @@ class Components:
     jobs: JobStore                 # the ingest queue in the database
     state: SharedState             # counters other app processes watch (KB generation, settings, reloads)
     retrievals: RetrievalStore     # the retrieval behind each recent answer (重试 on any process)
+    leases: LeaseStore             # work one process at a time may do (全量重建)
     deployment: Deployment
     models: Models | None = None
     retrieval: RetrievalService | None = None
@@ -109,7 +111,7 @@ def build_components(data_dir: Path | str, *, project_root: Path | None = None, 
                            lease_s=dep.ingest_lease_s)
     comps = Components(data_dir, project_root, Path(models_dir or project_root / "models"), db, ConfigStore(db),
                        docs, files, vectors, tokenizer, BM25Index(data_dir / "bm25", docs.iter_ready_tokens), ingest,
-                       jobs, SharedState(db), RetrievalStore(db), dep)
+                       jobs, SharedState(db), RetrievalStore(db), LeaseStore(db), dep)
     return comps
 
 

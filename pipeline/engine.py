@@ -204,7 +204,7 @@ class Engine:
 
     def reload(self) -> float:
         """重载引擎 here and, through the engine version in the database, on every other app process."""
-        if self._rebuild.running:
+        if self._rebuild_busy():
             raise EngineError(CODE_ENGINE, "全量重建进行中，请完成后再重载引擎")
         self._sync.bump(ENGINE_VERSION)
         return self.load()
@@ -222,11 +222,18 @@ class Engine:
         self._sync.refresh_kb()
 
     def _refresh_bm25(self) -> None:
-        self.components.vectors.reopen()  # another process may have re-created the collection (model change)
-        self.components.bm25.rebuild(self._settings.bm25_k1, self._settings.bm25_b)
+        c = self.components
+        c.vectors.reopen()  # another process may have re-created the collection (model change)
+        m = c.models
+        if m is not None and m.model_warning:  # another process's 全量重建 may have resolved it
+            m.model_warning = c.vectors.check_model(m.embedding.model_id, m.embedding.dim)
+        c.bm25.rebuild(self._settings.bm25_k1, self._settings.bm25_b)
+
+    def _rebuild_busy(self) -> bool:
+        return self._rebuild.running or self._rebuild.running_elsewhere()
 
     def _busy_reason(self) -> str | None:
-        if self._rebuild.running:
+        if self._rebuild_busy():
             return "全量重建进行中，暂不能上传或删除文档，请稍后再试"
         if self.state != "ready":
             return "引擎加载中，请稍后" if self.state in ("loading", "reloading") else f"引擎未就绪：{self.load_error}"
@@ -285,7 +292,7 @@ class Engine:
         return self.components.docs.chunks_of(doc_id)
 
     def delete_document(self, doc_id: int) -> dict:
-        if self._rebuild.running:
+        if self._rebuild_busy():
             raise EngineError(CODE_ENGINE, "全量重建进行中，暂不能上传或删除文档，请稍后再试")
         c = self.components
         doc = c.docs.get(doc_id)

@@ -109,6 +109,14 @@ MIGRATIONS: list[Migration] = [
         )""",
         "CREATE INDEX idx_retrieval_age ON qa_retrieval(stored_at)",
     )),
+    # v4: named leases for work only one process may do at a time (全量重建).
+    Migration(4, "named leases", (
+        """CREATE TABLE app_lease (
+            name         TEXT PRIMARY KEY,
+            owner        TEXT,
+            lease_until  REAL
+        )""",
+    )),
 ]
 
 

@@ -99,8 +99,10 @@ class PostgresBackend:
 
     def __init__(self, url: str, pool_size: int = 20):
         self.url = url
+        # check: a pooled connection broken by a database restart is replaced before use, not handed out.
         self._pool = ConnectionPool(url, min_size=1, max_size=pool_size, open=False, name="kbqa",
-                                    kwargs={"autocommit": True, "row_factory": _row_factory})
+                                    kwargs={"autocommit": True, "row_factory": _row_factory},
+                                    check=ConnectionPool.check_connection)
         try:
             self._pool.open(wait=True, timeout=15)
         except Exception as exc:
@@ -111,20 +113,15 @@ class PostgresBackend:
     @contextmanager
     def _borrow(self):
         held = getattr(self._local, "held", None)
-        if held is not None:
-            self._local.depth += 1
-            try:
-                yield held
-            finally:
-                self._local.depth -= 1
+        if held is not None:  # nested: the thread's outermost block owns the connection
+            yield held
             return
         raw = self._pool.getconn()
-        self._local.held, self._local.depth = Connection(raw), 1
+        self._local.held = Connection(raw)
         try:
             yield self._local.held
         finally:
             self._local.held = None
-            self._local.depth = 0
             self._pool.putconn(raw)
 
     @contextmanager

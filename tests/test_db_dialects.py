@@ -15,6 +15,7 @@ import pytest
 from store.db import Database
 from store.documents import ChunkRow, DocumentStore
 from store.jobs import JobStore, LeaseLost
+from store.leases import LeaseStore
 from store.migrations import MIGRATIONS, Migration, current_version, migrate
 from store.shared_state import KB_GENERATION, SharedState
 from store.sql_dialect import UnportableSQL, to_postgres
@@ -160,3 +161,18 @@ def test_concurrent_claims_never_share_a_job(db):
         t.join()
     every = [d for ids in got.values() for d in ids]
     assert len(every) == 60 and len(set(every)) == 60
+
+
+def test_named_lease_one_holder_and_expiry(db):
+    leases = LeaseStore(db)
+    assert leases.holder("kb_rebuild") is None
+    assert leases.acquire("kb_rebuild", "A", 0.6)
+    assert not leases.acquire("kb_rebuild", "B", 30) and leases.holder("kb_rebuild") == "A"
+    assert leases.renew("kb_rebuild", "A", 0.6) and not leases.renew("kb_rebuild", "B", 30)
+    time.sleep(1.0)  # A died: its lease frees itself
+    assert leases.holder("kb_rebuild") is None
+    assert leases.acquire("kb_rebuild", "B", 30) and not leases.renew("kb_rebuild", "A", 30)
+    leases.release("kb_rebuild", "A")  # not A's any more: no effect
+    assert leases.holder("kb_rebuild") == "B"
+    leases.release("kb_rebuild", "B")
+    assert leases.holder("kb_rebuild") is None

@@ -53,6 +53,11 @@ class Team:
     def b(self) -> AppProcess:
         return self.apps["B"]
 
+    def restart(self, name: str) -> AppProcess:
+        self.apps[name].stop()
+        self.apps[name] = AppProcess(self.root / name / "data", *self.args, log_path=self.root / f"{name}-2.log")
+        return self.apps[name].wait_ready()
+
     def sql(self, query: str, params=()):
         with psycopg.connect(self.dep.database_url, autocommit=True) as conn:
             return conn.execute(query, params).fetchall()
@@ -246,3 +251,21 @@ def test_kill9_mid_ingest_the_other_process_finishes(team):
     with survivor.http() as c:
         s = c.post("/api/kb/search", json={"query": "ChatGPT", "top_k": 3}).json()["data"]
     assert s["bm25"] and s["bm25"][0]["doc_name"] == src.name
+    team.restart(victim)  # the killed process comes back on the same data dir and joins in
+
+
+def test_rebuild_in_one_process_refuses_uploads_in_the_other(team):
+    with team.a.http() as a:
+        assert a.post("/api/kb/rebuild").json()["code"] == 0
+        try:
+            with team.b.http() as b:
+                r = b.post("/api/kb/documents", files=[("file", ("重建中.txt", "重建期间上传。".encode()))]).json()
+                assert r["code"] == 2002 and "全量重建" in r["msg"], r
+                assert b.post("/api/kb/rebuild").json()["code"] == 2002  # one rebuild at a time, across processes
+        finally:
+            deadline = time.time() + 600
+            while a.get("/api/kb/rebuild").json()["data"]["running"] and time.time() < deadline:
+                time.sleep(0.3)
+        assert a.get("/api/kb/rebuild").json()["data"]["error"] is None
+    rec = upload(team.b, "重建后.txt", "重建结束后上传的文档。".encode())
+    assert rec["ok"] and wait_ready(team.a, rec["doc_id"])["status"] == "ready"
