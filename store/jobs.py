@@ -91,21 +91,21 @@ class JobStore:
 
     def complete(self, doc_id: int, owner: str, chunk_count: int) -> bool:
         """The job ends and the document turns 就绪 in one transaction — only while `owner` holds the lease."""
-        with self.db.transaction() as conn:
-            if conn.execute("DELETE FROM ingest_job WHERE doc_id = ? AND owner = ?", (doc_id, owner)).rowcount == 0:
-                return False
-            conn.execute("UPDATE kb_document SET status = 'ready', fail_reason = NULL, progress = NULL,"
-                         " chunk_count = ? WHERE doc_id = ?", (chunk_count, doc_id))
-            conn.execute("UPDATE app_state SET value = value + 1 WHERE name = 'kb_generation'")
-        return True
+        return self._end(doc_id, owner, "UPDATE kb_document SET status = 'ready', fail_reason = NULL,"
+                         " progress = NULL, chunk_count = ? WHERE doc_id = ?", (chunk_count, doc_id), ready=True)
 
     def fail(self, doc_id: int, owner: str, reason: str) -> bool:
         """The job ends and the document turns 失败 (with its reason) — only while `owner` holds the lease."""
+        return self._end(doc_id, owner, "UPDATE kb_document SET status = 'failed', fail_reason = ?,"
+                         " progress = NULL WHERE doc_id = ?", (reason, doc_id))
+
+    def _end(self, doc_id: int, owner: str, doc_sql: str, params: tuple, ready: bool = False) -> bool:
         with self.db.transaction() as conn:
             if conn.execute("DELETE FROM ingest_job WHERE doc_id = ? AND owner = ?", (doc_id, owner)).rowcount == 0:
-                return False
-            conn.execute("UPDATE kb_document SET status = 'failed', fail_reason = ?, progress = NULL"
-                         " WHERE doc_id = ?", (reason, doc_id))
+                return False  # fenced: the lease ran out and another worker holds the job
+            conn.execute(doc_sql, params)
+            if ready:  # the set of 就绪 chunks changed: every process rebuilds its BM25
+                conn.execute("UPDATE app_state SET value = value + 1 WHERE name = 'kb_generation'")
         return True
 
     def drop(self, doc_id: int, owner: str) -> None:

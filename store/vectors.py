@@ -63,12 +63,11 @@ class VectorStore:
     def __init__(self, path: Path | None = None, *, url: str | None = None):
         if url:
             self.path, self.url = None, url
+            parse_chroma_url(url)  # a malformed address is a ValueError; anything after that is connectivity
             try:
                 self.client = http_client(url)
                 self.client.heartbeat()
-            except ValueError:
-                raise
-            except Exception as exc:
+            except Exception as exc:  # chromadb says "Could not connect…" with a ValueError
                 raise ConnectionError(f"无法连接 Chroma 服务（{url}）：{exc}") from exc
         else:
             self.path, self.url = Path(path), None

@@ -36,28 +36,26 @@ def _start_or_skip(factory):
     return server.start()
 
 
-@pytest.fixture(scope="session")
-def pg_server():
-    """A throw-away PostgreSQL cluster on a loopback port for the whole session."""
-    from tests.servers import PostgresServer
+def _session_server(factory_name: str):
+    from tests import servers
 
-    server = _start_or_skip(PostgresServer)
+    server = _start_or_skip(getattr(servers, factory_name))
     try:
         yield server
     finally:
         server.stop()
+
+
+@pytest.fixture(scope="session")
+def pg_server():
+    """A throw-away PostgreSQL cluster on a loopback port for the whole session."""
+    yield from _session_server("PostgresServer")
 
 
 @pytest.fixture(scope="session")
 def chroma_server():
     """A Chroma server (`chroma run`) on a loopback port for the whole session."""
-    from tests.servers import ChromaServer
-
-    server = _start_or_skip(ChromaServer)
-    try:
-        yield server
-    finally:
-        server.stop()
+    yield from _session_server("ChromaServer")
 
 
 @pytest.fixture
