@@ -59,7 +59,7 @@ class Engine:
         self.load_error: str | None = None
         self.retrieval_calls = 0
         self.last_reload_ms: float | None = None
-        self._recent = StoredRetrievals(c.retrievals)
+        self._recent = StoredRetrievals(c.retrievals, c.docs.get_chunks)
         # Other app processes on the same database: their settings saves, reloads and KB changes reach us here.
         self._sync = SharedSync(c.state, on_kb=self._refresh_bm25, on_config=self._reread_settings,
                                 on_engine=self._reload_from_elsewhere)

@@ -2,12 +2,14 @@
 
 Stored in the database (store/retrievals.py), not in process memory: behind a load balancer the retry may reach
 another app process than the failed answer did. Only what a replay shows is kept: the top rows of each route
-that the trace displays, and the final numbered sources in full.
+that the trace displays, and the final numbered sources in full. A stored retrieval whose sources are no longer
+all 就绪 (a delete or re-processing raced with the answer) is not replayed: the retry retrieves again.
 """
 from __future__ import annotations
 
 import json
 import logging
+from collections.abc import Callable
 
 from llama_index.core.schema import NodeWithScore, TextNode
 
@@ -57,18 +59,24 @@ def loads(text: str) -> RetrievalResult:
 
 
 class StoredRetrievals:
-    def __init__(self, store: RetrievalStore):
+    def __init__(self, store: RetrievalStore, lookup: Callable[[list[int]], dict[int, dict]]):
         self.store = store
+        self.lookup = lookup  # chunk_ids → rows (store.documents.DocumentStore.get_chunks)
 
     def get(self, question: str) -> RetrievalResult | None:
         text = self.store.get(question)
         if text is None:
             return None
         try:
-            return loads(text)
+            res = loads(text)
         except (ValueError, KeyError, TypeError) as exc:  # written by another version: retrieve again
             log.warning("stored retrieval unreadable (%s); retrieving again", exc)
             return None
+        ids = [int(n.node.node_id) for n in res.final]
+        rows = self.lookup(ids) if ids else {}
+        if any(rows.get(i, {}).get("status") != "ready" for i in ids):
+            return None  # a source was deleted or is being re-processed since
+        return res
 
     def put(self, question: str, res: RetrievalResult) -> None:
         self.store.put(question, dumps(res))

@@ -15,9 +15,8 @@ from contextlib import contextmanager
 import psycopg
 from psycopg_pool import ConnectionPool
 
+from store.db import POSTGRESQL  # store.db imports this module lazily, once it is fully loaded
 from store.sql_dialect import to_postgres
-
-POSTGRESQL = "postgresql"
 
 
 class Row(tuple):

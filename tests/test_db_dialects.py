@@ -176,3 +176,27 @@ def test_named_lease_one_holder_and_expiry(db):
     assert leases.holder("kb_rebuild") == "B"
     leases.release("kb_rebuild", "B")
     assert leases.holder("kb_rebuild") is None
+
+
+def test_stored_retrieval_not_replayed_once_a_source_is_gone(db):
+    from llama_index.core.schema import NodeWithScore
+
+    from pipeline.retrieval.nodes import node_from_row
+    from pipeline.retrieval.result import RetrievalResult
+    from pipeline.retry_cache import StoredRetrievals
+    from store.retrievals import RetrievalStore
+
+    docs = DocumentStore(db)
+    d = docs.create("r.txt", "txt", 1, "b" * 32, "b" * 32 + ".txt")
+    (cid,) = docs.replace_chunks(d["doc_id"], [ChunkRow(d["doc_id"], 0, "重试材料", None, 0, 4, "text", ["重试"])])
+    docs.mark_ready(d["doc_id"], 1)
+    node = NodeWithScore(node=node_from_row(docs.get_chunks([cid])[cid]), score=0.9)
+    node.node.metadata["rerank_score"] = 0.5
+    res = RetrievalResult(query="q", vector=[node], fused=[node], final=[node], hit=True, ms={"total": 1.5})
+    stored = StoredRetrievals(RetrievalStore(db), docs.get_chunks)
+    stored.put("q", res)
+    back = stored.get("q")  # as another process would read it
+    assert back.hit and back.ms == {"total": 1.5} and back.final[0].node.get_content() == "重试材料"
+    assert back.final[0].node.metadata["rerank_score"] == 0.5 and back.final[0].score == 0.9
+    docs.delete(d["doc_id"])  # deleted after the answer stored its retrieval, before the retry
+    assert stored.get("q") is None
