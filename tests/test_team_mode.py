@@ -42,8 +42,12 @@ class Team:
                      "--files-dir", str(deployment.files_dir), "--ingest-lease", str(LEASE_S)]
         self.apps = {name: AppProcess(root / name / "data", *self.args, log_path=root / f"{name}.log")
                      for name in ("A", "B")}
-        for app in self.apps.values():
-            app.wait_ready()
+        try:
+            for app in self.apps.values():
+                app.wait_ready()
+        except BaseException:
+            self.stop()  # never leave an app process behind when the other one fails to start
+            raise
 
     @property
     def a(self) -> AppProcess:
