@@ -127,7 +127,8 @@ def load_models(c: Components, s: Settings) -> Models:
     c.models = models
     c.retrieval = RetrievalService(
         c.docs, c.vectors, c.bm25, c.tokenizer, emb.embed_model, models.cross_encoder,
-        pending_vectors=c.docs.pending_chunk_count, vector_enabled=lambda: models.model_warning is None)
+        pending_vectors=c.docs.pending_chunk_count, vector_enabled=lambda: models.model_warning is None,
+        embedding_model=emb.model_id)
     return models
 
 

@@ -13,6 +13,7 @@ from enum import Enum
 from typing import TYPE_CHECKING, Any, Literal, NotRequired, TypedDict
 
 from pipeline.retrieval.nodes import node_meta, node_text
+from pipeline.retrieval.result import fused_row, fusion_info
 
 if TYPE_CHECKING:
     from pipeline.retrieval.result import RetrievalResult
@@ -61,9 +62,12 @@ class VectorRow(TraceRow):
 
 class FusedRow(TraceRow):
     rank: int
-    rrf_score: float | None
-    bm25_rank: int | None
+    fused_score: float | None  # the score of the fusion mode in use
+    rrf_score: float | None    # the SRS's RRF score, shown beside it
+    bm25_rank: int | None      # None: not in that route's list (its score below is still the real one)
+    bm25_score: float | None
     vector_rank: int | None
+    similarity: float | None
 
 
 class RerankRow(TraceRow):
@@ -186,13 +190,12 @@ def trace_payload(res: "RetrievalResult") -> TracePayload:
         bm25=[BM25Row(**_row(n), rank=i, score=_r(n.score)) for i, n in enumerate(res.bm25[:TRACE_TOP], 1)],
         vector=[VectorRow(**_row(n), rank=i, similarity=_r(n.score))
                 for i, n in enumerate(res.vector[:TRACE_TOP], 1)],
-        rrf=[FusedRow(**_row(n), rank=i, rrf_score=_r(meta(n, "rrf_score"), 6), bm25_rank=meta(n, "bm25_rank"),
-                      vector_rank=meta(n, "vector_rank")) for i, n in enumerate(res.fused[:TRACE_TOP], 1)],
+        rrf=[FusedRow(**_row(n), rank=i, **fused_row(n)) for i, n in enumerate(res.fused[:TRACE_TOP], 1)],
         rerank=[RerankRow(**_row(n), no=i, rerank_score=_r(meta(n, "rerank_score")),
                           rrf_score=_r(meta(n, "rrf_score"), 6), similarity=_r(meta(n, "similarity_full")))
                 for i, n in enumerate(res.final, 1)],
         rerank_status=res.rerank_status,
-        fusion={"bm25_weight": _r(res.bm25_weight, 3)},
+        fusion=fusion_info(res.fusion_mode, res.bm25_weight, res.fusion_features),
         gate=GateInfo(hit=res.hit, max_similarity=_r(res.max_similarity), min_similarity=res.min_similarity),
         ms={k: round(v, 1) for k, v in res.ms.items()},
     )

@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import logging
 from collections.abc import Callable
+from dataclasses import fields
 
 from llama_index.core.schema import NodeWithScore, TextNode
 
@@ -20,7 +21,10 @@ from store.retrievals import RetrievalStore
 log = logging.getLogger(__name__)
 
 _LISTS = ("bm25", "vector", "fused")
-_SCALARS = ("rerank_status", "ms", "hit", "bm25_weight", "max_similarity", "min_similarity")
+# Every other plain field of RetrievalResult is kept, so fields added later replay too; the query embedding and
+# the start time are only needed while retrieving.
+_SCALARS = tuple(f.name for f in fields(RetrievalResult)
+                 if f.name not in (*_LISTS, "final", "query", "query_embedding", "started"))
 
 
 def _num(x):
@@ -52,7 +56,7 @@ def dumps(res: RetrievalResult) -> str:
 
 def loads(text: str) -> RetrievalResult:
     data = json.loads(text)
-    res = RetrievalResult(query=data["query"], **{k: data[k] for k in _SCALARS})
+    res = RetrievalResult(query=data["query"], **{k: data[k] for k in _SCALARS if k in data})
     for k in (*_LISTS, "final"):
         setattr(res, k, [_node_in(d) for d in data[k]])
     return res

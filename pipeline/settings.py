@@ -49,6 +49,19 @@ class Settings(BaseModel):
                                description="BM25 与向量各召回的块数", ge=1, le=200)
     final_top_k: int = setting(6, group="retrieval", effect="immediate", label="最终 Top-K",
                                description="送入生成的资料数", ge=1, le=20)
+    # Fusion of the two routes (pipeline.retrieval.fusion); chosen leave-one-set-out, docs/retrieval-eval.md.
+    fusion_mode: Literal["convex", "rrf"] = setting(
+        "convex", group="retrieval", effect="immediate", label="融合方式",
+        description="convex：每个候选两路分数都算，各自归一化后按 BM25 占比加权求和；rrf：SRS 的倒数名次融合")
+    convex_auto_weight: bool = setting(
+        True, group="retrieval", effect="immediate", label="按问题自动定权",
+        description="convex 模式下按问题特征（两路一致度、最高相似度、问题长度等）自动决定 BM25 占比")
+    convex_norm: Literal["minmax", "zscore"] = setting(
+        "minmax", group="retrieval", effect="immediate", label="分数归一化",
+        description="convex 模式下每路分数在本次候选内的归一化方式：minmax（0–1）或 zscore（标准分）")
+    convex_bm25_weight: float = setting(
+        0.25, group="retrieval", effect="immediate", label="BM25 占比（固定）",
+        description="convex 模式、关闭自动定权时 BM25 的固定占比（向量占 1 − 该值）", ge=0, le=1)
     rrf_k: int = setting(60, group="retrieval", effect="immediate", label="RRF K",
                          description="RRF 常数（SRS 取 60）", ge=1)
     # Weighted RRF; with bm25_adaptive the BM25 weight per query is scaled down when BM25's ranking is not
@@ -185,6 +198,9 @@ def _friendly(err: dict) -> tuple[str, str]:
         return field, f"{label} 必须是数字，{_range_phrase(field)}".rstrip("，")
     if etype in {"bool_parsing", "bool_type"}:
         return field, f"{label} 必须是 true/false"
+    if etype == "literal_error":
+        allowed = " / ".join(str(a) for a in getattr(Settings.model_fields[field].annotation, "__args__", ()))
+        return field, f"{label} 必须是 {allowed} 之一"
     if etype in {"string_type"}:
         return field, f"{label} 必须是字符串"
     if etype.startswith(("greater", "less")):

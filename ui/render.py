@@ -144,9 +144,9 @@ def _table(rows: list[dict], cols: list[tuple[str, str]]) -> str:
                 tds.append(f'<td class="kb-doc">{esc(doc_label(r))}</td>')
             elif key == "text":
                 tds.append(f'<td class="kb-snip">{esc(snippet(v, 120))}</td>')
-            elif key in ("score", "similarity", "rerank_score"):
+            elif key in ("score", "similarity", "rerank_score", "bm25_score"):
                 tds.append(f"<td>{fmt_num(v)}</td>")
-            elif key == "rrf_score":
+            elif key in ("rrf_score", "fused_score"):
                 tds.append(f"<td>{fmt_num(v, 6)}</td>")
             elif key == "no":
                 tds.append(f'<td><a class="kb-cite" data-cite="{esc(v)}" href="#kb-src-{esc(v)}">[{esc(v)}]</a></td>')
@@ -154,6 +154,18 @@ def _table(rows: list[dict], cols: list[tuple[str, str]]) -> str:
                 tds.append(f"<td>{esc('—' if v is None else v)}</td>")
         body.append("<tr>" + "".join(tds) + "</tr>")
     return f'<table class="kb-trace-table"><thead><tr>{head}</tr></thead><tbody>{"".join(body)}</tbody></table>'
+
+
+FUSION_NAMES = {"convex": "归一化加权融合", "rrf": "RRF 融合"}
+
+
+def fusion_title(fusion: dict | None) -> str:
+    """「归一化加权融合排序（BM25 占比 0.23，按问题自动）」 — the mode and the BM25 weight used for this query."""
+    f = fusion or {}
+    mode = f.get("mode") or "rrf"
+    w = fmt_num(f.get("bm25_weight"), 2)
+    how = "BM25 占比" if mode == "convex" else "BM25 权重"
+    return f"{FUSION_NAMES.get(mode, mode)}排序（{how} {w}；名次/得分为两路各自的真实值）"
 
 
 def rerank_note(status: dict | None) -> str:
@@ -184,9 +196,10 @@ def render_trace(trace: dict | None, elapsed_ms: Any = None) -> str:
     parts.append('<div class="kb-trace-sec" data-sec="vector"><h4>② 向量检索 Top-10（相似度）</h4>')
     parts.append(_table(trace.get("vector") or [], [("rank", "#"), ("doc", "文档"), ("similarity", "相似度"),
                                                     ("text", "片段")]) + "</div>")
-    parts.append('<div class="kb-trace-sec" data-sec="rrf"><h4>③ RRF 融合排序</h4>')
-    parts.append(_table(trace.get("rrf") or [], [("rank", "#"), ("doc", "文档"), ("rrf_score", "RRF 分"),
-                                                 ("bm25_rank", "BM25 名次"), ("vector_rank", "向量名次"),
+    parts.append(f'<div class="kb-trace-sec" data-sec="rrf"><h4>③ {esc(fusion_title(trace.get("fusion")))}</h4>')
+    parts.append(_table(trace.get("rrf") or [], [("rank", "#"), ("doc", "文档"), ("fused_score", "融合分"),
+                                                 ("bm25_rank", "BM25 名次"), ("bm25_score", "BM25 得分"),
+                                                 ("vector_rank", "向量名次"), ("similarity", "相似度"),
                                                  ("text", "片段")]) + "</div>")
     note = rerank_note(trace.get("rerank_status"))
     parts.append('<div class="kb-trace-sec" data-sec="rerank"><h4>④ 精排 Top-6（编号即引用编号）</h4>')

@@ -16,7 +16,7 @@ from __future__ import annotations
 import inspect
 import logging
 from collections.abc import Callable
-from typing import Any
+from typing import Any, Literal, get_args, get_origin
 
 import gradio as gr
 
@@ -56,9 +56,15 @@ def field_kind(name: str) -> type:
     return ann if ann in (str, int, float, bool) else str
 
 
+def choices_of(name: str) -> list[str]:
+    """The allowed values of a Literal[...] field (shown as a dropdown); [] for any other field."""
+    ann = Settings.model_fields[name].annotation
+    return [str(a) for a in get_args(ann)] if get_origin(ann) is Literal else []
+
+
 def field_info(name: str) -> str:
     kind = field_kind(name)
-    parts = []
+    parts = [Settings.model_fields[name].description] if choices_of(name) else []
     if kind in (int, float):
         r = range_text(name)
         parts.append(("整数" if kind is int else "数字") + (f"，{r}" if r else ""))
@@ -183,6 +189,8 @@ def build_settings_tab(engine, policy: AccessPolicy | None = None) -> dict[str, 
         value = form_value(name, current.get(name))
         if kind is bool:
             c = gr.Checkbox(value=bool(value), label=label, info=info, elem_id=f"cfg-{name}")
+        elif choices_of(name):
+            c = gr.Dropdown(choices=choices_of(name), value=value, label=label, info=info, elem_id=f"cfg-{name}")
         elif kind in (int, float):
             c = gr.Number(value=value, label=label, info=info, elem_id=f"cfg-{name}",
                           step=1 if kind is int else 0.05)

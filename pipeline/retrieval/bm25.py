@@ -9,11 +9,12 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 import shutil
 import threading
 import time
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import bm25s
@@ -35,10 +36,23 @@ class BM25Snapshot:
     chunk_ids: np.ndarray  # int64, position in the index → chunk_id
     k1: float
     b: float
+    _order: np.ndarray | None = field(default=None, repr=False)  # argsort of chunk_ids (lazy)
+    _sorted: np.ndarray | None = field(default=None, repr=False)
 
     @property
     def size(self) -> int:
         return int(len(self.chunk_ids))
+
+    def positions(self, chunk_ids: list[int]) -> np.ndarray:
+        """Index position of each chunk_id, −1 where the snapshot does not hold it."""
+        q = np.asarray(chunk_ids, dtype=np.int64)
+        if self.size == 0:
+            return np.full(len(q), -1, dtype=np.int64)
+        if self._order is None:  # built in chunk_id order, but do not rely on it
+            self._order = np.argsort(self.chunk_ids, kind="stable")
+            self._sorted = self.chunk_ids[self._order]
+        at = np.minimum(np.searchsorted(self._sorted, q), self.size - 1)
+        return np.where(self._sorted[at] == q, self._order[at], -1)
 
 
 def build_snapshot(items: Iterable[tuple[int, list[str]]], k1: float, b: float) -> BM25Snapshot:
@@ -80,9 +94,12 @@ class JiebaBM25Retriever(BM25Retriever):
             mask = mask.astype(np.float32)
         return self.bm25.get_scores_from_ids(ids, weight_mask=mask)
 
-    def _retrieve(self, query_bundle: QueryBundle) -> list[NodeWithScore]:
-        tokens = self.tokenizer(query_bundle.query_str)
-        scores = self.score_tokens(tokens)
+    def query_scores(self, query: str) -> np.ndarray:
+        """BM25 score of every indexed chunk for this query (position order of the snapshot)."""
+        return self.score_tokens(self.tokenizer(query))
+
+    def hits(self, scores: np.ndarray) -> list[NodeWithScore]:
+        """The top `similarity_top_k` chunks with a positive score, as ready nodes."""
         k = min(self.similarity_top_k, len(scores))
         if k <= 0:
             return []
@@ -98,6 +115,32 @@ class JiebaBM25Retriever(BM25Retriever):
                 continue
             out.append(NodeWithScore(node=node_from_row(row), score=score))
         return out
+
+    def scores_of(self, scores: np.ndarray, chunk_ids: list[str]) -> dict[str, float]:
+        """The real BM25 score of given chunks (0.0 for a chunk the snapshot does not hold)."""
+        pos = self.snapshot.positions([int(c) for c in chunk_ids])
+        return {c: (float(scores[p]) if p >= 0 else 0.0) for c, p in zip(chunk_ids, pos)}
+
+    def coverage(self, query: str, chunk_id: str) -> float:
+        """idf-weighted share of the query's indexed tokens that occur in the chunk (0–1)."""
+        p = int(self.snapshot.positions([int(chunk_id)])[0])
+        ids = sorted(set(self.bm25.get_tokens_ids(self.tokenizer(query))))
+        if p < 0 or not ids:
+            return 0.0
+        sc = self.bm25.scores
+        indptr, indices, n = sc["indptr"], sc["indices"], float(sc["num_docs"])
+        total = found = 0.0
+        for t in ids:
+            s, e = int(indptr[t]), int(indptr[t + 1])
+            df = e - s
+            idf = math.log(1.0 + (n - df + 0.5) / (df + 0.5))
+            total += idf
+            if df and bool(np.any(indices[s:e] == p)):
+                found += idf
+        return found / total if total > 0 else 0.0
+
+    def _retrieve(self, query_bundle: QueryBundle) -> list[NodeWithScore]:
+        return self.hits(self.query_scores(query_bundle.query_str))
 
 
 class BM25Index:
@@ -189,3 +232,11 @@ class LiveBM25Retriever(BaseRetriever):
     def _retrieve(self, query_bundle: QueryBundle) -> list[NodeWithScore]:
         inner = self._current()
         return inner.retrieve(query_bundle) if inner is not None else []
+
+    # Full-information fusion (pipeline.retrieval.fusion.HybridRetriever): the whole-corpus scores of one
+    # query, its top list from them, and the real score of any other chunk — one scoring pass per question.
+    def query_scores(self, query: str) -> tuple[JiebaBM25Retriever, np.ndarray] | None:
+        """(the snapshot's retriever, its scores for the query), or None while the index is empty. The
+        retriever is handed back so the list and the completion read the same snapshot."""
+        inner = self._current()
+        return None if inner is None else (inner, inner.query_scores(query))

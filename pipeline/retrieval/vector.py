@@ -10,6 +10,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable
 
+import numpy as np
 from llama_index.core import VectorStoreIndex
 from llama_index.core.base.base_retriever import BaseRetriever
 from llama_index.core.base.embeddings.base import BaseEmbedding
@@ -24,6 +25,20 @@ def cosine_from_chroma_score(score: float | None) -> float:
         return 0.0
     distance = -math.log(score)
     return max(0.0, min(1.0, 1.0 - distance))
+
+
+def stored_cosines(collection, query_embedding, chunk_ids: list[str]) -> dict[str, float]:
+    """Cosine (clamped to [0, 1], like the route's own scores) of the query with the stored vectors of given
+    chunks — the vector score of chunks the vector route did not return. Missing ids are left out."""
+    if not chunk_ids:
+        return {}
+    got = collection.get(ids=list(chunk_ids), include=["embeddings"])
+    if not len(got["ids"]):
+        return {}
+    q = np.asarray(query_embedding, dtype=np.float32)
+    m = np.asarray(got["embeddings"], dtype=np.float32)
+    cos = m @ q / (np.linalg.norm(m, axis=1) * np.linalg.norm(q) + 1e-9)
+    return {i: float(min(1.0, max(0.0, c))) for i, c in zip(got["ids"], cos)}
 
 
 def chroma_index(collection, embed_model: BaseEmbedding) -> VectorStoreIndex:
