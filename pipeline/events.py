@@ -88,6 +88,22 @@ class GateInfo(TypedDict):
     min_similarity: float
 
 
+class RouteInfo(TypedDict):  # pipeline.conversation.router.Route.to_dict()
+    route: Literal["DIRECT", "LIGHT", "STRONG"]
+    label: str
+    reason: str
+    kind: str | None
+
+
+class QueryInfo(TypedDict):  # pipeline.conversation.rewrite.Rewrite.to_dict(): 「检索问题：…」
+    original: str
+    query: str
+    changed: bool
+    method: str
+    kind: str | None
+    note: str
+
+
 class TracePayload(TypedDict):
     bm25: list[BM25Row]
     vector: list[VectorRow]
@@ -97,6 +113,14 @@ class TracePayload(TypedDict):
     fusion: dict[str, Any]
     gate: GateInfo
     ms: dict[str, float]
+    route: NotRequired[RouteInfo]
+    query: NotRequired[QueryInfo]
+
+
+class DirectTracePayload(TypedDict):
+    """The trace of a DIRECT answer: nothing was retrieved."""
+    route: RouteInfo
+    query: QueryInfo
 
 
 class DeltaPayload(TypedDict):
@@ -114,6 +138,7 @@ class Source(TypedDict):
     similarity: float | None
     rerank_score: float | None
     cited: bool
+    verified: bool  # a verified Q&A entry (shown as 「已核实问答」)
 
 
 class SourcesPayload(TypedDict):
@@ -123,7 +148,12 @@ class SourcesPayload(TypedDict):
 class DonePayload(TypedDict):
     elapsed_ms: int
     no_answer: bool
-    mode: NotRequired[Literal["llm", "extractive"]]
+    mode: NotRequired[Literal["llm", "extractive", "fixed"]]  # fixed: the offline reply of a DIRECT route
+    rewritten_query: NotRequired[str | None]  # what retrieval saw, when a follow-up was rewritten
+    # added by the conversation recorder (pipeline.conversation.service.TurnRecorder) before it is sent:
+    conversation_id: NotRequired[str]
+    turn_id: NotRequired[int]
+    route: NotRequired[Literal["DIRECT", "LIGHT", "STRONG"]]
 
 
 class ErrorPayload(TypedDict):
@@ -163,8 +193,8 @@ def error(code: int, msg: str) -> Event:
     return Event(EventType.ERROR, ErrorPayload(code=code, msg=msg))
 
 
-def done(elapsed_ms: float, no_answer: bool, mode: str | None = None) -> Event:
-    payload = DonePayload(elapsed_ms=round(elapsed_ms), no_answer=no_answer)
+def done(elapsed_ms: float, no_answer: bool, mode: str | None = None, rewritten_query: str | None = None) -> Event:
+    payload = DonePayload(elapsed_ms=round(elapsed_ms), no_answer=no_answer, rewritten_query=rewritten_query)
     if mode is not None:
         payload["mode"] = mode  # type: ignore[typeddict-item]
     return Event(EventType.DONE, payload)
@@ -201,8 +231,18 @@ def trace_payload(res: "RetrievalResult") -> TracePayload:
     )
 
 
-def trace(res: "RetrievalResult") -> Event:
-    return Event(EventType.TRACE, trace_payload(res))
+def trace(res: "RetrievalResult", route: RouteInfo | None = None, query: QueryInfo | None = None) -> Event:
+    payload = trace_payload(res)
+    if route is not None:
+        payload["route"] = route
+    if query is not None:
+        payload["query"] = query
+    return Event(EventType.TRACE, payload)
+
+
+def route_trace(route: RouteInfo, query: QueryInfo) -> Event:
+    """DIRECT: the trace says which route was taken and why, and that nothing was retrieved."""
+    return Event(EventType.TRACE, DirectTracePayload(route=route, query=query))
 
 
 def source_list(res: "RetrievalResult", cited: set[int] | frozenset[int] = frozenset()) -> list[Source]:
@@ -213,7 +253,7 @@ def source_list(res: "RetrievalResult", cited: set[int] | frozenset[int] = froze
         out.append(Source(no=i, chunk_id=int(n.node.node_id), doc_id=m.get("doc_id"), doc_name=m.get("doc_name"),
                           page=m.get("page"), source=m.get("source", "text"), text=node_text(n),
                           similarity=_r(m.get("similarity_full")), rerank_score=_r(m.get("rerank_score")),
-                          cited=i in cited))
+                          cited=i in cited, verified=bool(m.get("verified"))))
     return out
 
 

@@ -1,19 +1,23 @@
-"""The last retrievals by question, so 重试 regenerates an answer without retrieving again — on any process.
+"""The last retrievals by (conversation, question), so 重试 regenerates an answer without retrieving again —
+on any process.
 
-Stored in the database (store/retrievals.py), not in process memory: behind a load balancer the retry may reach
-another app process than the failed answer did. Only what a replay shows is kept: the top rows of each route
-that the trace displays, and the final numbered sources in full. A stored retrieval whose sources are no longer
-all 就绪 (a delete or re-processing raced with the answer) is not replayed: the retry retrieves again.
+The value is (the query rewrite, the RetrievalResult): a retried follow-up keeps the query it was answered with
+(an LLM rewrite asked again could differ). Stored in the database (store/retrievals.py), not in process memory:
+behind a load balancer the retry may reach another app process than the failed answer did. Only what a replay
+shows is kept: the top rows of each route that the trace displays, and the final numbered sources in full. A
+stored retrieval whose sources are no longer all 就绪 (a delete or re-processing raced with the answer) is not
+replayed: the retry retrieves again.
 """
 from __future__ import annotations
 
 import json
 import logging
-from collections.abc import Callable
-from dataclasses import fields
+from collections.abc import Callable, Hashable, Sequence
+from dataclasses import asdict, fields
 
 from llama_index.core.schema import NodeWithScore, TextNode
 
+from pipeline.conversation.rewrite import Rewrite
 from pipeline.events import TRACE_TOP
 from pipeline.retrieval.result import RetrievalResult
 from store.retrievals import RetrievalStore
@@ -63,16 +67,24 @@ def loads(text: str) -> RetrievalResult:
 
 
 class StoredRetrievals:
+    """get(key) → (Rewrite, RetrievalResult) | None, put(key, value), clear(); key = (conversation id, question)."""
+
     def __init__(self, store: RetrievalStore, lookup: Callable[[list[int]], dict[int, dict]]):
         self.store = store
         self.lookup = lookup  # chunk_ids → rows (store.documents.DocumentStore.get_chunks)
 
-    def get(self, question: str) -> RetrievalResult | None:
-        text = self.store.get(question)
+    @staticmethod
+    def _key(key: Hashable) -> str:
+        return json.dumps(list(key) if isinstance(key, Sequence) and not isinstance(key, str) else key,
+                          ensure_ascii=False)
+
+    def get(self, key: Hashable) -> tuple[Rewrite, RetrievalResult] | None:
+        text = self.store.get(self._key(key))
         if text is None:
             return None
         try:
-            res = loads(text)
+            data = json.loads(text)
+            rw, res = Rewrite(**data["rewrite"]), loads(data["retrieval"])
         except (ValueError, KeyError, TypeError) as exc:  # written by another version: retrieve again
             log.warning("stored retrieval unreadable (%s); retrieving again", exc)
             return None
@@ -80,10 +92,12 @@ class StoredRetrievals:
         rows = self.lookup(ids) if ids else {}
         if any(rows.get(i, {}).get("status") != "ready" for i in ids):
             return None  # a source was deleted or is being re-processed since
-        return res
+        return rw, res
 
-    def put(self, question: str, res: RetrievalResult) -> None:
-        self.store.put(question, dumps(res))
+    def put(self, key: Hashable, value: tuple[Rewrite, RetrievalResult]) -> None:
+        rw, res = value
+        self.store.put(self._key(key), json.dumps({"rewrite": asdict(rw), "retrieval": dumps(res)},
+                                                  ensure_ascii=False))
 
     def clear(self) -> None:
         """After a delete or rebuild: stored retrievals may hold chunks that are gone."""

@@ -9,9 +9,11 @@ Persistence lives in store.config_store (key/value rows in `sys_config`).
 """
 from __future__ import annotations
 
+import unicodedata
 from typing import Any, Literal
+from urllib.parse import urlsplit
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 Effect = Literal["immediate", "reload", "rebuild"]
 GROUP_ORDER = ("llm", "retrieval", "chunking", "models", "ocr")
@@ -98,6 +100,38 @@ class Settings(BaseModel):
                                 description="扫描页/乱码页走离线 OCR")
     ocr_max_pages: int = setting(50, group="ocr", effect="immediate", label="OCR 页数上限",
                                  description="每个文档最多 OCR 的页数", ge=1, le=2000)
+
+    # --- meaning, not only type (issue 18): a bad value is refused on save, naming the field ---------------
+    @field_validator("llm_api_url")
+    @classmethod
+    def _http_url(cls, v: str) -> str:
+        """Empty (no LLM: extractive answers) or an http(s) URL with a host, e.g. https://api.deepseek.com/v1."""
+        v = v.strip()
+        if not v:
+            return v
+        try:
+            parts = urlsplit(v)
+            parts.port  # noqa: B018 — raises ValueError on a port out of range or not a number
+        except ValueError:
+            parts = None
+        if (parts is None or parts.scheme.lower() not in ("http", "https") or not parts.hostname
+                or any(ch.isspace() for ch in v)):
+            raise ValueError(f"{LABELS['llm_api_url']} 无效：需要 http:// 或 https:// 开头且带主机名的地址，"
+                             f"例如 https://api.deepseek.com/v1（当前 {v[:80]!r}）")
+        return v
+
+    @field_validator("llm_model", "llm_api_key", "embedding_model_path", "reranker_model_path")
+    @classmethod
+    def _printable(cls, v: str, info) -> str:
+        """No control characters (a pasted newline breaks HTTP headers and paths) and a sane length. Whether a
+        model path holds a model is checked on save by the engine (it needs the project root)."""
+        v = v.strip()
+        label = LABELS.get(info.field_name, info.field_name)
+        if len(v) > 500:
+            raise ValueError(f"{label} 过长（最多 500 个字符）")
+        if any(unicodedata.category(ch) == "Cc" for ch in v):
+            raise ValueError(f"{label} 不能包含换行、制表符等控制字符")
+        return v
 
     @model_validator(mode="after")
     def _overlap_below_size(self) -> "Settings":
@@ -230,7 +264,8 @@ def merge_update(current: Settings, changes: dict[str, Any]) -> tuple[Settings, 
     """
     unknown = [k for k in changes if k not in Settings.model_fields]
     if unknown:
-        raise SettingsError({k: f"未知配置项 {k}" for k in unknown})
+        raise SettingsError({k: (f"未知分组 {k}（可用分组：{'、'.join(GROUPS)}）" if isinstance(changes[k], dict)
+                                 else f"未知配置项 {k}") for k in unknown})
     data = current.model_dump()
     for key, value in changes.items():
         if key in SECRET_FIELDS and (value is None or is_masked(value)):
@@ -245,17 +280,39 @@ def merge_update(current: Settings, changes: dict[str, Any]) -> tuple[Settings, 
 def flatten_grouped(payload: dict[str, Any]) -> dict[str, Any]:
     """Accept the grouped API shape ({"llm": {...}, ...}) or a flat dict; return a flat dict."""
     flat: dict[str, Any] = {}
+    errors: dict[str, str] = {}  # every unknown group / misplaced field at once, each named
     for key, value in payload.items():
         if key in GROUPS and isinstance(value, dict):
             for f, v in value.items():
                 if f not in GROUPS[key]:
-                    raise SettingsError({f: f"配置项 {f} 不属于分组 {key}"})
+                    home = next((g for g, fs in GROUPS.items() if f in fs), None)
+                    errors[f] = (f"配置项 {f} 不属于分组 {key}（应在 {home}）" if home
+                                 else f"未知配置项 {f}（分组 {key} 中没有这一项）")
                 flat[f] = v
         elif key in GROUPS:
-            raise SettingsError({key: f"分组 {key} 必须是对象"})
+            errors[key] = f"分组 {key} 必须是对象"
         else:
             flat[key] = value
+    if errors:
+        raise SettingsError(errors)
     return flat
+
+
+def settings_from_stored(stored: dict[str, Any]) -> tuple[Settings, dict[str, str]]:
+    """Settings from the stored rows, dropping (to their defaults) only the values that no longer validate —
+    e.g. an LLM URL saved before URLs were checked — instead of discarding every setting. Returns the
+    settings and the dropped fields with the reason."""
+    values = {k: v for k, v in stored.items() if k in Settings.model_fields}
+    dropped: dict[str, str] = {}
+    for _ in range(len(values) + 1):
+        try:
+            return validate_settings(values), dropped
+        except SettingsError as exc:
+            bad = [f for f in exc.errors if f in values] or list(values)
+            for f in bad:
+                dropped[f] = exc.errors.get(f, "")
+                values.pop(f)
+    return Settings(), dropped
 
 
 def effect_of(changed: list[str]) -> dict[str, list[str]]:

@@ -10,6 +10,7 @@ PostgreSQL: a psycopg 3 connection pool; many app processes share it.
 """
 from __future__ import annotations
 
+import json
 import sqlite3
 import threading
 from contextlib import contextmanager
@@ -21,6 +22,14 @@ POSTGRESQL = "postgresql"
 
 def is_postgres_url(target) -> bool:
     return isinstance(target, str) and target.startswith(("postgresql://", "postgres://"))
+
+
+def row_with_json(row, *fields: str, default: str = "[]") -> dict:
+    """A row as a dict with the named JSON columns decoded."""
+    d = dict(row)
+    for f in fields:
+        d[f] = json.loads(d.get(f) or default)
+    return d
 
 
 class _SQLiteBackend:
@@ -116,6 +125,18 @@ class Database:
 
     def transaction(self):
         return self._backend.transaction()
+
+    def ensure(self, schema: str) -> None:
+        """Run a store's own `CREATE … IF NOT EXISTS` script on either dialect (statements split on `;`).
+
+        Prefer a migration (store/migrations.py): it is versioned and runs once. This stays for store code that
+        owns an idempotent schema script."""
+        from store.migrations import pg_ddl
+
+        statements = [st.strip() for st in schema.split(";") if st.strip()]
+        with self.transaction() as conn:
+            for st in statements:
+                conn.execute(pg_ddl(st) if self.dialect == POSTGRESQL else st)
 
     def close(self) -> None:
         self._backend.close()

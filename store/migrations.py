@@ -2,7 +2,7 @@
 
 To change the schema, APPEND a `Migration` (never edit one that shipped): give it the next version number and
 SQLite-style DDL statements. The PostgreSQL text is derived by `pg_ddl` (INTEGER → BIGINT, AUTOINCREMENT keys →
-identity columns, REAL → DOUBLE PRECISION, BLOB → BYTEA); pass `postgresql=[...]` when a statement needs its own
+identity columns, REAL → DOUBLE PRECISION, BLOB → BYTEA, reserved column names such as `user` quoted); pass `postgresql=[...]` when a statement needs its own
 form there. The pending migrations run in one transaction together with their `schema_version` rows (both
 dialects have transactional DDL), so a crash mid-migration leaves the previous version intact. Several app
 processes starting at once on PostgreSQL queue on an advisory lock, so each migration runs exactly once.
@@ -13,6 +13,8 @@ import logging
 import re
 from dataclasses import dataclass
 from datetime import UTC, datetime
+
+from store.sql_dialect import quote_reserved
 
 log = logging.getLogger(__name__)
 
@@ -44,7 +46,7 @@ _PG_RULES = [
 def pg_ddl(statement: str) -> str:
     for pattern, repl in _PG_RULES:
         statement = pattern.sub(repl, statement)
-    return statement
+    return quote_reserved(statement)
 
 
 MIGRATIONS: list[Migration] = [
@@ -115,6 +117,65 @@ MIGRATIONS: list[Migration] = [
             name         TEXT PRIMARY KEY,
             owner        TEXT,
             lease_until  REAL
+        )""",
+    )),
+    # v5–v7: the tables of conversations (issue 15), answer feedback and verified Q&A; IF NOT EXISTS because
+    # SQLite data dirs made before they were migrations already have them.
+    Migration(5, "conversations and turns", (
+        """CREATE TABLE IF NOT EXISTS conversation (
+            conv_id     TEXT PRIMARY KEY,
+            user        TEXT NOT NULL DEFAULT '',
+            title       TEXT NOT NULL,
+            created_at  TEXT NOT NULL,
+            updated_at  TEXT NOT NULL,
+            turn_count  INTEGER NOT NULL DEFAULT 0
+        )""",
+        "CREATE INDEX IF NOT EXISTS idx_conv_user_updated ON conversation(user, updated_at DESC)",
+        """CREATE TABLE IF NOT EXISTS conversation_turn (
+            turn_id     INTEGER PRIMARY KEY AUTOINCREMENT,
+            conv_id     TEXT NOT NULL REFERENCES conversation(conv_id) ON DELETE CASCADE,
+            seq         INTEGER NOT NULL,
+            user        TEXT NOT NULL DEFAULT '',
+            question    TEXT NOT NULL,
+            rewritten   TEXT,
+            answer      TEXT NOT NULL,
+            sources     TEXT NOT NULL DEFAULT '[]',
+            trace       TEXT NOT NULL DEFAULT '{}',
+            mode        TEXT,
+            route       TEXT,
+            no_answer   INTEGER NOT NULL DEFAULT 0,
+            elapsed_ms  INTEGER,
+            created_at  TEXT NOT NULL
+        )""",
+        "CREATE INDEX IF NOT EXISTS idx_turn_conv ON conversation_turn(conv_id, seq)",
+    )),
+    Migration(6, "answer feedback", (
+        """CREATE TABLE IF NOT EXISTS answer_feedback (
+            fb_id       INTEGER PRIMARY KEY AUTOINCREMENT,
+            turn_id     INTEGER NOT NULL UNIQUE,
+            conv_id     TEXT,
+            user        TEXT NOT NULL DEFAULT '',
+            rating      INTEGER NOT NULL CHECK (rating IN (1, -1)),
+            reason      TEXT,
+            comment     TEXT,
+            question    TEXT NOT NULL,
+            rewritten   TEXT,
+            answer      TEXT NOT NULL,
+            sources     TEXT NOT NULL DEFAULT '[]',
+            created_at  TEXT NOT NULL
+        )""",
+        "CREATE INDEX IF NOT EXISTS idx_feedback_rating ON answer_feedback(rating, fb_id DESC)",
+    )),
+    Migration(7, "verified Q&A", (
+        """CREATE TABLE IF NOT EXISTS verified_qa (
+            qa_id       INTEGER PRIMARY KEY AUTOINCREMENT,
+            doc_id      INTEGER NOT NULL UNIQUE REFERENCES kb_document(doc_id) ON DELETE CASCADE,
+            question    TEXT NOT NULL,
+            answer      TEXT NOT NULL,
+            cited       TEXT NOT NULL DEFAULT '[]',
+            turn_id     INTEGER,
+            created_by  TEXT NOT NULL DEFAULT '',
+            created_at  TEXT NOT NULL
         )""",
     )),
 ]

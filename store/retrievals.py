@@ -1,4 +1,5 @@
-"""The retrievals behind recent answers (`qa_retrieval`, JSON by question), for 重试 on any app process."""
+"""The retrievals behind recent answers (`qa_retrieval`: JSON by key, the key being (conversation, question)
+as JSON), for 重试 on any app process."""
 from __future__ import annotations
 
 from .db import Database

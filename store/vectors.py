@@ -9,6 +9,7 @@ of two models are never mixed — the same check on both.
 from __future__ import annotations
 
 import logging
+import threading
 from collections.abc import Sequence
 from pathlib import Path
 from urllib.parse import urlsplit
@@ -75,6 +76,8 @@ class VectorStore:
             self.client = chromadb.PersistentClient(
                 path=str(self.path), settings=ChromaSettings(anonymized_telemetry=False, allow_reset=False))
         self.collection = self._open()
+        # Held by every write; a backup holds it while copying the folder so no write lands mid-copy.
+        self.write_lock = threading.RLock()
 
     def _open(self):
         # Created by us with cosine space: LlamaIndex's ChromaVectorStore would create an L2 collection.
@@ -106,7 +109,8 @@ class VectorStore:
             raise RuntimeError(self.check_model(model_id, dim) or "embedding model mismatch")
         # Only our keys: re-sending hnsw:space raises ("changing the distance function…"); the space stays
         # in the collection's configuration.
-        self.collection.modify(metadata={"embedding_model": model_id, "embedding_dim": int(dim)})
+        with self.write_lock:
+            self.collection.modify(metadata={"embedding_model": model_id, "embedding_dim": int(dim)})
 
     def reopen(self) -> None:
         """Pick up a collection another app process re-created (a full rebuild with another model)."""
@@ -116,8 +120,9 @@ class VectorStore:
 
     def reset(self) -> None:
         """Drop every vector (full rebuild with another embedding model)."""
-        self.client.delete_collection(COLLECTION)
-        self.collection = self._open()
+        with self.write_lock:
+            self.client.delete_collection(COLLECTION)
+            self.collection = self._open()
 
     # --- data --------------------------------------------------------------------------------
     def add(self, chunk_ids: Sequence[int], embeddings: Sequence[Sequence[float]], texts: Sequence[str],
@@ -130,21 +135,24 @@ class VectorStore:
         """Vectors of one or several documents in as few calls as possible (each add costs ~30 ms)."""
         for i in range(0, len(chunk_ids), BATCH):
             sl = slice(i, i + BATCH)
-            self.collection.add(
-                ids=[str(c) for c in chunk_ids[sl]],
-                embeddings=[list(map(float, e)) for e in embeddings[sl]],
-                documents=list(texts[sl]),
-                metadatas=[{"doc_id": int(d), "doc_name": n} for d, n in zip(doc_ids[sl], doc_names[sl])],
-            )
+            with self.write_lock:
+                self.collection.add(
+                    ids=[str(c) for c in chunk_ids[sl]],
+                    embeddings=[list(map(float, e)) for e in embeddings[sl]],
+                    documents=list(texts[sl]),
+                    metadatas=[{"doc_id": int(d), "doc_name": n} for d, n in zip(doc_ids[sl], doc_names[sl])],
+                )
 
     def delete_doc(self, doc_id: int) -> None:
         # ChromaVectorStore.delete_nodes(filters=...) without ids raises: use the collection directly.
-        self.collection.delete(where={"doc_id": int(doc_id)})
+        with self.write_lock:
+            self.collection.delete(where={"doc_id": int(doc_id)})
 
     def delete_ids(self, chunk_ids: Sequence[int]) -> None:
         ids = [str(c) for c in chunk_ids]
         for i in range(0, len(ids), 1000):
-            self.collection.delete(ids=ids[i:i + 1000])
+            with self.write_lock:
+                self.collection.delete(ids=ids[i:i + 1000])
 
     def ids_of_doc(self, doc_id: int) -> set[int]:
         got = self.collection.get(where={"doc_id": int(doc_id)}, include=[])
@@ -158,6 +166,19 @@ class VectorStore:
             if not got["ids"]:
                 break
             out.update(int(i) for i in got["ids"])
+            offset += len(got["ids"])
+        return out
+
+    def entries(self) -> dict[int, tuple[int | None, str]]:
+        """chunk_id → (doc_id, stored text) of every vector (the audit compares them with SQLite)."""
+        out: dict[int, tuple[int | None, str]] = {}
+        offset = 0
+        while True:
+            got = self.collection.get(include=["documents", "metadatas"], limit=5000, offset=offset)
+            if not got["ids"]:
+                break
+            for i, doc, meta in zip(got["ids"], got["documents"], got["metadatas"]):
+                out[int(i)] = ((meta or {}).get("doc_id"), doc or "")
             offset += len(got["ids"])
         return out
 

@@ -54,6 +54,18 @@ class LiveApp:
             self.engine.close()
 
 
+def live_with_doc(tmp_path_factory, name: str, policy: AccessPolicy | None = None):
+    """For a module fixture (`yield from`): the app over a fresh engine holding the one-document KB of
+    tests/test_ui_chat.py; the engine closes with it."""
+    from tests.test_ui_chat import make_engine
+
+    app = LiveApp(make_engine(tmp_path_factory.mktemp(name)), policy)
+    try:
+        yield app
+    finally:
+        app.stop(close_engine=True)
+
+
 @contextmanager
 def launched_ui(engine):
     """build_ui(engine) launched on 127.0.0.1 with the page look; yields (demo, gradio client)."""

@@ -44,6 +44,8 @@ def test_translation_rules():
     assert to_postgres("INSERT OR IGNORE INTO t(a) VALUES (?) RETURNING a") == \
         "INSERT INTO t(a) VALUES (%s) ON CONFLICT DO NOTHING RETURNING a"
     assert to_postgres("SELECT title FROM clubs") == "SELECT title FROM clubs"  # LIKE only as a word
+    assert to_postgres("SELECT c.user, 'user' FROM conversation c WHERE user = ?") == \
+        "SELECT c.user, 'user' FROM conversation c WHERE \"user\" = %s"  # reserved in PostgreSQL
     with pytest.raises(UnportableSQL, match="ON CONFLICT"):
         to_postgres("INSERT OR REPLACE INTO t(a) VALUES (?)")
 
@@ -181,6 +183,7 @@ def test_named_lease_one_holder_and_expiry(db):
 def test_stored_retrieval_not_replayed_once_a_source_is_gone(db):
     from llama_index.core.schema import NodeWithScore
 
+    from pipeline.conversation.rewrite import Rewrite
     from pipeline.retrieval.nodes import node_from_row
     from pipeline.retrieval.result import RetrievalResult
     from pipeline.retry_cache import StoredRetrievals
@@ -194,9 +197,12 @@ def test_stored_retrieval_not_replayed_once_a_source_is_gone(db):
     node.node.metadata["rerank_score"] = 0.5
     res = RetrievalResult(query="q", vector=[node], fused=[node], final=[node], hit=True, ms={"total": 1.5})
     stored = StoredRetrievals(RetrievalStore(db), docs.get_chunks)
-    stored.put("q", res)
-    back = stored.get("q")  # as another process would read it
+    key = ("conv-1", "q")
+    stored.put(key, (Rewrite("q 改写", "q", "deterministic", "pronoun"), res))
+    rw, back = stored.get(key)  # as another process would read it
+    assert (rw.query, rw.original, rw.method, rw.kind, rw.changed) == ("q 改写", "q", "deterministic", "pronoun", True)
     assert back.hit and back.ms == {"total": 1.5} and back.final[0].node.get_content() == "重试材料"
     assert back.final[0].node.metadata["rerank_score"] == 0.5 and back.final[0].score == 0.9
+    assert stored.get(("conv-2", "q")) is None  # keyed by conversation too
     docs.delete(d["doc_id"])  # deleted after the answer stored its retrieval, before the retry
-    assert stored.get("q") is None
+    assert stored.get(key) is None

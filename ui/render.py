@@ -85,10 +85,13 @@ def render_stage(phase: str | None = None, *, done_ms: Any = None, error: str | 
 
 # ---------------------------------------------------------------------------------------------- sources
 def render_sources(sources: Iterable[dict] | None, *, no_answer: bool = False, id_prefix: str = "kb-src-",
-                   empty_text: str | None = None, kb_hint: str | None = None) -> str:
+                   empty_text: str | None = None, kb_hint: str | None = None, direct: bool = False) -> str:
     """The 引用来源 panel: [n] · 文件名 · 前 80 字 · 相似度, full text folded below each card."""
     sources = list(sources or [])
     if not sources:
+        if direct:
+            return ('<div class="kb-sources kb-sources-empty" data-count="0"><div class="kb-muted">'
+                    '本次回答没有检索知识库，没有引用来源。</div></div>')
         if no_answer:
             hint = kb_hint or "请到「知识库」标签页上传相关资料后再提问。"
             return ('<div class="kb-sources kb-sources-empty" data-count="0"><div class="kb-noanswer">'
@@ -107,6 +110,8 @@ def render_sources(sources: Iterable[dict] | None, *, no_answer: bool = False, i
             meta.append(f'<span class="kb-src-rr" title="精排分">精排 {fmt_num(s.get("rerank_score"), 3)}</span>')
         if s.get("source") == "ocr":
             meta.append('<span class="kb-tag">OCR</span>')
+        if s.get("verified"):
+            meta.insert(1, '<span class="kb-tag kb-tag-verified">已核实问答</span>')
         cited = " kb-cited" if s.get("cited") else ""
         full = s.get("text") or ""
         cards.append(
@@ -178,11 +183,30 @@ def rerank_note(status: dict | None) -> str:
     return f"{label}：{msg}" if msg else label
 
 
+def _query_line(trace: dict, route: dict) -> str:
+    """Route, and 「检索问题：…」 — the query retrieval really saw — when a follow-up was rewritten."""
+    q = trace.get("query") or {}
+    out = []
+    if route:
+        out.append(f'<div class="kb-route">路由：{esc(route.get("label"))} · {esc(route.get("reason"))}</div>')
+    if q.get("changed"):
+        how = {"llm": "大模型改写", "llm_fallback": "规则改写（大模型改写未采用）"}.get(q.get("method"), "规则改写")
+        note = f" · {esc(q.get('note'))}" if q.get("note") else ""
+        out.append(f'<div class="kb-query" data-method="{esc(q.get("method"))}">检索问题：{esc(q.get("query"))}'
+                   f'<span class="kb-muted">（{how}{note}）</span></div>')
+    return "".join(out)
+
+
 def render_trace(trace: dict | None, elapsed_ms: Any = None) -> str:
     """「检索过程」: ① BM25 ② 向量 ③ RRF ④ 精排 (④'s numbers are the citation numbers) + stage timings."""
     if not trace:
         return '<div class="kb-trace kb-muted">提问后在这里查看检索过程。</div>'
-    parts = ['<div class="kb-trace">', _ms_line(trace.get("ms"), elapsed_ms)]
+    route = trace.get("route") or {}
+    if route.get("route") == "DIRECT":
+        return (f'<div class="kb-trace" data-route="DIRECT"><div class="kb-route">路由：{esc(route.get("label"))}'
+                f' · {esc(route.get("reason"))}</div>{_ms_line(None, elapsed_ms)}</div>')
+    parts = [f'<div class="kb-trace" data-route="{esc(route.get("route") or "")}">', _query_line(trace, route),
+             _ms_line(trace.get("ms"), elapsed_ms)]
     gate = trace.get("gate") or {}
     if gate:
         ok = gate.get("hit")
@@ -209,12 +233,3 @@ def render_trace(trace: dict | None, elapsed_ms: Any = None) -> str:
                                                     ("similarity", "相似度"), ("text", "片段")]) + "</div>")
     parts.append("</div>")
     return "".join(parts)
-
-
-# ---------------------------------------------------------------------------------------------- history
-def history_label(rec: dict) -> str:
-    q = " ".join((rec.get("question") or "").split())
-    q = q[:40] + ("…" if len(q) > 40 else "")
-    ts = rec.get("time") or ""
-    flag = "⚠️ " if rec.get("error") else ("∅ " if rec.get("no_answer") else "")
-    return f"{ts} · {flag}{q}"

@@ -13,6 +13,7 @@ from typing import Any
 from pipeline.events import EXTRACTIVE_LABEL
 from pipeline.retrieval.nodes import node_text
 
+VERIFIED_LABEL = "未配置大模型，以下为已核实问答"
 MAX_CHUNKS = 3          # look at the top-ranked chunks only
 MAX_SENTENCES = 3
 MAX_SENTENCE_CHARS = 200
@@ -90,7 +91,15 @@ def render_sentence(s: Sentence) -> str:
 
 
 def extractive_deltas(question: str, nodes: Sequence[Any], tokenizer) -> tuple[list[str], set[int]]:
-    """The deltas of an extractive answer (label first) and the set of cited material numbers."""
+    """The deltas of an extractive answer (label first) and the set of cited material numbers.
+
+    When the best source is a verified Q&A entry, its checked answer is the reply (quoting sentences of it
+    would start with its own 「问：」 line)."""
+    nodes = list(nodes)
+    if nodes and (getattr(nodes[0], "node", nodes[0]).metadata or {}).get("verified"):
+        from pipeline.conversation.verified import answer_of
+
+        return [f"{VERIFIED_LABEL}：\n", f"{answer_of(node_text(nodes[0]))}[1]"], {1}
     picked = select_sentences(question, nodes, tokenizer)
     deltas = [f"{EXTRACTIVE_LABEL}：\n"]
     for i, s in enumerate(picked):

@@ -78,7 +78,8 @@ class Rebuild:
         try:
             c.ingest.wait_idle()
             if c.models.model_warning:
-                c.vectors.reset()  # vectors of another model: start over, never mix
+                with c.gate.writing():
+                    c.vectors.reset()  # vectors of another model: start over, never mix
                 c.models.model_warning = None
                 c.state.bump(KB_GENERATION)  # other processes re-open the new collection
             for i, doc in enumerate(docs):

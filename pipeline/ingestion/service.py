@@ -36,10 +36,22 @@ from pipeline.settings import Settings
 from pipeline.tokenize_zh import ChineseTokenizer
 from store.documents import ChunkRow, DocumentStore
 from store.files import FileStore, display_name, md5_of
+from store.gate import WriteGate
 from store.jobs import JobStore, LeaseLost
 from store.vectors import VectorStore
 
 log = logging.getLogger(__name__)
+
+QA_FILE_TYPE = "qa"  # pipeline.conversation.verified: one question + answer, never split
+
+
+def single_chunk(pages: list[Document]) -> list:
+    """The whole text as one node, with the offsets the chunker would give."""
+    from llama_index.core.schema import TextNode
+
+    text = "\n".join(p.text for p in pages).strip()
+    return [TextNode(text=text, metadata={"page": None, "source": "text", "char_start": 0,
+                                          "char_end": len(text)})] if text else []
 
 EMBED_BATCH = 32
 WRITE_BATCH = 128  # vectors per Chroma add
@@ -87,7 +99,9 @@ class IngestService:
     def __init__(self, docs: DocumentStore, vectors: VectorStore, files: FileStore, tokenizer: ChineseTokenizer,
                  get_settings: Callable[[], Settings], get_embedding: Callable[[], object],
                  model_ident: Callable[[], tuple[str, int]], on_change: Callable[[], None],
-                 busy_reason: Callable[[], str | None] = lambda: None, *, jobs: JobStore,
+                 busy_reason: Callable[[], str | None] = lambda: None,
+                 on_ready: Callable[[list[tuple[int, list[str]]]], None] = lambda items: None,
+                 gate: WriteGate | None = None, *, jobs: JobStore,
                  ready: Callable[[], bool] = lambda: True, lease_s: float = 60.0, poll_s: float = 1.0):
         self.docs = docs
         self.vectors = vectors
@@ -97,6 +111,9 @@ class IngestService:
         self.get_embedding = get_embedding
         self.model_ident = model_ident
         self.on_change = on_change  # refresh BM25 / ready-set after a document changes state
+        # (chunk_id, tokens) of a document about to turn 就绪: BM25Index.add_ready, so 就绪 means searchable
+        self.on_ready = on_ready
+        self.gate = gate or WriteGate()  # writes spanning Chroma + SQL hold it (a backup freezes it)
         self.busy_reason = busy_reason
         self.jobs = jobs
         self.ready = ready  # models loaded: jobs are claimed only then
@@ -332,8 +349,9 @@ class IngestService:
         if not path.exists():
             raise ParseError("原始文件丢失，无法处理")
         t0 = time.perf_counter()
-        parsed = parse_file(path, doc["file_type"], ocr_enabled=s.ocr_enabled, ocr_max_pages=s.ocr_max_pages,
-                            progress=lambda msg: self.docs.set_progress(doc_id, msg))
+        qa = doc["file_type"] == QA_FILE_TYPE  # a verified Q&A entry: its text file, kept as one chunk
+        parsed = parse_file(path, "txt" if qa else doc["file_type"], ocr_enabled=s.ocr_enabled,
+                            ocr_max_pages=s.ocr_max_pages, progress=lambda msg: self.docs.set_progress(doc_id, msg))
         t1 = time.perf_counter()
         self.timer.add("parse", t1 - t0)
         self._check_cancel(doc_id)
@@ -341,7 +359,7 @@ class IngestService:
         chunker = ChineseChunker(chunk_size=s.chunk_size, chunk_overlap=s.chunk_overlap)
         pages = [Document(text=p.text, metadata={"page": p.page, "source": p.source}) for p in parsed.pages
                  if p.text and p.text.strip()]
-        nodes = chunker.get_nodes_from_documents(pages)
+        nodes = single_chunk(pages) if qa else chunker.get_nodes_from_documents(pages)
         if not nodes:
             raise ParseError("未解析到文本")
         t2 = time.perf_counter()
@@ -359,11 +377,12 @@ class IngestService:
         # new ones come. A first ingest has none: chunks are written before vectors, so skip Chroma's
         # delete-by-metadata scan (tens of ms per document) when there are no old chunks.
         self._check_cancel(doc_id)
-        if self.docs.chunk_count_of(doc_id):
-            self.vectors.delete_doc(doc_id)
-        # The chunk rows are replaced only while our lease holds (checked and locked in the same transaction).
-        chunk_ids = self.docs.replace_chunks(
-            doc_id, rows, guard=lambda conn: self.jobs.fence(conn, doc_id, self.owner, self.lease_s))
+        with self.gate.writing():
+            if self.docs.chunk_count_of(doc_id):
+                self.vectors.delete_doc(doc_id)
+            # The chunk rows are replaced only while our lease holds (checked and locked in one transaction).
+            chunk_ids = self.docs.replace_chunks(
+                doc_id, rows, guard=lambda conn: self.jobs.fence(conn, doc_id, self.owner, self.lease_s))
         self.timer.add("write", time.perf_counter() - t3)
         return _Prepared(doc, rows, chunk_ids)
 
@@ -433,6 +452,9 @@ class IngestService:
             stray = self.vectors.ids_of_doc(p.doc_id) - set(p.chunk_ids)
             if stray:
                 self.vectors.delete_ids(sorted(stray))
+        # Vectors are written (Chroma finds them); BM25 must find the chunks too before the status says 就绪.
+        # Other processes rebuild theirs when the KB generation moves (pipeline/shared_sync.py).
+        self.on_ready([(cid, row.tokens) for cid, row in zip(p.chunk_ids, p.rows)])
         if not self.jobs.complete(p.doc_id, self.owner, len(p.rows)):
             log.warning("doc %s: lease lost before 就绪; its new owner finishes it", p.doc_id)
             return
@@ -447,13 +469,14 @@ class IngestService:
 
     def _cleanup(self, doc_id: int, keep_doc: bool = False) -> None:
         """A failed or cancelled document leaves no vectors and no chunks."""
-        self.vectors.delete_doc(doc_id)
-        self.docs.delete_chunks(doc_id)
-        if not keep_doc:
-            doc = self.docs.get(doc_id)
-            if doc is not None and doc_id in self._cancelled:
-                self.files.delete(doc.get("stored_name"))
-                self.docs.delete(doc_id)
+        with self.gate.writing():
+            self.vectors.delete_doc(doc_id)
+            self.docs.delete_chunks(doc_id)
+            if not keep_doc:
+                doc = self.docs.get(doc_id)
+                if doc is not None and doc_id in self._cancelled:
+                    self.docs.delete(doc_id)
+                    self.files.delete(doc.get("stored_name"))
 
     def stop(self, timeout: float = 5.0) -> None:
         """Stop claiming; a job still running past `timeout` keeps its lease until it expires (then another

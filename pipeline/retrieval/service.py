@@ -83,7 +83,7 @@ class RetrievalService:
                 lookup = self.docs.get_chunks
                 bm25 = LiveBM25Retriever(self.bm25_index, self.tokenizer, lookup, recall)
                 vec = ReadyVectorRetriever(self._vector_index, lookup, recall, extra_fetch=self.pending_vectors,
-                                           enabled=self.vector_enabled)
+                                           enabled=self.vector_enabled, ready_count=self.docs.ready_chunk_count)
                 fusion = HybridRetriever(bm25, vec, self._stored_cosines, params)
                 built = _Stages(fusion, SafeRerank(self.cross_encoder, top_n=s.final_top_k,
                                                    candidates=s.rerank_candidates))
