@@ -1,13 +1,14 @@
-"""Document and chunk metadata in SQLite (`kb_document`, `kb_chunk`).
+"""Document and chunk metadata (`kb_document`, `kb_chunk`) in the app database (SQLite or PostgreSQL).
 
 Chunk rows carry the jieba tokens computed once at ingest (space-joined), so the BM25 index can be rebuilt from
 storage without re-tokenizing the corpus.
 """
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from datetime import datetime
+from typing import Any
 
 from .db import Database
 
@@ -59,10 +60,10 @@ class DocumentStore:
         with self.db.transaction() as conn:
             cur = conn.execute(
                 "INSERT INTO kb_document(file_name, file_type, file_size, content_md5, status, created_at,"
-                " stored_name) VALUES (?, ?, ?, ?, 'processing', ?, ?)",
+                " stored_name) VALUES (?, ?, ?, ?, 'processing', ?, ?) RETURNING doc_id",
                 (file_name, file_type, file_size, md5, _now(), stored_name),
             )
-            doc_id = cur.lastrowid
+            doc_id = cur.fetchone()[0]
         return self.get(doc_id)
 
     def get(self, doc_id: int) -> dict | None:
@@ -129,19 +130,24 @@ class DocumentStore:
         return {"docs": docs, "ready_docs": ready_docs, "processing": processing, "chunks": self.ready_chunk_count()}
 
     # --- chunks ------------------------------------------------------------------------------
-    def replace_chunks(self, doc_id: int, chunks: list[ChunkRow]) -> list[int]:
-        """Drop any old chunks of the document and insert these; returns the new global chunk_ids."""
+    def replace_chunks(self, doc_id: int, chunks: list[ChunkRow],
+                       guard: Callable[[Any], None] | None = None) -> list[int]:
+        """Drop any old chunks of the document and insert these; returns the new global chunk_ids.
+
+        `guard(conn)` runs first in the same transaction and may raise to refuse the write (the ingest lease)."""
         ids = []
         with self.db.transaction() as conn:
+            if guard is not None:
+                guard(conn)
             conn.execute("DELETE FROM kb_chunk WHERE doc_id = ?", (doc_id,))
             for c in chunks:
                 cur = conn.execute(
                     "INSERT INTO kb_chunk(doc_id, chunk_index, text, page, char_start, char_end, source, tokens)"
-                    " VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
+                    " VALUES (?, ?, ?, ?, ?, ?, ?, ?) RETURNING chunk_id",
                     (doc_id, c.chunk_index, c.text, c.page, c.char_start, c.char_end, c.source,
                      encode_tokens(c.tokens)),
                 )
-                ids.append(cur.lastrowid)
+                ids.append(cur.fetchone()[0])
         return ids
 
     def chunk_count_of(self, doc_id: int) -> int:
