@@ -21,6 +21,7 @@ from pipeline.conversation.rewrite import DeterministicRewriter, LLMRewriter
 from pipeline.conversation.router import Router
 from pipeline.conversation.service import ConversationService
 from pipeline.conversation.verified import VerifiedQAService
+from pipeline.deployment import Deployment
 from pipeline.ingestion.service import IngestService
 from pipeline.knowledge_bases import KnowledgeBases
 from pipeline.models.paths import resolve_model_dir
@@ -37,7 +38,11 @@ from store.documents import DocumentStore
 from store.feedback import FeedbackStore
 from store.files import FileStore
 from store.gate import WriteGate
+from store.jobs import JobStore
 from store.knowledge_bases import KBStore
+from store.leases import LeaseStore
+from store.retrievals import RetrievalStore
+from store.shared_state import SharedState
 from store.vectors import VectorStore
 from store.verified import VerifiedQAStore
 
@@ -82,7 +87,12 @@ class Components:
     verified: VerifiedQAService
     router: Router
     rule_rewriter: DeterministicRewriter
-    kbs: KnowledgeBases      # every knowledge base: kb_id → its collection and BM25 index
+    jobs: JobStore                 # the ingest queue in the database
+    state: SharedState             # counters other app processes watch (KB generation, settings, reloads)
+    retrievals: RetrievalStore     # the retrieval behind each recent answer (重试 on any process)
+    leases: LeaseStore             # work one process at a time may do (全量重建)
+    deployment: Deployment
+    kbs: KnowledgeBases            # every knowledge base: kb_id → its collection and BM25 index
     models: Models | None = None
     retrieval: RetrievalService | None = None
 
@@ -95,14 +105,17 @@ class Components:
 def build_components(data_dir: Path | str, *, project_root: Path | None = None, models_dir: Path | None = None,
                      settings: Callable[[], Settings], on_ingested: Callable[[], None] = lambda: None,
                      busy_reason: Callable[[], str | None] = lambda: None, exclusive: bool = False,
-                     delete_document: Callable[[int], Any] = lambda doc_id: None) -> Components:
+                     delete_document: Callable[[int], Any] = lambda doc_id: None,
+                     deployment: Deployment | None = None) -> Components:
     """Stores, indexes and the ingest worker over one data dir. Models come later (`load_models`).
 
     `settings` returns the current settings (they change at run time); `on_ingested` runs after the ingest
     queue drains; `busy_reason` says why uploads are refused right now (or None); `delete_document` removes a
     document from every index (a deleted verified Q&A entry uses it). The data dir's lock (store/dirlock.py)
-    is taken; with `exclusive` (offline tools) a dir another process holds is refused.
+    is taken; with `exclusive` (offline tools) a dir another process holds is refused. `deployment` says where
+    metadata, vectors and originals live (default: all embedded in the data dir; docs/deploy.md).
     """
+    dep = deployment or Deployment()
     data_dir = Path(data_dir).resolve()
     data_dir.mkdir(parents=True, exist_ok=True)
     project_root = Path(project_root or PROJECT_ROOT)
@@ -112,12 +125,15 @@ def build_components(data_dir: Path | str, *, project_root: Path | None = None, 
         if exclusive:
             raise DataDirBusy(msg + "：请用 --url 让应用自己执行，或先停止应用")
         log.error("%s：两个进程同时写入会损坏数据", msg)
-    db = Database(data_dir / "app.db")
+    db = Database(dep.database_url or data_dir / "app.db")
     docs = DocumentStore(db)
-    files = FileStore(data_dir / "uploads")
-    kbs = KnowledgeBases(data_dir, KBStore(db), docs)
+    files = FileStore(dep.files_dir or data_dir / "uploads")
+    kbs = KnowledgeBases(data_dir, KBStore(db), docs, chroma_url=dep.chroma_url)
     tokenizer = ChineseTokenizer(user_dict=data_dir / "userdict.txt")
-    comps: Components  # the ingest worker reads the models that load_models puts here later
+    jobs = JobStore(db)
+    if db.single_process:
+        jobs.release_all()  # SQLite: leases left in the queue belong to a previous run of this one process
+    comps: Components | None = None  # the ingest worker reads the models that load_models puts here later
 
     def embed_model():
         return comps.models.embedding.embed_model
@@ -127,7 +143,9 @@ def build_components(data_dir: Path | str, *, project_root: Path | None = None, 
 
     gate = WriteGate()
     ingest = IngestService(docs, kbs, files, tokenizer, settings, embed_model, model_ident,
-                           on_change=on_ingested, busy_reason=busy_reason, gate=gate)
+                           on_change=on_ingested, busy_reason=busy_reason, gate=gate,
+                           jobs=jobs, ready=lambda: comps is not None and comps.models is not None,
+                           lease_s=dep.ingest_lease_s)
     conversations = ConversationService(ConversationStore(db))
     verified = VerifiedQAService(VerifiedQAStore(db), docs, files, ingest.enqueue, delete_document,
                                  busy_reason=busy_reason)
@@ -135,7 +153,7 @@ def build_components(data_dir: Path | str, *, project_root: Path | None = None, 
     comps = Components(data_dir, project_root, Path(models_dir or project_root / "models"), db, ConfigStore(db),
                        docs, files, default.vectors, tokenizer, default.bm25, ingest, gate, dir_lock,
                        conversations, FeedbackService(FeedbackStore(db), conversations), verified, Router(),
-                       DeterministicRewriter(), kbs)
+                       DeterministicRewriter(), jobs, SharedState(db), RetrievalStore(db), LeaseStore(db), dep, kbs)
     return comps
 
 

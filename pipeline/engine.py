@@ -20,6 +20,7 @@ from pipeline.conversation.direct import direct_reply
 from pipeline.conversation.rewrite import Rewrite
 from pipeline.conversation.router import DIRECT, Route
 from pipeline.conversation.service import TurnRecorder
+from pipeline.deployment import Deployment
 from pipeline.errors import CODE_ENGINE, CODE_LLM, CODE_NO_DOC, CODE_VALIDATION, EngineError
 from pipeline.ingestion.rebuild import Rebuild
 from pipeline.ingestion.service import IngestBusy, UploadResult
@@ -29,7 +30,7 @@ from pipeline.ops.audit import KBAuditor, ModelIds
 from pipeline.ops.repair import KBRepairer, RepairHooks
 from pipeline.retrieval.result import RetrievalResult
 from pipeline.retrieval.service import default_min_similarity
-from pipeline.retry_cache import RecentRetrievals
+from pipeline.retry_cache import StoredRetrievals
 from pipeline.settings import (
     DEFAULT_EMBEDDING_PATH,
     DEFAULT_RERANKER_PATH,
@@ -44,7 +45,9 @@ from pipeline.settings import (
     settings_from_stored,
     validate_settings,
 )
+from pipeline.shared_sync import SharedSync
 from store.migrations import DEFAULT_KB_ID
+from store.shared_state import CONFIG_VERSION, ENGINE_VERSION, KB_GENERATION
 
 log = logging.getLogger(__name__)
 
@@ -55,10 +58,11 @@ __all__ = ["Engine", "EngineError"]
 
 class Engine:
     def __init__(self, data_dir: Path | str = "data", project_root: Path | None = None,
-                 models_dir: Path | None = None, load_async: bool = False):
+                 models_dir: Path | None = None, load_async: bool = False, deployment: Deployment | None = None):
         self.components: Components = build_components(
-            data_dir, project_root=project_root, models_dir=models_dir, settings=lambda: self._settings,
-            on_ingested=self._after_ingest, busy_reason=self._busy_reason, delete_document=self.delete_document)
+            data_dir, project_root=project_root, models_dir=models_dir, settings=lambda: self.settings,
+            on_ingested=self._after_ingest, busy_reason=self._busy_reason, delete_document=self.delete_document,
+            deployment=deployment)
         c = self.components
         self.data_dir, self.project_root, self.models_dir = c.data_dir, c.project_root, c.models_dir
         self._settings = self._load_settings()
@@ -66,7 +70,10 @@ class Engine:
         self.load_error: str | None = None
         self.retrieval_calls = 0
         self.last_reload_ms: float | None = None
-        self._recent = RecentRetrievals()
+        self._recent = StoredRetrievals(c.retrievals, c.docs.get_chunks)
+        # Other app processes on the same database: their settings saves, reloads and KB changes reach us here.
+        self._sync = SharedSync(c.state, on_kb=self._refresh_bm25, on_config=self._reread_settings,
+                                on_engine=self._reload_from_elsewhere)
         self._rebuild = Rebuild(c, lambda: self._settings, on_done=self._recent.clear)
         vectors = c.kbs.all_vectors  # audit / repair / backup look at every knowledge base
         self.auditor = KBAuditor(c.docs, vectors, c.files, c.tokenizer, self._model_ids,
@@ -107,14 +114,37 @@ class Engine:
 
     @property
     def settings(self) -> Settings:
+        self._sync_check()
         return self._settings
+
+    def _sync_check(self) -> None:
+        """Catch up with changes other app processes made (one read of app_state)."""
+        try:
+            self._sync.check()
+        except Exception:  # best effort: the request itself reports a database outage
+            log.exception("checking shared state failed")
+
+    def _reread_settings(self) -> None:
+        old, self._settings = self._settings, self._load_settings()
+        if (old.bm25_k1, old.bm25_b) != (self._settings.bm25_k1, self._settings.bm25_b) and self.state == "ready":
+            self._sync.refresh_kb()
+
+    def _reload_from_elsewhere(self) -> None:
+        self._settings = self._load_settings()
+        try:
+            self.load()
+        except EngineError:
+            pass  # state/load_error say why
 
     def update_settings(self, payload: dict[str, Any]) -> dict:
         """Validate, persist and apply a partial settings change (grouped or flat)."""
         flat = flatten_grouped(payload)
+        self._sync_check()  # merge onto the newest settings, whichever process saved them
         new, changed = merge_update(self._settings, flat)
         self._check_model_paths(new, changed)
         self.components.config.save({k: new.model_dump()[k] for k in changed})
+        if changed:
+            self._sync.bump(CONFIG_VERSION)
         old = self._settings
         self._settings = new
         if {"bm25_k1", "bm25_b"} & set(changed) and self.state == "ready":
@@ -209,8 +239,10 @@ class Engine:
         return self.last_reload_ms
 
     def reload(self) -> float:
-        if self._rebuild.running:
+        """重载引擎 here and, through the engine version in the database, on every other app process."""
+        if self._rebuild_busy():
             raise EngineError(CODE_ENGINE, "全量重建进行中，请完成后再重载引擎")
+        self._sync.bump(ENGINE_VERSION)
         return self.load()
 
     @property
@@ -219,32 +251,28 @@ class Engine:
         return m.model_warning if m else None
 
     def _recover(self) -> None:
-        """Restart safety: resume documents left 处理中 by a crash; drop orphan vectors and chunks."""
-        c = self.components
-        for doc_id in c.docs.ids_with_status("processing"):
-            if c.ingest.is_queued(doc_id):
-                continue
-            doc = c.docs.get(doc_id)
-            if doc and doc.get("stored_name") and c.files.path_of(doc["stored_name"]).exists():
-                c.kbs.get(doc["kb_id"]).vectors.delete_doc(doc_id)
-                c.docs.delete_chunks(doc_id)
-                c.ingest.enqueue(doc_id)
-            else:
-                c.docs.set_status(doc_id, "failed", "处理中断")
-        for doc_id in c.docs.ids_with_status("failed"):
-            c.docs.delete_chunks(doc_id)
-        for kb in c.kbs.all():
-            orphans = kb.vectors.all_ids() - c.docs.all_chunk_ids(kb.kb_id)
-            if orphans:
-                log.warning("removing %d orphan vectors from knowledge base %d", len(orphans), kb.kb_id)
-                kb.vectors.delete_ids(sorted(orphans))
+        """Restart safety: documents left 处理中 are queued (the ingest queue resumes them); orphan vectors go."""
+        self.components.ingest.recover()
 
     def _after_ingest(self) -> None:
-        for kb in self.components.kbs.all():
+        self._sync.refresh_kb()
+
+    def _refresh_bm25(self) -> None:
+        """Another process changed what is 就绪 (or this one did): every knowledge base's BM25 follows."""
+        c = self.components
+        for kb in c.kbs.all():
+            kb.vectors.reopen()  # another process may have re-created the collection (model change)
+        m = c.models
+        if m is not None and m.model_warning:  # another process's 全量重建 may have resolved it
+            m.model_warning = c.kbs.model_warning(m.embedding.model_id, m.embedding.dim)
+        for kb in c.kbs.all():
             kb.bm25.rebuild(self._settings.bm25_k1, self._settings.bm25_b)
 
+    def _rebuild_busy(self) -> bool:
+        return self._rebuild.running or self._rebuild.running_elsewhere()
+
     def _busy_reason(self) -> str | None:
-        if self._rebuild.running:
+        if self._rebuild_busy():
             return "全量重建进行中，暂不能上传或删除文档，请稍后再试"
         if self.state != "ready":
             return "引擎加载中，请稍后" if self.state in ("loading", "reloading") else f"引擎未就绪：{self.load_error}"
@@ -261,6 +289,7 @@ class Engine:
     # ------------------------------------------------------------------ status
     def health(self, kb_id: int | None = None) -> dict:
         """Engine state and counts: of all knowledge bases, or of `kb_id`."""
+        self._sync_check()
         c = self.components
         if kb_id is not None:
             kb_id = c.kbs.check(kb_id)
@@ -363,7 +392,7 @@ class Engine:
         return self.components.docs.chunks_of(doc_id)
 
     def _refuse_while_rebuilding(self) -> None:
-        if self._rebuild.running:
+        if self._rebuild_busy():
             raise EngineError(CODE_ENGINE, "全量重建进行中，暂不能上传或删除文档，请稍后再试")
 
     def delete_document(self, doc_id: int) -> dict:
@@ -387,7 +416,8 @@ class Engine:
                 c.docs.delete(d["doc_id"])
                 c.files.delete(d.get("stored_name"))
             removed += len(chunk_ids)
-        self._recent.clear()  # cached retrievals may hold its chunks
+        self._recent.clear()  # stored retrievals may hold its chunks
+        self._sync.bump(KB_GENERATION)  # other processes rebuild their BM25 (their lookups already skip it)
         threading.Thread(target=self._after_ingest, name="bm25-rebuild", daemon=True).start()
         return {"doc_id": doc_id, "file_name": doc["file_name"], "chunks_removed": removed,
                 "versions_removed": len(targets)}
@@ -523,6 +553,9 @@ class Engine:
     def backup(self, dest: str | Path) -> dict:
         """Consistent backup of the live data dir into `dest` (absolute, new or empty); returns the manifest."""
         c = self.components
+        if c.deployment.database_url or c.deployment.chroma_url:
+            raise EngineError(CODE_VALIDATION, "团队模式的数据在 PostgreSQL / Chroma 服务中：请用 pg_dump 备份数据库，"
+                              "并备份 Chroma 服务的数据目录和共享的 --files-dir（docs/deploy.md）", "dest")
         try:
             return backup_ops.backup(Path(dest), c.data_dir, c.db, c.kbs.all_vectors, c.files, c.gate)
         except backup_ops.BackupError as exc:
@@ -535,11 +568,13 @@ class Engine:
         if not isinstance(top_k, int) or isinstance(top_k, bool) or not 1 <= top_k <= 50:
             raise EngineError(CODE_VALIDATION, "top_k 必须是 1–50 的整数", "top_k")
         scope = self.resolve_kbs(kb_ids)
+        self._sync_check()
         self._require_ready()
         return self.components.retrieval.debug_search(query.strip(), top_k, self._settings, scope)
 
     def retrieve(self, question: str, kb_ids: Any = None) -> RetrievalResult:
         scope = self.resolve_kbs(kb_ids)
+        self._sync_check()
         self._require_ready()
         self.retrieval_calls += 1
         return self.components.retrieval.retrieve(question, self._settings, scope)
@@ -566,6 +601,7 @@ class Engine:
         try:
             self._validate_question(question)
             scope = self.resolve_kbs(kb_ids)
+            self._sync_check()
             self._require_ready()
             conv = c.conversations.resolve(conversation_id, user) if conversation_id is not None else None
         except EngineError as exc:

@@ -16,7 +16,7 @@ from pipeline.retrieval.bm25 import BM25Index
 from store.documents import DocumentStore
 from store.knowledge_bases import KBStore
 from store.migrations import DEFAULT_KB_ID
-from store.vectors import COLLECTION, VectorStore, open_client
+from store.vectors import COLLECTION, VectorStore
 
 __all__ = ["DEFAULT_KB_ID", "AllVectors", "KnowledgeBase", "KnowledgeBases", "collection_name", "bm25_dir"]
 
@@ -51,13 +51,24 @@ def clean_name(name, field: str = "name", limit: int = MAX_NAME, required: bool 
 
 
 class KnowledgeBases:
-    def __init__(self, data_dir: Path, store: KBStore, docs: DocumentStore):
+    def __init__(self, data_dir: Path, store: KBStore, docs: DocumentStore, chroma_url: str | None = None):
+        """Collections in `data_dir/chroma` (embedded Chroma), or on the Chroma server at `chroma_url`."""
         self.data_dir = Path(data_dir)
         self.store = store
         self.docs = docs
-        self._client = open_client(self.data_dir / "chroma")
         self._open: dict[int, KnowledgeBase] = {}
         self._lock = threading.Lock()
+        # The default knowledge base opens the client (a ConnectionError names an unreachable server); the
+        # other collections share it.
+        first = (VectorStore(url=chroma_url) if chroma_url else VectorStore(self.data_dir / "chroma"))
+        self._client, self._url = first.client, chroma_url
+        self._open[DEFAULT_KB_ID] = self._make(DEFAULT_KB_ID, first)
+
+    def _make(self, kb_id: int, vectors: VectorStore | None = None) -> KnowledgeBase:
+        vectors = vectors or VectorStore(None if self._url else self.data_dir / "chroma", url=self._url,
+                                         name=collection_name(kb_id), client=self._client)
+        return KnowledgeBase(kb_id, vectors,
+                             BM25Index(bm25_dir(self.data_dir, kb_id), lambda: self.docs.iter_ready_tokens(kb_id)))
 
     # --- lookup --------------------------------------------------------------------------------------------
     def get(self, kb_id: int) -> KnowledgeBase:
@@ -66,9 +77,7 @@ class KnowledgeBases:
         with self._lock:
             kb = self._open.get(kb_id)
             if kb is None:
-                kb = self._open[kb_id] = KnowledgeBase(
-                    kb_id, VectorStore(self.data_dir / "chroma", collection_name(kb_id), client=self._client),
-                    BM25Index(bm25_dir(self.data_dir, kb_id), lambda: self.docs.iter_ready_tokens(kb_id)))
+                kb = self._open[kb_id] = self._make(kb_id)
             return kb
 
     def check(self, kb_id) -> int:

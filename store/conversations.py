@@ -1,4 +1,4 @@
-"""Conversations and their turns in SQLite (`conversation`, `conversation_turn`).
+"""Conversations and their turns in the app database (`conversation`, `conversation_turn`; schema: migration 5).
 
 A conversation belongs to one user ('' when logins are off); its public id is a random 32-hex string so ids
 cannot be guessed or enumerated. A turn keeps everything a full replay needs: the user's words, the query that
@@ -14,35 +14,6 @@ from datetime import datetime
 from typing import Any
 
 from .db import Database, row_with_json
-
-SCHEMA = """
-CREATE TABLE IF NOT EXISTS conversation (
-    conv_id     TEXT PRIMARY KEY,
-    user        TEXT NOT NULL DEFAULT '',
-    title       TEXT NOT NULL,
-    created_at  TEXT NOT NULL,
-    updated_at  TEXT NOT NULL,
-    turn_count  INTEGER NOT NULL DEFAULT 0
-);
-CREATE INDEX IF NOT EXISTS idx_conv_user_updated ON conversation(user, updated_at DESC);
-CREATE TABLE IF NOT EXISTS conversation_turn (
-    turn_id     INTEGER PRIMARY KEY AUTOINCREMENT,
-    conv_id     TEXT NOT NULL REFERENCES conversation(conv_id) ON DELETE CASCADE,
-    seq         INTEGER NOT NULL,
-    user        TEXT NOT NULL DEFAULT '',
-    question    TEXT NOT NULL,
-    rewritten   TEXT,
-    answer      TEXT NOT NULL,
-    sources     TEXT NOT NULL DEFAULT '[]',
-    trace       TEXT NOT NULL DEFAULT '{}',
-    mode        TEXT,
-    route       TEXT,
-    no_answer   INTEGER NOT NULL DEFAULT 0,
-    elapsed_ms  INTEGER,
-    created_at  TEXT NOT NULL
-);
-CREATE INDEX IF NOT EXISTS idx_turn_conv ON conversation_turn(conv_id, seq);
-"""
 
 TITLE_CHARS = 40
 
@@ -77,7 +48,6 @@ def _conv_dict(row) -> dict:
 class ConversationStore:
     def __init__(self, db: Database):
         self.db = db
-        db.ensure(SCHEMA)
 
     # --- conversations ---------------------------------------------------------------------------
     def create(self, user: str, title: str) -> dict:
@@ -97,7 +67,8 @@ class ConversationStore:
         with self.db.connect() as conn:
             total = conn.execute("SELECT COUNT(*) FROM conversation WHERE user = ?", (user,)).fetchone()[0]
             rows = conn.execute(
-                "SELECT * FROM conversation WHERE user = ? ORDER BY updated_at DESC, rowid DESC LIMIT ? OFFSET ?",
+                "SELECT * FROM conversation WHERE user = ? ORDER BY updated_at DESC, created_at DESC, conv_id DESC"
+                " LIMIT ? OFFSET ?",
                 (user, limit, offset)).fetchall()
         return [_conv_dict(r) for r in rows], total
 

@@ -1,13 +1,14 @@
-"""Document and chunk metadata in SQLite (`kb_document`, `kb_chunk`).
+"""Document and chunk metadata (`kb_document`, `kb_chunk`) in the app database (SQLite or PostgreSQL).
 
 Chunk rows carry the jieba tokens computed once at ingest (space-joined), so the BM25 index can be rebuilt from
 storage without re-tokenizing the corpus.
 """
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from datetime import datetime
+from typing import Any
 
 from .db import Database
 from .migrations import DEFAULT_KB_ID
@@ -21,6 +22,23 @@ INACTIVE, ACTIVE, ACTIVATE_WHEN_READY = 0, 1, 2
 VISIBLE = "(d.active = 1 OR d.status != 'ready')"
 # What retrieval may return: ready and active.
 RETRIEVABLE = "d.status = 'ready' AND d.active = 1"
+
+
+def _activate(conn, doc_id: int, lineage_id: int) -> None:
+    conn.execute("UPDATE kb_document SET active = ? WHERE lineage_id = ? AND doc_id != ? AND active = ?",
+                 (INACTIVE, lineage_id, doc_id, ACTIVE))
+    conn.execute("UPDATE kb_document SET active = ? WHERE doc_id = ?", (ACTIVE, doc_id))
+
+
+def activate_waiting_version(conn, doc_id: int) -> bool:
+    """Inside the transaction that marks `doc_id` 就绪: a new version waiting for that (active 2) becomes the
+    active one and its lineage's others inactive — retrieval never sees two versions or none. Returns whether
+    versions were swapped."""
+    row = conn.execute("SELECT active, lineage_id FROM kb_document WHERE doc_id = ?", (doc_id,)).fetchone()
+    if row is None or row["active"] != ACTIVATE_WHEN_READY:
+        return False
+    _activate(conn, doc_id, row["lineage_id"])
+    return True
 
 
 def _kb_clause(kb_id: int | None) -> tuple[str, tuple]:
@@ -88,11 +106,12 @@ class DocumentStore:
         with self.db.transaction() as conn:
             cur = conn.execute(
                 "INSERT INTO kb_document(file_name, file_type, file_size, content_md5, status, created_at,"
-                " stored_name, kb_id, version, lineage_id, active) VALUES (?, ?, ?, ?, 'processing', ?, ?, ?, ?, ?, ?)",
+                " stored_name, kb_id, version, lineage_id, active) VALUES (?, ?, ?, ?, 'processing', ?, ?, ?, ?, ?, ?)"
+                " RETURNING doc_id",
                 (file_name, file_type, file_size, md5, _now(), stored_name, int(kb_id), version, lineage_id,
                  ACTIVE if lineage_id is None else ACTIVATE_WHEN_READY),
             )
-            doc_id = cur.lastrowid
+            doc_id = cur.fetchone()[0]
             if lineage_id is None:
                 conn.execute("UPDATE kb_document SET lineage_id = ? WHERE doc_id = ?", (doc_id, doc_id))
         return self.get(doc_id)
@@ -142,25 +161,14 @@ class DocumentStore:
             conn.execute("UPDATE kb_document SET progress = ? WHERE doc_id = ?", (progress, doc_id))
 
     def mark_ready(self, doc_id: int, chunk_count: int) -> bool:
-        """就绪. A new version waiting for this becomes the active one, its lineage's others inactive, in the same
-        transaction (retrieval never sees two versions or none). Returns whether versions were swapped."""
+        """就绪 (and a new version waiting for it becomes the active one, see activate_waiting_version)."""
         with self.db.transaction() as conn:
             conn.execute(
                 "UPDATE kb_document SET status = 'ready', fail_reason = NULL, progress = NULL,"
                 " chunk_count = ? WHERE doc_id = ?",
                 (chunk_count, doc_id),
             )
-            row = conn.execute("SELECT active, lineage_id FROM kb_document WHERE doc_id = ?", (doc_id,)).fetchone()
-            if row is None or row["active"] != ACTIVATE_WHEN_READY:
-                return False
-            self._activate(conn, doc_id, row["lineage_id"])
-            return True
-
-    @staticmethod
-    def _activate(conn, doc_id: int, lineage_id: int) -> None:
-        conn.execute("UPDATE kb_document SET active = ? WHERE lineage_id = ? AND doc_id != ? AND active = ?",
-                     (INACTIVE, lineage_id, doc_id, ACTIVE))
-        conn.execute("UPDATE kb_document SET active = ? WHERE doc_id = ?", (ACTIVE, doc_id))
+            return activate_waiting_version(conn, doc_id)
 
     # --- versions ----------------------------------------------------------------------------------
     def find_active_by_name(self, kb_id: int, file_name: str) -> dict | None:
@@ -192,7 +200,7 @@ class DocumentStore:
         with self.db.transaction() as conn:
             row = conn.execute("SELECT lineage_id FROM kb_document WHERE doc_id = ?", (doc_id,)).fetchone()
             if row is not None:
-                self._activate(conn, doc_id, row["lineage_id"])
+                _activate(conn, doc_id, row["lineage_id"])
 
     def active_states(self, doc_ids: Iterable[int]) -> dict[int, dict]:
         """doc_id → {active, version, status, current_version} for cited documents (replays mark 旧版本)."""
@@ -228,20 +236,24 @@ class DocumentStore:
 
     # --- chunks ------------------------------------------------------------------------------
     def replace_chunks(self, doc_id: int, chunks: list[ChunkRow], sections: list[SectionRow] | None = None,
-                       note: str | None = None) -> list[int]:
+                       note: str | None = None, guard: Callable[[Any], None] | None = None) -> list[int]:
         """Drop any old chunks (and parsed sections) of the document and insert these; returns the new global
-        chunk_ids. `note`: the parser's remarks (empty sheet skipped, …), shown with the document."""
+        chunk_ids. `note`: the parser's remarks (empty sheet skipped, …), shown with the document.
+
+        `guard(conn)` runs first in the same transaction and may raise to refuse the write (the ingest lease)."""
         ids = []
         with self.db.transaction() as conn:
+            if guard is not None:
+                guard(conn)
             conn.execute("DELETE FROM kb_chunk WHERE doc_id = ?", (doc_id,))
             for c in chunks:
                 cur = conn.execute(
                     "INSERT INTO kb_chunk(doc_id, chunk_index, text, page, char_start, char_end, source, tokens,"
-                    " context, section) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                    " context, section) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?) RETURNING chunk_id",
                     (doc_id, c.chunk_index, c.text, c.page, c.char_start, c.char_end, c.source,
                      encode_tokens(c.tokens), c.context, c.section),
                 )
-                ids.append(cur.lastrowid)
+                ids.append(cur.fetchone()[0])
             if sections is not None:
                 conn.execute("DELETE FROM kb_section WHERE doc_id = ?", (doc_id,))
                 conn.executemany(
@@ -323,7 +335,7 @@ class DocumentStore:
         """chunk_id → context (heading path / sheet) of the chunks that have one: their stored tokens and their
         vectors were made from context + text (pipeline.ingestion.structured_chunking.indexed_text)."""
         with self.db.connect() as conn:
-            return dict(conn.execute("SELECT chunk_id, context FROM kb_chunk WHERE context IS NOT NULL"))
+            return {r[0]: r[1] for r in conn.execute("SELECT chunk_id, context FROM kb_chunk WHERE context IS NOT NULL")}
 
     def set_tokens(self, tokens: dict[int, list[str]]) -> None:
         """Rewrite stored BM25 tokens (repair re-tokenizes from the chunk text, the source of truth)."""

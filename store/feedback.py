@@ -1,4 +1,4 @@
-"""Answer feedback in SQLite (`answer_feedback`): 👍 / 👎 on a turn, 👎 with a reason and a comment.
+"""Answer feedback (`answer_feedback`, migration 6): 👍 / 👎 on a turn, 👎 with a reason and a comment.
 
 One row per turn (rating again replaces it). The row keeps a snapshot of the turn's question, answer and
 sources, so the admin view and the JSONL export still show what was rated after the user deletes the
@@ -10,24 +10,6 @@ import json
 from datetime import datetime
 
 from .db import Database, row_with_json
-
-SCHEMA = """
-CREATE TABLE IF NOT EXISTS answer_feedback (
-    fb_id       INTEGER PRIMARY KEY AUTOINCREMENT,
-    turn_id     INTEGER NOT NULL UNIQUE,
-    conv_id     TEXT,
-    user        TEXT NOT NULL DEFAULT '',
-    rating      INTEGER NOT NULL CHECK (rating IN (1, -1)),
-    reason      TEXT,
-    comment     TEXT,
-    question    TEXT NOT NULL,
-    rewritten   TEXT,
-    answer      TEXT NOT NULL,
-    sources     TEXT NOT NULL DEFAULT '[]',
-    created_at  TEXT NOT NULL
-);
-CREATE INDEX IF NOT EXISTS idx_feedback_rating ON answer_feedback(rating, fb_id DESC);
-"""
 
 
 def _now() -> str:
@@ -43,7 +25,6 @@ def _row(r) -> dict:
 class FeedbackStore:
     def __init__(self, db: Database):
         self.db = db
-        db.ensure(SCHEMA)
 
     def upsert(self, turn: dict, rating: int, reason: str | None, comment: str | None) -> dict:
         with self.db.transaction() as conn:

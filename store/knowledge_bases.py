@@ -53,9 +53,9 @@ class KBStore:
 
     def create(self, name: str, description: str = "") -> dict:
         with self.db.transaction() as conn:
-            cur = conn.execute("INSERT INTO kb_base(name, description, created_at) VALUES (?, ?, ?)",
-                               (name, description, datetime.now().isoformat(sep=" ", timespec="seconds")))
-            kb_id = cur.lastrowid
+            kb_id = conn.execute("INSERT INTO kb_base(name, description, created_at) VALUES (?, ?, ?) RETURNING kb_id",
+                                 (name, description, datetime.now().isoformat(sep=" ", timespec="seconds"))
+                                 ).fetchone()[0]
         return self.get(kb_id)
 
     def update(self, kb_id: int, name: str | None = None, description: str | None = None) -> dict | None:

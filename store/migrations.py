@@ -1,180 +1,341 @@
-"""Schema migrations: one ordered list, applied once each, recorded in `schema_version`.
+"""Versioned schema migrations, the same list on SQLite and PostgreSQL; `schema_version` records what ran.
 
-Every data dir, whichever release made it, is brought to the current schema when `Database` opens it. The
-baseline is the schema of the first release (SRS §8) written with IF NOT EXISTS, so a data dir made before this
-table existed starts at the baseline and gets every later step. To change the schema, append a Migration at
-the END of MIGRATIONS with a new unique name (other branches append theirs; names, not positions, say what has
-been applied). A step runs inside one transaction with foreign keys off (SQLite's table-rebuild recipe needs
-that: DROP TABLE would otherwise cascade into the chunks) and must leave `PRAGMA foreign_key_check` clean.
+To change the schema, APPEND a `Migration` (never edit one that shipped): give it the next version number and
+SQLite-style DDL statements. The PostgreSQL text is derived by `pg_ddl` (INTEGER → BIGINT, AUTOINCREMENT keys →
+identity columns, REAL → DOUBLE PRECISION, BLOB → BYTEA, reserved column names such as `user` quoted); pass `postgresql=[...]` when a statement needs its own
+form there. The pending migrations run in one transaction together with their `schema_version` rows (both
+dialects have transactional DDL), so a crash mid-migration leaves the previous version intact. Several app
+processes starting at once on PostgreSQL queue on an advisory lock, so each migration runs exactly once.
+
+A migration that rebuilds a table on SQLite (the only way to drop a constraint there: new table, copy, drop,
+rename — https://sqlite.org/lang_altertable.html#otheralter) sets `sqlite_foreign_keys_off`: SQLite's DROP TABLE
+would otherwise cascade into the rows that reference it. The whole run then happens with foreign keys off (the
+pragma has no effect inside a transaction, so it is set before) and must leave `PRAGMA foreign_key_check` clean.
 """
 from __future__ import annotations
 
 import logging
-import sqlite3
-from collections.abc import Callable
+import re
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import UTC, datetime
+
+from store.sql_dialect import quote_reserved
 
 log = logging.getLogger(__name__)
 
-BASELINE = """
-CREATE TABLE IF NOT EXISTS sys_config (
-    key        TEXT PRIMARY KEY,
-    value      TEXT,
-    updated_at TEXT
-);
-CREATE TABLE IF NOT EXISTS kb_document (
-    doc_id       INTEGER PRIMARY KEY AUTOINCREMENT,
-    file_name    TEXT NOT NULL,
-    file_type    TEXT NOT NULL,
-    file_size    INTEGER NOT NULL,
-    content_md5  TEXT NOT NULL UNIQUE,
-    chunk_count  INTEGER NOT NULL DEFAULT 0,
-    status       TEXT NOT NULL CHECK (status IN ('processing', 'ready', 'failed')),
-    fail_reason  TEXT,
-    created_at   TEXT NOT NULL,
-    stored_name  TEXT,
-    progress     TEXT
-);
-CREATE TABLE IF NOT EXISTS kb_chunk (
-    chunk_id     INTEGER PRIMARY KEY AUTOINCREMENT,
-    doc_id       INTEGER NOT NULL REFERENCES kb_document(doc_id) ON DELETE CASCADE,
-    chunk_index  INTEGER NOT NULL,
-    text         TEXT NOT NULL,
-    page         INTEGER,
-    char_start   INTEGER,
-    char_end     INTEGER,
-    source       TEXT NOT NULL DEFAULT 'text',
-    tokens       TEXT NOT NULL DEFAULT ''
-);
-CREATE INDEX IF NOT EXISTS idx_chunk_doc ON kb_chunk(doc_id, chunk_index);
-CREATE INDEX IF NOT EXISTS idx_doc_status ON kb_document(status);
-"""
-
-
-def _script(sql: str) -> Callable[[sqlite3.Connection], None]:
-    def run(conn: sqlite3.Connection) -> None:
-        for stmt in sql.split(";"):
-            if stmt.strip():
-                conn.execute(stmt)
-    return run
-
-
-# issue 16: tables stay tables (chunk context = heading path / sheet), the parsed text kept for the viewer,
-# parser notes (empty sheet skipped, …) on the document.
-CHUNK_STRUCTURE = """
-ALTER TABLE kb_chunk ADD COLUMN context TEXT;
-ALTER TABLE kb_chunk ADD COLUMN section INTEGER NOT NULL DEFAULT 0;
-ALTER TABLE kb_document ADD COLUMN note TEXT;
-CREATE TABLE kb_section (
-    doc_id   INTEGER NOT NULL REFERENCES kb_document(doc_id) ON DELETE CASCADE,
-    section  INTEGER NOT NULL,
-    page     INTEGER,
-    source   TEXT NOT NULL DEFAULT 'text',
-    context  TEXT,
-    text     TEXT NOT NULL,
-    PRIMARY KEY (doc_id, section)
-)
-"""
-
-
-# issue 16: knowledge bases (each document in one; the first release's documents go to the default KB 1) and
-# document versions (lineage_id = doc_id of version 1; one active version per lineage). SQLite cannot drop the
-# old UNIQUE(content_md5) (the same file may now sit in two KBs), so kb_document is rebuilt by the recipe of
-# https://sqlite.org/lang_altertable.html#otheralter: new table, copy, drop, rename.
-DEFAULT_KB_ID = 1
-DEFAULT_KB_NAME = "默认知识库"
-
-
-def _knowledge_bases(conn: sqlite3.Connection) -> None:
-    now = datetime.now().isoformat(sep=" ", timespec="seconds")
-    conn.execute("""CREATE TABLE kb_base (
-        kb_id       INTEGER PRIMARY KEY AUTOINCREMENT,
-        name        TEXT NOT NULL UNIQUE,
-        description TEXT NOT NULL DEFAULT '',
-        created_at  TEXT NOT NULL
-    )""")
-    conn.execute("INSERT INTO kb_base(kb_id, name, description, created_at) VALUES (?, ?, ?, ?)",
-                 (DEFAULT_KB_ID, DEFAULT_KB_NAME, "", now))
-    conn.execute("""CREATE TABLE kb_document_new (
-        doc_id       INTEGER PRIMARY KEY AUTOINCREMENT,
-        kb_id        INTEGER NOT NULL DEFAULT 1 REFERENCES kb_base(kb_id),
-        file_name    TEXT NOT NULL,
-        file_type    TEXT NOT NULL,
-        file_size    INTEGER NOT NULL,
-        content_md5  TEXT NOT NULL,
-        chunk_count  INTEGER NOT NULL DEFAULT 0,
-        status       TEXT NOT NULL CHECK (status IN ('processing', 'ready', 'failed')),
-        fail_reason  TEXT,
-        created_at   TEXT NOT NULL,
-        stored_name  TEXT,
-        progress     TEXT,
-        note         TEXT,
-        version      INTEGER NOT NULL DEFAULT 1,
-        lineage_id   INTEGER,
-        active       INTEGER NOT NULL DEFAULT 1,
-        UNIQUE (kb_id, content_md5)
-    )""")
-    cols = ("doc_id, file_name, file_type, file_size, content_md5, chunk_count, status, fail_reason, created_at,"
-            " stored_name, progress, note")
-    conn.execute(f"INSERT INTO kb_document_new({cols}, kb_id, version, lineage_id, active)"
-                 f" SELECT {cols}, 1, 1, doc_id, 1 FROM kb_document")
-    seq = conn.execute("SELECT seq FROM sqlite_sequence WHERE name = 'kb_document'").fetchone()
-    conn.execute("DROP TABLE kb_document")
-    conn.execute("ALTER TABLE kb_document_new RENAME TO kb_document")
-    if seq:  # ids of documents deleted before the upgrade are never handed out again
-        conn.execute("UPDATE sqlite_sequence SET seq = MAX(seq, ?) WHERE name = 'kb_document'", (seq[0],))
-    conn.execute("CREATE INDEX idx_doc_status ON kb_document(status)")
-    conn.execute("CREATE INDEX idx_doc_kb ON kb_document(kb_id, active)")
-    conn.execute("CREATE INDEX idx_doc_lineage ON kb_document(lineage_id)")
+_ADVISORY_KEY = 7_017_017  # any constant: serializes migrations across app processes (PostgreSQL)
 
 
 @dataclass(frozen=True)
 class Migration:
+    version: int
     name: str
-    apply: Callable[[sqlite3.Connection], None]
+    statements: tuple[str, ...]
+    postgresql: tuple[str, ...] | None = None  # None → pg_ddl(statements)
+    sqlite_foreign_keys_off: bool = False  # a SQLite table rebuild (see the module docstring)
+
+    def for_dialect(self, dialect: str) -> tuple[str, ...]:
+        if dialect == "postgresql":
+            return self.postgresql if self.postgresql is not None else tuple(pg_ddl(s) for s in self.statements)
+        return self.statements
 
 
-MIGRATIONS: list[Migration] = [
-    Migration("0001_baseline", _script(BASELINE)),
-    Migration("0002_chunk_structure", _script(CHUNK_STRUCTURE)),
-    Migration("0003_knowledge_bases_versions", _knowledge_bases),
+_PG_RULES = [
+    (re.compile(r"\bINTEGER\s+PRIMARY\s+KEY\s+AUTOINCREMENT\b", re.I),
+     "BIGINT GENERATED BY DEFAULT AS IDENTITY PRIMARY KEY"),
+    (re.compile(r"\bINTEGER\b", re.I), "BIGINT"),
+    (re.compile(r"\bREAL\b", re.I), "DOUBLE PRECISION"),
+    (re.compile(r"\bBLOB\b", re.I), "BYTEA"),
 ]
 
 
-def applied(conn: sqlite3.Connection) -> list[str]:
-    conn.execute("CREATE TABLE IF NOT EXISTS schema_version (name TEXT PRIMARY KEY, applied_at TEXT NOT NULL)")
-    return [r[0] for r in conn.execute("SELECT name FROM schema_version ORDER BY rowid")]
+def pg_ddl(statement: str) -> str:
+    for pattern, repl in _PG_RULES:
+        statement = pattern.sub(repl, statement)
+    return quote_reserved(statement)
 
 
-def migrate(conn: sqlite3.Connection, migrations: list[Migration] | None = None) -> list[str]:
-    """Apply the steps not yet recorded, in list order. Returns the names applied now. `conn` is in autocommit
-    mode (isolation_level=None) and used by nobody else meanwhile (Database's constructor)."""
+MIGRATIONS: list[Migration] = [
+    # v1 is the schema the app had before migrations existed (CREATE … IF NOT EXISTS: an old data dir adopts it).
+    Migration(1, "settings, documents, chunks", (
+        """CREATE TABLE IF NOT EXISTS sys_config (
+            key        TEXT PRIMARY KEY,
+            value      TEXT,
+            updated_at TEXT
+        )""",
+        """CREATE TABLE IF NOT EXISTS kb_document (
+            doc_id       INTEGER PRIMARY KEY AUTOINCREMENT,
+            file_name    TEXT NOT NULL,
+            file_type    TEXT NOT NULL,
+            file_size    INTEGER NOT NULL,
+            content_md5  TEXT NOT NULL UNIQUE,
+            chunk_count  INTEGER NOT NULL DEFAULT 0,
+            status       TEXT NOT NULL CHECK (status IN ('processing', 'ready', 'failed')),
+            fail_reason  TEXT,
+            created_at   TEXT NOT NULL,
+            stored_name  TEXT,
+            progress     TEXT
+        )""",
+        """CREATE TABLE IF NOT EXISTS kb_chunk (
+            chunk_id     INTEGER PRIMARY KEY AUTOINCREMENT,
+            doc_id       INTEGER NOT NULL REFERENCES kb_document(doc_id) ON DELETE CASCADE,
+            chunk_index  INTEGER NOT NULL,
+            text         TEXT NOT NULL,
+            page         INTEGER,
+            char_start   INTEGER,
+            char_end     INTEGER,
+            source       TEXT NOT NULL DEFAULT 'text',
+            tokens       TEXT NOT NULL DEFAULT ''
+        )""",
+        "CREATE INDEX IF NOT EXISTS idx_chunk_doc ON kb_chunk(doc_id, chunk_index)",
+        "CREATE INDEX IF NOT EXISTS idx_doc_status ON kb_document(status)",
+    )),
+    # v2: the ingest queue (one job per document, leased to one worker at a time) and the shared counters
+    # every app process polls (knowledge-base generation, settings version, engine reload version).
+    Migration(2, "ingest jobs, shared counters", (
+        """CREATE TABLE ingest_job (
+            doc_id       INTEGER PRIMARY KEY REFERENCES kb_document(doc_id) ON DELETE CASCADE,
+            owner        TEXT,
+            lease_until  REAL,
+            attempts     INTEGER NOT NULL DEFAULT 0,
+            created_at   REAL NOT NULL
+        )""",
+        "CREATE INDEX idx_job_owner ON ingest_job(owner)",
+        """CREATE TABLE app_state (
+            name   TEXT PRIMARY KEY,
+            value  INTEGER NOT NULL DEFAULT 0
+        )""",
+        "INSERT INTO app_state(name, value) VALUES ('kb_generation', 0), ('config_version', 0),"
+        " ('engine_version', 0)",
+    )),
+    # v3: the retrieval behind each recent answer, so 重试 on any process regenerates without retrieving.
+    Migration(3, "stored retrievals", (
+        """CREATE TABLE qa_retrieval (
+            question   TEXT PRIMARY KEY,
+            result     TEXT NOT NULL,
+            stored_at  REAL NOT NULL
+        )""",
+        "CREATE INDEX idx_retrieval_age ON qa_retrieval(stored_at)",
+    )),
+    # v4: named leases for work only one process may do at a time (全量重建).
+    Migration(4, "named leases", (
+        """CREATE TABLE app_lease (
+            name         TEXT PRIMARY KEY,
+            owner        TEXT,
+            lease_until  REAL
+        )""",
+    )),
+    # v5–v7: the tables of conversations (issue 15), answer feedback and verified Q&A; IF NOT EXISTS because
+    # SQLite data dirs made before they were migrations already have them.
+    Migration(5, "conversations and turns", (
+        """CREATE TABLE IF NOT EXISTS conversation (
+            conv_id     TEXT PRIMARY KEY,
+            user        TEXT NOT NULL DEFAULT '',
+            title       TEXT NOT NULL,
+            created_at  TEXT NOT NULL,
+            updated_at  TEXT NOT NULL,
+            turn_count  INTEGER NOT NULL DEFAULT 0
+        )""",
+        "CREATE INDEX IF NOT EXISTS idx_conv_user_updated ON conversation(user, updated_at DESC)",
+        """CREATE TABLE IF NOT EXISTS conversation_turn (
+            turn_id     INTEGER PRIMARY KEY AUTOINCREMENT,
+            conv_id     TEXT NOT NULL REFERENCES conversation(conv_id) ON DELETE CASCADE,
+            seq         INTEGER NOT NULL,
+            user        TEXT NOT NULL DEFAULT '',
+            question    TEXT NOT NULL,
+            rewritten   TEXT,
+            answer      TEXT NOT NULL,
+            sources     TEXT NOT NULL DEFAULT '[]',
+            trace       TEXT NOT NULL DEFAULT '{}',
+            mode        TEXT,
+            route       TEXT,
+            no_answer   INTEGER NOT NULL DEFAULT 0,
+            elapsed_ms  INTEGER,
+            created_at  TEXT NOT NULL
+        )""",
+        "CREATE INDEX IF NOT EXISTS idx_turn_conv ON conversation_turn(conv_id, seq)",
+    )),
+    Migration(6, "answer feedback", (
+        """CREATE TABLE IF NOT EXISTS answer_feedback (
+            fb_id       INTEGER PRIMARY KEY AUTOINCREMENT,
+            turn_id     INTEGER NOT NULL UNIQUE,
+            conv_id     TEXT,
+            user        TEXT NOT NULL DEFAULT '',
+            rating      INTEGER NOT NULL CHECK (rating IN (1, -1)),
+            reason      TEXT,
+            comment     TEXT,
+            question    TEXT NOT NULL,
+            rewritten   TEXT,
+            answer      TEXT NOT NULL,
+            sources     TEXT NOT NULL DEFAULT '[]',
+            created_at  TEXT NOT NULL
+        )""",
+        "CREATE INDEX IF NOT EXISTS idx_feedback_rating ON answer_feedback(rating, fb_id DESC)",
+    )),
+    Migration(7, "verified Q&A", (
+        """CREATE TABLE IF NOT EXISTS verified_qa (
+            qa_id       INTEGER PRIMARY KEY AUTOINCREMENT,
+            doc_id      INTEGER NOT NULL UNIQUE REFERENCES kb_document(doc_id) ON DELETE CASCADE,
+            question    TEXT NOT NULL,
+            answer      TEXT NOT NULL,
+            cited       TEXT NOT NULL DEFAULT '[]',
+            turn_id     INTEGER,
+            created_by  TEXT NOT NULL DEFAULT '',
+            created_at  TEXT NOT NULL
+        )""",
+    )),
+]
+
+
+# --- issue 16 -------------------------------------------------------------------------------------------------
+DEFAULT_KB_ID = 1
+DEFAULT_KB_NAME = "默认知识库"
+
+_KB_DOCUMENT_COLUMNS = ("doc_id, file_name, file_type, file_size, content_md5, chunk_count, status, fail_reason,"
+                        " created_at, stored_name, progress, note")
+
+MIGRATIONS += [
+    # v8: tables stay tables — a chunk's context (heading path / sheet name) and the parsed page/sheet it comes
+    # from; the parsed text itself for the document viewer (kb_section); the parser's notes on a document.
+    Migration(8, "chunk context, parsed sections, document notes", (
+        "ALTER TABLE kb_chunk ADD COLUMN context TEXT",
+        "ALTER TABLE kb_chunk ADD COLUMN section INTEGER NOT NULL DEFAULT 0",
+        "ALTER TABLE kb_document ADD COLUMN note TEXT",
+        """CREATE TABLE kb_section (
+            doc_id   INTEGER NOT NULL REFERENCES kb_document(doc_id) ON DELETE CASCADE,
+            section  INTEGER NOT NULL,
+            page     INTEGER,
+            source   TEXT NOT NULL DEFAULT 'text',
+            context  TEXT,
+            text     TEXT NOT NULL,
+            PRIMARY KEY (doc_id, section)
+        )""",
+    )),
+    # v9: knowledge bases (every document in one; earlier documents in the default one, 1) and document versions
+    # (lineage_id = doc_id of version 1; active 1 = used by retrieval, 0 = old, 2 = becomes active when 就绪).
+    # UNIQUE(content_md5) becomes UNIQUE(kb_id, content_md5): the same file may sit in two knowledge bases.
+    # SQLite cannot drop a constraint, so kb_document is rebuilt there; the id sequence is carried over, so ids
+    # of documents deleted before the upgrade are never handed out again.
+    Migration(9, "knowledge bases, document versions", (
+        """CREATE TABLE kb_base (
+            kb_id       INTEGER PRIMARY KEY AUTOINCREMENT,
+            name        TEXT NOT NULL UNIQUE,
+            description TEXT NOT NULL DEFAULT '',
+            created_at  TEXT NOT NULL
+        )""",
+        f"INSERT INTO kb_base(kb_id, name, description, created_at) VALUES ({DEFAULT_KB_ID}, '{DEFAULT_KB_NAME}', '',"
+        " datetime('now', 'localtime'))",
+        """CREATE TABLE kb_document_new (
+            doc_id       INTEGER PRIMARY KEY AUTOINCREMENT,
+            kb_id        INTEGER NOT NULL DEFAULT 1 REFERENCES kb_base(kb_id),
+            file_name    TEXT NOT NULL,
+            file_type    TEXT NOT NULL,
+            file_size    INTEGER NOT NULL,
+            content_md5  TEXT NOT NULL,
+            chunk_count  INTEGER NOT NULL DEFAULT 0,
+            status       TEXT NOT NULL CHECK (status IN ('processing', 'ready', 'failed')),
+            fail_reason  TEXT,
+            created_at   TEXT NOT NULL,
+            stored_name  TEXT,
+            progress     TEXT,
+            note         TEXT,
+            version      INTEGER NOT NULL DEFAULT 1,
+            lineage_id   INTEGER,
+            active       INTEGER NOT NULL DEFAULT 1,
+            UNIQUE (kb_id, content_md5)
+        )""",
+        f"INSERT INTO kb_document_new({_KB_DOCUMENT_COLUMNS}, kb_id, version, lineage_id, active)"
+        f" SELECT {_KB_DOCUMENT_COLUMNS}, 1, 1, doc_id, 1 FROM kb_document",
+        "CREATE TEMP TABLE kb_document_seq AS SELECT seq FROM sqlite_sequence WHERE name = 'kb_document'",
+        "DROP TABLE kb_document",
+        "ALTER TABLE kb_document_new RENAME TO kb_document",
+        "UPDATE sqlite_sequence SET seq = MAX(seq, COALESCE((SELECT seq FROM kb_document_seq), 0))"
+        " WHERE name = 'kb_document'",
+        "DROP TABLE kb_document_seq",
+        "CREATE INDEX IF NOT EXISTS idx_doc_status ON kb_document(status)",
+        "CREATE INDEX idx_doc_kb ON kb_document(kb_id, active)",
+        "CREATE INDEX idx_doc_lineage ON kb_document(lineage_id)",
+    ), postgresql=(
+        """CREATE TABLE kb_base (
+            kb_id       BIGINT GENERATED BY DEFAULT AS IDENTITY PRIMARY KEY,
+            name        TEXT NOT NULL UNIQUE,
+            description TEXT NOT NULL DEFAULT '',
+            created_at  TEXT NOT NULL
+        )""",
+        f"INSERT INTO kb_base(kb_id, name, description, created_at) VALUES ({DEFAULT_KB_ID}, '{DEFAULT_KB_NAME}', '',"
+        " to_char(now(), 'YYYY-MM-DD HH24:MI:SS'))",
+        "SELECT setval(pg_get_serial_sequence('kb_base', 'kb_id'), (SELECT MAX(kb_id) FROM kb_base))",
+        "ALTER TABLE kb_document ADD COLUMN kb_id BIGINT NOT NULL DEFAULT 1 REFERENCES kb_base(kb_id)",
+        "ALTER TABLE kb_document ADD COLUMN version BIGINT NOT NULL DEFAULT 1",
+        "ALTER TABLE kb_document ADD COLUMN lineage_id BIGINT",
+        "ALTER TABLE kb_document ADD COLUMN active BIGINT NOT NULL DEFAULT 1",
+        "UPDATE kb_document SET lineage_id = doc_id",
+        "ALTER TABLE kb_document DROP CONSTRAINT IF EXISTS kb_document_content_md5_key",
+        "ALTER TABLE kb_document ADD CONSTRAINT kb_document_kb_md5_key UNIQUE (kb_id, content_md5)",
+        "CREATE INDEX idx_doc_kb ON kb_document(kb_id, active)",
+        "CREATE INDEX idx_doc_lineage ON kb_document(lineage_id)",
+    ), sqlite_foreign_keys_off=True),
+]
+
+
+def _check_order(migrations: list[Migration]) -> None:
+    versions = [m.version for m in migrations]
+    if versions != list(range(1, len(versions) + 1)):
+        raise RuntimeError(f"migrations must be numbered 1..n in order, got {versions}")
+
+
+def current_version(db) -> int:
+    with db.connect() as conn:
+        row = conn.execute("SELECT MAX(version) FROM schema_version").fetchone()
+    return int(row[0] or 0)
+
+
+def migrate(db, migrations: list[Migration] | None = None) -> list[int]:
+    """Apply the migrations not yet recorded; returns the versions applied now."""
     migrations = MIGRATIONS if migrations is None else migrations
-    done = set(applied(conn))
-    ran = []
-    for m in migrations:
-        if m.name in done:
-            continue
-        conn.execute("PRAGMA foreign_keys=OFF")  # no effect inside a transaction: set before BEGIN
-        try:
-            conn.execute("BEGIN IMMEDIATE")
+    _check_order(migrations)
+    if db.dialect == "sqlite" and any(m.sqlite_foreign_keys_off for m in migrations):
+        with db.connect() as conn:
+            done = _applied_versions(conn)
+        if any(m.sqlite_foreign_keys_off and m.version not in done for m in migrations):
+            with db.connect() as conn:
+                conn.execute("PRAGMA foreign_keys=OFF")  # before the transaction: no effect inside one
             try:
-                if conn.execute("SELECT 1 FROM schema_version WHERE name = ?", (m.name,)).fetchone():
-                    conn.execute("COMMIT")  # another process opening the same dir applied it meanwhile
-                    continue
-                m.apply(conn)
-                bad = conn.execute("PRAGMA foreign_key_check").fetchall()
-                if bad:
-                    raise RuntimeError(f"migration {m.name} broke {len(bad)} foreign keys")
-                conn.execute("INSERT INTO schema_version(name, applied_at) VALUES (?, ?)",
-                             (m.name, datetime.now().isoformat(sep=" ", timespec="seconds")))
-            except BaseException:
-                conn.execute("ROLLBACK")
-                raise
-            conn.execute("COMMIT")
-        finally:
-            conn.execute("PRAGMA foreign_keys=ON")
-        log.info("schema migration %s applied", m.name)
-        ran.append(m.name)
-    return ran
+                return _migrate(db, migrations, check_foreign_keys=True)
+            finally:
+                with db.connect() as conn:
+                    conn.execute("PRAGMA foreign_keys=ON")
+    return _migrate(db, migrations)
+
+
+def _applied_versions(conn) -> set[int]:
+    conn.execute("CREATE TABLE IF NOT EXISTS schema_version (version INTEGER PRIMARY KEY, name TEXT NOT NULL,"
+                 " applied_at TEXT NOT NULL)")
+    return {r[0] for r in conn.execute("SELECT version FROM schema_version")}
+
+
+def _migrate(db, migrations: list[Migration], check_foreign_keys: bool = False) -> list[int]:
+    applied: list[int] = []
+    with db.transaction() as conn:
+        if db.dialect == "postgresql":
+            conn.execute("SELECT pg_advisory_xact_lock(?)", (_ADVISORY_KEY,))
+        conn.execute("CREATE TABLE IF NOT EXISTS schema_version (version INTEGER PRIMARY KEY, name TEXT NOT NULL,"
+                     " applied_at TEXT NOT NULL)")
+        done = {r[0] for r in conn.execute("SELECT version FROM schema_version")}
+        newest = max(done, default=0)
+        if newest > len(migrations):
+            raise RuntimeError(f"数据库结构版本 {newest} 比本程序支持的 {len(migrations)} 新，请升级程序")
+        for m in migrations:
+            if m.version in done:
+                continue
+            for stmt in m.for_dialect(db.dialect):
+                conn.execute(stmt)
+            conn.execute("INSERT INTO schema_version(version, name, applied_at) VALUES (?, ?, ?)",
+                         (m.version, m.name, datetime.now(UTC).isoformat(timespec="seconds")))
+            applied.append(m.version)
+            log.info("schema migration %d applied: %s", m.version, m.name)
+        if check_foreign_keys:
+            bad = conn.execute("PRAGMA foreign_key_check").fetchall()
+            if bad:
+                raise RuntimeError(f"schema migration left {len(bad)} broken foreign keys: {bad[:5]}")
+    return applied

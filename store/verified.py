@@ -1,4 +1,4 @@
-"""Verified Q&A entries (`verified_qa`): an admin's checked answer to a question, with the chunks it was
+"""Verified Q&A entries (`verified_qa`, migration 7): an admin's checked answer to a question, with the chunks it was
 based on. Each entry is indexed as a small document of its own (kb_document.file_type = 'qa', one chunk), so
 `doc_id` links it to retrieval; deleting that document deletes the entry (ON DELETE CASCADE)."""
 from __future__ import annotations
@@ -8,24 +8,10 @@ from datetime import datetime
 
 from .db import Database, row_with_json
 
-SCHEMA = """
-CREATE TABLE IF NOT EXISTS verified_qa (
-    qa_id       INTEGER PRIMARY KEY AUTOINCREMENT,
-    doc_id      INTEGER NOT NULL UNIQUE REFERENCES kb_document(doc_id) ON DELETE CASCADE,
-    question    TEXT NOT NULL,
-    answer      TEXT NOT NULL,
-    cited       TEXT NOT NULL DEFAULT '[]',
-    turn_id     INTEGER,
-    created_by  TEXT NOT NULL DEFAULT '',
-    created_at  TEXT NOT NULL
-);
-"""
-
 
 class VerifiedQAStore:
     def __init__(self, db: Database):
         self.db = db
-        db.ensure(SCHEMA)
 
     def add(self, doc_id: int, question: str, answer: str, cited: list, turn_id: int | None, user: str) -> dict:
         with self.db.transaction() as conn:

@@ -55,7 +55,7 @@ def test_release_data_dir_opens_in_the_default_kb(old_dir):
     e = Engine(data)
     try:
         c = e.components
-        assert c.db.migrated == [m.name for m in MIGRATIONS]
+        assert c.db.applied_migrations == [m.version for m in MIGRATIONS]
         kbs = e.list_kbs()
         assert [(k["kb_id"], k["name"], k["docs"]) for k in kbs] == [(1, "默认知识库", len(exp["docs"]))]
         got = [{k: d[k] for k in ("doc_id", "file_name", "content_md5", "chunk_count", "status", "stored_name")}
@@ -98,7 +98,7 @@ def test_release_data_dir_opens_in_the_default_kb(old_dir):
     # opening again applies nothing more and keeps everything
     e = Engine(data)
     try:
-        assert e.components.db.migrated == []
+        assert e.components.db.applied_migrations == []
         assert len(e.list_kbs()) == 2
     finally:
         e.close()

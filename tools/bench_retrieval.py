@@ -1,6 +1,7 @@
 """Retrieval benchmark at scale (default 50,000 chunks) on this machine.
 
     python -m tools.bench_retrieval [--chunks 50000] [--base 1000] [--queries 200] [--reranker DIR]
+                                    [--chroma-url http://127.0.0.1:8000/db [--database-url postgresql://…]]
 
 Embedding 50k chunks would take over an hour on 2 cores, so the corpus is built from `--base` real chunks
 (CMRC 2018 contexts + CRUD-RAG news, chunked by our chunker, embedded by the engine's model) and replicated
@@ -11,6 +12,9 @@ Prints: BM25 rebuild from stored tokens vs re-tokenizing the corpus with jieba; 
 stage (embed, bm25, vector, fusion, rerank) for the convex fusion and the SRS's RRF in the same run, on the same
 questions; and the serving state's RSS component by component, measured in a fresh process over the built
 data dir (the build process's own peak is printed separately: it is the benchmark's, not the app's).
+With `--chroma-url` the same chunks, vectors and questions also go into a second engine on that Chroma server (and
+on `--database-url`'s PostgreSQL when given, else SQLite) and both configurations are measured in the same run,
+alternating question by question (default settings).
 """
 from __future__ import annotations
 
@@ -55,6 +59,81 @@ def pct(xs, p):
     return round(float(np.percentile(xs, p)), 1) if xs else None
 
 
+def _replicas(base, base_emb, base_tok, n: int, rng):
+    """(tokens, vector, text) of n chunks built from the base chunks (see module docstring)."""
+    dim = base_emb.shape[1]
+    for k in range(n):
+        b = k % len(base)
+        marker = f"副本{k}"
+        v = base_emb[b] + rng.normal(0, 0.02, dim).astype(np.float32)
+        yield base_tok[b] + [marker], v / np.linalg.norm(v), f"{base[b]}（{marker}）"
+
+
+def _fill(engine, corpus, per_doc: int = 500) -> float:
+    """Insert the corpus as 就绪 documents of `per_doc` chunks (SQL rows, stored tokens, vectors); seconds."""
+    from store.documents import ChunkRow
+
+    c = engine.components
+    c.vectors.claim_model(c.models.embedding.model_id, c.models.embedding.dim)
+    t0 = time.perf_counter()
+    for d, start in enumerate(range(0, len(corpus), per_doc)):
+        part = corpus[start:start + per_doc]
+        doc = c.docs.create(f"bench-{d}.txt", "txt", 0, f"{d:032x}", f"{d:032x}.txt")
+        rows = [ChunkRow(doc["doc_id"], j, text, None, 0, len(text), "text", toks)
+                for j, (toks, _, text) in enumerate(part)]
+        ids = c.docs.replace_chunks(doc["doc_id"], rows)
+        c.vectors.add(ids, [v for _, v, _ in part], [t for _, _, t in part], doc["doc_id"], doc["file_name"])
+        c.docs.mark_ready(doc["doc_id"], len(rows))
+        print(f"\r  inserted {start + len(part)}/{len(corpus)}", end="", file=sys.stderr, flush=True)
+    print(file=sys.stderr)
+    return round(time.perf_counter() - t0, 1)
+
+
+def _compare_server(embedded, corpus, args, tmp: Path) -> dict:
+    """The same corpus in an engine on the Chroma server (+ PostgreSQL); both measured question by question."""
+    from pipeline.deployment import Deployment
+    from pipeline.engine import Engine
+
+    dep = Deployment(database_url=args.database_url, chroma_url=args.chroma_url, files_dir=tmp / "server-files")
+    server = Engine(tmp / "server-data", deployment=dep)
+    try:
+        if args.reranker:
+            server.update_settings({"reranker_model_path": args.reranker})
+            server.reload()
+        if server.components.vectors.count() or server.components.docs.counts()["docs"]:
+            raise SystemExit("the server databases must start empty (use a fresh Chroma database path / PG db)")
+        insert_s = _fill(server, corpus)
+        s = server.settings
+        server.components.bm25.rebuild(s.bm25_k1, s.bm25_b, persist=False)
+        keys = ("vector", "bm25", "retrieval_no_rerank")
+        got: dict[str, dict[str, list[float]]] = {"embedded": {k: [] for k in keys}, "server": {k: [] for k in keys}}
+        qs = _questions(args.queries)
+        for eng in (embedded, server):
+            eng.components.retrieval.retrieve(qs[0], eng.settings)  # warm-up
+        for q in qs:  # alternate, so background load hits both configurations alike
+            for name, eng in (("embedded", embedded), ("server", server)):
+                r = eng.components.retrieval.retrieve(q, eng.settings)
+                got[name]["vector"].append(r.ms.get("vector", 0.0))
+                got[name]["bm25"].append(r.ms.get("bm25", 0.0))
+                got[name]["retrieval_no_rerank"].append(sum(r.ms.get(k, 0.0)
+                                                            for k in ("embed", "bm25", "vector", "fusion")))
+        label = f"Chroma server{' + PostgreSQL' if args.database_url else ' + SQLite'}"
+        return {"label": label, "insert_s": insert_s,
+                **{n: {k: {"p50": pct(v, 50), "p95": pct(v, 95)} for k, v in d.items()} for n, d in got.items()}}
+    finally:
+        server.close()
+
+
+def print_server(report: dict) -> None:
+    srv = report["server"]
+    print(f"\nSame run, same {report['chunks']} chunks and questions, alternating: embedded vs {srv['label']}")
+    print("| route | embedded p50 ms | server p50 ms | embedded p95 ms | server p95 ms |\n|---|---|---|---|---|")
+    for k in ("vector", "bm25", "retrieval_no_rerank"):
+        e, v = srv["embedded"][k], srv["server"][k]
+        print(f"| {k} | {e['p50']} | {v['p50']} | {e['p95']} | {v['p95']} |")
+    print(f"- insert of {report['chunks']} chunks into the server configuration: {srv['insert_s']} s")
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(prog="python -m tools.bench_retrieval", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -62,6 +141,8 @@ def main(argv=None) -> int:
     ap.add_argument("--base", type=int, default=1000, help="real chunks embedded by the model")
     ap.add_argument("--queries", type=int, default=200)
     ap.add_argument("--reranker", default=None, help="cross-encoder directory (rerank stage timing)")
+    ap.add_argument("--chroma-url", default=None, help="also measure on this Chroma server (http://host:port/db)")
+    ap.add_argument("--database-url", default=None, help="with --chroma-url: metadata on this PostgreSQL")
     ap.add_argument("--json", default=None)
     ap.add_argument("--serve", default=None, help=argparse.SUPPRESS)  # internal: measure a built data dir
     args = ap.parse_args(argv)
@@ -70,7 +151,6 @@ def main(argv=None) -> int:
         return 0
 
     from pipeline.engine import Engine
-    from store.documents import ChunkRow
 
     report: dict = {"chunks": args.chunks, "base_chunks": args.base}
     with tempfile.TemporaryDirectory(prefix="kbqa-bench-") as tmp:
@@ -84,33 +164,9 @@ def main(argv=None) -> int:
         report["embed_base_s"] = round(time.perf_counter() - t0, 1)
         base_tok = [engine.components.tokenizer(t) for t in base]
         rng = np.random.default_rng(7)
-        model_id, dim = engine.components.models.embedding.model_id, engine.components.models.embedding.dim
-        engine.components.vectors.claim_model(model_id, dim)
-
-        per_doc = 500
-        n_docs = (args.chunks + per_doc - 1) // per_doc
-        t_ins = time.perf_counter()
-        made = 0
-        all_texts: list[str] = []
-        for d in range(n_docs):
-            doc = engine.components.docs.create(f"bench-{d}.txt", "txt", 0, f"{d:032x}", f"{d:032x}.txt")
-            rows, embs, texts = [], [], []
-            for j in range(min(per_doc, args.chunks - made)):
-                b = (made + j) % len(base)
-                marker = f"副本{made + j}"
-                text = f"{base[b]}（{marker}）"
-                rows.append(ChunkRow(doc["doc_id"], j, text, None, 0, len(text), "text", base_tok[b] + [marker]))
-                v = base_emb[b] + rng.normal(0, 0.02, dim).astype(np.float32)
-                embs.append(v / np.linalg.norm(v))
-                texts.append(text)
-            ids = engine.components.docs.replace_chunks(doc["doc_id"], rows)
-            engine.components.vectors.add(ids, embs, texts, doc["doc_id"], doc["file_name"])
-            engine.components.docs.mark_ready(doc["doc_id"], len(rows))
-            all_texts.extend(texts)
-            made += len(rows)
-            print(f"\r  inserted {made}/{args.chunks}", end="", file=sys.stderr, flush=True)
-        print(file=sys.stderr)
-        report["insert_s"] = round(time.perf_counter() - t_ins, 1)
+        corpus = list(_replicas(base, base_emb, base_tok, args.chunks, rng))
+        all_texts = [text for _, _, text in corpus]
+        report["insert_s"] = _fill(engine, corpus)
 
         s = engine.settings
         t0 = time.perf_counter()
@@ -124,6 +180,9 @@ def main(argv=None) -> int:
             / max(report["bm25_rebuild_from_tokens_s"], 1e-9), 1)
         del retok, all_texts
         report["build_peak_rss_mb"] = round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024)
+        if args.chroma_url:
+            report["server"] = _compare_server(engine, corpus, args, Path(tmp))
+        del corpus
         engine.close()
         # The serving state is measured in a fresh process over the built data dir: this one carries the
         # benchmark's own build-time allocations (50k texts, token lists, Chroma insert buffers).
@@ -142,6 +201,8 @@ def main(argv=None) -> int:
     print_serving(report)
     print(f"- Chroma insert of {args.chunks} vectors: {report['insert_s']} s "
           f"(build process peak {report['build_peak_rss_mb']} MB, not the serving state)")
+    if "server" in report:
+        print_server(report)
     if args.json:
         Path(args.json).write_text(json.dumps(report, ensure_ascii=False, indent=2))
     return 0

@@ -1,8 +1,9 @@
 """全量重建: re-process every document (every version) of all knowledge bases, or of one, with the current chunk
 settings and embedding model, in a thread.
 
-Uploads and deletes are refused while it runs (Engine asks `running`). Vectors of another model are dropped
-first — two models' vectors are never mixed, so that case needs the rebuild of all knowledge bases.
+Uploads and deletes are refused while it runs — in every app process sharing the database: the rebuild holds
+the named lease `kb_rebuild` (store/leases.py) and the others ask `running_elsewhere`. Vectors of another model
+are dropped first — two models' vectors are never mixed, so that case needs the rebuild of all knowledge bases.
 """
 from __future__ import annotations
 
@@ -14,8 +15,11 @@ from collections.abc import Callable
 from pipeline.components import Components
 from pipeline.errors import CODE_ENGINE, EngineError
 from pipeline.settings import Settings
+from store.shared_state import KB_GENERATION
 
 log = logging.getLogger(__name__)
+
+LEASE = "kb_rebuild"
 
 
 class Rebuild:
@@ -42,6 +46,21 @@ class Rebuild:
         st.pop("current_id", None)
         return st
 
+    @property
+    def _lease_s(self) -> float:
+        return self._c.deployment.ingest_lease_s
+
+    def running_elsewhere(self) -> bool:
+        """Another app process on the same database is rebuilding."""
+        holder = self._c.leases.holder(LEASE)
+        return holder is not None and holder != self._c.ingest.owner
+
+    def _keep_lease(self) -> None:
+        while self.running:
+            time.sleep(self._lease_s / 3)
+            if self.running:
+                self._c.leases.renew(LEASE, self._c.ingest.owner, self._lease_s)
+
     def start(self, require_ready: Callable[[], None] = lambda: None, kb_id: int | None = None) -> dict:
         """Rebuild all knowledge bases (kb_id None) or one."""
         with self._lock:
@@ -52,6 +71,8 @@ class Rebuild:
                 kb_id = self._c.kbs.check(kb_id)
                 if self._c.models.model_warning:
                     raise EngineError(CODE_ENGINE, "更换了 Embedding 模型：需要重建全部知识库（不指定 kb_id）")
+            if not self._c.leases.acquire(LEASE, self._c.ingest.owner, self._lease_s):
+                raise EngineError(CODE_ENGINE, "全量重建已在另一个服务进程中进行")
             docs = self._c.docs.all_docs(kb_id)
             self._status = {"running": True, "done": 0, "total": len(docs), "current": "", "error": None,
                             "elapsed_ms": None, "eta_s": None, "kb_id": kb_id}
@@ -67,6 +88,7 @@ class Rebuild:
     def _run(self, docs: list[dict], kb_id: int | None) -> None:
         c, st = self._c, self._status
         t0 = time.perf_counter()
+        threading.Thread(target=self._keep_lease, name="kb-rebuild-lease", daemon=True).start()
         try:
             c.ingest.wait_idle()
             if c.models.model_warning:
@@ -74,6 +96,7 @@ class Rebuild:
                     for kb in c.kbs.all():
                         kb.vectors.reset()  # vectors of another model: start over, never mix
                 c.models.model_warning = None
+                c.state.bump(KB_GENERATION)  # other processes re-open the new collection
             # ETA from the bytes done so far: documents differ in size far more than in count
             total_bytes = sum(int(d.get("file_size") or 0) for d in docs) or 1
             done_bytes = 0
@@ -101,4 +124,5 @@ class Rebuild:
                 c.ingest.progress.finish(doc["doc_id"])
             st["running"] = False
             st["current"], st["current_id"], st["eta_s"] = "", None, None
+            c.leases.release(LEASE, c.ingest.owner)
             st["elapsed_ms"] = round((time.perf_counter() - t0) * 1000)
