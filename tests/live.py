@@ -54,12 +54,12 @@ class LiveApp:
             self.engine.close()
 
 
-def live_with_doc(tmp_path_factory, name: str, policy: AccessPolicy | None = None):
+def live_with_doc(tmp_path_factory, name: str, policy: AccessPolicy | None = None, deployment=None):
     """For a module fixture (`yield from`): the app over a fresh engine holding the one-document KB of
-    tests/test_ui_chat.py; the engine closes with it."""
+    tests/test_ui_chat.py; the engine closes with it. `deployment`: where its state lives (None: embedded)."""
     from tests.test_ui_chat import make_engine
 
-    app = LiveApp(make_engine(tmp_path_factory.mktemp(name)), policy)
+    app = LiveApp(make_engine(tmp_path_factory.mktemp(name), deployment=deployment), policy)
     try:
         yield app
     finally:
