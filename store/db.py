@@ -1,4 +1,4 @@
-"""SQLite connection and schema (SRS §8): settings, documents, chunks.
+"""SQLite connection and schema (SRS §8): settings, documents, chunks (+ the gate's background statistics).
 
 One `Database` per data dir. Connections are per thread (sqlite3 objects must not cross threads); WAL mode lets
 the ingest worker write while the UI reads.
@@ -39,6 +39,12 @@ CREATE TABLE IF NOT EXISTS kb_chunk (
     char_end     INTEGER,
     source       TEXT NOT NULL DEFAULT 'text',
     tokens       TEXT NOT NULL DEFAULT ''
+);
+CREATE TABLE IF NOT EXISTS kb_gate_background (
+    id           INTEGER PRIMARY KEY CHECK (id = 1),
+    fingerprint  TEXT NOT NULL,
+    stats        TEXT NOT NULL,
+    updated_at   TEXT NOT NULL
 );
 CREATE INDEX IF NOT EXISTS idx_chunk_doc ON kb_chunk(doc_id, chunk_index);
 CREATE INDEX IF NOT EXISTS idx_doc_status ON kb_document(status);
