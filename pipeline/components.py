@@ -16,9 +16,13 @@ from typing import Any
 
 from llama_index.core import Settings as LISettings
 
+from pipeline.generation.extractive import ExtractivePicker
+from pipeline.generation.support import SupportChecker
 from pipeline.ingestion.service import IngestService
 from pipeline.models.paths import resolve_model_dir
 from pipeline.retrieval.bm25 import BM25Index
+from pipeline.retrieval.gate_background import GateBackground
+from pipeline.retrieval.lexical import weights_for
 from pipeline.retrieval.rerank import CrossEncoder, load_cross_encoder
 from pipeline.retrieval.service import RetrievalService
 from pipeline.settings import Settings
@@ -27,6 +31,7 @@ from store.config_store import ConfigStore
 from store.db import Database
 from store.documents import DocumentStore
 from store.files import FileStore
+from store.gate_stats import GateStatsStore
 from store.vectors import VectorStore
 
 log = logging.getLogger(__name__)
@@ -57,10 +62,17 @@ class Components:
     tokenizer: ChineseTokenizer
     bm25: BM25Index
     ingest: IngestService
+    gate_stats: GateStatsStore | None = None
     models: Models | None = None
     retrieval: RetrievalService | None = None
+    # built with the embedding model by load_models: the gate's background, extractive picker, support check
+    gate_background: GateBackground | None = None
+    picker: ExtractivePicker | None = None
+    support: SupportChecker | None = None
 
     def close(self) -> None:
+        if self.gate_background is not None:
+            self.gate_background.cancel()
         self.ingest.stop()
         self.db.close()
 
@@ -92,7 +104,8 @@ def build_components(data_dir: Path | str, *, project_root: Path | None = None, 
     ingest = IngestService(docs, vectors, files, tokenizer, settings, embed_model, model_ident,
                            on_change=on_ingested, busy_reason=busy_reason)
     comps = Components(data_dir, project_root, Path(models_dir or project_root / "models"), db, ConfigStore(db),
-                       docs, files, vectors, tokenizer, BM25Index(data_dir / "bm25", docs.iter_ready_tokens), ingest)
+                       docs, files, vectors, tokenizer, BM25Index(data_dir / "bm25", docs.iter_ready_tokens), ingest,
+                       GateStatsStore(db))
     return comps
 
 
@@ -108,8 +121,21 @@ def load_models(c: Components, s: Settings) -> Models:
     c.models = models
     c.retrieval = RetrievalService(
         c.docs, c.vectors, c.bm25, c.tokenizer, emb.embed_model, models.cross_encoder,
-        pending_vectors=c.docs.pending_chunk_count, vector_enabled=lambda: models.model_warning is None)
+        pending_vectors=c.docs.pending_chunk_count, vector_enabled=lambda: models.model_warning is None,
+        background=lambda: c.gate_background.current())
+    # Probes are scored with the settings of this load (recall size / fusion barely move their best cosine).
+    c.gate_background = GateBackground(c.gate_stats, lambda: emb.model_id, lambda q: c.retrieval.measure_gate(q, s),
+                                       lambda: c.bm25.snapshot)
+    weights = lambda: weights_for(c.bm25.snapshot.bm25)  # noqa: E731 — the live IDF table, read per question
+    c.picker = ExtractivePicker(c.tokenizer, emb.embed_model, weights)
+    c.support = SupportChecker(emb.embed_model, c.tokenizer, weights, source_vectors=lambda nodes: _stored(c, nodes))
     return models
+
+
+def _stored(c: Components, nodes) -> list | None:
+    """The stored vectors of the source nodes, in order (None for a node without one)."""
+    by_id = c.vectors.embeddings_of([int(n.node.node_id) for n in nodes])
+    return [by_id.get(int(n.node.node_id)) for n in nodes]
 
 
 def _load_cross_encoder(c: Components, s: Settings) -> CrossEncoder | None:

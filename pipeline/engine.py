@@ -57,7 +57,7 @@ class Engine:
         self.retrieval_calls = 0
         self.last_reload_ms: float | None = None
         self._recent = RecentRetrievals()
-        self._rebuild = Rebuild(c, lambda: self._settings, on_done=self._recent.clear)
+        self._rebuild = Rebuild(c, lambda: self._settings, on_done=self._after_rebuild)
         self._lock = threading.RLock()
         if load_async:
             threading.Thread(target=self._load_guarded, name="engine-load", daemon=True).start()
@@ -205,6 +205,16 @@ class Engine:
 
     def _after_ingest(self) -> None:
         self.components.bm25.rebuild(self._settings.bm25_k1, self._settings.bm25_b)
+        self._refresh_gate_background()
+
+    def _after_rebuild(self) -> None:
+        self._recent.clear()
+        self._refresh_gate_background()
+
+    def _refresh_gate_background(self) -> None:
+        """The knowledge base changed: score the gate's probe questions against it now, not at the next question."""
+        if self.state == "ready" and self.components.gate_background is not None:
+            self.components.gate_background.refresh_soon()
 
     def _busy_reason(self) -> str | None:
         if self._rebuild.running:
@@ -352,13 +362,16 @@ class Engine:
         yield ev.stage("generate")
         llm = c.models.llm
         try:
-            result = yield from stream_answer(question, res.final, llm, s.llm_temperature, tokenizer=c.tokenizer)
+            result = yield from stream_answer(question, res.final, llm, s.llm_temperature, tokenizer=c.tokenizer,
+                                              picker=c.picker, query_embedding=res.query_embedding)
         except LLMError as exc:
             yield ev.error(CODE_LLM, exc.msg)
             return
-        yield ev.sources(ev.source_list(res, result.cited))
+        # LLM answers: is each [n] backed by source n? (extractive sentences are quotes of their source)
+        support = c.support.check(result.text, res.final) if llm is not None and c.support else None
+        yield ev.sources(ev.source_list(res, result.cited, support))
         yield ev.done((time.perf_counter() - t0) * 1000, no_answer=False,
-                      mode="llm" if llm is not None else "extractive")
+                      mode="llm" if llm is not None else "extractive", weak=res.weak, support=support)
 
     def ask_sync(self, question: str, retry: bool = False) -> dict:
         """The synchronous form over the same stream: {answer, sources, elapsed_ms} or EngineError."""
@@ -366,6 +379,8 @@ class Engine:
         sources: list = []
         elapsed = None
         trace = None
+        weak = False
+        support = None
         for e in self.ask(question, retry=retry):
             if e.type is ev.EventType.DELTA:
                 parts.append(e.data["text"])
@@ -375,9 +390,14 @@ class Engine:
                 trace = e.data
             elif e.type is ev.EventType.DONE:
                 elapsed = e.data["elapsed_ms"]
+                weak = bool(e.data.get("weak"))
+                support = e.data.get("support")
+                if trace is not None and "support_summary" in e.data:  # 检索过程 counts unsupported citations
+                    trace = {**trace, "support": e.data["support_summary"]}
             elif e.type is ev.EventType.ERROR:
                 raise EngineError(e.data["code"], e.data["msg"])
-        return {"answer": "".join(parts), "sources": sources, "elapsed_ms": elapsed, "trace": trace}
+        return {"answer": "".join(parts), "sources": sources, "elapsed_ms": elapsed, "trace": trace, "weak": weak,
+                "support": support}
 
     def close(self) -> None:
         self.components.close()

@@ -82,6 +82,17 @@ class GateInfo(TypedDict):
     hit: bool
     max_similarity: float | None
     min_similarity: float
+    # the adaptive gate (pipeline/retrieval/gate.py GateDecision.trace)
+    outcome: NotRequired[Literal["answer", "weak", "refuse"]]
+    weak: NotRequired[bool]
+    reason: NotRequired[str]
+    similarity_z: NotRequired[float | None]
+    background_median: NotRequired[float | None]
+    coverage: NotRequired[float]
+    phrase_coverage: NotRequired[float]
+    agreement: NotRequired[float]
+    score: NotRequired[float | None]
+    confidence: NotRequired[float | None]
 
 
 class TracePayload(TypedDict):
@@ -110,16 +121,26 @@ class Source(TypedDict):
     similarity: float | None
     rerank_score: float | None
     cited: bool
+    # citation support check of LLM answers (pipeline/generation/support.py); None when not cited / not checked
+    support: NotRequired[dict | None]
 
 
 class SourcesPayload(TypedDict):
     sources: list[Source]
 
 
+class SupportSummary(TypedDict):
+    checked: int       # citations checked
+    unsupported: int   # of those, not backed by their source
+
+
 class DonePayload(TypedDict):
     elapsed_ms: int
     no_answer: bool
     mode: NotRequired[Literal["llm", "extractive"]]
+    weak: NotRequired[bool]                    # answered with the 「资料相关度较低，请核对原文」 banner
+    support: NotRequired[list[dict]]           # per answer sentence: text, cited, scores, supported, unsupported
+    support_summary: NotRequired[SupportSummary]
 
 
 class ErrorPayload(TypedDict):
@@ -159,10 +180,15 @@ def error(code: int, msg: str) -> Event:
     return Event(EventType.ERROR, ErrorPayload(code=code, msg=msg))
 
 
-def done(elapsed_ms: float, no_answer: bool, mode: str | None = None) -> Event:
-    payload = DonePayload(elapsed_ms=round(elapsed_ms), no_answer=no_answer)
+def done(elapsed_ms: float, no_answer: bool, mode: str | None = None, *, weak: bool = False,
+         support: Any = None) -> Event:
+    """`support`: a pipeline.generation.support.SupportReport (LLM answers), or None."""
+    payload = DonePayload(elapsed_ms=round(elapsed_ms), no_answer=no_answer, weak=weak)
     if mode is not None:
         payload["mode"] = mode  # type: ignore[typeddict-item]
+    if support is not None:
+        payload["support"] = [s.to_dict() for s in support.sentences]
+        payload["support_summary"] = SupportSummary(**support.summary())
     return Event(EventType.DONE, payload)
 
 
@@ -193,7 +219,8 @@ def trace_payload(res: "RetrievalResult") -> TracePayload:
                 for i, n in enumerate(res.final, 1)],
         rerank_status=res.rerank_status,
         fusion={"bm25_weight": _r(res.bm25_weight, 3)},
-        gate=GateInfo(hit=res.hit, max_similarity=_r(res.max_similarity), min_similarity=res.min_similarity),
+        gate=(GateInfo(**res.gate.trace()) if res.gate is not None  # type: ignore[typeddict-item]
+              else GateInfo(hit=res.hit, max_similarity=_r(res.max_similarity), min_similarity=res.min_similarity)),
         ms={k: round(v, 1) for k, v in res.ms.items()},
     )
 
@@ -202,8 +229,10 @@ def trace(res: "RetrievalResult") -> Event:
     return Event(EventType.TRACE, trace_payload(res))
 
 
-def source_list(res: "RetrievalResult", cited: set[int] | frozenset[int] = frozenset()) -> list[Source]:
-    """The final nodes as numbered sources (`no` = the [n] the answer cites)."""
+def source_list(res: "RetrievalResult", cited: set[int] | frozenset[int] = frozenset(),
+                support: Any = None) -> list[Source]:
+    """The final nodes as numbered sources (`no` = the [n] the answer cites); `support`: a SupportReport."""
+    per_source = support.per_source() if support is not None else {}
     out: list[Source] = []
     for i, n in enumerate(res.final, start=1):
         m = n.node.metadata
@@ -211,6 +240,8 @@ def source_list(res: "RetrievalResult", cited: set[int] | frozenset[int] = froze
                           page=m.get("page"), source=m.get("source", "text"), text=node_text(n),
                           similarity=_r(m.get("similarity_full")), rerank_score=_r(m.get("rerank_score")),
                           cited=i in cited))
+        if support is not None:
+            out[-1]["support"] = per_source.get(i)
     return out
 
 

@@ -88,6 +88,11 @@ class VectorStore:
         for i in range(0, len(ids), 1000):
             self.collection.delete(ids=ids[i:i + 1000])
 
+    def embeddings_of(self, chunk_ids: Sequence[int]) -> dict[int, list[float]]:
+        """Stored vectors by chunk id (ids without a vector are absent)."""
+        got = self.collection.get(ids=[str(c) for c in chunk_ids], include=["embeddings"])
+        return {int(i): list(e) for i, e in zip(got["ids"], got["embeddings"])}
+
     def all_ids(self) -> set[int]:
         out: set[int] = set()
         offset = 0

@@ -61,8 +61,9 @@ def dump_set(name: str, root: Path, out: Path, per_set: int) -> None:
 
         engine, key_to_doc = open_copy(root, ds, Path(tmp) / name)
         k = engine.settings.final_top_k
-        picker = ExtractivePicker(engine.components.tokenizer, engine.components.embedding.embed_model,
-                                  lambda: weights_for(engine.bm25_index.snapshot.bm25), prefilter=10**6)
+        engine.wait_idle()
+        picker = ExtractivePicker(engine.components.tokenizer, engine.components.models.embedding.embed_model,
+                                  lambda: weights_for(engine.components.bm25.snapshot.bm25), prefilter=10**6)
         with open(out / f"{name}.jsonl.tmp", "w", encoding="utf-8") as f:
             for kind, questions in (("answerable", sample), ("gold_removed", removed)):
                 for q in questions:
@@ -74,7 +75,7 @@ def dump_set(name: str, root: Path, out: Path, per_set: int) -> None:
                     top1 = bool(final) and holds_answer(final[0].node.get_content(), q.answers, sp)
                     f.write(json.dumps({
                         "set": name, "kind": kind, "q": q.text, "top1": top1, "n_sources": len(final),
-                        "cands": [{"source": c.source, "position": c.piece.position, "coverage": round(c.coverage, 4),
+                        "cands": [{"text": c.piece.text, "punct": c.piece.punct, "source": c.source, "position": c.piece.position, "coverage": round(c.coverage, 4),
                                    "phrase": round(c.phrase, 4), "cosine": round(c.cosine, 5),
                                    "has_answer": holds_answer(c.piece.text, q.answers, sp)} for c in cands],
                     }, ensure_ascii=False) + "\n")

@@ -38,11 +38,10 @@ def _fuse(engine, bm25, vector):
 
 def features_for(engine, question: str, exclude=None) -> tuple[dict, list[NodeWithScore]]:
     """Gate features of one question; `exclude(node) -> bool` drops results (gold removal)."""
-    from pipeline.retrieval.gate_features import measure
-    from pipeline.retrieval.lexical import weights_for
+    from pipeline.retrieval.fusion import FusionOutput
 
     s = engine.settings
-    _, fusion, _ = engine.retrieval.recall(question, s, recall=DEEP_RECALL if exclude else None)
+    _, fusion, _ = engine.components.retrieval.recall(question, s, recall=DEEP_RECALL if exclude else None)
     bm25, vector = fusion.bm25, fusion.vector
     if exclude:
         bm25 = [n for n in bm25 if not exclude(n)][: s.recall_size]
@@ -50,8 +49,7 @@ def features_for(engine, question: str, exclude=None) -> tuple[dict, list[NodeWi
         fused = _fuse(engine, bm25, vector)
     else:
         fused = fusion.fused
-    weights = weights_for(engine.bm25_index.snapshot.bm25)
-    f = measure(engine.tokenizer(question), engine.tokenizer.segments(question), weights, bm25, vector, fused)
+    f = engine.components.retrieval.gate_features(question, FusionOutput(bm25=bm25, vector=vector, fused=fused))
     return f.to_dict(), fused
 
 
@@ -92,7 +90,7 @@ def dump_set(name: str, cache: Path, out: Path, per_set: int, questions_of: dict
     t0 = time.perf_counter()
     with tempfile.TemporaryDirectory(prefix="kbqa-gate-") as tmp:
         engine, key_to_doc = open_copy(cache, DEV_SETS[name], Path(tmp) / name)
-        engine.ingest.wait_idle()
+        engine.wait_idle()
         with open(out / f"{name}.jsonl.tmp", "w", encoding="utf-8") as f:
             def write(kind, qset, text, feats, **extra):
                 f.write(json.dumps({"kb": name, "kind": kind, "qset": qset, "q": text, "f": feats, **extra},

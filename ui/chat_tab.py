@@ -23,7 +23,7 @@ from pipeline.errors import CODE_ENGINE, CODE_LLM
 
 from . import history as hist
 from .guard import request_user
-from .render import answer_markdown, render_sources, render_stage, render_trace
+from .render import answer_markdown, render_sources, render_stage, render_trace, trace_marks
 
 log = logging.getLogger(__name__)
 
@@ -116,15 +116,15 @@ def build_chat_tab(engine, policy: AccessPolicy | None = None) -> ChatTab:
                 if e.type == "stage":
                     yield (skip, render_stage(e.data.get("phase")), skip, skip, skip, skip, skip, skip, skip, skip)
                 elif e.type == "trace":
-                    trace_data = e.data
+                    trace_data = dict(e.data)
                     yield (skip, skip, skip, render_trace(trace_data), skip, skip, skip, skip, skip, skip)
                 elif e.type == "delta":
                     answer += e.data.get("text", "")
                     now = time.monotonic()
                     if now - last >= STREAM_MIN_INTERVAL:
                         last = now
-                        yield (_messages(q, answer_markdown(answer)), skip, skip, skip, skip, skip, skip, skip,
-                               skip, skip)
+                        yield (_messages(q, answer_markdown(answer, **trace_marks(trace_data))), skip, skip, skip,
+                               skip, skip, skip, skip, skip, skip)
                 elif e.type == "sources":
                     sources_list = e.data.get("sources") or []
                 elif e.type == "done":
@@ -132,9 +132,11 @@ def build_chat_tab(engine, policy: AccessPolicy | None = None) -> ChatTab:
                     no_answer = bool(d.get("no_answer"))
                     elapsed = d.get("elapsed_ms")
                     hint = _kb_hint(user)
+                    if trace_data is not None and "support_summary" in d:  # 检索过程 counts unsupported citations
+                        trace_data.update(support=d["support_summary"], support_sentences=d.get("support") or [])
                     rec = hist.make_record(q, answer, sources_list, trace_data, elapsed, user,
                                            no_answer=no_answer, mode=d.get("mode"))
-                    shown = answer_markdown(answer)
+                    shown = answer_markdown(answer, **trace_marks(trace_data))
                     if no_answer and not policy.is_kb_admin(user):  # the fixed text says "go to 知识库"
                         shown += f"\n\n*{hint}*"
                     yield (_messages(q, shown),
@@ -187,12 +189,12 @@ def build_chat_tab(engine, policy: AccessPolicy | None = None) -> ChatTab:
         q = str(rec.get("question") or "")
         no_answer = bool(rec.get("no_answer"))
         hint = _kb_hint(request_user(request))
-        shown = answer_markdown(str(rec.get("answer") or ""))
+        tr = rec.get("trace") if isinstance(rec.get("trace"), dict) else None
+        shown = answer_markdown(str(rec.get("answer") or ""), **trace_marks(tr))
         if no_answer and not policy.is_kb_admin(request_user(request)):
             shown += f"\n\n*{hint}*"
         srcs = rec.get("sources") if isinstance(rec.get("sources"), list) else []
         srcs = [s for s in srcs if isinstance(s, dict)]
-        tr = rec.get("trace") if isinstance(rec.get("trace"), dict) else None
         return (_messages(q, shown),
                 render_stage(done_ms=rec.get("elapsed_ms"), note=f"历史记录 {rec.get('time', '')}"),
                 render_sources(srcs, no_answer=no_answer, kb_hint=hint), render_trace(tr, rec.get("elapsed_ms")),

@@ -91,12 +91,14 @@ def _llm_context(llm: Any) -> dict:
 
 
 def stream_answer(question: str, nodes: Sequence[Any], llm: Any, temperature: float,
-                  *, tokenizer: Any = None) -> Generator[Event, None, GenerationResult]:
+                  *, tokenizer: Any = None, picker: Any = None,
+                  query_embedding: Any = None) -> Generator[Event, None, GenerationResult]:
     """Yield delta events of the answer; return GenerationResult(text, cited).
 
     `nodes` are the reranked NodeWithScore list (material [n] = nodes[n-1]). `llm` None → extractive answer
     with `tokenizer` (pass the engine's pipeline.tokenize_zh.ChineseTokenizer: user dictionary included, no
-    dictionary load per answer).
+    dictionary load per answer) and the engine's `picker` (pipeline.generation.extractive.ExtractivePicker over
+    the embedding model; without one the sentences are chosen lexically) with the question's `query_embedding`.
     No nodes → the standard no-answer text without calling the LLM.
     """
     nodes = list(nodes or [])
@@ -108,7 +110,7 @@ def stream_answer(question: str, nodes: Sequence[Any], llm: Any, temperature: fl
         if tokenizer is None:  # library use without an engine: a fresh one (~1 s to load jieba's dictionary)
             from pipeline.tokenize_zh import ChineseTokenizer
             tokenizer = ChineseTokenizer()
-        deltas, cited = extractive_deltas(question, nodes, tokenizer)
+        deltas, cited = extractive_deltas(question, nodes, tokenizer, picker, query_embedding)
         for d in deltas:
             yield delta(d)
         return GenerationResult("".join(deltas), cited, sorted(cited))

@@ -28,7 +28,7 @@ from pipeline.generation.sentences import Piece, clauses, is_statement, split_se
 from pipeline.retrieval.lexical import TermWeights, content_bigrams, content_terms, coverage, normalize
 from pipeline.retrieval.nodes import node_text
 
-MAX_CHUNKS = 3           # look at the top-ranked sources only
+MAX_CHUNKS = 6           # the sources the answer may quote (w_rank prefers the better-ranked ones)
 MAX_SENTENCES = 3
 MAX_SENTENCE_CHARS = 200
 PREFILTER = 12           # candidates embedded per question (≈ 7 ms each on 2 cores)
@@ -87,8 +87,9 @@ class ExtractivePicker:
 
     def __init__(self, tokenizer: Any, embed_model: Any = None,
                  weights_of: Callable[[], TermWeights] = TermWeights.uniform, params: PickerParams = SHIPPED,
-                 prefilter: int = PREFILTER):
+                 prefilter: int = PREFILTER, max_chunks: int = MAX_CHUNKS):
         self.prefilter = prefilter  # calibration dumps embed every candidate
+        self.max_chunks = max_chunks
         self.embed_model = embed_model
         self.tokenizer = tokenizer
         self.weights_of = weights_of
@@ -104,7 +105,7 @@ class ExtractivePicker:
         weights = self.weights_of()
         out: list[Candidate] = []
         seen: set[str] = set()
-        for rank, nws in enumerate(list(nodes)[:MAX_CHUNKS], start=1):
+        for rank, nws in enumerate(list(nodes)[:self.max_chunks], start=1):
             for piece in split_sentences(node_text(nws)):
                 key = re.sub(r"\s+", "", piece.text)
                 if key in seen or not is_statement(piece):  # chunk overlap repeats sentences
@@ -126,7 +127,7 @@ class ExtractivePicker:
     def select(self, cands: list[Candidate], n_sources: int) -> Pick:
         """Pure selection over scored candidates (shared with tools/calibrate_extractive.py)."""
         p = self.params
-        closest = list(range(1, min(n_sources, MAX_CHUNKS) + 1))
+        closest = list(range(1, min(n_sources, 3) + 1))
         if not cands:
             return Pick([], None, None, False, None, closest)
         ranked = sorted(cands, key=lambda c: (-c.score(p), c.source, c.piece.position))
@@ -182,8 +183,10 @@ def render(pick: Pick) -> tuple[list[str], set[int]]:
         refs = "".join(f"[{n}]" for n in pick.closest)
         deltas.append(f"{NOT_FOUND_TEXT}。最接近的资料见 {refs}，请查看原文。" if refs else f"{NOT_FOUND_TEXT}。")
         return deltas, set(pick.closest)
+    whole = pick.best is not None and pick.bold == (0, len(pick.best.piece.text))
     for i, c in enumerate(pick.sentences):
-        bold = pick.bold if c is pick.best else None
+        # the best clause is bold; a one-clause sentence only when other sentences stand beside it
+        bold = pick.bold if c is pick.best and not (whole and len(pick.sentences) == 1) else None
         deltas.append(render_sentence(c, bold) + ("\n" if i < len(pick.sentences) - 1 else ""))
     return deltas, {c.source for c in pick.sentences}
 

@@ -19,6 +19,9 @@ _LABEL = re.compile(
     r"[（(][一二三四五六七八九十\d]+[）)]|\d+(?:\.\d+)*[、.．)）]?(?=\D)|[①-⑳]|[a-zA-Z][、.)）]|"
     r"[\uf000-\uf8ff•·●▪◆■□◇○◎★☆►▶→]+)\s*")
 _TITLE = re.compile(r"《[^《》]*》")
+_TAG = re.compile(r"\[[A-Za-z_]+\]")              # layout tags of converted PDFs: [Table_Main]
+_BLANK = re.compile(r"[\s_＿…．.·-]{3,}")          # form fields left blank, dotted leaders
+_DATE_END = re.compile(r"\d{4}[.\-/年]\d{1,2}(?:[.\-/月]\d{1,2}日?)?$")
 _CJK = re.compile(r"[\u4e00-\u9fff]")
 _CLAUSE = re.compile(r"[，,：:、]")
 
@@ -40,15 +43,19 @@ def unwrap(text: str) -> str:
     """Join lines broken mid-sentence (hard-wrapped text); keep breaks after headings and finished sentences."""
     lines = (text or "").split("\n")
     out: list[str] = []
+    last = ""  # the previous physical line (out[-1] may already hold several joined ones)
     for line in lines:
         if out and out[-1] and line.strip():
-            prev = out[-1].rstrip()
+            prev = last.rstrip()
             wrapped = (len(prev) >= WRAP_MIN_CHARS and prev[-1] not in _END + _CLOSE + "：:"
+                       and not _DATE_END.search(prev)
                        and not _LABEL.match(line) and not line.startswith(("  ", "\u3000", "\t")))
             if wrapped:
-                out[-1] = prev + line.strip()
+                out[-1] = out[-1].rstrip() + line.strip()
+                last = line
                 continue
         out.append(line)
+        last = line
     return "\n".join(out)
 
 
@@ -80,8 +87,17 @@ def is_statement(p: Piece) -> bool:
         return False
     if cjk / max(len(body.replace(" ", "")), 1) < MIN_CJK_SHARE:
         return False
-    if sum(len(m) for m in _TITLE.findall(body)) > 0.6 * len(body):
-        return False  # a title (「1.《高测股份：…业绩大超预期》，2022.4.29」), not a statement
+    if sum(len(m) for m in _TITLE.findall(body)) > 0.5 * len(body) or (_TITLE.search(body) and
+                                                                       _DATE_END.search(body)):
+        return False  # a title or reference (「1.《高测股份：…业绩大超预期》，2022.4.29」), not a statement
+    if body.count("《") != body.count("》"):
+        return False  # a piece of a title cut by a line break
+    if not p.punct and _DATE_END.search(body):
+        return False  # a line ending in a date: a reference, a caption, a letterhead
+    if _TAG.search(body) or body.endswith(("：", ":")):
+        return False  # a layout tag line, or a label waiting for its value (「法定代表人（授权代表）：」)
+    if sum(len(m) for m in _BLANK.findall(body)) > 0.3 * len(body):
+        return False  # a form with blank fields
     if not p.punct and len(body) <= HEADING_MAX_CHARS and not _CLAUSE.search(body):
         return False  # a line of its own, short, no clause break: a heading or a title fragment
     if _LABEL.match(p.text) and p.text.lstrip()[:1] == "第" and not p.punct and len(body) <= 2 * HEADING_MAX_CHARS:

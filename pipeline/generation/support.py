@@ -13,8 +13,8 @@ in the trace (检索过程).
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np

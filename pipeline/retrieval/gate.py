@@ -42,7 +42,7 @@ def gate_inputs(f: GateFeatures, bg: Background) -> tuple[float, ...]:
 
 
 # Fitted on all five dev sets by tools/calibrate_gate.py (leave-one-set-out numbers in docs/retrieval-eval.md).
-SHIPPED = GateModel(coef=(1.0, 5.0, 1.0), bias=-6.0, refuse_below=-2.0, answer_at=-0.5)
+SHIPPED = GateModel(coef=(1.0918, 4.1123, 3.3717), bias=-5.6048, refuse_below=-1.9359, answer_at=0.3996)
 
 
 @dataclass(frozen=True)
@@ -83,13 +83,17 @@ def _r(x, nd: int = 4):
 
 
 def decide(f: GateFeatures, bg: Background | None, min_similarity: float, has_results: bool = True,
-           model: GateModel = SHIPPED) -> GateDecision:
-    """Pure decision (no I/O): the outcome for these features against this background."""
+           model: GateModel = SHIPPED, adaptive: bool = True) -> GateDecision:
+    """Pure decision (no I/O): the outcome for these features against this background.
+
+    adaptive=False (setting adaptive_gate off): the hard floor alone decides, as before the adaptive gate."""
     if not has_results:
         return GateDecision(REFUSE, "知识库中没有可检索的内容", None, f, bg, min_similarity)
     if f.max_similarity < min_similarity:
         return GateDecision(REFUSE, f"最高相似度 {f.max_similarity:.3f} 低于最低相似度 {min_similarity:.2f}",
                             None, f, bg, min_similarity)
+    if not adaptive:
+        return GateDecision(ANSWER, "最高相似度不低于最低相似度（自适应判定已关闭）", None, f, None, min_similarity)
     if bg is None:  # no background yet (vector route off / nothing measured): the floor alone decides
         return GateDecision(ANSWER, "最高相似度不低于最低相似度（尚无本知识库的背景分布）", None, f, bg,
                             min_similarity)

@@ -11,21 +11,21 @@ from __future__ import annotations
 import logging
 import threading
 import time
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
-from typing import Callable, Sequence
 
 import numpy as np
 
-from store.gate_stats import GateStatsStore
-
 from pipeline.retrieval.gate_features import GateFeatures
 from pipeline.retrieval.gate_probes import PROBES
+from store.gate_stats import GateStatsStore
 
 log = logging.getLogger(__name__)
 
 MIN_SIM_SCALE = 0.005   # a background whose probes all score alike must not turn tiny gaps into huge z
 MIN_COV_SCALE = 0.05
 MAD_TO_SD = 1.4826      # MAD of a normal distribution × this = its standard deviation
+REFRESH_DELAY_S = 2.0
 
 
 @dataclass(frozen=True)
@@ -76,6 +76,7 @@ class GateBackground:
         self.probes = tuple(probes)
         self._cached: tuple[object, Background | None] | None = None
         self._lock = threading.Lock()
+        self._timer: threading.Timer | None = None
 
     def fingerprint(self) -> str:
         count, max_id = self.store.ready_fingerprint_parts()
@@ -85,6 +86,25 @@ class GateBackground:
         """Score the probes now and store the result (None for an empty knowledge base)."""
         with self._lock:
             return self._refresh_locked()
+
+    def refresh_soon(self, delay: float = REFRESH_DELAY_S) -> None:
+        """Refresh once the knowledge base has been quiet for `delay` seconds (a bulk upload drains the ingest
+        queue many times; scoring the probes after each would cost ~1 s each time)."""
+        if self._timer is not None:
+            self._timer.cancel()
+        self._timer = threading.Timer(delay, self._refresh_quietly)
+        self._timer.daemon = True
+        self._timer.start()
+
+    def cancel(self) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
+
+    def _refresh_quietly(self) -> None:
+        try:
+            self.refresh()
+        except Exception:  # noqa: BLE001 — a failed refresh is retried by the next question (current())
+            log.exception("gate background refresh failed")
 
     def _refresh_locked(self) -> Background | None:
         snap = self.snapshot()

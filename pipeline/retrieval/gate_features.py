@@ -5,8 +5,8 @@ tool computes exactly what the running app computes (tools/calibrate_gate.py dum
 """
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass
-from typing import Sequence
 
 from llama_index.core.schema import NodeWithScore
 

@@ -12,7 +12,7 @@ import re
 import threading
 import unicodedata
 import weakref
-from typing import Iterable
+from collections.abc import Iterable
 
 import numpy as np
 

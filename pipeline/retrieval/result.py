@@ -5,6 +5,8 @@ from dataclasses import dataclass, field
 
 from llama_index.core.schema import NodeWithScore
 
+from pipeline.retrieval.gate import GateDecision
+
 
 @dataclass
 class RetrievalResult:
@@ -19,5 +21,11 @@ class RetrievalResult:
     bm25_weight: float = 1.0                                   # the BM25 weight the fusion used for this query
     max_similarity: float = 0.0
     min_similarity: float = 0.0
+    gate: GateDecision | None = None                           # the no-answer gate's outcome and evidence
+
+    @property
+    def weak(self) -> bool:
+        """Answered, but with the 「资料相关度较低，请核对原文」 banner."""
+        return self.gate is not None and self.gate.weak
     query_embedding: list[float] | None = field(default=None, repr=False)
     started: float = field(default=0.0, repr=False)            # perf_counter() at the start, for ms["total"]
