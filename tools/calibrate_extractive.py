@@ -25,7 +25,7 @@ from pathlib import Path
 
 import numpy as np
 
-from pipeline.generation.extractive import MAX_SENTENCES, PREFILTER, PickerParams
+from pipeline.generation.extractive import MAX_SENTENCES, PickerParams
 
 W_COS = 10.0
 GRID = {
@@ -78,12 +78,7 @@ def run(d: SetData, p: PickerParams) -> dict[str, np.ndarray]:
     """What the picker does with these candidates (same rules as ExtractivePicker.select): per question the
     best score, whether an answer was given, whether it holds a gold answer, how many sentences."""
     lexical = p.w_cov * d.cov + p.w_phrase * d.phrase - p.w_rank * (d.source - 1)
-    lex = np.where(d.valid, lexical, -np.inf)
-    # prefilter: only the PREFILTER best by the lexical part are embedded (ties: better source, earlier sentence)
-    order = np.lexsort((d.position, d.source, -lex), axis=1)
-    keep = np.zeros_like(d.valid)
-    np.put_along_axis(keep, order[:, :PREFILTER], True, axis=1)
-    keep &= d.valid
+    keep = d.valid  # the dump holds the embedded candidates only (the app's fixed prefilter)
     score = np.where(keep, lexical + p.w_cos * d.cos, -np.inf)
     best = score.max(axis=1)
     ranked = np.lexsort((d.position, d.source, -score), axis=1)[:, :MAX_SENTENCES]

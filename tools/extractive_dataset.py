@@ -63,7 +63,7 @@ def dump_set(name: str, root: Path, out: Path, per_set: int) -> None:
         k = engine.settings.final_top_k
         engine.wait_idle()
         picker = ExtractivePicker(engine.components.tokenizer, engine.components.models.embedding.embed_model,
-                                  lambda: weights_for(engine.components.bm25.snapshot.bm25), prefilter=10**6)
+                                  lambda: weights_for(engine.components.bm25.snapshot.bm25))
         with open(out / f"{name}.jsonl.tmp", "w", encoding="utf-8") as f:
             for kind, questions in (("answerable", sample), ("gold_removed", removed)):
                 for q in questions:

@@ -73,8 +73,11 @@ def answer_markdown(text: str, id_prefix: str = "kb-src-", *, support: list[dict
     if "".join(pieces) != (text or ""):  # never drop characters: fall back to the text as one piece
         pieces = [text or ""]
     out = []
+    bad: list[int] = []
     for sent in pieces:
-        bad = bad_by_text.get(_claim_key(_CITE.sub("", sent)), []) if bad_by_text else []
+        key = _claim_key(_CITE.sub("", sent))
+        if key or not _CITE.search(sent):  # a piece of only citations keeps the sentence before's marks
+            bad = bad_by_text.get(key, []) if bad_by_text else []
         # Keep markdown from turning "[1](…)" or "[1][2]" into links: citations become explicit anchors.
         out.append(_cite_links(html.escape(sent, quote=False), id_prefix, bad))
     body = "".join(out)

@@ -83,7 +83,8 @@ class SupportReport:
 
 def claims(answer: str) -> list[tuple[str, list[int]]]:
     """(claim text without citations, cited numbers in order) for every answer sentence that cites."""
-    out = []
+    out: list[tuple[str, list[int]]] = []
+    prev: tuple[str, list[int]] | None = None
     for m in _SENT.finditer(answer or ""):
         sent = m.group(0)
         nums: list[int] = []
@@ -91,8 +92,15 @@ def claims(answer: str) -> list[tuple[str, list[int]]]:
             if int(c) not in nums:
                 nums.append(int(c))
         text = _CITES.sub("", sent).strip(" \n-*•")
-        if nums and len(re.sub(r"\W", "", text)) >= _CLAIM_MIN_CHARS:
-            out.append((text, nums))
+        if not re.sub(r"\W", "", text) and nums and prev is not None:
+            # 「……。[2]」: citations written after the full stop belong to the sentence before
+            prev[1].extend(n for n in nums if n not in prev[1])
+            if prev not in out:
+                out.append(prev)
+            continue
+        prev = (text, nums) if len(re.sub(r"\W", "", text)) >= _CLAIM_MIN_CHARS else None
+        if prev is not None and nums:
+            out.append(prev)
     return out
 
 
@@ -134,7 +142,8 @@ class SupportChecker:
             s = scores.get(n)
             if s is None:
                 continue
-            other = max((v for m, v in scores.items() if m not in cited), default=float("-inf"))
+            # a co-cited source that backs the claim makes a citation of one that does not no better
+            other = max((v for m, v in scores.items() if m != n), default=float("-inf"))
             if s < p.hard_floor or (s < p.floor and other - s >= p.margin):
                 bad.append(n)
         return bad, (best if best is not None and best not in cited else None)
