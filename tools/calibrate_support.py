@@ -78,8 +78,8 @@ def marks(rows: list[dict], floor: float, margin: float, hard: float) -> np.ndar
 
 def fit(train: dict[str, list[dict]]) -> SupportParams:
     best, best_key = None, None
-    for floor, margin, hard in itertools.product(np.arange(8.0, 11.01, 0.1), (0.0, 0.2, 0.5, 1.0),
-                                                 np.arange(7.0, 10.01, 0.1)):
+    for floor, margin, hard in itertools.product(np.arange(8.0, 13.01, 0.1), (0.0, 0.2, 0.5, 1.0),
+                                                 np.arange(7.0, 12.01, 0.1)):
         if hard > floor:
             continue
         ok_rates, caught = [], []
