@@ -11,10 +11,10 @@ import time
 import pytest
 from llama_index.core.schema import NodeWithScore, TextNode
 
-from pipeline.generation.extractive import NOT_FOUND_TEXT
 from pipeline.events import EXTRACTIVE_LABEL, NO_ANSWER_SHORT, NO_ANSWER_TEXT, Event
 from pipeline.generation.answer import GenerationResult, ThinkFilter, stream_answer
 from pipeline.generation.citations import CitationGuard, strip_citations
+from pipeline.generation.extractive import NOT_FOUND_TEXT
 from pipeline.generation.llm_client import PLACEHOLDER_API_KEY, LLMError, build_llm
 from pipeline.generation.llm_client import test_llm_connection as check_connection
 from pipeline.generation.prompting import SYSTEM_PROMPT, build_prompt, neutralise
