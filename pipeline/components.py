@@ -127,7 +127,7 @@ def load_models(c: Components, s: Settings) -> Models:
     c.gate_background = GateBackground(c.gate_stats, lambda: emb.model_id, lambda q: c.retrieval.measure_gate(q, s),
                                        lambda: c.bm25.snapshot)
     weights = lambda: weights_for(c.bm25.snapshot.bm25)  # noqa: E731 — the live IDF table, read per question
-    c.picker = ExtractivePicker(c.tokenizer, emb.embed_model, weights)
+    c.picker = ExtractivePicker(c.tokenizer, emb.embed_model, weights, background=lambda: c.gate_background.current())
     c.support = SupportChecker(emb.embed_model, c.tokenizer, weights, source_vectors=lambda nodes: _stored(c, nodes))
     return models
 

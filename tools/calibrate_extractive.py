@@ -7,8 +7,8 @@ For every dev set in turn, on the OTHER sets only:
   * the weights (w_cov, w_phrase, w_rank; w_cos fixed at 10 — only ratios matter) and the margin for extra
     sentences are the grid point with the best mean answer-hit (each set weighs the same) among those whose
     answers hold at most MAX_MEAN_SENTENCES sentences on average (the brief: best 1–3 sentences);
-  * not_found_below is the lowest, over the training sets, NOT_FOUND_QUANTILE-quantile of the best score of the
-    answerable questions whose sources hold the answer (at most that share of answers that are there are
+  * not_found_below is the lowest, over the training sets, NOT_FOUND_QUANTILE-quantile of the best score (above
+    w_cos × the KB background's median cosine) of the answerable questions whose sources hold the answer (at most that share of answers that are there are
     replaced by 「资料中未找到…」).
 Then the left-out set is scored: answer-hit (an answer sentence holds a gold answer), top-1-source-hit (its
 ceiling), sentences per answer, 「未找到」 on answerable and on gold-removed questions. The fit on all sets
@@ -52,6 +52,7 @@ class SetData:
     source: np.ndarray
     position: np.ndarray
     answer: np.ndarray
+    bg_median: np.ndarray  # the KB background's median cosine, per question (the same KB: one value)
 
 
 def load(dumps: Path) -> dict[str, SetData]:
@@ -70,7 +71,7 @@ def load(dumps: Path) -> dict[str, SetData]:
         out[f.stem] = SetData(
             f.stem, np.array([r["kind"] == "answerable" for r in rows]), np.array([r["top1"] for r in rows]),
             pad("valid") > 0, pad("cosine"), pad("coverage"), pad("phrase"), pad("source", 99), pad("position", 999),
-            pad("has_answer") > 0)
+            pad("has_answer") > 0, np.array([r["bg_median"] for r in rows]))
     return out
 
 
@@ -84,9 +85,10 @@ def run(d: SetData, p: PickerParams) -> dict[str, np.ndarray]:
     ranked = np.lexsort((d.position, d.source, -score), axis=1)[:, :MAX_SENTENCES]
     top_scores = np.take_along_axis(score, ranked, axis=1)
     chosen = np.isfinite(top_scores) & (top_scores >= best[:, None] - p.margin)
-    found = np.isfinite(best) & (best >= p.not_found_below)
+    above = best - p.w_cos * d.bg_median  # the best score above the KB's background (see extractive.py)
+    found = np.isfinite(best) & (above >= p.not_found_below)
     hit = found & (np.take_along_axis(d.answer, ranked, axis=1) & chosen).any(axis=1)
-    return {"best": best, "found": found, "hit": hit, "n": chosen.sum(axis=1),
+    return {"best": above, "found": found, "hit": hit, "n": chosen.sum(axis=1),
             "addressable": (d.answer & keep).any(axis=1)}
 
 

@@ -27,7 +27,7 @@ from pipeline.retrieval.gate import INPUTS, GateModel, gate_inputs
 from pipeline.retrieval.gate_background import Background, summarize
 from pipeline.retrieval.gate_features import GateFeatures
 
-FR_QUANTILE = 0.02     # refuse below the 2% quantile of answerable scores (the lowest over training sets)
+FR_QUANTILE = 0.025    # refuse below the 2.5% quantile of answerable scores (the lowest over training sets)
 WEAK_QUANTILE = 0.08   # weak below the 8% quantile
 FLOOR_QUANTILE = 0.002  # hard floor: under the 0.2% quantile of answerable cosines of every set
 L2 = 1e-2

@@ -6,7 +6,9 @@ No LLM is needed to make claims: a dev question with its gold answer put in plac
 sentence an answer would say (「刘备三顾茅庐请的是谁？」 + 诸葛亮 → 「刘备三顾茅庐请的是诸葛亮」). For questions
 whose retrieved sources include the gold passage, the claim citing that source is a supported citation, and
 the claim citing another retrieved source that does not state the answer is the wrong citation the check must
-mark. Scores are the app's (SupportChecker.scores over the stored vectors). For each set in turn the thresholds
+mark. Scores are the app's (SupportChecker.scores over the stored vectors). The margin is kept ≥ 0.5 (≈ 0.05
+cosine) by design: these claims restate the question, so they are easier than a model's paraphrase, and "another
+source backs it better" must mean clearly better before a citation is called wrong. For each set in turn the thresholds
 (floor, margin, hard_floor on the support score) are chosen on the other sets — the most wrong citations caught
 with at most MAX_FALSE_MARKS of the right ones marked on every training set — and scored on the left-out set.
 """
@@ -27,6 +29,7 @@ from pipeline.generation.support import SHIPPED, SupportParams
 
 SETS = ("cmrc_trial", "xquad_zh", "cmrc_dev_news")  # the sets with answer strings to build claims from
 MAX_FALSE_MARKS = 0.05
+MARGINS = (0.5, 0.75, 1.0)
 _QWORD = re.compile(r"什么时候|何时|哪一年|哪年|哪个|哪些|哪里|哪儿|哪位|什么|多少|多大|多长|几|谁|哪")
 
 
@@ -78,7 +81,7 @@ def marks(rows: list[dict], floor: float, margin: float, hard: float) -> np.ndar
 
 def fit(train: dict[str, list[dict]]) -> SupportParams:
     best, best_key = None, None
-    for floor, margin, hard in itertools.product(np.arange(8.0, 13.01, 0.1), (0.0, 0.2, 0.5, 1.0),
+    for floor, margin, hard in itertools.product(np.arange(8.0, 13.01, 0.1), MARGINS,
                                                  np.arange(7.0, 12.01, 0.1)):
         if hard > floor:
             continue

@@ -62,6 +62,7 @@ def dump_set(name: str, root: Path, out: Path, per_set: int) -> None:
         engine, key_to_doc = open_copy(root, ds, Path(tmp) / name)
         k = engine.settings.final_top_k
         engine.wait_idle()
+        bg_median = engine.components.gate_background.current().sim_median
         picker = ExtractivePicker(engine.components.tokenizer, engine.components.models.embedding.embed_model,
                                   lambda: weights_for(engine.components.bm25.snapshot.bm25))
         with open(out / f"{name}.jsonl.tmp", "w", encoding="utf-8") as f:
@@ -75,6 +76,7 @@ def dump_set(name: str, root: Path, out: Path, per_set: int) -> None:
                     top1 = bool(final) and holds_answer(final[0].node.get_content(), q.answers, sp)
                     f.write(json.dumps({
                         "set": name, "kind": kind, "q": q.text, "top1": top1, "n_sources": len(final),
+                        "bg_median": bg_median,
                         "cands": [{"text": c.piece.text, "punct": c.piece.punct, "source": c.source, "position": c.piece.position, "coverage": round(c.coverage, 4),
                                    "phrase": round(c.phrase, 4), "cosine": round(c.cosine, 5),
                                    "has_answer": holds_answer(c.piece.text, q.answers, sp)} for c in cands],

@@ -9,8 +9,9 @@ table debris) of the top MAX_CHUNKS sources. Each is scored by
 Only the PREFILTER best candidates by a fixed cheap order (coverage + phrase coverage − 0.1 per source rank;
 not fitted) are embedded (time budget: ≈ 7 ms a sentence on 2 cores). The answer is the best
 sentence plus up to two more within `margin` of it, in source order, each cited [n]; the clause of the best
-sentence closest to the question is bold. When even the best sentence scores below `not_found_below`, no
-sentence addresses the question: the answer says 「资料中未找到直接回答该问题的内容」 and points at the
+sentence closest to the question is bold. When even the best sentence scores below `not_found_below` — measured
+above this knowledge base's background (w_cos × the median best cosine of the gate's probe questions,
+pipeline/retrieval/gate_background.py), since e5 cosines shift by domain — no sentence addresses the question: the answer says 「资料中未找到直接回答该问题的内容」 and points at the
 closest sources instead of quoting unrelated sentences. Weights and thresholds are fitted with
 `python -m tools.calibrate_extractive` (leave-one-set-out; docs/retrieval-eval.md). Without an embedding model
 (unit tests) the lexical part alone decides and "not found" means no content word matches at all.
@@ -45,11 +46,11 @@ class PickerParams:
     w_phrase: float
     w_rank: float
     margin: float           # further sentences must score within this of the best
-    not_found_below: float  # best score below this → 「资料中未找到直接回答该问题的内容」
+    not_found_below: float  # best score − w_cos·background median below this → 「资料中未找到直接回答该问题的内容」
 
 
 # Fitted by tools/calibrate_extractive.py on all dev sets (left-out numbers in docs/retrieval-eval.md).
-SHIPPED = PickerParams(w_cos=10.0, w_cov=1.0, w_phrase=1.0, w_rank=0.1, margin=0.3, not_found_below=8.0)
+SHIPPED = PickerParams(w_cos=10.0, w_cov=1.0, w_phrase=0.0, w_rank=0.05, margin=0.3, not_found_below=0.55)
 # No embedding model: lexical only; "not found" = not one content word of the question in any candidate.
 LEXICAL = PickerParams(w_cos=0.0, w_cov=1.0, w_phrase=1.0, w_rank=0.1, margin=0.3, not_found_below=1e-9)
 
@@ -92,7 +93,9 @@ class ExtractivePicker:
 
     def __init__(self, tokenizer: Any, embed_model: Any = None,
                  weights_of: Callable[[], TermWeights] = TermWeights.uniform, params: PickerParams = SHIPPED,
-                 prefilter: int = PREFILTER, max_chunks: int = MAX_CHUNKS):
+                 prefilter: int = PREFILTER, max_chunks: int = MAX_CHUNKS,
+                 background: Callable[[], Any] = lambda: None):
+        self.background = background  # the gate's Background of this KB (None: no "not found" from scores)
         self.prefilter = prefilter  # calibration dumps embed every candidate
         self.max_chunks = max_chunks
         self.embed_model = embed_model
@@ -129,8 +132,9 @@ class ExtractivePicker:
             out[i] = replace(out[i], cosine=float(s))
         return [c for c in out if c.cosine is not None]
 
-    def select(self, cands: list[Candidate], n_sources: int) -> Pick:
-        """Pure selection over scored candidates (shared with tools/calibrate_extractive.py)."""
+    def select(self, cands: list[Candidate], n_sources: int, bg_median: float | None = None) -> Pick:
+        """Pure selection over scored candidates. `bg_median`: the KB background's median cosine (None: the
+        scores alone cannot tell "not found", only a lexical-only picker's zero overlap does)."""
         p = self.params
         closest = list(range(1, min(n_sources, 3) + 1))
         if not cands:
@@ -138,7 +142,8 @@ class ExtractivePicker:
         ranked = sorted(cands, key=lambda c: (-c.score(p), c.source, c.piece.position))
         best = ranked[0]
         top = best.score(p)
-        if top < p.not_found_below:
+        offset = p.w_cos * bg_median if bg_median is not None else 0.0
+        if (bg_median is not None or p.w_cos == 0) and top - offset < p.not_found_below:
             return Pick([], best, None, False, top, closest)
         picked = [c for c in ranked[:MAX_SENTENCES] if c.score(p) >= top - p.margin]
         picked.sort(key=lambda c: (c.source, c.piece.position))
@@ -146,7 +151,9 @@ class ExtractivePicker:
 
     def pick(self, question: str, nodes: Sequence[Any], query_embedding=None) -> Pick:
         nodes = list(nodes)
-        result = self.select(self.candidates(question, nodes, query_embedding), len(nodes))
+        bg = self.background()
+        result = self.select(self.candidates(question, nodes, query_embedding), len(nodes),
+                             bg.sim_median if bg is not None else None)
         if result.found and result.best is not None:
             result = replace(result, bold=self._bold_span(question, result.best, query_embedding))
         return result
