@@ -128,7 +128,8 @@ def load_models(c: Components, s: Settings) -> Models:
                                        lambda: c.bm25.snapshot)
     weights = lambda: weights_for(c.bm25.snapshot.bm25)  # noqa: E731 — the live IDF table, read per question
     c.picker = ExtractivePicker(c.tokenizer, emb.embed_model, weights, background=lambda: c.gate_background.current())
-    c.support = SupportChecker(emb.embed_model, c.tokenizer, weights, source_vectors=lambda nodes: _stored(c, nodes))
+    c.support = SupportChecker(emb.embed_model, c.tokenizer, weights, source_vectors=lambda nodes: _stored(c, nodes),
+                               background=lambda: c.gate_background.current())
     return models
 
 

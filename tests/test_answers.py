@@ -30,18 +30,32 @@ CASES = {
 pytestmark = pytest.mark.skipif(not DOCS.exists(), reason="../shared/docs not present")
 
 
+class _Engines:
+    """One engine per document, each ingested on first use and kept for the module (the novel takes minutes)."""
+
+    def __init__(self, factory):
+        self.factory = factory
+        self.built: dict[str, Engine] = {}
+
+    def __getitem__(self, name: str) -> Engine:
+        if name not in self.built:
+            path = CASES[name][0]
+            e = Engine(self.factory.mktemp(name) / "data")
+            e.upload([(path.name, path)])
+            assert e.wait_idle(1800)
+            self.built[name] = e
+        return self.built[name]
+
+    def close(self):
+        for e in self.built.values():
+            e.close()
+
+
 @pytest.fixture(scope="module")
 def engines(tmp_path_factory):
-    out = {}
-    for name, (path, _, _) in CASES.items():
-        e = Engine(tmp_path_factory.mktemp(name) / "data")
-        e.upload([(path.name, path)])
-        out[name] = e
-    for e in out.values():
-        assert e.wait_idle(1800)
+    out = _Engines(tmp_path_factory)
     yield out
-    for e in out.values():
-        e.close()
+    out.close()
 
 
 def _body(answer: str) -> str:
@@ -49,8 +63,14 @@ def _body(answer: str) -> str:
     return re.sub(r"\*\*|\[\d+\]", "", answer.split("\n", 1)[1] if "\n" in answer else answer)
 
 
+NOVEL_RETRIEVAL = ("retrieval, not the answer step: main's adaptive RRF leaves the 三顾 passages out of the novel's "
+                   "top-6 (BM25 has one at rank 3, the vector route none), so the gate refuses; with issue 13's "
+                   "fusion they are retrieved and this passes — remove the mark when that is merged")
+
+
 @pytest.mark.slow
-@pytest.mark.parametrize("name", list(CASES))
+@pytest.mark.parametrize("name", ["contract", "report",
+                                  pytest.param("novel", marks=pytest.mark.xfail(strict=True, reason=NOVEL_RETRIEVAL))])
 def test_real_document_answers_the_question(engines, name):
     _, question, keys = CASES[name]
     r = engines[name].ask_sync(question)

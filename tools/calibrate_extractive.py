@@ -33,6 +33,7 @@ GRID = {
     "w_phrase": (0.0, 0.5, 1.0, 2.0, 3.0),
     "w_rank": (0.0, 0.05, 0.1, 0.2, 0.4),
     "margin": (0.0, 0.1, 0.2, 0.3, 0.5),
+    "w_context": (0.0, 0.5, 1.0, 2.0),
 }
 MAX_MEAN_SENTENCES = 1.8
 NOT_FOUND_QUANTILE = 0.02
@@ -48,6 +49,7 @@ class SetData:
     valid: np.ndarray     # candidate exists
     cos: np.ndarray
     cov: np.ndarray
+    context: np.ndarray
     phrase: np.ndarray
     source: np.ndarray
     position: np.ndarray
@@ -65,12 +67,13 @@ def load(dumps: Path) -> dict[str, SetData]:
             a = np.full((len(rows), width), fill, dtype=np.float64)
             for i, r in enumerate(rows):
                 for j, c in enumerate(r["cands"]):
-                    a[i, j] = c[key] if key != "valid" else 1.0
+                    a[i, j] = c.get(key, 0.0) if key != "valid" else 1.0
             return a
 
         out[f.stem] = SetData(
             f.stem, np.array([r["kind"] == "answerable" for r in rows]), np.array([r["top1"] for r in rows]),
-            pad("valid") > 0, pad("cosine"), pad("coverage"), pad("phrase"), pad("source", 99), pad("position", 999),
+            pad("valid") > 0, pad("cosine"), pad("coverage"), pad("context"), pad("phrase"), pad("source", 99),
+            pad("position", 999),
             pad("has_answer") > 0, np.array([r["bg_median"] for r in rows]))
     return out
 
@@ -78,7 +81,7 @@ def load(dumps: Path) -> dict[str, SetData]:
 def run(d: SetData, p: PickerParams) -> dict[str, np.ndarray]:
     """What the picker does with these candidates (same rules as ExtractivePicker.select): per question the
     best score, whether an answer was given, whether it holds a gold answer, how many sentences."""
-    lexical = p.w_cov * d.cov + p.w_phrase * d.phrase - p.w_rank * (d.source - 1)
+    lexical = p.w_cov * d.cov + p.w_phrase * d.phrase + p.w_context * d.context - p.w_rank * (d.source - 1)
     keep = d.valid  # the dump holds the embedded candidates only (the app's fixed prefilter)
     score = np.where(keep, lexical + p.w_cos * d.cos, -np.inf)
     best = score.max(axis=1)
@@ -107,8 +110,8 @@ def metrics(d: SetData, p: PickerParams) -> dict:
 
 def fit(train: list[SetData]) -> PickerParams:
     best_key, best = None, None
-    for w_cov, w_phrase, w_rank, margin in itertools.product(*GRID.values()):
-        p = PickerParams(W_COS, w_cov, w_phrase, w_rank, margin, -np.inf)
+    for w_cov, w_phrase, w_rank, margin, w_context in itertools.product(*GRID.values()):
+        p = PickerParams(W_COS, w_cov, w_phrase, w_rank, margin, -np.inf, w_context)
         runs = [run(d, p) for d in train]
         hit = np.mean([r["hit"][d.kind].mean() for d, r in zip(train, runs)])
         n = np.mean([r["n"][d.kind].mean() for d, r in zip(train, runs)])
@@ -124,7 +127,7 @@ def fit(train: list[SetData]) -> PickerParams:
         there = d.kind & r["addressable"]
         if there.any():
             floors.append(float(np.quantile(r["best"][there], NOT_FOUND_QUANTILE)))
-    return PickerParams(W_COS, best.w_cov, best.w_phrase, best.w_rank, best.margin, min(floors))
+    return PickerParams(W_COS, best.w_cov, best.w_phrase, best.w_rank, best.margin, min(floors), best.w_context)
 
 
 def print_table(rows: dict[str, dict]) -> None:
@@ -155,7 +158,7 @@ def main(argv=None) -> int:
     shipped = fit(list(sets.values()))
     print(f"\nall sets → SHIPPED = PickerParams(w_cos={shipped.w_cos}, w_cov={shipped.w_cov}, "
           f"w_phrase={shipped.w_phrase}, w_rank={shipped.w_rank}, margin={shipped.margin}, "
-          f"not_found_below={shipped.not_found_below:.4f})")
+          f"not_found_below={shipped.not_found_below:.4f}, w_context={shipped.w_context})")
     if args.json:
         args.json.write_text(json.dumps({"leave_one_set_out": loso, "shipped": shipped.__dict__}, indent=2))
     return 0

@@ -6,7 +6,7 @@ No LLM is needed to make claims: a dev question with its gold answer put in plac
 sentence an answer would say (「刘备三顾茅庐请的是谁？」 + 诸葛亮 → 「刘备三顾茅庐请的是诸葛亮」). For questions
 whose retrieved sources include the gold passage, the claim citing that source is a supported citation, and
 the claim citing another retrieved source that does not state the answer is the wrong citation the check must
-mark. Scores are the app's (SupportChecker.scores over the stored vectors). The margin is kept ≥ 0.5 (≈ 0.05
+mark. Scores are the app's (SupportChecker.scores over the stored vectors, above the KB's background). The margin is kept ≥ 0.5 (≈ 0.05
 cosine) by design: these claims restate the question, so they are easier than a model's paraphrase, and "another
 source backs it better" must mean clearly better before a citation is called wrong. For each set in turn the thresholds
 (floor, margin, hard_floor on the support score) are chosen on the other sets — the most wrong citations caught
@@ -81,8 +81,8 @@ def marks(rows: list[dict], floor: float, margin: float, hard: float) -> np.ndar
 
 def fit(train: dict[str, list[dict]]) -> SupportParams:
     best, best_key = None, None
-    for floor, margin, hard in itertools.product(np.arange(8.0, 13.01, 0.1), MARGINS,
-                                                 np.arange(7.0, 12.01, 0.1)):
+    for floor, margin, hard in itertools.product(np.arange(-1.0, 4.01, 0.1), MARGINS,
+                                                 np.arange(-2.0, 3.01, 0.1)):
         if hard > floor:
             continue
         ok_rates, caught = [], []

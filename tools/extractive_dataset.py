@@ -5,8 +5,8 @@
 For each dev set writes OUT/<name>.jsonl, one line per question: kind ("answerable", or "gold_removed" as in
 tools/gate_dataset.py), top1 (the top-1 source holds a gold answer: the ceiling of answer-hit) and every
 candidate sentence of the top sources as the app scores it (source, coverage, phrase, cosine) with
-has_answer (it contains a gold answer string; DuReader: it shares ≥ ANSWER_OVERLAP characters in a row with a
-gold answer span, or lies inside one).
+has_answer (holds_answer: it contains a gold answer string, or is a sentence of a longer one; DuReader: it shares
+≥ ANSWER_OVERLAP characters in a row with a gold answer span, or lies inside one).
 """
 from __future__ import annotations
 
@@ -33,9 +33,17 @@ def dureader_spans(path: Path) -> dict[str, list[str]]:
     return out
 
 
+_EDGE = " \t\n。！？；，、：.!?;,:"
+
+
 def holds_answer(text: str, answers: list[str], spans: list[str]) -> bool:
-    if any(a in text for a in answers):
-        return True
+    """Does this answer sentence hold a gold answer? It contains one (CMRC trial's answers are whole sentences
+    with their full stop, so edge punctuation is ignored), or — for gold answers longer than a sentence — it is
+    one of the gold answer's sentences (≥ 8 characters of it)."""
+    for a in answers:
+        a = a.strip(_EDGE)
+        if a and (a in text or (len(a) > len(text) >= 8 and text.strip(_EDGE) in a)):
+            return True
     for s in spans:
         if text in s and len(text) >= 6:
             return True
@@ -78,7 +86,7 @@ def dump_set(name: str, root: Path, out: Path, per_set: int) -> None:
                         "set": name, "kind": kind, "q": q.text, "top1": top1, "n_sources": len(final),
                         "bg_median": bg_median,
                         "cands": [{"text": c.piece.text, "punct": c.piece.punct, "source": c.source, "position": c.piece.position, "coverage": round(c.coverage, 4),
-                                   "phrase": round(c.phrase, 4), "cosine": round(c.cosine, 5),
+                                   "phrase": round(c.phrase, 4), "context": round(c.context, 4), "cosine": round(c.cosine, 5),
                                    "has_answer": holds_answer(c.piece.text, q.answers, sp)} for c in cands],
                     }, ensure_ascii=False) + "\n")
         engine.close()

@@ -5,6 +5,9 @@ table debris) of the top MAX_CHUNKS sources. Each is scored by
     w_cos · cos(question, sentence)          the loaded embedding model (e5: "query:" vs "passage:")
   + w_cov · coverage                         IDF-weighted share of the question's content words in it
   + w_phrase · phrase coverage               share of the question's character bigrams in it
+  + w_context · context coverage             IDF share of the question's words it lacks but earlier sentences of
+                                             its chunk have: Chinese drops the topic once established
+                                             (「前鼻丝鳗，……的一个种。体长可达46.5公分。」 answers 「前鼻丝鳗的体长是多少？」)
   − w_rank · (source number − 1)             a mild preference for the better-ranked source
 Only the PREFILTER best candidates by a fixed cheap order (coverage + phrase coverage − 0.1 per source rank;
 not fitted) are embedded (time budget: ≈ 7 ms a sentence on 2 cores). The answer is the best
@@ -45,7 +48,8 @@ class PickerParams:
     w_cov: float
     w_phrase: float
     w_rank: float
-    margin: float           # further sentences must score within this of the best
+    margin: float
+    w_context: float = 0.0           # further sentences must score within this of the best
     not_found_below: float  # best score − w_cos·background median below this → 「资料中未找到直接回答该问题的内容」
 
 
@@ -62,12 +66,14 @@ class Candidate:
     coverage: float
     phrase: float
     cosine: float | None = None
+    context: float = 0.0      # IDF share of question words absent here but present earlier in the chunk
 
     def prefilter_key(self) -> float:
         return self.coverage + self.phrase - PREFILTER_RANK_COST * (self.source - 1)
 
     def lexical(self, p: PickerParams) -> float:
-        return p.w_cov * self.coverage + p.w_phrase * self.phrase - p.w_rank * (self.source - 1)
+        return (p.w_cov * self.coverage + p.w_phrase * self.phrase + p.w_context * self.context
+                - p.w_rank * (self.source - 1))
 
     def score(self, p: PickerParams) -> float:
         return self.lexical(p) + (p.w_cos * self.cosine if self.cosine is not None else 0.0)
@@ -114,14 +120,18 @@ class ExtractivePicker:
         out: list[Candidate] = []
         seen: set[str] = set()
         for rank, nws in enumerate(list(nodes)[:self.max_chunks], start=1):
+            earlier: set[str] = set()  # question words met in the chunk so far (headings included)
             for piece in split_sentences(node_text(nws)):
-                key = re.sub(r"\s+", "", piece.text)
-                if key in seen or not is_statement(piece):  # chunk overlap repeats sentences
-                    continue
-                seen.add(key)
                 text = normalize(piece.text)
-                phrase = sum(g in text for g in grams) / len(grams) if grams else 0.0
-                out.append(Candidate(piece, rank, coverage(terms, weights, text), phrase))
+                here = {t for t in terms if t in text}
+                key = re.sub(r"\s+", "", piece.text)
+                if key not in seen and is_statement(piece):  # chunk overlap repeats sentences
+                    seen.add(key)
+                    phrase = sum(g in text for g in grams) / len(grams) if grams else 0.0
+                    carried = [t for t in earlier - here]
+                    out.append(Candidate(piece, rank, coverage(terms, weights, text), phrase,
+                                         context=coverage(terms, weights, " ".join(carried)) if carried else 0.0))
+                earlier |= here
         if self.embed_model is None or not out:
             return out
         order = sorted(range(len(out)), key=lambda i: (-out[i].prefilter_key(), out[i].source, i))
