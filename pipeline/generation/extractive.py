@@ -48,9 +48,9 @@ class PickerParams:
     w_cov: float
     w_phrase: float
     w_rank: float
-    margin: float
-    w_context: float = 0.0           # further sentences must score within this of the best
+    margin: float           # further sentences must score within this of the best
     not_found_below: float  # best score − w_cos·background median below this → 「资料中未找到直接回答该问题的内容」
+    w_context: float = 0.0
 
 
 # Fitted by tools/calibrate_extractive.py on all dev sets (left-out numbers in docs/retrieval-eval.md).
