@@ -8,7 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.test_browser_e2e import CHROMIUM, _launch
+from tests.live import engine_with_texts
+from tests.test_browser_e2e import CHROMIUM, _open_app
 from tests.test_support import DOCS, QUESTION
 from tests.test_ui_chat import LiveUI
 
@@ -18,16 +19,7 @@ pytestmark = pytest.mark.slow
 @pytest.mark.skipif(not Path(CHROMIUM).exists(), reason=f"{CHROMIUM} missing (apt-get install chromium)")
 def test_unsupported_citation_marked_in_the_chat(tmp_path, fake_llm):
     sync_api = pytest.importorskip("playwright.sync_api", reason="pip install playwright")
-    from pipeline.engine import Engine
-
-    engine = Engine(tmp_path / "data")
-    items = []
-    for name, text in DOCS.items():
-        p = tmp_path / name
-        p.write_text(text, encoding="utf-8")
-        items.append((name, p))
-    engine.upload(items)
-    assert engine.wait_idle(300)
+    engine = engine_with_texts(tmp_path, DOCS)
     engine.update_settings({"llm_api_url": fake_llm.base_url, "llm_model": "fake-model", "llm_api_key": "sk-t-01"})
     engine.reload()
     numbers = {n.node.metadata["doc_name"]: i for i, n in enumerate(engine.retrieve(QUESTION).final, 1)}
@@ -37,10 +29,7 @@ def test_unsupported_citation_marked_in_the_chat(tmp_path, fake_llm):
     profile = tmp_path / "profile"
     try:
         with sync_api.sync_playwright() as pw:
-            ctx = _launch(pw, profile)
-            page = ctx.pages[0] if ctx.pages else ctx.new_page()
-            page.goto(live.url)
-            page.wait_for_selector("#kb-question textarea", timeout=60_000)
+            ctx, page = _open_app(pw, profile, live.url)
             page.fill("#kb-question textarea", QUESTION)
             page.click("#kb-send")
             page.wait_for_selector("#kb-stage .kb-stage-done", timeout=180_000)

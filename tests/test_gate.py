@@ -18,6 +18,8 @@ from pipeline.retrieval.gate_features import GateFeatures, measure
 from pipeline.retrieval.lexical import TermWeights, content_bigrams, content_terms, coverage, weights_for
 from store.db import Database
 from store.gate_stats import GateStatsStore
+from tests.live import engine_with_texts
+from tests.test_support import DOCS
 
 BG = Background(probes=64, sim_median=0.85, sim_scale=0.01, cov_median=0.1, cov_scale=0.1)
 MODEL = GateModel(coef=(1.0, 4.0, 3.0), bias=-6.0, refuse_below=-2.0, answer_at=0.5)
@@ -172,27 +174,9 @@ def test_features_of_one_retrieval(tokenizer):
 
 
 # --- through the engine (real embedding model, real documents) ---------------------------------------------------
-DOCS = {
-    "售后政策.txt": "本公司商品支持七天无理由退货，退货期限为 7 天，自签收之日起计算。退货运费由买家承担。"
-                 "换货需保持商品包装完好，配件齐全，换货期限为 15 天。",
-    "员工手册.txt": "员工每年享有带薪年假十天，入职满五年后增加到十五天。请假需提前三个工作日在系统中提交申请。",
-    "设备说明.txt": "打印机卡纸时，先关闭电源，打开前盖，沿出纸方向轻轻取出纸张，再重新开机。",
-}
-
-
 @pytest.fixture(scope="module")
 def engine(tmp_path_factory):
-    from pipeline.engine import Engine
-
-    tmp = tmp_path_factory.mktemp("gate")
-    e = Engine(tmp / "data")
-    items = []
-    for name, text in DOCS.items():
-        p = tmp / name
-        p.write_text(text, encoding="utf-8")
-        items.append((name, p))
-    e.upload(items)
-    e.wait_idle()
+    e = engine_with_texts(tmp_path_factory.mktemp("gate"), DOCS)
     yield e
     e.close()
 

@@ -4,12 +4,11 @@ over real HTTP (SSE and sync) against the launched app, and in the chat's render
 """
 from __future__ import annotations
 
-import json
-
 import pytest
 
 from pipeline.generation.support import SupportChecker, SupportParams, claims
-from tests.live import LiveApp
+from tests.live import LiveApp, engine_with_texts
+from tests.test_api import sse_events
 from ui.render import answer_markdown, render_sources, render_trace
 
 DOCS = {
@@ -41,30 +40,9 @@ def test_judge_marks_the_wrong_citation_not_the_right_one():
 
 @pytest.fixture(scope="module")
 def live(tmp_path_factory):
-    from pipeline.engine import Engine
-
-    tmp = tmp_path_factory.mktemp("support")
-    engine = Engine(tmp / "data")
-    items = []
-    for name, text in DOCS.items():
-        p = tmp / name
-        p.write_text(text, encoding="utf-8")
-        items.append((name, p))
-    engine.upload(items)
-    engine.wait_idle()
-    app = LiveApp(engine)
+    app = LiveApp(engine_with_texts(tmp_path_factory.mktemp("support"), DOCS))
     yield app
     app.stop(close_engine=True)
-
-
-def _sse(resp) -> list[tuple[str, dict]]:
-    out, ev = [], None
-    for line in resp.iter_lines():
-        if line.startswith("event: "):
-            ev = line[7:]
-        elif line.startswith("data: "):
-            out.append((ev, json.loads(line[6:])))
-    return out
 
 
 @pytest.mark.slow
@@ -81,7 +59,7 @@ def test_wrong_citation_marked_end_to_end(live, fake_llm):
         # the scripted model: the first sentence cites the right source, the second the wrong one on purpose
         fake_llm.reply = f"退货期限为签收后 7 天[{right}]。退货运费由买家承担[{wrong}]。"
         with http.stream("POST", "/api/qa/ask", json={"question": QUESTION}) as resp:
-            events = _sse(resp)
+            events = sse_events(resp)
         done = next(d for e, d in events if e == "done")
         sources = next(d for e, d in events if e == "sources")["sources"]
         assert done["mode"] == "llm"

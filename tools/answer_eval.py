@@ -66,18 +66,17 @@ def print_answers(name: str, m: dict) -> None:
 
 
 def main(argv=None) -> int:
-    from tools.kb_cache import DEV_SETS, cache_root, load_corpus, open_copy, shared_data_dir
+    from tools.cli import add_kb_cache, kb_cache_root
+    from tools.kb_cache import DEV_SETS, load_corpus, open_copy, shared_data_dir
 
     ap = argparse.ArgumentParser(prog="python -m tools.answer_eval", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--kb-cache", default=None)
+    add_kb_cache(ap)
     ap.add_argument("--set", required=True, choices=list(DEV_SETS))
     ap.add_argument("--limit", type=int, default=None)
     ap.add_argument("--json", type=Path, default=None)
     args = ap.parse_args(argv)
-    root = cache_root(args.kb_cache)
-    if root is None:
-        ap.error("--kb-cache DIR (or $KBQA_KB_CACHE) is required")
+    root = kb_cache_root(ap, args)
     ds = DEV_SETS[args.set]
     qs = load_corpus(ds).questions
     if args.limit and args.limit < len(qs):

@@ -26,17 +26,16 @@ def _p(xs: list[float]) -> str:
 
 def main(argv=None) -> int:
     from pipeline.generation.extractive import ExtractivePicker
-    from tools.kb_cache import DEV_SETS, cache_root, load_corpus, open_copy
+    from tools.cli import add_kb_cache, kb_cache_root
+    from tools.kb_cache import DEV_SETS, load_corpus, open_copy
 
     ap = argparse.ArgumentParser(prog="python -m tools.bench_answer", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--kb-cache", default=None)
+    add_kb_cache(ap)
     ap.add_argument("--set", default="cmrc_dev_news", choices=list(DEV_SETS))
     ap.add_argument("--questions", type=int, default=200)
     args = ap.parse_args(argv)
-    root = cache_root(args.kb_cache)
-    if root is None:
-        ap.error("--kb-cache DIR (or $KBQA_KB_CACHE) is required")
+    root = kb_cache_root(ap, args)
     ds = DEV_SETS[args.set]
     qs = [q.text for q in random.Random(7).sample(load_corpus(ds).questions, args.questions)]
     with tempfile.TemporaryDirectory(prefix="kbqa-bench-") as tmp:

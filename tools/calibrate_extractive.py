@@ -26,6 +26,7 @@ from pathlib import Path
 import numpy as np
 
 from pipeline.generation.extractive import MAX_SENTENCES, PickerParams
+from tools.cli import print_md_table, report_fit
 
 W_COS = 10.0
 GRID = {
@@ -131,13 +132,11 @@ def fit(train: list[SetData]) -> PickerParams:
 
 
 def print_table(rows: dict[str, dict]) -> None:
-    print("| left-out set | answerable | answer-hit | top-1-source-hit | sentences/answer | 未找到 on answerable "
-          "| gold removed | 未找到 on gold removed |")
-    print("|---|---|---|---|---|---|---|---|")
-    for name, m in rows.items():
-        print(f"| {name} | {m['answerable']} | {m['answer_hit']:.3f} | {m['top1_source_hit']:.3f} | "
-              f"{m['sentences']:.2f} | {m['not_found_answerable']:.1%} | {m['gold_removed']} | "
-              f"{m['not_found_gold_removed']:.1%} |")
+    print_md_table(["left-out set", "answerable", "answer-hit", "top-1-source-hit", "sentences/answer",
+                    "未找到 on answerable", "gold removed", "未找到 on gold removed"],
+                   [[name, m["answerable"], f"{m['answer_hit']:.3f}", f"{m['top1_source_hit']:.3f}",
+                     f"{m['sentences']:.2f}", f"{m['not_found_answerable']:.1%}", m["gold_removed"],
+                     f"{m['not_found_gold_removed']:.1%}"] for name, m in rows.items()])
 
 
 def main(argv=None) -> int:
@@ -155,12 +154,7 @@ def main(argv=None) -> int:
         loso[name] = metrics(d, p) | {"params": p.__dict__}
     print("left-out sets (params fitted on the others):")
     print_table(loso)
-    shipped = fit(list(sets.values()))
-    print(f"\nall sets → SHIPPED = PickerParams(w_cos={shipped.w_cos}, w_cov={shipped.w_cov}, "
-          f"w_phrase={shipped.w_phrase}, w_rank={shipped.w_rank}, margin={shipped.margin}, "
-          f"not_found_below={shipped.not_found_below:.4f}, w_context={shipped.w_context})")
-    if args.json:
-        args.json.write_text(json.dumps({"leave_one_set_out": loso, "shipped": shipped.__dict__}, indent=2))
+    report_fit("PickerParams", fit(list(sets.values())), loso, args.json)
     return 0
 
 

@@ -26,6 +26,7 @@ import numpy as np
 from pipeline.retrieval.gate import INPUTS, GateModel, gate_inputs
 from pipeline.retrieval.gate_background import Background, summarize
 from pipeline.retrieval.gate_features import GateFeatures
+from tools.cli import print_md_table
 
 FR_QUANTILE = 0.025    # refuse below the 2.5% quantile of answerable scores (the lowest over training sets)
 WEAK_QUANTILE = 0.08   # weak below the 8% quantile
@@ -114,13 +115,11 @@ def hard_floor(rows: list[dict]) -> float:
 
 
 def print_table(result: dict[str, dict]) -> None:
-    print("| left-out set | answerable | false refusals | weak | out-of-KB | out-of-KB refused (weak) "
-          "| gold removed | gold removed refused (weak) |")
-    print("|---|---|---|---|---|---|---|---|")
-    for name, m in result.items():
-        print(f"| {name} | {m['answerable']} | {m['false_refusals']:.1%} | {m['weak']:.1%} | {m['out_of_kb']} | "
-              f"{m['out_of_kb_refused']:.1%} ({m['out_of_kb_weak']:.1%}) | {m['gold_removed']} | "
-              f"{m['gold_removed_refused']:.1%} ({m['gold_removed_weak']:.1%}) |")
+    print_md_table(["left-out set", "answerable", "false refusals", "weak", "out-of-KB", "out-of-KB refused (weak)",
+                    "gold removed", "gold removed refused (weak)"],
+                   [[name, m["answerable"], f"{m['false_refusals']:.1%}", f"{m['weak']:.1%}", m["out_of_kb"],
+                     f"{m['out_of_kb_refused']:.1%} ({m['out_of_kb_weak']:.1%})", m["gold_removed"],
+                     f"{m['gold_removed_refused']:.1%} ({m['gold_removed_weak']:.1%})"] for name, m in result.items()])
 
 
 def main(argv=None) -> int:

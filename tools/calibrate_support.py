@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import argparse
 import itertools
-import json
 import random
 import re
 import sys
@@ -26,6 +25,7 @@ from pathlib import Path
 import numpy as np
 
 from pipeline.generation.support import SHIPPED, SupportParams
+from tools.cli import report_fit
 
 SETS = ("cmrc_trial", "xquad_zh", "cmrc_dev_news")  # the sets with answer strings to build claims from
 MAX_FALSE_MARKS = 0.05
@@ -108,17 +108,15 @@ def score(rows: list[dict], p: SupportParams) -> dict:
 
 
 def main(argv=None) -> int:
-    from tools.kb_cache import cache_root
+    from tools.cli import add_kb_cache, kb_cache_root
 
     ap = argparse.ArgumentParser(prog="python -m tools.calibrate_support", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--kb-cache", default=None)
+    add_kb_cache(ap)
     ap.add_argument("--per-set", type=int, default=150)
     ap.add_argument("--json", type=Path, default=None)
     args = ap.parse_args(argv)
-    root = cache_root(args.kb_cache)
-    if root is None:
-        ap.error("--kb-cache DIR (or $KBQA_KB_CACHE) is required")
+    root = kb_cache_root(ap, args)
     data = {n: collect(n, root, args.per_set) for n in SETS}
     print("| left-out set | right citations | marked unsupported | wrong citations | marked unsupported | params |")
     print("|---|---|---|---|---|---|")
@@ -129,12 +127,7 @@ def main(argv=None) -> int:
         out[name] = m | {"params": p.__dict__}
         print(f"| {name} | {m['right']} | {m['right_marked']:.1%} | {m['wrong']} | {m['wrong_marked']:.1%} | "
               f"floor {p.floor}, margin {p.margin}, hard_floor {p.hard_floor} |")
-    shipped = fit(data)
-    print(f"\nall sets → SHIPPED = SupportParams(w_cos={shipped.w_cos}, w_cov={shipped.w_cov}, "
-          f"w_phrase={shipped.w_phrase}, floor={shipped.floor}, margin={shipped.margin}, "
-          f"hard_floor={shipped.hard_floor})")
-    if args.json:
-        args.json.write_text(json.dumps({"leave_one_set_out": out, "shipped": shipped.__dict__}, indent=2))
+    report_fit("SupportParams", fit(data), out, args.json)
     return 0
 
 

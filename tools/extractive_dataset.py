@@ -96,18 +96,17 @@ def dump_set(name: str, root: Path, out: Path, per_set: int) -> None:
 
 
 def main(argv=None) -> int:
-    from tools.kb_cache import DEV_SETS, cache_root
+    from tools.cli import add_kb_cache, kb_cache_root
+    from tools.kb_cache import DEV_SETS
 
     ap = argparse.ArgumentParser(prog="python -m tools.extractive_dataset", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--kb-cache", default=None)
+    add_kb_cache(ap)
     ap.add_argument("--out", required=True, type=Path)
     ap.add_argument("--per-set", type=int, default=400)
     ap.add_argument("names", nargs="*", default=list(DEV_SETS))
     args = ap.parse_args(argv)
-    root = cache_root(args.kb_cache)
-    if root is None:
-        ap.error("--kb-cache DIR (or $KBQA_KB_CACHE) is required")
+    root = kb_cache_root(ap, args)
     args.out.mkdir(parents=True, exist_ok=True)
     for name in args.names:
         dump_set(name, root, args.out, args.per_set)

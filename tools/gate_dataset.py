@@ -117,18 +117,17 @@ def dump_set(name: str, cache: Path, out: Path, per_set: int, questions_of: dict
 
 
 def main(argv=None) -> int:
-    from tools.kb_cache import DEV_SETS, cache_root, load_corpus
+    from tools.cli import add_kb_cache, kb_cache_root
+    from tools.kb_cache import DEV_SETS, load_corpus
 
     ap = argparse.ArgumentParser(prog="python -m tools.gate_dataset", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--kb-cache", default=None, help="the dev KB cache (tools/kb_cache.py; or $KBQA_KB_CACHE)")
+    add_kb_cache(ap)
     ap.add_argument("--out", required=True, type=Path)
     ap.add_argument("--per-set", type=int, default=800, help="answerable questions sampled per set")
     ap.add_argument("names", nargs="*", default=list(DEV_SETS))
     args = ap.parse_args(argv)
-    root = cache_root(args.kb_cache)
-    if root is None:
-        ap.error("--kb-cache DIR (or $KBQA_KB_CACHE) is required")
+    root = kb_cache_root(ap, args)
     args.out.mkdir(parents=True, exist_ok=True)
     questions_of = {n: load_corpus(DEV_SETS[n]).questions for n in DEV_SETS}
     for name in args.names:
