@@ -35,6 +35,7 @@ GRID = {
     "w_rank": (0.0, 0.05, 0.1, 0.2, 0.4),
     "margin": (0.0, 0.1, 0.2, 0.3, 0.5),
     "w_context": (0.0, 0.5, 1.0, 2.0),
+    "w_focus": (0.0, 0.25, 0.5, 1.0),
 }
 MAX_MEAN_SENTENCES = 1.8
 NOT_FOUND_QUANTILE = 0.02
@@ -51,6 +52,7 @@ class SetData:
     cos: np.ndarray
     cov: np.ndarray
     context: np.ndarray
+    focus: np.ndarray
     phrase: np.ndarray
     source: np.ndarray
     position: np.ndarray
@@ -73,7 +75,7 @@ def load(dumps: Path) -> dict[str, SetData]:
 
         out[f.stem] = SetData(
             f.stem, np.array([r["kind"] == "answerable" for r in rows]), np.array([r["top1"] for r in rows]),
-            pad("valid") > 0, pad("cosine"), pad("coverage"), pad("context"), pad("phrase"), pad("source", 99),
+            pad("valid") > 0, pad("cosine"), pad("coverage"), pad("context"), pad("focus"), pad("phrase"), pad("source", 99),
             pad("position", 999),
             pad("has_answer") > 0, np.array([r["bg_median"] for r in rows]))
     return out
@@ -82,7 +84,8 @@ def load(dumps: Path) -> dict[str, SetData]:
 def run(d: SetData, p: PickerParams) -> dict[str, np.ndarray]:
     """What the picker does with these candidates (same rules as ExtractivePicker.select): per question the
     best score, whether an answer was given, whether it holds a gold answer, how many sentences."""
-    lexical = p.w_cov * d.cov + p.w_phrase * d.phrase + p.w_context * d.context - p.w_rank * (d.source - 1)
+    lexical = (p.w_cov * d.cov + p.w_phrase * d.phrase + p.w_context * d.context + p.w_focus * d.focus
+               - p.w_rank * (d.source - 1))
     keep = d.valid  # the dump holds the embedded candidates only (the app's fixed prefilter)
     score = np.where(keep, lexical + p.w_cos * d.cos, -np.inf)
     best = score.max(axis=1)
@@ -111,8 +114,8 @@ def metrics(d: SetData, p: PickerParams) -> dict:
 
 def fit(train: list[SetData]) -> PickerParams:
     best_key, best = None, None
-    for w_cov, w_phrase, w_rank, margin, w_context in itertools.product(*GRID.values()):
-        p = PickerParams(W_COS, w_cov, w_phrase, w_rank, margin, -np.inf, w_context)
+    for w_cov, w_phrase, w_rank, margin, w_context, w_focus in itertools.product(*GRID.values()):
+        p = PickerParams(W_COS, w_cov, w_phrase, w_rank, margin, -np.inf, w_context, w_focus)
         runs = [run(d, p) for d in train]
         hit = np.mean([r["hit"][d.kind].mean() for d, r in zip(train, runs)])
         n = np.mean([r["n"][d.kind].mean() for d, r in zip(train, runs)])
@@ -128,7 +131,8 @@ def fit(train: list[SetData]) -> PickerParams:
         there = d.kind & r["addressable"]
         if there.any():
             floors.append(float(np.quantile(r["best"][there], NOT_FOUND_QUANTILE)))
-    return PickerParams(W_COS, best.w_cov, best.w_phrase, best.w_rank, best.margin, min(floors), best.w_context)
+    return PickerParams(W_COS, best.w_cov, best.w_phrase, best.w_rank, best.margin, min(floors), best.w_context,
+                        best.w_focus)
 
 
 def print_table(rows: dict[str, dict]) -> None:

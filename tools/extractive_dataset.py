@@ -86,7 +86,7 @@ def dump_set(name: str, root: Path, out: Path, per_set: int) -> None:
                         "set": name, "kind": kind, "q": q.text, "top1": top1, "n_sources": len(final),
                         "bg_median": bg_median,
                         "cands": [{"text": c.piece.text, "punct": c.piece.punct, "source": c.source, "position": c.piece.position, "coverage": round(c.coverage, 4),
-                                   "phrase": round(c.phrase, 4), "context": round(c.context, 4), "cosine": round(c.cosine, 5),
+                                   "phrase": round(c.phrase, 4), "context": round(c.context, 4), "focus": c.focus, "cosine": round(c.cosine, 5),
                                    "has_answer": holds_answer(c.piece.text, q.answers, sp)} for c in cands],
                     }, ensure_ascii=False) + "\n")
         engine.close()

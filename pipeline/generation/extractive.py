@@ -5,6 +5,8 @@ table debris) of the top MAX_CHUNKS sources. Each is scored by
     w_cos · cos(question, sentence)          the loaded embedding model (e5: "query:" vs "passage:")
   + w_cov · coverage                         IDF-weighted share of the question's content words in it
   + w_phrase · phrase coverage               share of the question's character bigrams in it
+  + w_focus · focus                          it names what the question asks about (lexical.focus_terms: 体长 in
+                                             「前鼻丝鳗的体长是多少？」)
   + w_context · context coverage             IDF share of the question's words it lacks but earlier sentences of
                                              its chunk have: Chinese drops the topic once established
                                              (「前鼻丝鳗，……的一个种。体长可达46.5公分。」 answers 「前鼻丝鳗的体长是多少？」)
@@ -30,7 +32,14 @@ import numpy as np
 
 from pipeline.events import EXTRACTIVE_LABEL
 from pipeline.generation.sentences import Piece, clauses, is_statement, split_sentences
-from pipeline.retrieval.lexical import TermWeights, content_bigrams, content_terms, coverage, normalize
+from pipeline.retrieval.lexical import (
+    TermWeights,
+    content_bigrams,
+    content_terms,
+    coverage,
+    focus_terms,
+    normalize,
+)
 from pipeline.retrieval.nodes import node_text
 
 MAX_CHUNKS = 6           # the sources the answer may quote (w_rank prefers the better-ranked ones)
@@ -53,10 +62,12 @@ class PickerParams:
     margin: float           # further sentences must score within this of the best
     not_found_below: float  # best score − w_cos·background median below this → 「资料中未找到直接回答该问题的内容」
     w_context: float = 0.0
+    w_focus: float = 0.0
 
 
 # Fitted by tools/calibrate_extractive.py on all dev sets (left-out numbers in docs/retrieval-eval.md).
-SHIPPED = PickerParams(w_cos=10.0, w_cov=1.0, w_phrase=0.0, w_rank=0.05, margin=0.3, not_found_below=0.55)
+SHIPPED = PickerParams(w_cos=10.0, w_cov=3.0, w_phrase=0.0, w_rank=0.1, margin=0.5, not_found_below=1.1529,
+                       w_context=2.0, w_focus=0.25)
 # No embedding model: lexical only; "not found" = not one content word of the question in any candidate.
 LEXICAL = PickerParams(w_cos=0.0, w_cov=1.0, w_phrase=1.0, w_rank=0.1, margin=0.3, not_found_below=1e-9)
 
@@ -69,13 +80,14 @@ class Candidate:
     phrase: float
     cosine: float | None = None
     context: float = 0.0      # IDF share of question words absent here but present earlier in the chunk
+    focus: float = 0.0        # 1 when it contains a focus term of the question
 
     def prefilter_key(self) -> float:
         return self.coverage + self.phrase - PREFILTER_RANK_COST * (self.source - 1)
 
     def lexical(self, p: PickerParams) -> float:
         return (p.w_cov * self.coverage + p.w_phrase * self.phrase + p.w_context * self.context
-                - p.w_rank * (self.source - 1))
+                + p.w_focus * self.focus - p.w_rank * (self.source - 1))
 
     def score(self, p: PickerParams) -> float:
         return self.lexical(p) + (p.w_cos * self.cosine if self.cosine is not None else 0.0)
@@ -117,7 +129,9 @@ class ExtractivePicker:
     def candidates(self, question: str, nodes: Sequence[Any], query_embedding=None) -> list[Candidate]:
         """Statements of the top sources with their lexical scores, and cosines for the PREFILTER best."""
         terms = content_terms(self.tokenizer(question))
-        grams = content_bigrams(self.tokenizer.segments(question))
+        segments = self.tokenizer.segments(question)
+        grams = content_bigrams(segments)
+        focus = focus_terms(segments)
         weights = self.weights_of()
         out: list[Candidate] = []
         seen: set[str] = set()
@@ -132,7 +146,8 @@ class ExtractivePicker:
                     phrase = sum(g in text for g in grams) / len(grams) if grams else 0.0
                     carried = [t for t in earlier - here]
                     out.append(Candidate(piece, rank, coverage(terms, weights, text), phrase,
-                                         context=coverage(terms, weights, " ".join(carried)) if carried else 0.0))
+                                         context=coverage(terms, weights, " ".join(carried)) if carried else 0.0,
+                                         focus=float(any(f in text for f in focus))))
                 earlier |= here
         if self.embed_model is None or not out:
             return out

@@ -62,6 +62,30 @@ def content_bigrams(segments: Iterable[str]) -> list[str]:
     return list(grams)
 
 
+_QUESTION_WORDS = ("什么", "多少", "谁", "哪", "几", "何时", "怎样", "怎么", "如何", "为什么", "多大", "多长", "多高",
+                   "多久", "多远")
+
+
+def focus_terms(segments: list[str]) -> list[str]:
+    """The words the question asks about: the nearest content word on each side of its question word
+    (「前鼻丝鳗的体长是多少？」 → 体长; 「王江泾镇内有多少人口？」 → 镇内, 人口). An answer sentence names what was
+    asked even when it leaves out the topic (「体长可达46.5公分」)."""
+    out: list[str] = []
+    for i, w in enumerate(segments):
+        if not w.startswith(_QUESTION_WORDS):
+            continue
+        for side in (range(i - 1, max(i - 4, -1), -1), range(i + 1, min(i + 3, len(segments)))):
+            for j in side:
+                x = segments[j]
+                if not _WORD.search(x):
+                    break  # punctuation ends the clause
+                if x not in STOPWORDS and len(x) >= 2:
+                    if x not in out:
+                        out.append(x)
+                    break
+    return out
+
+
 class TermWeights:
     """IDF per token from a bm25s index (lucene idf: ln(1 + (N − df + 0.5) / (df + 0.5)))."""
 
