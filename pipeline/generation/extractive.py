@@ -136,21 +136,19 @@ class ExtractivePicker:
         out: list[Candidate] = []
         seen: set[str] = set()
         for rank, nws in enumerate(list(nodes)[:self.max_chunks], start=1):
-            earlier: set[str] = set()  # question words stated in the chunk so far
+            earlier: set[str] = set()  # question words met in the chunk so far (headings included)
             for piece in split_sentences(node_text(nws)):
                 text = normalize(piece.text)
                 here = {t for t in terms if t in text}
                 key = re.sub(r"\s+", "", piece.text)
-                statement = is_statement(piece)
-                if key not in seen and statement:  # chunk overlap repeats sentences
+                if key not in seen and is_statement(piece):  # chunk overlap repeats sentences
                     seen.add(key)
                     phrase = sum(g in text for g in grams) / len(grams) if grams else 0.0
                     carried = [t for t in earlier - here]
                     out.append(Candidate(piece, rank, coverage(terms, weights, text), phrase,
                                          context=coverage(terms, weights, " ".join(carried)) if carried else 0.0,
                                          focus=float(any(f in text for f in focus))))
-                if statement:  # a topic is established by a statement; a heading only labels what follows
-                    earlier |= here
+                earlier |= here
         if self.embed_model is None or not out:
             return out
         order = sorted(range(len(out)), key=lambda i: (-out[i].prefilter_key(), out[i].source, i))
