@@ -2,6 +2,10 @@
 
     python app.py [--host 127.0.0.1] [--port 7860] [--data-dir data] [--share] [--auth USER:PASS ...]
                   [--admin USER ...] [--kb-admin USER ...]
+                  [--database-url postgresql://…] [--chroma-url http://host:port] [--files-dir DIR]
+
+Without the last three everything lives in the data dir (SQLite, embedded Chroma, uploads/): no server needed.
+With them several app processes can serve one knowledge base (docs/deploy.md).
 """
 from __future__ import annotations
 
@@ -26,6 +30,16 @@ def parse_args(argv=None):
     p.add_argument("--auth", action="append", metavar="USER:PASS", help="enable logins (repeatable)")
     p.add_argument("--admin", action="append", metavar="USER", help="user allowed to use the 配置 tab")
     p.add_argument("--kb-admin", action="append", metavar="USER", help="user allowed to manage the knowledge base")
+    p.add_argument("--database-url", default=None, metavar="URL",
+                   help="PostgreSQL for metadata, settings and the ingest queue (default: env DATABASE_URL, "
+                        "else SQLite in the data dir)")
+    p.add_argument("--chroma-url", default=None, metavar="URL",
+                   help="Chroma server http://host:port[/database] (default: env CHROMA_URL, else embedded)")
+    p.add_argument("--files-dir", default=None, metavar="DIR",
+                   help="uploaded originals, shared by all app processes (default: env KBQA_FILES_DIR, "
+                        "else <data-dir>/uploads)")
+    p.add_argument("--ingest-lease", type=float, default=None, metavar="SECONDS",
+                   help="how long a dead process keeps an ingest job before another takes it over (default 60)")
     return p.parse_args(argv)
 
 
@@ -49,10 +63,12 @@ def main(argv=None) -> int:
     args = parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     from pipeline.access import AccessPolicy
+    from pipeline.deployment import Deployment
     from pipeline.engine import Engine
 
     try:
         policy = AccessPolicy.from_args(args.auth, args.admin, args.kb_admin)
+        deployment = Deployment.from_sources(args.database_url, args.chroma_url, args.files_dir, args.ingest_lease)
     except ValueError as exc:
         print(f"参数错误：{exc}", file=sys.stderr)
         return 2
@@ -60,7 +76,11 @@ def main(argv=None) -> int:
         print("拒绝创建公网分享链接：未设置登录（--auth USER:PASS）时公开知识库会造成泄露。", file=sys.stderr)
         return 2
 
-    engine = Engine(args.data_dir, load_async=True)
+    try:
+        engine = Engine(args.data_dir, load_async=True, deployment=deployment)
+    except ConnectionError as exc:  # a configured server is down or unreachable: say which, no traceback
+        print(f"启动失败：{exc}", file=sys.stderr)
+        return 2
     app, blocks = build_app(engine, policy)
 
     import uvicorn

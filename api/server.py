@@ -16,7 +16,7 @@ from typing import Any
 
 from fastapi import Depends, FastAPI, File, Query, Request, UploadFile
 from fastapi.exceptions import RequestValidationError
-from fastapi.responses import JSONResponse, StreamingResponse
+from fastapi.responses import JSONResponse, PlainTextResponse, StreamingResponse
 from pydantic import BaseModel, ConfigDict, Field
 from starlette.concurrency import run_in_threadpool
 from starlette.exceptions import HTTPException as StarletteHTTPException
@@ -67,6 +67,33 @@ class AskBody(BaseModel):
     model_config = ConfigDict(extra="forbid")
     question: str = Field(min_length=1, max_length=2000)
     retry: bool = False
+    conversation_id: str | None = Field(None, description="omit to start a conversation; its id is in done")
+    use_kb: bool = Field(True, description="false: talk to the LLM without the knowledge base (route DIRECT)")
+
+
+class FeedbackBody(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    turn_id: int
+    rating: str = Field(description="up | down")
+    reason: str | None = Field(None, description="👎 only: 不准确 / 引用错误 / 没回答 / 其他")
+    comment: str | None = Field(None, max_length=500)
+
+
+class VerifiedBody(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    question: str = Field(min_length=1, max_length=500)
+    answer: str = Field(min_length=1, max_length=4000)
+    feedback_id: int | None = Field(None, description="the feedback item (and so the answer) it comes from")
+
+
+class RenameBody(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    title: str = Field(min_length=1, max_length=100)
+
+
+class BackupBody(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    dest: str = Field(min_length=1, max_length=1000, description="absolute path on the app's machine; new or empty")
 
 
 class Envelope(BaseModel):
@@ -233,6 +260,25 @@ def create_api(engine: Engine, policy: AccessPolicy | None = None) -> FastAPI:
         """Progress of the running/last full rebuild: running, done, total, current, elapsed_ms."""
         return ok(engine.rebuild_status())
 
+    @app.get("/api/kb/audit", response_model=Envelope, tags=["kb"])
+    def audit(quick: bool = Query(False, description="skip re-tokenizing every chunk"),
+              _: str | None = Depends(kb_admin_user)):
+        """Read-only consistency report: files vs documents, chunks vs vectors and BM25 tokens, stuck documents,
+        embedding model. `problems` 0 means consistent; each finding says whether repair can fix it."""
+        return ok(engine.audit(check_tokens=not quick))
+
+    @app.post("/api/kb/repair", response_model=Envelope, tags=["kb"])
+    def repair(_: str | None = Depends(admin_user)):
+        """Repair derived state only (vectors, tokens, BM25, stuck jobs, unreferenced files); never an original.
+        Returns the actions taken and the audit after them (requeued documents show as 处理中)."""
+        return ok(engine.repair())
+
+    @app.post("/api/kb/backup", response_model=Envelope, tags=["kb"])
+    def backup(body: BackupBody, _: str | None = Depends(admin_user)):
+        """Consistent backup of the live data dir into `dest` (writes pause for the copy, questions go on).
+        Returns the manifest (counts, sha256 per file). Restore offline: python -m tools.restore."""
+        return ok(engine.backup(body.dest))
+
     @app.post("/api/kb/search", response_model=Envelope, tags=["kb"])
     def search(body: SearchBody, _: str | None = Depends(current_user)):
         """Dual-route debug search: {bm25, vector, rrf} as in SRS §7.2."""
@@ -240,17 +286,21 @@ def create_api(engine: Engine, policy: AccessPolicy | None = None) -> FastAPI:
 
     # --- question answering -------------------------------------------------------------------
     @app.post("/api/qa/ask/sync", response_model=Envelope, tags=["qa"])
-    def ask_sync(body: AskBody, _: str | None = Depends(current_user)):
-        """{answer, sources, elapsed_ms} from the same pipeline as the stream."""
-        return ok(engine.ask_sync(body.question, retry=body.retry))
+    def ask_sync(body: AskBody, user: str | None = Depends(current_user)):
+        """{answer, sources, elapsed_ms, trace, conversation_id, turn_id, route, rewritten_query} from the same
+        pipeline as the stream."""
+        return ok(engine.ask_sync(body.question, retry=body.retry, conversation_id=body.conversation_id,
+                                  user=user, use_kb=body.use_kb))
 
     @app.post("/api/qa/ask", tags=["qa"], response_class=StreamingResponse,
               responses={200: {"content": {"text/event-stream": {}},
                                "description": "events stage / trace / delta / sources / done / error"}})
-    async def ask(body: AskBody, request: Request, _: str | None = Depends(current_user)):
+    async def ask(body: AskBody, request: Request, user: str | None = Depends(current_user)):
         """Server-Sent Events: the engine's event stream, serialized. `retry: true` regenerates from the
-        stored retrieval of the same question. A client that disconnects stops generation."""
-        gen = engine.ask(body.question, retry=body.retry)
+        stored retrieval of the same question. A client that disconnects stops generation. `done` carries
+        conversation_id (created when absent), turn_id, route and rewritten_query."""
+        gen = engine.ask(body.question, retry=body.retry, conversation_id=body.conversation_id, user=user,
+                         use_kb=body.use_kb)
         sentinel = object()
 
         async def stream():
@@ -267,6 +317,78 @@ def create_api(engine: Engine, policy: AccessPolicy | None = None) -> FastAPI:
 
         return StreamingResponse(stream(), media_type="text/event-stream",
                                  headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
+
+    # --- conversations (server-side history; a user sees only their own) -------------------------
+    @app.get("/api/conversations", response_model=Envelope, tags=["conversations"])
+    def list_conversations(page: int = Query(1, ge=1), size: int = Query(50, ge=1, le=200),
+                           user: str | None = Depends(current_user)):
+        """The caller's conversations, newest activity first: {items: [{conv_id, title, turn_count, …}], total}."""
+        return ok(engine.list_conversations(user, page, size))
+
+    @app.delete("/api/conversations", response_model=Envelope, tags=["conversations"])
+    def clear_conversations(user: str | None = Depends(current_user)):
+        """Delete all of the caller's conversations."""
+        return ok(engine.clear_conversations(user))
+
+    @app.get("/api/conversations/{conv_id}", response_model=Envelope, tags=["conversations"])
+    def get_conversation(conv_id: str, user: str | None = Depends(current_user)):
+        """One conversation with every turn (question, rewritten query, answer, sources, trace, route …).
+        3002 unknown id; 4003 another user's."""
+        return ok(engine.get_conversation(conv_id, user))
+
+    @app.patch("/api/conversations/{conv_id}", response_model=Envelope, tags=["conversations"])
+    def rename_conversation(conv_id: str, body: RenameBody, user: str | None = Depends(current_user)):
+        """Rename: {"title": "…"}."""
+        return ok(engine.rename_conversation(conv_id, user, body.title))
+
+    @app.delete("/api/conversations/{conv_id}", response_model=Envelope, tags=["conversations"])
+    def delete_conversation(conv_id: str, user: str | None = Depends(current_user)):
+        """Delete one conversation and its turns."""
+        return ok(engine.delete_conversation(conv_id, user))
+
+    @app.get("/api/conversations/{conv_id}/export", tags=["conversations"], response_class=PlainTextResponse,
+             responses={200: {"content": {"text/markdown": {}}}})
+    def export_conversation(conv_id: str, user: str | None = Depends(current_user)):
+        """The conversation as Markdown with each answer's citations (a download)."""
+        md = engine.export_conversation(conv_id, user)
+        return PlainTextResponse(md, media_type="text/markdown; charset=utf-8", headers={
+            "Content-Disposition": f'attachment; filename="conversation-{conv_id}.md"'})
+
+    # --- feedback and verified Q&A entries ------------------------------------------------------
+    @app.post("/api/feedback", response_model=Envelope, tags=["feedback"])
+    def give_feedback(body: FeedbackBody, user: str | None = Depends(current_user)):
+        """👍 / 👎 on one of the caller's answers (turn_id from `done`); 👎 may carry a reason and a comment.
+        Rating again replaces the earlier rating."""
+        return ok(engine.give_feedback(body.turn_id, user, body.rating, body.reason, body.comment))
+
+    @app.get("/api/feedback", response_model=Envelope, tags=["feedback"])
+    def list_feedback(rating: str | None = Query(None, description="up | down"), page: int = Query(1, ge=1),
+                      size: int = Query(50, ge=1, le=200), _: str | None = Depends(kb_admin_user)):
+        """Feedback with the question, answer and sources it was given on, newest first (KB admins)."""
+        return ok(engine.list_feedback(rating, page, size))
+
+    @app.get("/api/feedback/export", tags=["feedback"], response_class=PlainTextResponse,
+             responses={200: {"content": {"application/x-ndjson": {}}}})
+    def export_feedback(rating: str | None = Query(None), _: str | None = Depends(kb_admin_user)):
+        """All feedback (or one rating) as JSON Lines, a download."""
+        return PlainTextResponse(engine.export_feedback(rating), media_type="application/x-ndjson; charset=utf-8",
+                                 headers={"Content-Disposition": 'attachment; filename="feedback.jsonl"'})
+
+    @app.post("/api/verified", response_model=Envelope, tags=["feedback"])
+    def create_verified(body: VerifiedBody, user: str | None = Depends(kb_admin_user)):
+        """A verified Q&A entry (question + checked answer [+ the cited chunks of feedback_id's answer]),
+        indexed like a small document on both routes and cited as 「已核实问答」 (KB admins)."""
+        return ok(engine.create_verified(body.question, body.answer, user, body.feedback_id))
+
+    @app.get("/api/verified", response_model=Envelope, tags=["feedback"])
+    def list_verified(_: str | None = Depends(kb_admin_user)):
+        """Verified Q&A entries with their document's status (processing → ready)."""
+        return ok(engine.list_verified())
+
+    @app.delete("/api/verified/{qa_id}", response_model=Envelope, tags=["feedback"])
+    def delete_verified(qa_id: int, _: str | None = Depends(kb_admin_user)):
+        """Delete the entry; its document leaves both retrieval routes."""
+        return ok(engine.delete_verified(qa_id))
 
     @app.get("/api/health", response_model=Envelope, tags=["status"])
     def health():

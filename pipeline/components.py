@@ -16,6 +16,12 @@ from typing import Any
 
 from llama_index.core import Settings as LISettings
 
+from pipeline.conversation.feedback import FeedbackService
+from pipeline.conversation.rewrite import DeterministicRewriter, LLMRewriter
+from pipeline.conversation.router import Router
+from pipeline.conversation.service import ConversationService
+from pipeline.conversation.verified import VerifiedQAService
+from pipeline.deployment import Deployment
 from pipeline.generation.extractive import ExtractivePicker
 from pipeline.generation.support import SupportChecker
 from pipeline.ingestion.service import IngestService
@@ -28,15 +34,29 @@ from pipeline.retrieval.service import RetrievalService
 from pipeline.settings import Settings
 from pipeline.tokenize_zh import ChineseTokenizer
 from store.config_store import ConfigStore
+from store.conversations import ConversationStore
 from store.db import Database
+from store.dirlock import DataDirLock
 from store.documents import DocumentStore
+from store.feedback import FeedbackStore
 from store.files import FileStore
+from store.gate import WriteGate
 from store.gate_stats import GateStatsStore
+from store.jobs import JobStore
+from store.leases import LeaseStore
+from store.retrievals import RetrievalStore
+from store.shared_state import SharedState
 from store.vectors import VectorStore
+from store.verified import VerifiedQAStore
 
 log = logging.getLogger(__name__)
 
 PROJECT_ROOT = Path(__file__).resolve().parents[1]
+REWRITE_TIMEOUT_S = 8.0  # a follow-up's LLM rewrite must not hold the answer longer; then the rule rewrite runs
+
+
+class DataDirBusy(RuntimeError):
+    """Another process (the running app) holds the data dir: go through its HTTP API instead."""
 
 
 @dataclass
@@ -47,6 +67,7 @@ class Models:
     cross_encoder: CrossEncoder | None   # None → rerank stage skipped
     llm: Any                             # OpenAILike, or None → extractive answers
     model_warning: str | None = None     # the collection holds vectors of another model (需要全量重建)
+    rewriter: Any = None                 # follow-up rewrite: LLMRewriter with an LLM, else the rule rewrite
 
 
 @dataclass
@@ -62,7 +83,19 @@ class Components:
     tokenizer: ChineseTokenizer
     bm25: BM25Index
     ingest: IngestService
-    gate_stats: GateStatsStore | None = None
+    gate: WriteGate  # multi-store writes hold it shared; backup / audit / repair freeze it (store/gate.py)
+    dir_lock: DataDirLock
+    conversations: ConversationService   # conversations, turns, ownership (pipeline.conversation)
+    feedback: FeedbackService
+    verified: VerifiedQAService
+    router: Router
+    rule_rewriter: DeterministicRewriter
+    jobs: JobStore                 # the ingest queue in the database
+    state: SharedState             # counters other app processes watch (KB generation, settings, reloads)
+    retrievals: RetrievalStore     # the retrieval behind each recent answer (重试 on any process)
+    leases: LeaseStore             # work one process at a time may do (全量重建)
+    deployment: Deployment
+    gate_stats: GateStatsStore | None = None  # the no-answer gate's background of this KB (SQLite / PostgreSQL)
     models: Models | None = None
     retrieval: RetrievalService | None = None
     # built with the embedding model by load_models: the gate's background, extractive picker, support check
@@ -75,25 +108,41 @@ class Components:
             self.gate_background.cancel()
         self.ingest.stop()
         self.db.close()
+        self.dir_lock.release()
 
 
 def build_components(data_dir: Path | str, *, project_root: Path | None = None, models_dir: Path | None = None,
                      settings: Callable[[], Settings], on_ingested: Callable[[], None] = lambda: None,
-                     busy_reason: Callable[[], str | None] = lambda: None) -> Components:
+                     busy_reason: Callable[[], str | None] = lambda: None, exclusive: bool = False,
+                     delete_document: Callable[[int], Any] = lambda doc_id: None,
+                     deployment: Deployment | None = None) -> Components:
     """Stores, indexes and the ingest worker over one data dir. Models come later (`load_models`).
 
     `settings` returns the current settings (they change at run time); `on_ingested` runs after the ingest
-    queue drains; `busy_reason` says why uploads are refused right now (or None).
+    queue drains; `busy_reason` says why uploads are refused right now (or None); `delete_document` removes a
+    document from every index (a deleted verified Q&A entry uses it). The data dir's lock (store/dirlock.py)
+    is taken; with `exclusive` (offline tools) a dir another process holds is refused. `deployment` says where
+    metadata, vectors and originals live (default: all embedded in the data dir; docs/deploy.md).
     """
+    dep = deployment or Deployment()
     data_dir = Path(data_dir).resolve()
     data_dir.mkdir(parents=True, exist_ok=True)
     project_root = Path(project_root or PROJECT_ROOT)
-    db = Database(data_dir / "app.db")
+    dir_lock = DataDirLock(data_dir)
+    if not dir_lock.acquire():
+        msg = f"数据目录 {data_dir} 正被运行中的应用（pid {dir_lock.holder()}）使用"
+        if exclusive:
+            raise DataDirBusy(msg + "：请用 --url 让应用自己执行，或先停止应用")
+        log.error("%s：两个进程同时写入会损坏数据", msg)
+    db = Database(dep.database_url or data_dir / "app.db")
     docs = DocumentStore(db)
-    files = FileStore(data_dir / "uploads")
-    vectors = VectorStore(data_dir / "chroma")
+    files = FileStore(dep.files_dir or data_dir / "uploads")
+    vectors = VectorStore(url=dep.chroma_url) if dep.chroma_url else VectorStore(data_dir / "chroma")
     tokenizer = ChineseTokenizer(user_dict=data_dir / "userdict.txt")
-    comps: Components  # the ingest worker reads the models that load_models puts here later
+    jobs = JobStore(db)
+    if db.single_process:
+        jobs.release_all()  # SQLite: leases left in the queue belong to a previous run of this one process
+    comps: Components | None = None  # the ingest worker reads the models that load_models puts here later
 
     def embed_model():
         return comps.models.embedding.embed_model
@@ -101,10 +150,19 @@ def build_components(data_dir: Path | str, *, project_root: Path | None = None, 
     def model_ident() -> tuple[str, int]:
         return comps.models.embedding.model_id, comps.models.embedding.dim
 
+    bm25 = BM25Index(data_dir / "bm25", docs.iter_ready_tokens)
+    gate = WriteGate()
     ingest = IngestService(docs, vectors, files, tokenizer, settings, embed_model, model_ident,
-                           on_change=on_ingested, busy_reason=busy_reason)
+                           on_change=on_ingested, busy_reason=busy_reason, on_ready=bm25.add_ready, gate=gate,
+                           jobs=jobs, ready=lambda: comps is not None and comps.models is not None,
+                           lease_s=dep.ingest_lease_s)
+    conversations = ConversationService(ConversationStore(db))
+    verified = VerifiedQAService(VerifiedQAStore(db), docs, files, ingest.enqueue, delete_document,
+                                 busy_reason=busy_reason)
     comps = Components(data_dir, project_root, Path(models_dir or project_root / "models"), db, ConfigStore(db),
-                       docs, files, vectors, tokenizer, BM25Index(data_dir / "bm25", docs.iter_ready_tokens), ingest,
+                       docs, files, vectors, tokenizer, bm25, ingest, gate, dir_lock,
+                       conversations, FeedbackService(FeedbackStore(db), conversations), verified, Router(),
+                       DeterministicRewriter(), jobs, SharedState(db), RetrievalStore(db), LeaseStore(db), dep,
                        GateStatsStore(db))
     return comps
 
@@ -117,19 +175,23 @@ def load_models(c: Components, s: Settings) -> Models:
     emb = load_embedding(s.embedding_model_path, c.project_root, c.models_dir)
     LISettings.embed_model = emb.embed_model  # never let LlamaIndex fall back to OpenAI
     LISettings.llm = None
-    models = Models(emb, _load_cross_encoder(c, s), build_llm(s), c.vectors.check_model(emb.model_id, emb.dim))
+    llm = build_llm(s)
+    rewriter = (LLMRewriter(llm, c.rule_rewriter, timeout_s=min(REWRITE_TIMEOUT_S, s.llm_timeout))
+                if llm is not None else c.rule_rewriter)
+    models = Models(emb, _load_cross_encoder(c, s), llm, c.vectors.check_model(emb.model_id, emb.dim), rewriter)
     c.models = models
     c.retrieval = RetrievalService(
         c.docs, c.vectors, c.bm25, c.tokenizer, emb.embed_model, models.cross_encoder,
         pending_vectors=c.docs.pending_chunk_count, vector_enabled=lambda: models.model_warning is None,
-        background=lambda: c.gate_background.current())
+        embedding_model=emb.model_id, background=lambda: c.gate_background.current())
     # Probes are scored with the settings of this load (recall size / fusion barely move their best cosine).
     c.gate_background = GateBackground(c.gate_stats, lambda: emb.model_id, lambda q: c.retrieval.measure_gate(q, s),
                                        lambda: c.bm25.snapshot)
     weights = lambda: weights_for(c.bm25.snapshot.bm25)  # noqa: E731 — the live IDF table, read per question
-    c.picker = ExtractivePicker(c.tokenizer, emb.embed_model, weights, background=lambda: c.gate_background.current())
+    background = lambda: c.gate_background.current()  # noqa: E731
+    c.picker = ExtractivePicker(c.tokenizer, emb.embed_model, weights, background=background)
     c.support = SupportChecker(emb.embed_model, c.tokenizer, weights, source_vectors=lambda nodes: _stored(c, nodes),
-                               background=lambda: c.gate_background.current())
+                               background=background)
     return models
 
 

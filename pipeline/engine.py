@@ -16,13 +16,21 @@ from typing import Any
 
 from pipeline import events as ev
 from pipeline.components import Components, build_components, load_models
+from pipeline.conversation.direct import direct_reply
+from pipeline.conversation.rewrite import Rewrite
+from pipeline.conversation.router import DIRECT, Route
+from pipeline.conversation.service import TurnRecorder
+from pipeline.deployment import Deployment
 from pipeline.errors import CODE_ENGINE, CODE_LLM, CODE_NO_DOC, CODE_VALIDATION, EngineError
 from pipeline.ingestion.rebuild import Rebuild
 from pipeline.ingestion.service import IngestBusy, UploadResult
 from pipeline.models.paths import embedding_model_id, resolve_model_dir
+from pipeline.ops import backup as backup_ops
+from pipeline.ops.audit import KBAuditor, ModelIds
+from pipeline.ops.repair import KBRepairer, RepairHooks
 from pipeline.retrieval.result import RetrievalResult
 from pipeline.retrieval.service import default_min_similarity
-from pipeline.retry_cache import RecentRetrievals
+from pipeline.retry_cache import StoredRetrievals
 from pipeline.settings import (
     DEFAULT_EMBEDDING_PATH,
     DEFAULT_RERANKER_PATH,
@@ -34,7 +42,11 @@ from pipeline.settings import (
     flatten_grouped,
     is_masked,
     merge_update,
+    settings_from_stored,
+    validate_settings,
 )
+from pipeline.shared_sync import SharedSync
+from store.shared_state import CONFIG_VERSION, ENGINE_VERSION, KB_GENERATION
 
 log = logging.getLogger(__name__)
 
@@ -45,10 +57,11 @@ __all__ = ["Engine", "EngineError"]
 
 class Engine:
     def __init__(self, data_dir: Path | str = "data", project_root: Path | None = None,
-                 models_dir: Path | None = None, load_async: bool = False):
+                 models_dir: Path | None = None, load_async: bool = False, deployment: Deployment | None = None):
         self.components: Components = build_components(
-            data_dir, project_root=project_root, models_dir=models_dir, settings=lambda: self._settings,
-            on_ingested=self._after_ingest, busy_reason=self._busy_reason)
+            data_dir, project_root=project_root, models_dir=models_dir, settings=lambda: self.settings,
+            on_ingested=self._after_ingest, busy_reason=self._busy_reason, delete_document=self.delete_document,
+            deployment=deployment)
         c = self.components
         self.data_dir, self.project_root, self.models_dir = c.data_dir, c.project_root, c.models_dir
         self._settings = self._load_settings()
@@ -56,8 +69,17 @@ class Engine:
         self.load_error: str | None = None
         self.retrieval_calls = 0
         self.last_reload_ms: float | None = None
-        self._recent = RecentRetrievals()
+        self._recent = StoredRetrievals(c.retrievals, c.docs.get_chunks)
+        # Other app processes on the same database: their settings saves, reloads and KB changes reach us here.
+        self._sync = SharedSync(c.state, on_kb=self._refresh_bm25, on_config=self._reread_settings,
+                                on_engine=self._reload_from_elsewhere)
         self._rebuild = Rebuild(c, lambda: self._settings, on_done=self._after_rebuild)
+        self.auditor = KBAuditor(c.docs, c.vectors, c.files, c.tokenizer, self._model_ids,
+                                 bm25_ids=c.bm25.indexed_ids, has_job=self._has_job, gate=c.gate)
+        self.repairer = KBRepairer(self.auditor, c.docs, c.vectors, c.files, c.tokenizer, c.gate, RepairHooks(
+            embed=lambda texts: c.models.embedding.embed_model.get_text_embedding_batch(texts),
+            model=lambda: (c.models.embedding.model_id, c.models.embedding.dim),
+            requeue=c.ingest.enqueue, rebuild_bm25=self._after_ingest, on_model_fixed=self._refresh_model_warning))
         self._lock = threading.RLock()
         if load_async:
             threading.Thread(target=self._load_guarded, name="engine-load", daemon=True).start()
@@ -83,23 +105,44 @@ class Engine:
             stored = defaults
         else:
             self.components.config.write_defaults({k: v for k, v in Settings().model_dump().items() if k not in stored})
-        known = {k: v for k, v in stored.items() if k in Settings.model_fields}
-        try:
-            return Settings(**{**Settings().model_dump(), **known})
-        except Exception as exc:  # a hand-edited database must not stop the app
-            log.error("stored settings invalid (%s); using defaults", exc)
-            return Settings()
+        settings, dropped = settings_from_stored(stored)  # a hand-edited database must not stop the app
+        for key, why in dropped.items():
+            log.error("stored setting %s invalid (%s); using its default", key, why)
+        return settings
 
     @property
     def settings(self) -> Settings:
+        self._sync_check()
         return self._settings
+
+    def _sync_check(self) -> None:
+        """Catch up with changes other app processes made (one read of app_state)."""
+        try:
+            self._sync.check()
+        except Exception:  # best effort: the request itself reports a database outage
+            log.exception("checking shared state failed")
+
+    def _reread_settings(self) -> None:
+        old, self._settings = self._settings, self._load_settings()
+        if (old.bm25_k1, old.bm25_b) != (self._settings.bm25_k1, self._settings.bm25_b) and self.state == "ready":
+            self._sync.refresh_kb()
+
+    def _reload_from_elsewhere(self) -> None:
+        self._settings = self._load_settings()
+        try:
+            self.load()
+        except EngineError:
+            pass  # state/load_error say why
 
     def update_settings(self, payload: dict[str, Any]) -> dict:
         """Validate, persist and apply a partial settings change (grouped or flat)."""
         flat = flatten_grouped(payload)
+        self._sync_check()  # merge onto the newest settings, whichever process saved them
         new, changed = merge_update(self._settings, flat)
         self._check_model_paths(new, changed)
         self.components.config.save({k: new.model_dump()[k] for k in changed})
+        if changed:
+            self._sync.bump(CONFIG_VERSION)
         old = self._settings
         self._settings = new
         if {"bm25_k1", "bm25_b"} & set(changed) and self.state == "ready":
@@ -115,6 +158,7 @@ class Engine:
         return {"changed": changed, **effect, "warnings": warnings, "config": new.grouped(mask=True)}
 
     def _check_model_paths(self, new: Settings, changed: list[str]) -> None:
+        errors = {}
         for key, default in (("embedding_model_path", DEFAULT_EMBEDDING_PATH),
                              ("reranker_model_path", DEFAULT_RERANKER_PATH)):
             if key not in changed:
@@ -123,7 +167,19 @@ class Engine:
             if not value or value == default:
                 continue  # empty → packaged default / skipped; the untouched SRS default may be absent
             if resolve_model_dir(value, self.project_root) is None:
-                raise SettingsError({key: f"{LABELS[key]} 无效：目录 {value} 不存在或不含 config.json"})
+                errors[key] = f"{LABELS[key]} 无效：目录 {value} 不存在或不含 config.json"
+        if errors:
+            raise SettingsError(errors)
+
+    def check_settings(self, payload: dict[str, Any]) -> dict[str, str]:
+        """What saving this change would refuse (field → message); {} when it would be accepted. Saves nothing
+        (the settings tab asks while the user types, to mark fields red and disable 保存)."""
+        try:
+            new, changed = merge_update(self._settings, flatten_grouped(payload))
+            self._check_model_paths(new, changed)
+        except SettingsError as exc:
+            return dict(exc.errors)
+        return {}
 
     def test_llm(self, payload: dict[str, Any] | None = None) -> dict:
         """Connectivity test with the given (possibly unsaved) LLM values; masked key → the stored key."""
@@ -136,6 +192,10 @@ class Engine:
             if v is None or (k in SECRET_FIELDS and is_masked(v)):
                 continue
             vals[k] = v
+        try:  # the same rules as saving: a bad URL is named before any connection is tried
+            vals = validate_settings(vals).model_dump()
+        except SettingsError as exc:
+            return {"ok": False, "msg": str(exc)}
         if not vals["llm_api_url"] or not vals["llm_model"]:
             return {"ok": False, "msg": "请先填写 API 地址和模型名称"}
         t = min(float(vals.get("llm_timeout") or 10), 30)
@@ -157,7 +217,8 @@ class Engine:
             try:
                 s = self._settings
                 load_models(self.components, s)
-                self._recover()
+                with self.components.gate.writing():
+                    self._recover()
                 self.components.bm25.load_or_rebuild(s.bm25_k1, s.bm25_b, self.components.docs.ready_chunk_ids())
                 self._recent.clear()
                 self.state, self.load_error = "ready", None
@@ -174,8 +235,10 @@ class Engine:
         return self.last_reload_ms
 
     def reload(self) -> float:
-        if self._rebuild.running:
+        """重载引擎 here and, through the engine version in the database, on every other app process."""
+        if self._rebuild_busy():
             raise EngineError(CODE_ENGINE, "全量重建进行中，请完成后再重载引擎")
+        self._sync.bump(ENGINE_VERSION)
         return self.load()
 
     @property
@@ -184,27 +247,19 @@ class Engine:
         return m.model_warning if m else None
 
     def _recover(self) -> None:
-        """Restart safety: resume documents left 处理中 by a crash; drop orphan vectors and chunks."""
-        c = self.components
-        for doc_id in c.docs.ids_with_status("processing"):
-            if c.ingest.is_queued(doc_id):
-                continue
-            doc = c.docs.get(doc_id)
-            if doc and doc.get("stored_name") and c.files.path_of(doc["stored_name"]).exists():
-                c.vectors.delete_doc(doc_id)
-                c.docs.delete_chunks(doc_id)
-                c.ingest.enqueue(doc_id)
-            else:
-                c.docs.set_status(doc_id, "failed", "处理中断")
-        for doc_id in c.docs.ids_with_status("failed"):
-            c.docs.delete_chunks(doc_id)
-        orphans = c.vectors.all_ids() - c.docs.all_chunk_ids()
-        if orphans:
-            log.warning("removing %d orphan vectors", len(orphans))
-            c.vectors.delete_ids(sorted(orphans))
+        """Restart safety: documents left 处理中 are queued (the ingest queue resumes them); orphan vectors go."""
+        self.components.ingest.recover()
 
     def _after_ingest(self) -> None:
-        self.components.bm25.rebuild(self._settings.bm25_k1, self._settings.bm25_b)
+        self._sync.refresh_kb()
+
+    def _refresh_bm25(self) -> None:
+        c = self.components
+        c.vectors.reopen()  # another process may have re-created the collection (model change)
+        m = c.models
+        if m is not None and m.model_warning:  # another process's 全量重建 may have resolved it
+            m.model_warning = c.vectors.check_model(m.embedding.model_id, m.embedding.dim)
+        c.bm25.rebuild(self._settings.bm25_k1, self._settings.bm25_b)
         self._refresh_gate_background()
 
     def _after_rebuild(self) -> None:
@@ -212,12 +267,15 @@ class Engine:
         self._refresh_gate_background()
 
     def _refresh_gate_background(self) -> None:
-        """The knowledge base changed: score the gate's probe questions against it now, not at the next question."""
+        """The knowledge base changed: score the gate's probe questions against it soon, not at the next question."""
         if self.state == "ready" and self.components.gate_background is not None:
             self.components.gate_background.refresh_soon()
 
+    def _rebuild_busy(self) -> bool:
+        return self._rebuild.running or self._rebuild.running_elsewhere()
+
     def _busy_reason(self) -> str | None:
-        if self._rebuild.running:
+        if self._rebuild_busy():
             return "全量重建进行中，暂不能上传或删除文档，请稍后再试"
         if self.state != "ready":
             return "引擎加载中，请稍后" if self.state in ("loading", "reloading") else f"引擎未就绪：{self.load_error}"
@@ -233,6 +291,7 @@ class Engine:
 
     # ------------------------------------------------------------------ status
     def health(self) -> dict:
+        self._sync_check()
         c = self.components
         counts = c.docs.counts()
         emb = c.models.embedding if c.models else None
@@ -275,7 +334,7 @@ class Engine:
         return self.components.docs.chunks_of(doc_id)
 
     def delete_document(self, doc_id: int) -> dict:
-        if self._rebuild.running:
+        if self._rebuild_busy():
             raise EngineError(CODE_ENGINE, "全量重建进行中，暂不能上传或删除文档，请稍后再试")
         c = self.components
         doc = c.docs.get(doc_id)
@@ -284,10 +343,12 @@ class Engine:
         chunk_ids = [ch["chunk_id"] for ch in c.docs.chunks_of(doc_id)]
         c.bm25.soft_delete(chunk_ids)  # excluded from BM25 at once, before the rebuild lands
         c.ingest.cancel(doc_id)
-        c.vectors.delete_doc(doc_id)
-        c.docs.delete(doc_id)
-        c.files.delete(doc.get("stored_name"))
-        self._recent.clear()  # cached retrievals may hold its chunks
+        with c.gate.writing():  # all three stores or none, as far as a backup can see
+            c.vectors.delete_doc(doc_id)
+            c.docs.delete(doc_id)
+            c.files.delete(doc.get("stored_name"))
+        self._recent.clear()  # stored retrievals may hold its chunks
+        self._sync.bump(KB_GENERATION)  # other processes rebuild their BM25 (their lookups already skip it)
         threading.Thread(target=self._after_ingest, name="bm25-rebuild", daemon=True).start()
         return {"doc_id": doc_id, "file_name": doc["file_name"], "chunks_removed": len(chunk_ids)}
 
@@ -305,15 +366,58 @@ class Engine:
     def wait_rebuild(self, timeout: float | None = None) -> dict:
         return self._rebuild.wait(timeout)
 
+    # ------------------------------------------------------------------ audit, repair, backup (pipeline/ops)
+    def _model_ids(self) -> ModelIds:
+        c = self.components
+        stored, stored_dim = c.vectors.model_info()
+        emb = c.models.embedding if c.models else None
+        return ModelIds(stored, stored_dim, self.expected_model_id(), emb.model_id if emb else None,
+                        emb.dim if emb else None)
+
+    def _has_job(self, doc_id: int) -> bool:
+        return self.components.ingest.is_queued(doc_id) or self._rebuild.running
+
+    def _refresh_model_warning(self) -> None:
+        m = self.components.models
+        m.model_warning = self.components.vectors.check_model(m.embedding.model_id, m.embedding.dim)
+
+    def audit(self, check_tokens: bool = True) -> dict:
+        """Read-only consistency report (pipeline.ops.audit)."""
+        self._require_ready()
+        return self.auditor.audit(check_tokens).to_dict()
+
+    def repair(self, wait: bool = False, timeout: float | None = None) -> dict:
+        """Repair derived state; with `wait`, requeued documents are re-ingested before the closing audit."""
+        self._require_ready()
+        if self._rebuild.running:
+            raise EngineError(CODE_ENGINE, "全量重建进行中，请完成后再修复")
+        with self._lock:
+            res = self.repairer.repair(wait_requeued=(lambda: self.wait_idle(timeout)) if wait else lambda: None)
+        self._recent.clear()  # cached retrievals may hold repaired chunks
+        return res.to_dict()
+
+    def backup(self, dest: str | Path) -> dict:
+        """Consistent backup of the live data dir into `dest` (absolute, new or empty); returns the manifest."""
+        c = self.components
+        if c.deployment.database_url or c.deployment.chroma_url:
+            raise EngineError(CODE_VALIDATION, "团队模式的数据在 PostgreSQL / Chroma 服务中：请用 pg_dump 备份数据库，"
+                              "并备份 Chroma 服务的数据目录和共享的 --files-dir（docs/deploy.md）", "dest")
+        try:
+            return backup_ops.backup(Path(dest), c.data_dir, c.db, c.vectors, c.files, c.gate)
+        except backup_ops.BackupError as exc:
+            raise EngineError(CODE_VALIDATION, exc.msg, exc.field) from None
+
     # ------------------------------------------------------------------ retrieval & answers
     def search(self, query: str, top_k: int = 10) -> dict:
         self._validate_question(query, "query")
         if not isinstance(top_k, int) or isinstance(top_k, bool) or not 1 <= top_k <= 50:
             raise EngineError(CODE_VALIDATION, "top_k 必须是 1–50 的整数", "top_k")
+        self._sync_check()
         self._require_ready()
         return self.components.retrieval.debug_search(query.strip(), top_k, self._settings)
 
     def retrieve(self, question: str) -> RetrievalResult:
+        self._sync_check()
         self._require_ready()
         self.retrieval_calls += 1
         return self.components.retrieval.retrieve(question, self._settings)
@@ -325,45 +429,94 @@ class Engine:
         if len(q) > MAX_QUESTION_CHARS:
             raise EngineError(CODE_VALIDATION, f"{field} 过长（最多 {MAX_QUESTION_CHARS} 字）", field)
 
-    def ask(self, question: str, retry: bool = False) -> Iterator[ev.Event]:
-        """The one answer event stream: stage → trace → stage → delta* → sources → done (or error)."""
-        from pipeline.generation.answer import stream_answer
-        from pipeline.generation.llm_client import LLMError
+    # ---- the answer stream; conversations, routing and query rewriting (pipeline/conversation/) ----
+    def ask(self, question: str, retry: bool = False, conversation_id: str | None = None,
+            user: str | None = None, use_kb: bool = True) -> Iterator[ev.Event]:
+        """The one answer event stream: stage → trace → stage → delta* → sources → done (or error).
 
+        `conversation_id` None starts a conversation (its id comes back in `done`); an unknown id is a 3002
+        error, another user's a 4003. The router may answer DIRECT (chit-chat, or `use_kb=False`) without
+        retrieval; follow-ups are rewritten before retrieval. The finished turn is stored before `done`.
+        """
         t0 = time.perf_counter()
+        c = self.components
         try:
             self._validate_question(question)
+            self._sync_check()
             self._require_ready()
+            conv = c.conversations.resolve(conversation_id, user) if conversation_id is not None else None
         except EngineError as exc:
             yield ev.error(exc.code, exc.msg)
             return
         question = question.strip()
-        s = self._settings
-        c = self.components
-        res = self._recent.get(question) if retry else None
-        if res is None:
+        conv_id = conv["conv_id"] if conv else None
+        history = c.conversations.history(conv_id)
+        route = c.router.route(question, use_kb=use_kb, has_history=bool(history),
+                               rerank_available=c.models.cross_encoder is not None)
+        recorder = TurnRecorder(c.conversations, conv_id, user, question)
+        inner = (self._direct_answer(question, route, history, t0) if route.route == DIRECT
+                 else self._kb_answer(question, route, history, conv_id, retry, t0))
+        try:
+            for e in inner:
+                if e.type is ev.EventType.DONE:
+                    e = ev.Event(ev.EventType.DONE, recorder.finish(e.data, route.route))
+                    if conv_id is None and self._recent.get(("", question)):  # 重试 in the conversation just made
+                        self._recent.put((e.data["conversation_id"], question), self._recent.get(("", question)))
+                recorder.see(e)
+                yield e
+        finally:
+            inner.close()  # a consumer that hangs up closes the LLM stream now
+
+    def _direct_answer(self, question: str, route: Route, history: list[dict], t0: float) -> Iterator[ev.Event]:
+        from pipeline.generation.llm_client import LLMError
+
+        yield ev.route_trace(route.to_dict(), Rewrite(question, question, "none").to_dict())
+        yield ev.stage("generate")
+        try:
+            mode = yield from direct_reply(question, route, history, self.components.models.llm,
+                                           self._settings.llm_temperature)
+        except LLMError as exc:
+            yield ev.error(CODE_LLM, exc.msg)
+            return
+        yield ev.sources([])
+        yield ev.done((time.perf_counter() - t0) * 1000, no_answer=False, mode=mode)
+
+    def _kb_answer(self, question: str, route: Route, history: list[dict], conv_id: str | None, retry: bool,
+                   t0: float) -> Iterator[ev.Event]:
+        from pipeline.generation.answer import stream_answer
+        from pipeline.generation.llm_client import LLMError
+
+        s, c = self._settings, self.components
+        key = (conv_id or "", question)
+        cached = self._recent.get(key) if retry else None
+        if cached is None:
             self.retrieval_calls += 1
             try:
                 yield ev.stage("recall")
-                res = c.retrieval.recall_stage(question, s)
+                rw = c.models.rewriter.rewrite(question, history) if history else Rewrite(question, question, "none")
+                res = c.retrieval.recall_stage(rw.query, s)
                 yield ev.stage("rerank")
-                res = c.retrieval.rerank_stage(res, s)
+                res = c.retrieval.rerank_stage(res, s)  # LIGHT has no reranker: the stage reports skipped
             except Exception as exc:
                 log.exception("retrieval failed")
                 yield ev.error(CODE_ENGINE, f"检索失败：{exc}")
                 return
-        self._recent.put(question, res)
-        yield ev.trace(res)
+        else:
+            rw, res = cached
+        self._recent.put(key, (rw, res))
+        yield ev.trace(res, route=route.to_dict(), query=rw.to_dict())
+        rewritten = rw.query if rw.changed else None
         if not res.hit:
             yield ev.delta(ev.NO_ANSWER_TEXT)
             yield ev.sources([])
-            yield ev.done((time.perf_counter() - t0) * 1000, no_answer=True)
+            yield ev.done((time.perf_counter() - t0) * 1000, no_answer=True, rewritten_query=rewritten)
             return
         yield ev.stage("generate")
         llm = c.models.llm
         try:
             result = yield from stream_answer(question, res.final, llm, s.llm_temperature, tokenizer=c.tokenizer,
-                                              picker=c.picker, query_embedding=res.query_embedding)
+                                              history=history, retrieval_query=rw.query, picker=c.picker,
+                                              query_embedding=res.query_embedding)
         except LLMError as exc:
             yield ev.error(CODE_LLM, exc.msg)
             return
@@ -371,17 +524,18 @@ class Engine:
         support = c.support.check(result.text, res.final) if llm is not None and c.support else None
         yield ev.sources(ev.source_list(res, result.cited, support))
         yield ev.done((time.perf_counter() - t0) * 1000, no_answer=False,
-                      mode="llm" if llm is not None else "extractive", weak=res.weak, support=support)
+                      mode="llm" if llm is not None else "extractive", rewritten_query=rewritten, weak=res.weak,
+                      support=support)
 
-    def ask_sync(self, question: str, retry: bool = False) -> dict:
-        """The synchronous form over the same stream: {answer, sources, elapsed_ms} or EngineError."""
+    def ask_sync(self, question: str, retry: bool = False, conversation_id: str | None = None,
+                 user: str | None = None, use_kb: bool = True) -> dict:
+        """The synchronous form over the same stream: {answer, sources, elapsed_ms, trace, weak, support,
+        conversation_id, turn_id, route, rewritten_query, mode, no_answer} or EngineError."""
         parts: list[str] = []
         sources: list = []
-        elapsed = None
         trace = None
-        weak = False
-        support = None
-        for e in self.ask(question, retry=retry):
+        done: dict = {}
+        for e in self.ask(question, retry=retry, conversation_id=conversation_id, user=user, use_kb=use_kb):
             if e.type is ev.EventType.DELTA:
                 parts.append(e.data["text"])
             elif e.type is ev.EventType.SOURCES:
@@ -389,15 +543,63 @@ class Engine:
             elif e.type is ev.EventType.TRACE:
                 trace = e.data
             elif e.type is ev.EventType.DONE:
-                elapsed = e.data["elapsed_ms"]
-                weak = bool(e.data.get("weak"))
-                support = e.data.get("support")
-                if trace is not None and "support_summary" in e.data:  # 检索过程 counts unsupported citations
-                    trace = {**trace, "support": e.data["support_summary"]}
+                done = e.data
             elif e.type is ev.EventType.ERROR:
                 raise EngineError(e.data["code"], e.data["msg"])
-        return {"answer": "".join(parts), "sources": sources, "elapsed_ms": elapsed, "trace": trace, "weak": weak,
-                "support": support}
+        if trace is not None and "support_summary" in done:  # 检索过程 counts unsupported citations
+            trace = {**trace, "support": done["support_summary"]}
+        return {"answer": "".join(parts), "sources": sources, "elapsed_ms": done.get("elapsed_ms"), "trace": trace,
+                "weak": bool(done.get("weak")), "support": done.get("support"),
+                **{k: done.get(k) for k in ("conversation_id", "turn_id", "route", "rewritten_query", "mode",
+                                            "no_answer")}}
+
+    # ---- conversations (issue 15): thin facade over pipeline.conversation.service ----
+    def list_conversations(self, user: str | None, page: int = 1, size: int = 50) -> dict:
+        return self.components.conversations.list(user, page, size)
+
+    def get_conversation(self, conv_id: str, user: str | None) -> dict:
+        return self.components.conversations.get(conv_id, user)
+
+    def rename_conversation(self, conv_id: str, user: str | None, title: str) -> dict:
+        return self.components.conversations.rename(conv_id, user, title)
+
+    def delete_conversation(self, conv_id: str, user: str | None) -> dict:
+        return self.components.conversations.delete(conv_id, user)
+
+    def clear_conversations(self, user: str | None) -> dict:
+        return self.components.conversations.clear(user)
+
+    def export_conversation(self, conv_id: str, user: str | None) -> str:
+        return self.components.conversations.export_markdown(conv_id, user)
+
+    # ---- feedback and verified Q&A entries (issue 15) ----
+    def give_feedback(self, turn_id: int, user: str | None, rating: str, reason: str | None = None,
+                      comment: str | None = None) -> dict:
+        return self.components.feedback.give(turn_id, user, rating, reason, comment)
+
+    def list_feedback(self, rating: str | None = None, page: int = 1, size: int = 50) -> dict:
+        return self.components.feedback.list(rating, page, size)
+
+    def get_feedback(self, fb_id: int) -> dict:
+        return self.components.feedback.get(fb_id)
+
+    def export_feedback(self, rating: str | None = None) -> str:
+        return self.components.feedback.export_jsonl(rating)
+
+    def create_verified(self, question: str, answer: str, user: str | None, feedback_id: int | None = None) -> dict:
+        """A verified Q&A entry; from a feedback item it keeps that answer's cited chunks and turn."""
+        cited, turn_id = [], None
+        if feedback_id is not None:
+            fb = self.components.feedback.get(feedback_id)
+            cited = [s for s in fb["sources"] if s.get("cited")] or fb["sources"]
+            turn_id = fb["turn_id"]
+        return self.components.verified.create(question, answer, user, cited, turn_id)
+
+    def list_verified(self) -> list[dict]:
+        return self.components.verified.list()
+
+    def delete_verified(self, qa_id: int) -> dict:
+        return self.components.verified.delete(qa_id)
 
     def close(self) -> None:
         self.components.close()

@@ -13,6 +13,7 @@ from enum import Enum
 from typing import TYPE_CHECKING, Any, Literal, NotRequired, TypedDict
 
 from pipeline.retrieval.nodes import node_meta, node_text
+from pipeline.retrieval.result import fused_row, fusion_info
 
 if TYPE_CHECKING:
     from pipeline.retrieval.result import RetrievalResult
@@ -61,9 +62,12 @@ class VectorRow(TraceRow):
 
 class FusedRow(TraceRow):
     rank: int
-    rrf_score: float | None
-    bm25_rank: int | None
+    fused_score: float | None  # the score of the fusion mode in use
+    rrf_score: float | None    # the SRS's RRF score, shown beside it
+    bm25_rank: int | None      # None: not in that route's list (its score below is still the real one)
+    bm25_score: float | None
     vector_rank: int | None
+    similarity: float | None
 
 
 class RerankRow(TraceRow):
@@ -95,6 +99,22 @@ class GateInfo(TypedDict):
     confidence: NotRequired[float | None]
 
 
+class RouteInfo(TypedDict):  # pipeline.conversation.router.Route.to_dict()
+    route: Literal["DIRECT", "LIGHT", "STRONG"]
+    label: str
+    reason: str
+    kind: str | None
+
+
+class QueryInfo(TypedDict):  # pipeline.conversation.rewrite.Rewrite.to_dict(): 「检索问题：…」
+    original: str
+    query: str
+    changed: bool
+    method: str
+    kind: str | None
+    note: str
+
+
 class TracePayload(TypedDict):
     bm25: list[BM25Row]
     vector: list[VectorRow]
@@ -104,6 +124,14 @@ class TracePayload(TypedDict):
     fusion: dict[str, Any]
     gate: GateInfo
     ms: dict[str, float]
+    route: NotRequired[RouteInfo]
+    query: NotRequired[QueryInfo]
+
+
+class DirectTracePayload(TypedDict):
+    """The trace of a DIRECT answer: nothing was retrieved."""
+    route: RouteInfo
+    query: QueryInfo
 
 
 class DeltaPayload(TypedDict):
@@ -121,6 +149,7 @@ class Source(TypedDict):
     similarity: float | None
     rerank_score: float | None
     cited: bool
+    verified: bool  # a verified Q&A entry (shown as 「已核实问答」)
     # citation support check of LLM answers (pipeline/generation/support.py); None when not cited / not checked
     support: NotRequired[dict | None]
 
@@ -137,10 +166,15 @@ class SupportSummary(TypedDict):
 class DonePayload(TypedDict):
     elapsed_ms: int
     no_answer: bool
-    mode: NotRequired[Literal["llm", "extractive"]]
+    mode: NotRequired[Literal["llm", "extractive", "fixed"]]  # fixed: the offline reply of a DIRECT route
+    rewritten_query: NotRequired[str | None]  # what retrieval saw, when a follow-up was rewritten
     weak: NotRequired[bool]                    # answered with the 「资料相关度较低，请核对原文」 banner
     support: NotRequired[list[dict]]           # per answer sentence: text, cited, scores, supported, unsupported
     support_summary: NotRequired[SupportSummary]
+    # added by the conversation recorder (pipeline.conversation.service.TurnRecorder) before it is sent:
+    conversation_id: NotRequired[str]
+    turn_id: NotRequired[int]
+    route: NotRequired[Literal["DIRECT", "LIGHT", "STRONG"]]
 
 
 class ErrorPayload(TypedDict):
@@ -180,10 +214,11 @@ def error(code: int, msg: str) -> Event:
     return Event(EventType.ERROR, ErrorPayload(code=code, msg=msg))
 
 
-def done(elapsed_ms: float, no_answer: bool, mode: str | None = None, *, weak: bool = False,
-         support: Any = None) -> Event:
+def done(elapsed_ms: float, no_answer: bool, mode: str | None = None, rewritten_query: str | None = None, *,
+         weak: bool = False, support: Any = None) -> Event:
     """`support`: a pipeline.generation.support.SupportReport (LLM answers), or None."""
-    payload = DonePayload(elapsed_ms=round(elapsed_ms), no_answer=no_answer, weak=weak)
+    payload = DonePayload(elapsed_ms=round(elapsed_ms), no_answer=no_answer, rewritten_query=rewritten_query,
+                          weak=weak)
     if mode is not None:
         payload["mode"] = mode  # type: ignore[typeddict-item]
     if support is not None:
@@ -212,21 +247,30 @@ def trace_payload(res: "RetrievalResult") -> TracePayload:
         bm25=[BM25Row(**_row(n), rank=i, score=_r(n.score)) for i, n in enumerate(res.bm25[:TRACE_TOP], 1)],
         vector=[VectorRow(**_row(n), rank=i, similarity=_r(n.score))
                 for i, n in enumerate(res.vector[:TRACE_TOP], 1)],
-        rrf=[FusedRow(**_row(n), rank=i, rrf_score=_r(meta(n, "rrf_score"), 6), bm25_rank=meta(n, "bm25_rank"),
-                      vector_rank=meta(n, "vector_rank")) for i, n in enumerate(res.fused[:TRACE_TOP], 1)],
+        rrf=[FusedRow(**_row(n), rank=i, **fused_row(n)) for i, n in enumerate(res.fused[:TRACE_TOP], 1)],
         rerank=[RerankRow(**_row(n), no=i, rerank_score=_r(meta(n, "rerank_score")),
                           rrf_score=_r(meta(n, "rrf_score"), 6), similarity=_r(meta(n, "similarity_full")))
                 for i, n in enumerate(res.final, 1)],
         rerank_status=res.rerank_status,
-        fusion={"bm25_weight": _r(res.bm25_weight, 3)},
-        gate=(GateInfo(**res.gate.trace()) if res.gate is not None  # type: ignore[typeddict-item]
+        fusion=fusion_info(res.fusion_mode, res.bm25_weight, res.fusion_features),
+        gate=(GateInfo(**res.gate) if res.gate is not None  # type: ignore[typeddict-item]
               else GateInfo(hit=res.hit, max_similarity=_r(res.max_similarity), min_similarity=res.min_similarity)),
         ms={k: round(v, 1) for k, v in res.ms.items()},
     )
 
 
-def trace(res: "RetrievalResult") -> Event:
-    return Event(EventType.TRACE, trace_payload(res))
+def trace(res: "RetrievalResult", route: RouteInfo | None = None, query: QueryInfo | None = None) -> Event:
+    payload = trace_payload(res)
+    if route is not None:
+        payload["route"] = route
+    if query is not None:
+        payload["query"] = query
+    return Event(EventType.TRACE, payload)
+
+
+def route_trace(route: RouteInfo, query: QueryInfo) -> Event:
+    """DIRECT: the trace says which route was taken and why, and that nothing was retrieved."""
+    return Event(EventType.TRACE, DirectTracePayload(route=route, query=query))
 
 
 def source_list(res: "RetrievalResult", cited: set[int] | frozenset[int] = frozenset(),
@@ -239,7 +283,7 @@ def source_list(res: "RetrievalResult", cited: set[int] | frozenset[int] = froze
         out.append(Source(no=i, chunk_id=int(n.node.node_id), doc_id=m.get("doc_id"), doc_name=m.get("doc_name"),
                           page=m.get("page"), source=m.get("source", "text"), text=node_text(n),
                           similarity=_r(m.get("similarity_full")), rerank_score=_r(m.get("rerank_score")),
-                          cited=i in cited))
+                          cited=i in cited, verified=bool(m.get("verified"))))
         if support is not None:
             out[-1]["support"] = per_source.get(i)
     return out

@@ -9,9 +9,11 @@ Persistence lives in store.config_store (key/value rows in `sys_config`).
 """
 from __future__ import annotations
 
+import unicodedata
 from typing import Any, Literal
+from urllib.parse import urlsplit
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 Effect = Literal["immediate", "reload", "rebuild"]
 GROUP_ORDER = ("llm", "retrieval", "chunking", "models", "ocr")
@@ -49,6 +51,19 @@ class Settings(BaseModel):
                                description="BM25 与向量各召回的块数", ge=1, le=200)
     final_top_k: int = setting(6, group="retrieval", effect="immediate", label="最终 Top-K",
                                description="送入生成的资料数", ge=1, le=20)
+    # Fusion of the two routes (pipeline.retrieval.fusion); chosen leave-one-set-out, docs/retrieval-eval.md.
+    fusion_mode: Literal["convex", "rrf"] = setting(
+        "convex", group="retrieval", effect="immediate", label="融合方式",
+        description="convex：每个候选两路分数都算，各自归一化后按 BM25 占比加权求和；rrf：SRS 的倒数名次融合")
+    convex_auto_weight: bool = setting(
+        True, group="retrieval", effect="immediate", label="按问题自动定权",
+        description="convex 模式下按问题特征（两路一致度、最高相似度、问题长度等）自动决定 BM25 占比")
+    convex_norm: Literal["minmax", "zscore"] = setting(
+        "minmax", group="retrieval", effect="immediate", label="分数归一化",
+        description="convex 模式下每路分数在本次候选内的归一化方式：minmax（0–1）或 zscore（标准分）")
+    convex_bm25_weight: float = setting(
+        0.25, group="retrieval", effect="immediate", label="BM25 占比（固定）",
+        description="convex 模式、关闭自动定权时 BM25 的固定占比（向量占 1 − 该值）", ge=0, le=1)
     rrf_k: int = setting(60, group="retrieval", effect="immediate", label="RRF K",
                          description="RRF 常数（SRS 取 60）", ge=1)
     # Weighted RRF; with bm25_adaptive the BM25 weight per query is scaled down when BM25's ranking is not
@@ -88,6 +103,38 @@ class Settings(BaseModel):
                                 description="扫描页/乱码页走离线 OCR")
     ocr_max_pages: int = setting(50, group="ocr", effect="immediate", label="OCR 页数上限",
                                  description="每个文档最多 OCR 的页数", ge=1, le=2000)
+
+    # --- meaning, not only type (issue 18): a bad value is refused on save, naming the field ---------------
+    @field_validator("llm_api_url")
+    @classmethod
+    def _http_url(cls, v: str) -> str:
+        """Empty (no LLM: extractive answers) or an http(s) URL with a host, e.g. https://api.deepseek.com/v1."""
+        v = v.strip()
+        if not v:
+            return v
+        try:
+            parts = urlsplit(v)
+            parts.port  # noqa: B018 — raises ValueError on a port out of range or not a number
+        except ValueError:
+            parts = None
+        if (parts is None or parts.scheme.lower() not in ("http", "https") or not parts.hostname
+                or any(ch.isspace() for ch in v)):
+            raise ValueError(f"{LABELS['llm_api_url']} 无效：需要 http:// 或 https:// 开头且带主机名的地址，"
+                             f"例如 https://api.deepseek.com/v1（当前 {v[:80]!r}）")
+        return v
+
+    @field_validator("llm_model", "llm_api_key", "embedding_model_path", "reranker_model_path")
+    @classmethod
+    def _printable(cls, v: str, info) -> str:
+        """No control characters (a pasted newline breaks HTTP headers and paths) and a sane length. Whether a
+        model path holds a model is checked on save by the engine (it needs the project root)."""
+        v = v.strip()
+        label = LABELS.get(info.field_name, info.field_name)
+        if len(v) > 500:
+            raise ValueError(f"{label} 过长（最多 500 个字符）")
+        if any(unicodedata.category(ch) == "Cc" for ch in v):
+            raise ValueError(f"{label} 不能包含换行、制表符等控制字符")
+        return v
 
     @model_validator(mode="after")
     def _overlap_below_size(self) -> "Settings":
@@ -188,6 +235,9 @@ def _friendly(err: dict) -> tuple[str, str]:
         return field, f"{label} 必须是数字，{_range_phrase(field)}".rstrip("，")
     if etype in {"bool_parsing", "bool_type"}:
         return field, f"{label} 必须是 true/false"
+    if etype == "literal_error":
+        allowed = " / ".join(str(a) for a in getattr(Settings.model_fields[field].annotation, "__args__", ()))
+        return field, f"{label} 必须是 {allowed} 之一"
     if etype in {"string_type"}:
         return field, f"{label} 必须是字符串"
     if etype.startswith(("greater", "less")):
@@ -217,7 +267,8 @@ def merge_update(current: Settings, changes: dict[str, Any]) -> tuple[Settings, 
     """
     unknown = [k for k in changes if k not in Settings.model_fields]
     if unknown:
-        raise SettingsError({k: f"未知配置项 {k}" for k in unknown})
+        raise SettingsError({k: (f"未知分组 {k}（可用分组：{'、'.join(GROUPS)}）" if isinstance(changes[k], dict)
+                                 else f"未知配置项 {k}") for k in unknown})
     data = current.model_dump()
     for key, value in changes.items():
         if key in SECRET_FIELDS and (value is None or is_masked(value)):
@@ -232,17 +283,39 @@ def merge_update(current: Settings, changes: dict[str, Any]) -> tuple[Settings, 
 def flatten_grouped(payload: dict[str, Any]) -> dict[str, Any]:
     """Accept the grouped API shape ({"llm": {...}, ...}) or a flat dict; return a flat dict."""
     flat: dict[str, Any] = {}
+    errors: dict[str, str] = {}  # every unknown group / misplaced field at once, each named
     for key, value in payload.items():
         if key in GROUPS and isinstance(value, dict):
             for f, v in value.items():
                 if f not in GROUPS[key]:
-                    raise SettingsError({f: f"配置项 {f} 不属于分组 {key}"})
+                    home = next((g for g, fs in GROUPS.items() if f in fs), None)
+                    errors[f] = (f"配置项 {f} 不属于分组 {key}（应在 {home}）" if home
+                                 else f"未知配置项 {f}（分组 {key} 中没有这一项）")
                 flat[f] = v
         elif key in GROUPS:
-            raise SettingsError({key: f"分组 {key} 必须是对象"})
+            errors[key] = f"分组 {key} 必须是对象"
         else:
             flat[key] = value
+    if errors:
+        raise SettingsError(errors)
     return flat
+
+
+def settings_from_stored(stored: dict[str, Any]) -> tuple[Settings, dict[str, str]]:
+    """Settings from the stored rows, dropping (to their defaults) only the values that no longer validate —
+    e.g. an LLM URL saved before URLs were checked — instead of discarding every setting. Returns the
+    settings and the dropped fields with the reason."""
+    values = {k: v for k, v in stored.items() if k in Settings.model_fields}
+    dropped: dict[str, str] = {}
+    for _ in range(len(values) + 1):
+        try:
+            return validate_settings(values), dropped
+        except SettingsError as exc:
+            bad = [f for f in exc.errors if f in values] or list(values)
+            for f in bad:
+                dropped[f] = exc.errors.get(f, "")
+                values.pop(f)
+    return Settings(), dropped
 
 
 def effect_of(changed: list[str]) -> dict[str, list[str]]:

@@ -1,65 +1,46 @@
-"""SQLite connection and schema (SRS §8): settings, documents, chunks (+ the gate's background statistics).
+"""The metadata database: SQLite in the data dir (default) or PostgreSQL (`--database-url postgresql://…`).
 
-One `Database` per data dir. Connections are per thread (sqlite3 objects must not cross threads); WAL mode lets
-the ingest worker write while the UI reads.
+One `Database` per app process. Stores write one portable SQL (SQLite style, `?` placeholders) and use only
+`connect()` / `transaction()`; the dialect layer (store/sql_dialect.py, store/pg.py) runs it on PostgreSQL. The
+schema comes from the ordered migrations in store/migrations.py, recorded in `schema_version` on both dialects.
+
+SQLite: connections are per thread (sqlite3 objects must not cross threads); WAL mode lets the ingest worker
+write while the UI reads; writers are serialized by BEGIN IMMEDIATE under a process lock. One process only.
+PostgreSQL: a psycopg 3 connection pool; many app processes share it.
 """
 from __future__ import annotations
 
+import json
 import sqlite3
 import threading
 from contextlib import contextmanager
 from pathlib import Path
 
-SCHEMA = """
-CREATE TABLE IF NOT EXISTS sys_config (
-    key        TEXT PRIMARY KEY,
-    value      TEXT,
-    updated_at TEXT
-);
-CREATE TABLE IF NOT EXISTS kb_document (
-    doc_id       INTEGER PRIMARY KEY AUTOINCREMENT,
-    file_name    TEXT NOT NULL,
-    file_type    TEXT NOT NULL,
-    file_size    INTEGER NOT NULL,
-    content_md5  TEXT NOT NULL UNIQUE,
-    chunk_count  INTEGER NOT NULL DEFAULT 0,
-    status       TEXT NOT NULL CHECK (status IN ('processing', 'ready', 'failed')),
-    fail_reason  TEXT,
-    created_at   TEXT NOT NULL,
-    stored_name  TEXT,
-    progress     TEXT
-);
-CREATE TABLE IF NOT EXISTS kb_chunk (
-    chunk_id     INTEGER PRIMARY KEY AUTOINCREMENT,
-    doc_id       INTEGER NOT NULL REFERENCES kb_document(doc_id) ON DELETE CASCADE,
-    chunk_index  INTEGER NOT NULL,
-    text         TEXT NOT NULL,
-    page         INTEGER,
-    char_start   INTEGER,
-    char_end     INTEGER,
-    source       TEXT NOT NULL DEFAULT 'text',
-    tokens       TEXT NOT NULL DEFAULT ''
-);
-CREATE TABLE IF NOT EXISTS kb_gate_background (
-    id           INTEGER PRIMARY KEY CHECK (id = 1),
-    fingerprint  TEXT NOT NULL,
-    stats        TEXT NOT NULL,
-    updated_at   TEXT NOT NULL
-);
-CREATE INDEX IF NOT EXISTS idx_chunk_doc ON kb_chunk(doc_id, chunk_index);
-CREATE INDEX IF NOT EXISTS idx_doc_status ON kb_document(status);
-"""
+SQLITE = "sqlite"
+POSTGRESQL = "postgresql"
 
 
-class Database:
+def is_postgres_url(target) -> bool:
+    return isinstance(target, str) and target.startswith(("postgresql://", "postgres://"))
+
+
+def row_with_json(row, *fields: str, default: str = "[]") -> dict:
+    """A row as a dict with the named JSON columns decoded."""
+    d = dict(row)
+    for f in fields:
+        d[f] = json.loads(d.get(f) or default)
+    return d
+
+
+class _SQLiteBackend:
+    dialect = SQLITE
+
     def __init__(self, path: Path):
         self.path = Path(path)
         self.path.parent.mkdir(parents=True, exist_ok=True)
         self._local = threading.local()
         self.write_lock = threading.RLock()  # serialize writers; readers go freely under WAL
-        with self.connect() as conn:
-            conn.execute("PRAGMA journal_mode=WAL")
-            conn.executescript(SCHEMA)
+        self._conn().execute("PRAGMA journal_mode=WAL")
 
     def _conn(self) -> sqlite3.Connection:
         conn = getattr(self._local, "conn", None)
@@ -73,12 +54,10 @@ class Database:
 
     @contextmanager
     def connect(self):
-        """A connection outside a transaction (autocommit) for reads and single statements."""
         yield self._conn()
 
     @contextmanager
     def transaction(self):
-        """BEGIN IMMEDIATE … COMMIT under the write lock; rolls back on error."""
         with self.write_lock:
             conn = self._conn()
             conn.execute("BEGIN IMMEDIATE")
@@ -94,3 +73,70 @@ class Database:
         if conn is not None:
             conn.close()
             self._local.conn = None
+
+
+class Database:
+    """`Database(path)` → SQLite file; `Database("postgresql://…")` → PostgreSQL. Same API either way.
+
+    `connect()` yields a connection in autocommit mode (reads, single statements); `transaction()` yields one
+    inside a transaction that commits on success and rolls back on error. Both are re-entrant per thread.
+    """
+
+    def __init__(self, target: Path | str, *, pool_size: int = 20, migrate: bool = True):
+        if is_postgres_url(target):
+            from store.pg import PostgresBackend
+
+            self._backend = PostgresBackend(str(target), pool_size=pool_size)
+            self.path = None
+            self.url = str(target)
+        else:
+            self._backend = _SQLiteBackend(Path(target))
+            self.path = self._backend.path
+            self.url = None
+        self.dialect: str = self._backend.dialect
+        self.write_lock = getattr(self._backend, "write_lock", None) or threading.RLock()
+        if migrate:
+            from store.migrations import migrate as run_migrations
+
+            self.applied_migrations = run_migrations(self)
+
+    # --- dialect facts the portable SQL needs ---------------------------------------------------
+    @property
+    def single_process(self) -> bool:
+        """SQLite: exactly one app process owns the data dir (leases of a previous run are dead)."""
+        return self.dialect == SQLITE
+
+    @property
+    def now_sql(self) -> str:
+        """Seconds since the epoch by the database's clock (one clock for every app process)."""
+        if self.dialect == POSTGRESQL:
+            return "CAST(EXTRACT(EPOCH FROM clock_timestamp()) AS DOUBLE PRECISION)"
+        return "((julianday('now') - 2440587.5) * 86400.0)"
+
+    @property
+    def skip_locked(self) -> str:
+        """Row locks for a claim query: PostgreSQL skips rows another process holds; SQLite's BEGIN IMMEDIATE
+        already makes the claim exclusive."""
+        return "FOR UPDATE SKIP LOCKED" if self.dialect == POSTGRESQL else ""
+
+    # --- connections ---------------------------------------------------------------------------
+    def connect(self):
+        return self._backend.connect()
+
+    def transaction(self):
+        return self._backend.transaction()
+
+    def ensure(self, schema: str) -> None:
+        """Run a store's own `CREATE … IF NOT EXISTS` script on either dialect (statements split on `;`).
+
+        Prefer a migration (store/migrations.py): it is versioned and runs once. This stays for store code that
+        owns an idempotent schema script."""
+        from store.migrations import pg_ddl
+
+        statements = [st.strip() for st in schema.split(";") if st.strip()]
+        with self.transaction() as conn:
+            for st in statements:
+                conn.execute(pg_ddl(st) if self.dialect == POSTGRESQL else st)
+
+    def close(self) -> None:
+        self._backend.close()

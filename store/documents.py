@@ -1,13 +1,14 @@
-"""Document and chunk metadata in SQLite (`kb_document`, `kb_chunk`).
+"""Document and chunk metadata (`kb_document`, `kb_chunk`) in the app database (SQLite or PostgreSQL).
 
 Chunk rows carry the jieba tokens computed once at ingest (space-joined), so the BM25 index can be rebuilt from
 storage without re-tokenizing the corpus.
 """
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from datetime import datetime
+from typing import Any
 
 from .db import Database
 
@@ -24,6 +25,15 @@ class ChunkRow:
     char_end: int
     source: str
     tokens: list[str]
+
+
+def encode_tokens(tokens: list[str]) -> str:
+    """Space-joined; a space inside a token (GB/T 7714-2015) is kept as a no-break space."""
+    return " ".join(t.replace(" ", "\u00a0") for t in tokens)
+
+
+def decode_tokens(stored: str) -> list[str]:
+    return [t.replace("\u00a0", " ") for t in stored.split(" ")] if stored else []
 
 
 def _now() -> str:
@@ -50,10 +60,10 @@ class DocumentStore:
         with self.db.transaction() as conn:
             cur = conn.execute(
                 "INSERT INTO kb_document(file_name, file_type, file_size, content_md5, status, created_at,"
-                " stored_name) VALUES (?, ?, ?, ?, 'processing', ?, ?)",
+                " stored_name) VALUES (?, ?, ?, ?, 'processing', ?, ?) RETURNING doc_id",
                 (file_name, file_type, file_size, md5, _now(), stored_name),
             )
-            doc_id = cur.lastrowid
+            doc_id = cur.fetchone()[0]
         return self.get(doc_id)
 
     def get(self, doc_id: int) -> dict | None:
@@ -117,25 +127,27 @@ class DocumentStore:
             ready_docs = conn.execute("SELECT COUNT(*) FROM kb_document WHERE status='ready'").fetchone()[0]
             processing = conn.execute(
                 "SELECT COUNT(*) FROM kb_document WHERE status='processing'").fetchone()[0]
-            chunks = conn.execute(
-                "SELECT COUNT(*) FROM kb_chunk c JOIN kb_document d ON d.doc_id = c.doc_id"
-                " WHERE d.status = 'ready'").fetchone()[0]
-        return {"docs": docs, "ready_docs": ready_docs, "processing": processing, "chunks": chunks}
+        return {"docs": docs, "ready_docs": ready_docs, "processing": processing, "chunks": self.ready_chunk_count()}
 
     # --- chunks ------------------------------------------------------------------------------
-    def replace_chunks(self, doc_id: int, chunks: list[ChunkRow]) -> list[int]:
-        """Drop any old chunks of the document and insert these; returns the new global chunk_ids."""
+    def replace_chunks(self, doc_id: int, chunks: list[ChunkRow],
+                       guard: Callable[[Any], None] | None = None) -> list[int]:
+        """Drop any old chunks of the document and insert these; returns the new global chunk_ids.
+
+        `guard(conn)` runs first in the same transaction and may raise to refuse the write (the ingest lease)."""
         ids = []
         with self.db.transaction() as conn:
+            if guard is not None:
+                guard(conn)
             conn.execute("DELETE FROM kb_chunk WHERE doc_id = ?", (doc_id,))
             for c in chunks:
                 cur = conn.execute(
                     "INSERT INTO kb_chunk(doc_id, chunk_index, text, page, char_start, char_end, source, tokens)"
-                    " VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
+                    " VALUES (?, ?, ?, ?, ?, ?, ?, ?) RETURNING chunk_id",
                     (doc_id, c.chunk_index, c.text, c.page, c.char_start, c.char_end, c.source,
-                     " ".join(t.replace(" ", "\u00a0") for t in c.tokens)),
+                     encode_tokens(c.tokens)),
                 )
-                ids.append(cur.lastrowid)
+                ids.append(cur.fetchone()[0])
         return ids
 
     def chunk_count_of(self, doc_id: int) -> int:
@@ -162,7 +174,7 @@ class DocumentStore:
                 q = ",".join("?" * len(part))
                 for r in conn.execute(
                     f"SELECT c.chunk_id, c.doc_id, c.chunk_index, c.text, c.page, c.source, d.file_name,"
-                    f" d.status FROM kb_chunk c JOIN kb_document d ON d.doc_id = c.doc_id"
+                    f" d.status, d.file_type FROM kb_chunk c JOIN kb_document d ON d.doc_id = c.doc_id"
                     f" WHERE c.chunk_id IN ({q})", part):
                     out[r["chunk_id"]] = dict(r)
         return out
@@ -174,7 +186,13 @@ class DocumentStore:
                 "SELECT c.chunk_id, c.tokens FROM kb_chunk c JOIN kb_document d ON d.doc_id = c.doc_id"
                 " WHERE d.status = 'ready' ORDER BY c.chunk_id")
             for chunk_id, tokens in cur:
-                yield chunk_id, [t.replace("\u00a0", " ") for t in tokens.split(" ")] if tokens else []
+                yield chunk_id, decode_tokens(tokens)
+
+    def ready_chunk_count(self) -> int:
+        with self.db.connect() as conn:
+            return conn.execute(
+                "SELECT COUNT(*) FROM kb_chunk c JOIN kb_document d ON d.doc_id = c.doc_id"
+                " WHERE d.status = 'ready'").fetchone()[0]
 
     def pending_chunk_count(self) -> int:
         """Chunks written for documents not yet 就绪 (their vectors may already sit in Chroma)."""
@@ -186,6 +204,21 @@ class DocumentStore:
     def all_chunk_ids(self) -> set[int]:
         with self.db.connect() as conn:
             return {r[0] for r in conn.execute("SELECT chunk_id FROM kb_chunk")}
+
+    def audit_rows(self) -> list[tuple[int, int, str, str]]:
+        """(chunk_id, doc_id, text, stored tokens) of every chunk: what the consistency audit compares."""
+        with self.db.connect() as conn:
+            return [tuple(r) for r in conn.execute("SELECT chunk_id, doc_id, text, tokens FROM kb_chunk")]
+
+    def set_tokens(self, tokens: dict[int, list[str]]) -> None:
+        """Rewrite stored BM25 tokens (repair re-tokenizes from the chunk text, the source of truth)."""
+        with self.db.transaction() as conn:
+            conn.executemany("UPDATE kb_chunk SET tokens = ? WHERE chunk_id = ?",
+                             [(encode_tokens(t), int(c)) for c, t in tokens.items()])
+
+    def set_chunk_count(self, doc_id: int, n: int) -> None:
+        with self.db.transaction() as conn:
+            conn.execute("UPDATE kb_document SET chunk_count = ? WHERE doc_id = ?", (int(n), int(doc_id)))
 
     def ready_chunk_ids(self) -> set[int]:
         with self.db.connect() as conn:

@@ -25,12 +25,17 @@ def display_name(raw: str) -> str:
     return name or "未命名"
 
 
-def md5_of(path: Path) -> str:
-    h = hashlib.md5()
+def file_digest(path: Path, algorithm: str = "md5") -> str:
+    """Hex digest of a file, read in 1 MiB blocks (md5 names uploads; backups record sha256)."""
+    h = hashlib.new(algorithm)
     with open(path, "rb") as f:
         for block in iter(lambda: f.read(1 << 20), b""):
             h.update(block)
     return h.hexdigest()
+
+
+def md5_of(path: Path) -> str:
+    return file_digest(path, "md5")
 
 
 class FileStore:
@@ -70,6 +75,10 @@ class FileStore:
             self.path_of(stored_name).unlink(missing_ok=True)
         except ValueError:
             pass
+
+    def listing(self) -> dict[str, float]:
+        """name → modification time of every file in the upload folder (temp files of uploads included)."""
+        return {p.name: p.stat().st_mtime for p in self.root.iterdir() if p.is_file()}
 
     def size_on_disk(self) -> int:
         return sum(p.stat().st_size for p in self.root.iterdir() if p.is_file())

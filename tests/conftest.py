@@ -9,6 +9,13 @@ enable_offline()  # before any test module imports gradio / transformers / onnxr
 
 
 @pytest.fixture
+def http(live):
+    """An HTTP client on the module's `live` app (tests/live.py); modules may define their own."""
+    with live.http() as c:
+        yield c
+
+
+@pytest.fixture
 def fake_llm():
     """A scripted OpenAI-compatible server on 127.0.0.1 (see tests/fake_llm.py); fresh per test."""
     from tests.fake_llm import FakeLLMServer
@@ -18,3 +25,49 @@ def fake_llm():
         yield server
     finally:
         server.stop()
+
+
+# --- team mode: real PostgreSQL and Chroma servers (tests/servers.py) -----------------------------------------
+def _start_or_skip(factory):
+    """Start a server; where its binaries are missing skip — except in CI (CI=true), where that is a failure."""
+    import os
+
+    from tests.servers import ServerUnavailable
+
+    try:
+        server = factory()
+    except ServerUnavailable as exc:
+        if os.environ.get("CI", "").lower() == "true":
+            pytest.fail(f"CI must run the team-mode tests: {exc}")
+        pytest.skip(str(exc))
+    return server.start()
+
+
+def _session_server(factory_name: str):
+    from tests import servers
+
+    server = _start_or_skip(getattr(servers, factory_name))
+    try:
+        yield server
+    finally:
+        server.stop()
+
+
+@pytest.fixture(scope="session")
+def pg_server():
+    """A throw-away PostgreSQL cluster on a loopback port for the whole session."""
+    yield from _session_server("PostgresServer")
+
+
+@pytest.fixture(scope="session")
+def chroma_server():
+    """A Chroma server (`chroma run`) on a loopback port for the whole session."""
+    yield from _session_server("ChromaServer")
+
+
+@pytest.fixture
+def team_deployment(pg_server, chroma_server, tmp_path):
+    """A fresh PostgreSQL database + Chroma database + shared files dir: what several app processes share."""
+    from tests.servers import fresh_deployment
+
+    return fresh_deployment(pg_server, chroma_server, tmp_path / "shared-files")

@@ -5,6 +5,7 @@
     srv.mode = "normal"                # see MODES
     srv.reply = "答案是 X[1]。"         # normal mode text (split into small deltas; brackets get their own delta)
     srv.chunks = ["a", "[", "1", "]"]  # or the exact deltas to stream (overrides reply)
+    srv.responder = fn                 # or fn(request body) → reply text, per request (overrides both)
     srv.requests                       # [{"method", "path", "headers", "body"}] of every request
     srv.sent_chunks                    # content chunks actually written to streams (stops on client hang-up)
     srv.stop()
@@ -19,6 +20,7 @@ import re
 import socket
 import threading
 import time
+from collections.abc import Callable
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
@@ -131,7 +133,7 @@ class _Handler(BaseHTTPRequestHandler):
         if mode == "slow":
             if fake.stop_event.wait(fake.slow_seconds):
                 return
-        chunks = INVENT_CHUNKS if mode == "invent" else fake.deltas()
+        chunks = INVENT_CHUNKS if mode == "invent" else fake.deltas(body)
         try:
             if (body or {}).get("stream"):
                 self._stream(chunks, model or fake.model_name, mode)
@@ -205,6 +207,7 @@ class FakeLLMServer:
         self.mode = "normal"
         self.reply = DEFAULT_REPLY
         self.chunks: list[str] | None = None
+        self.responder: Callable[[dict], str] | None = None  # request body → reply text (overrides reply/chunks)
         self.model_name = DEFAULT_MODEL
         self.strict_model = False    # True: a chat request for another model name → 404 model_not_found
         self.slow_seconds = 5.0
@@ -249,7 +252,9 @@ class FakeLLMServer:
     def base_url(self) -> str:
         return f"http://{self.host}:{self.port}/v1"
 
-    def deltas(self) -> list[str]:
+    def deltas(self, body: Any = None) -> list[str]:
+        if self.responder is not None and body is not None:
+            return split_reply(self.responder(body))
         return list(self.chunks) if self.chunks is not None else split_reply(self.reply)
 
     @property

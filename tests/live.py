@@ -1,6 +1,7 @@
-"""Shared test plumbing: free ports, the real app served by uvicorn in a thread, a launched Gradio UI."""
+"""Shared test plumbing: free ports, the real app served by uvicorn in a thread or as a process, a launched UI."""
 from __future__ import annotations
 
+import os
 import socket
 import threading
 import time
@@ -54,6 +55,18 @@ class LiveApp:
             self.engine.close()
 
 
+def live_with_doc(tmp_path_factory, name: str, policy: AccessPolicy | None = None):
+    """For a module fixture (`yield from`): the app over a fresh engine holding the one-document KB of
+    tests/test_ui_chat.py; the engine closes with it."""
+    from tests.test_ui_chat import make_engine
+
+    app = LiveApp(make_engine(tmp_path_factory.mktemp(name)), policy)
+    try:
+        yield app
+    finally:
+        app.stop(close_engine=True)
+
+
 @contextmanager
 def launched_ui(engine):
     """build_ui(engine) launched on 127.0.0.1 with the page look; yields (demo, gradio client)."""
@@ -83,3 +96,58 @@ def engine_with_texts(tmp: Path, docs: dict[str, str], timeout: float = 300):
     assert engine.wait_idle(timeout), "ingest did not finish"
     return engine
 
+
+class AppProcess:
+    """`python app.py …` as a real separate process on a free port (team-mode tests run two of them)."""
+
+    def __init__(self, data_dir, *args: str, log_path=None):
+        import subprocess
+        import sys
+        from pathlib import Path
+
+        root = Path(__file__).resolve().parents[1]
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.log_path = Path(log_path or Path(data_dir).with_suffix(".log"))
+        Path(data_dir).parent.mkdir(parents=True, exist_ok=True)
+        self._log = open(self.log_path, "wb")
+        self.proc = subprocess.Popen([sys.executable, str(root / "app.py"), "--host", "127.0.0.1", "--port",
+                                      str(self.port), "--data-dir", str(data_dir), *args], cwd=root,
+                                     stdout=self._log, stderr=subprocess.STDOUT)
+
+    def wait_ready(self, timeout: float = 300) -> "AppProcess":
+        deadline = time.time() + timeout
+        while time.time() < deadline:
+            assert self.proc.poll() is None, f"app exited: {self.log_tail()}"
+            try:
+                h = httpx.get(f"{self.url}/api/health", timeout=5).json()["data"]
+                if h["state"] == "ready":
+                    return self
+                assert h["state"] != "error", h
+            except httpx.HTTPError:
+                pass
+            time.sleep(0.3)
+        raise AssertionError(f"app not ready in {timeout} s: {self.log_tail()}")
+
+    def http(self, **kw) -> httpx.Client:
+        return httpx.Client(base_url=self.url, timeout=120, **kw)
+
+    def log_tail(self, n: int = 3000) -> str:
+        self._log.flush()
+        return self.log_path.read_text(errors="replace")[-n:]
+
+    def kill9(self) -> None:
+        import signal
+
+        os.kill(self.proc.pid, signal.SIGKILL)
+        self.proc.wait(30)
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(30)
+            except Exception:
+                self.proc.kill()
+                self.proc.wait()
+        self._log.close()

@@ -1,6 +1,7 @@
 """REST API + SSE through real HTTP against the launched app (FastAPI + mounted Gradio) on a temp data dir.
 
-Covers every endpoint and the SRS §11 acceptance list end to end.
+Covers every endpoint and the SRS §11 acceptance list end to end — twice: embedded (SQLite + embedded Chroma)
+and in team mode (a real PostgreSQL + a real Chroma server, tests/servers.py; marked slow).
 """
 from __future__ import annotations
 
@@ -26,8 +27,8 @@ KB_TEXT = ("星河电子公司退货政策：自签收之日起 7 天内可无�
 class LiveApp(_BaseLiveApp):
     """The app on its own engine in `data_dir`; stop() closes the engine too."""
 
-    def __init__(self, data_dir: Path, policy: AccessPolicy | None = None):
-        super().__init__(Engine(data_dir), policy)
+    def __init__(self, data_dir: Path, policy: AccessPolicy | None = None, deployment=None):
+        super().__init__(Engine(data_dir, deployment=deployment), policy)
 
     def client(self, **kw) -> httpx.Client:
         return self.http(**kw)
@@ -36,9 +37,20 @@ class LiveApp(_BaseLiveApp):
         super().stop(close_engine=True)
 
 
+@pytest.fixture(scope="module", params=["embedded", pytest.param("server", marks=pytest.mark.slow)])
+def make_deployment(request, tmp_path_factory):
+    """Where the state lives: None (embedded default), or a fresh PostgreSQL + Chroma-server database per call."""
+    if request.param == "embedded":
+        return lambda: None
+    from tests.servers import fresh_deployment
+
+    pg, chroma = request.getfixturevalue("pg_server"), request.getfixturevalue("chroma_server")
+    return lambda: fresh_deployment(pg, chroma, tmp_path_factory.mktemp("files"))
+
+
 @pytest.fixture(scope="module")
-def live(tmp_path_factory):
-    a = LiveApp(tmp_path_factory.mktemp("api") / "data")
+def live(tmp_path_factory, make_deployment):
+    a = LiveApp(tmp_path_factory.mktemp("api") / "data", deployment=make_deployment())
     yield a
     a.stop()
 
@@ -281,8 +293,9 @@ def test_sse_client_disconnect_stops_generation(http, live, fake_llm, tmp_path):
     fake_llm.chunk_delay = 0
 
 
-def test_auth_required_for_api(tmp_path):
-    a = LiveApp(tmp_path / "data", AccessPolicy.from_args(["boss:pw1", "user:pw2"], admins=["boss"]))
+def test_auth_required_for_api(tmp_path, make_deployment):
+    a = LiveApp(tmp_path / "data", AccessPolicy.from_args(["boss:pw1", "user:pw2"], admins=["boss"]),
+                deployment=make_deployment())
     try:
         with a.client() as c:
             assert c.get("/api/kb/documents").status_code == 401

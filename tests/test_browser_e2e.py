@@ -1,8 +1,10 @@
 """One real-browser end-to-end test: headless Debian Chromium driven by Playwright for Python.
 
 upload (through the 知识库 tab's file input when it has one, else through the engine) → 就绪 → ask → click [n]
-highlights and scrolls to source n → reload → the 历史记录 entry replays the same answer, sources and trace →
-browser restart (same profile) → the history is still there.
+highlights and scrolls to source n → follow up (「那服务时间呢？」, rewritten query in the trace) → reload → the
+conversation comes back with both turns, citations and trace → 新对话, then the 历史 list replays it → browser
+restart (same profile) → the history (kept on the server) is still there → 👎 with a reason → the 反馈 tab lists
+it → a verified Q&A entry made from it answers the same question afterwards, cited as 「已核实问答」.
 
 Needs `apt-get install chromium` and `pip install playwright` (never `playwright install`: its browser
 download does not work offline; we only use /usr/bin/chromium). Set KBQA_SCREENSHOTS_DIR to also save
@@ -18,6 +20,11 @@ from pathlib import Path
 import pytest
 
 from tests.test_ui_chat import KB_NAME, KB_TEXT, QUESTION, LiveUI, make_engine
+
+FOLLOW_UP = "那服务时间呢？"
+REASON_TEXT = "服务时间没有单独列出"
+VERIFIED_Q = "星河电子客服几点上班？"
+VERIFIED_A = "星河电子客服每天 9 点到 21 点在线，电话 400-800-1234。"
 
 CHROMIUM = "/usr/bin/chromium"
 ARGS = ["--no-sandbox", "--disable-gpu", "--disable-background-networking", "--disable-component-update",
@@ -145,22 +152,73 @@ def test_browser_upload_ask_cite_reload_replay(tmp_path):
 
             page.locator("#kb-trace-acc").get_by_text("检索过程").first.click()
             page.wait_for_selector("#kb-trace .kb-trace-sec[data-sec=rerank]", state="visible", timeout=10_000)
-            before = _panel_texts(page)
-            assert "BM25" in before["trace"] and "RRF" in before["trace"]
+            assert "BM25" in _panel_texts(page)["trace"]
 
-            # reload → history → replay shows the same answer, sources and trace
+            # follow up in the same conversation: the rewritten query shows in the trace
+            page.fill("#kb-question textarea", FOLLOW_UP)
+            page.click("#kb-send")
+            page.wait_for_function("() => document.querySelectorAll('#kb-chatbot .bot').length === 2 && "
+                                   "!!document.querySelector('#kb-stage .kb-stage-done')", timeout=180_000)
+            page.wait_for_selector("#kb-trace .kb-query", timeout=10_000)
+            before = _panel_texts(page)
+            assert "检索问题：" in before["trace"] and "服务时间" in before["trace"]
+            assert "BM25" in before["trace"] and "RRF" in before["trace"]
+            assert "9 点到 21 点" in before["answer"]
+
+            # reload → the open conversation comes back with both turns, its citations and trace
             page.reload()
             page.wait_for_selector("#kb-question textarea", timeout=60_000)
-            assert page.locator("#kb-chatbot .bot").count() == 0
-            _replay_first(page)
-            after = _panel_texts(page)
-            assert after == before
+            page.wait_for_function("() => document.querySelectorAll('#kb-chatbot .bot').length === 2",
+                                   timeout=30_000)
+            _open_trace(page)
+            assert _panel_texts(page) == before
+            assert QUESTION in page.locator("#kb-chatbot").inner_text()
 
-            # browser restart (same profile): the history survives
+            # a new conversation, then the 历史 list replays the old one
+            page.click("#kb-new-conv")
+            page.wait_for_function("() => document.querySelectorAll('#kb-chatbot .bot').length === 0",
+                                   timeout=10_000)
+            _replay_first(page)
+            assert _panel_texts(page) == before
+
+            # browser restart (same profile): the history is on the server, still there
             ctx.close()
             ctx, page = _open_app(pw, profile, live.url)
             _replay_first(page)
             assert _panel_texts(page)["answer"] == before["answer"]
+
+            # 👎 with a reason on the answer on screen → the 反馈 tab lists it
+            page.click("#kb-fb-down")
+            page.locator("#kb-fb-reason label").filter(has_text="引用错误").click()
+            page.fill("#kb-fb-text textarea", REASON_TEXT)
+            page.click("#kb-fb-submit")
+            page.wait_for_selector("#kb-fb-status .kb-fb-done[data-rating=down]", timeout=10_000)
+            _open_tab(page, "反馈")
+            page.locator("#kb-fba-filter label").filter(has_text="仅").first.click()
+            page.wait_for_function("([t]) => (document.querySelector('#kb-fba-list')?.innerText || '').includes(t)",
+                                   arg=[REASON_TEXT], timeout=10_000)
+            row = page.locator("#kb-fba-table tr[data-rating=down]").first
+            assert "引用错误" in row.inner_text() and FOLLOW_UP in row.inner_text()
+            fb_id = row.get_attribute("data-fb")
+
+            # a verified entry from it answers the same question afterwards, cited as 已核实问答
+            page.fill("#kb-qa-pick input", fb_id)
+            page.click("#kb-qa-load")
+            page.wait_for_function("() => (document.querySelector('#kb-qa-question textarea')?.value || '')"
+                                   ".length > 0", timeout=10_000)
+            page.fill("#kb-qa-question textarea", VERIFIED_Q)
+            page.fill("#kb-qa-answer textarea", VERIFIED_A)
+            page.click("#kb-qa-create")
+            page.wait_for_selector("#kb-qa-status .kb-qa-done", timeout=10_000)
+            assert live.engine.wait_idle(120)
+            _open_tab(page, "问答")
+            page.click("#kb-new-conv")
+            page.fill("#kb-question textarea", VERIFIED_Q)
+            page.click("#kb-send")
+            page.wait_for_function("() => document.querySelectorAll('#kb-chatbot .bot').length === 1 && "
+                                   "!!document.querySelector('#kb-stage .kb-stage-done')", timeout=180_000)
+            assert VERIFIED_A in page.locator("#kb-chatbot .bot").last.inner_text()
+            assert "已核实问答" in page.locator("#kb-sources .kb-src").first.inner_text()
             ctx.close()
     finally:
         live.stop()
@@ -168,11 +226,17 @@ def test_browser_upload_ask_cite_reload_replay(tmp_path):
         shutil.rmtree(profile, ignore_errors=True)
 
 
+def _open_trace(page):
+    if not page.locator("#kb-trace .kb-trace-sec[data-sec=rerank]").is_visible():
+        page.locator("#kb-trace-acc").get_by_text("检索过程").first.click()
+    page.wait_for_selector("#kb-trace .kb-trace-sec[data-sec=rerank]", state="visible", timeout=10_000)
+
+
 def _replay_first(page):
-    page.locator("#kb-history-acc").get_by_text("历史记录").first.click()
+    page.locator("#kb-history-acc").get_by_text("历史对话").first.click()
     item = page.locator("#kb-history-list label").filter(has_text=QUESTION[:10]).first
     item.wait_for(state="visible", timeout=20_000)
     item.click()
+    page.wait_for_function("() => document.querySelectorAll('#kb-chatbot .bot').length === 2", timeout=20_000)
     page.wait_for_selector("#kb-chatbot a.kb-cite", timeout=10_000)
-    page.locator("#kb-trace-acc").get_by_text("检索过程").first.click()
-    page.wait_for_selector("#kb-trace .kb-trace-sec[data-sec=rerank]", state="visible", timeout=10_000)
+    _open_trace(page)

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from llama_index.core.schema import NodeWithScore, QueryBundle, TextNode
+from llama_index.core.schema import NodeWithScore, TextNode
 from llama_index.retrievers.bm25 import BM25Retriever
 
 from pipeline.ingestion.chunking import ChineseChunker, split_text
@@ -196,24 +196,10 @@ def test_chunker_nodes_carry_offsets_and_page():
 
 
 def test_adaptive_bm25_weight():
-    from pipeline.retrieval.fusion import ADAPTIVE_FLOOR, ADAPTIVE_SLOPE, HybridRRFRetriever, adaptive_bm25_weight
+    from pipeline.retrieval.fusion import ADAPTIVE_FLOOR, ADAPTIVE_SLOPE, adaptive_bm25_weight
 
-    assert adaptive_bm25_weight(_nws([1, 2], {1: 3.0, 2: 1.0}), 1.0) == 1.0  # decisive BM25: full weight
-    assert adaptive_bm25_weight(_nws([1, 2], {1: 1.5, 2: 1.0}), 1.0) == pytest.approx(0.5 * ADAPTIVE_SLOPE)
-    assert adaptive_bm25_weight(_nws([1, 2], {1: 1.05, 2: 1.0}), 1.0) == ADAPTIVE_FLOOR  # flat: floor
-    assert adaptive_bm25_weight(_nws([1], {1: 2.0}), 0.7) == 0.7  # single lexical hit
-    assert adaptive_bm25_weight(_nws([1, 2], {1: 3.0, 2: 1.0}), 0.0) == 0.0  # the setting caps it
-
-    class Fixed:  # a stand-in route returning a fixed list (exercises the BaseRetriever contract)
-        def __init__(self, nodes):
-            self.nodes = nodes
-
-        def retrieve(self, q):
-            return self.nodes
-
-    flat_bm25 = _nws([1, 2, 3], {1: 1.05, 2: 1.0, 3: 0.9})
-    vec = _nws([3, 2, 1])
-    out = HybridRRFRetriever(Fixed(flat_bm25), Fixed(vec), adaptive=True).run(QueryBundle("q"))
-    assert out.bm25_weight == ADAPTIVE_FLOOR and out.fused[0].node.node_id == "3"  # vector order wins
-    out = HybridRRFRetriever(Fixed(flat_bm25), Fixed(vec), adaptive=False).run(QueryBundle("q"))
-    assert out.bm25_weight == 1.0
+    assert adaptive_bm25_weight([3.0, 1.0], 1.0) == 1.0  # decisive BM25: full weight
+    assert adaptive_bm25_weight([1.5, 1.0], 1.0) == pytest.approx(0.5 * ADAPTIVE_SLOPE)
+    assert adaptive_bm25_weight([1.05, 1.0], 1.0) == ADAPTIVE_FLOOR  # flat: floor
+    assert adaptive_bm25_weight([2.0], 0.7) == 0.7  # single lexical hit
+    assert adaptive_bm25_weight([3.0, 1.0], 0.0) == 0.0  # the setting caps it

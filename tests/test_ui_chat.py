@@ -2,7 +2,8 @@
 
 No LLM is configured, so the engine answers extractively (label + [n] citations) — enough for the UI contract:
 streamed stages and partial answers, [n] in the answer, sources naming the file, the fixed no-answer text,
-retry from the same retrieval, history records and their replay, the header badge.
+retry from the same retrieval, follow-ups in one conversation, the server-side history (open, per-turn view,
+rename, export, delete, clear, restore after reload, per user), chit-chat and the knowledge switch, the badge.
 """
 from __future__ import annotations
 
@@ -78,17 +79,22 @@ def client(live):
     return live.client()
 
 
-def run_ask(client, question, history=None):
-    job = client.submit(question, history if history is not None else [], api_name="/ask")
+def run_ask(client, question, new=True, use_kb=True):
+    """Ask in the client's session; new=True starts a new conversation first (else it is a follow-up)."""
+    if new:
+        client.predict(api_name="/new_conversation")
+    job = client.submit(question, use_kb, api_name="/ask")
     final = job.result(timeout=180)
     return job.outputs(), final
 
 
 # outputs of /ask and /retry, in order (buttons and gr.State are not part of the API)
-CHAT, STAGE, SOURCES, TRACE, QUESTION_BOX, HISTORY = range(6)
+CHAT, STAGE, SOURCES, TRACE, TURNS, LAST_CONV, QUESTION_BOX, HISTORY_LIST = range(8)
+# outputs of /history_open, /select_turn, /restore_conversation (the conversation view)
+V_CHAT, V_STAGE, V_SOURCES, V_TRACE, V_TURNS, V_LAST_CONV = range(6)
 
 
-def test_ask_streams_stages_partial_answer_and_sources(client):
+def test_ask_streams_stages_partial_answer_and_sources(client, engine):
     outputs, final = run_ask(client, QUESTION)
     stages = " ".join(o[STAGE] for o in outputs if isinstance(o[STAGE], str))
     assert "检索中" in stages and 'data-phase="recall"' in stages
@@ -106,34 +112,60 @@ def test_ask_streams_stages_partial_answer_and_sources(client):
     assert 'class="kb-cite"' in assistant_text(final[CHAT]) and 'href="#kb-src-1"' in assistant_text(final[CHAT])
     # sources panel: [n] · file name · snippet · similarity
     assert KB_NAME in final[SOURCES] and 'id="kb-src-1"' in final[SOURCES] and "相似度" in final[SOURCES]
-    # trace: the four stages and the rerank note (no reranker configured → skipped)
+    # trace: the four stages and the rerank note (no reranker configured → skipped); the route taken
     for sec in ("bm25", "vector", "rrf", "rerank"):
         assert f'data-sec="{sec}"' in final[TRACE]
-    assert "精排已跳过" in final[TRACE] and "ms" in final[TRACE]
-    # the input box was cleared and a complete history record came back for the browser
+    assert "精排已跳过" in final[TRACE] and "ms" in final[TRACE] and "路由：轻量检索" in final[TRACE]
+    # the input box was cleared; the turn is stored on the server under the conversation the browser keeps
     assert outputs[0][QUESTION_BOX] == ""
-    hist = final[HISTORY]
-    assert isinstance(hist, list) and hist[0]["question"] == QUESTION
-    assert hist[0]["answer"].startswith(ev.EXTRACTIVE_LABEL) and hist[0]["sources"] and hist[0]["trace"]
-    assert isinstance(hist[0]["elapsed_ms"], (int, float)) and hist[0]["time"]
+    conv = engine.get_conversation(final[LAST_CONV], None)
+    t = conv["turns"][-1]
+    assert t["question"] == QUESTION and t["answer"].startswith(ev.EXTRACTIVE_LABEL) and t["sources"] and t["trace"]
+    assert isinstance(t["elapsed_ms"], int)
+    assert final[LAST_CONV] in str(final[HISTORY_LIST])  # the 历史 list shows it, selected
 
 
-def test_no_answer_shows_fixed_refusal(client):
+def test_follow_up_in_the_same_conversation(client, engine):
+    _, first = run_ask(client, QUESTION)
+    _, second = run_ask(client, "那服务时间呢？", new=False)
+    assert second[LAST_CONV] == first[LAST_CONV]
+    assert "检索问题：" in second[TRACE] and "服务时间" in second[TRACE]
+    chat = second[CHAT]
+    assert [m["role"] for m in chat] == ["user", "assistant"] * 2
+    assert "9 点到 21 点" in plain(assistant_text(chat))
+    # only the active (last) answer links its citations; the earlier one shows them as text
+    first_answer = chat[1]["content"] if isinstance(chat[1]["content"], str) else chat[1]["content"][0]["text"]
+    assert "kb-cite-off" in first_answer and 'class="kb-cite"' not in first_answer
+    assert [q for q, _ in [(t["question"], 0) for t in engine.get_conversation(first[LAST_CONV], None)["turns"]]] \
+        == [QUESTION, "那服务时间呢？"]
+
+
+def test_no_answer_shows_fixed_refusal(client, engine):
     _, final = run_ask(client, OFF_TOPIC)
     text = plain(assistant_text(final[CHAT]))
     assert ev.NO_ANSWER_TEXT in text
     assert "知识库" in final[SOURCES] and 'data-count="0"' in final[SOURCES]
-    assert final[HISTORY][0]["no_answer"] is True
+    assert engine.get_conversation(final[LAST_CONV], None)["turns"][-1]["no_answer"] is True
+
+
+def test_chitchat_and_knowledge_switch(client, engine):
+    calls = engine.retrieval_calls
+    _, final = run_ask(client, "你好！")
+    assert "知识库问答助手" in plain(assistant_text(final[CHAT])) and "未检索知识库" in assistant_text(final[CHAT])
+    assert "没有检索知识库" in final[SOURCES] and 'data-route="DIRECT"' in final[TRACE]
+    _, final = run_ask(client, QUESTION, use_kb=False)
+    assert "知识库检索" in plain(assistant_text(final[CHAT])) and "未使用知识库" in final[STAGE]
+    assert engine.retrieval_calls == calls
 
 
 def test_retry_reuses_the_same_retrieval(client, engine):
     _, first = run_ask(client, QUESTION)
     calls = engine.retrieval_calls
-    job = client.submit(first[HISTORY], api_name="/retry")
+    job = client.submit(True, api_name="/retry")
     final = job.result(timeout=180)
     assert engine.retrieval_calls == calls, "retry must regenerate from the cached retrieval"
-    assert plain(assistant_text(final[CHAT])) == plain(assistant_text(first[CHAT]))
-    assert final[HISTORY][0]["question"] == QUESTION and len(final[HISTORY]) == len(first[HISTORY]) + 1
+    assert plain(assistant_text(final[CHAT])).endswith(plain(assistant_text(first[CHAT])).split("\n", 1)[1])
+    assert len(engine.get_conversation(first[LAST_CONV], None)["turns"]) == 2
 
 
 def test_validation_error_is_shown_in_the_bubble(client):
@@ -143,22 +175,42 @@ def test_validation_error_is_shown_in_the_bubble(client):
     assert "1001" in final[STAGE]
 
 
-def test_history_replay_delete_and_clear(client):
+def test_history_open_select_rename_export_delete_clear(client, engine):
     _, first = run_ask(client, QUESTION)
-    history = first[HISTORY]
-    rec = history[0]
-    listed = client.predict(history, api_name="/history_list")  # the browser does this on every change
-    assert listed is None or listed == "" or isinstance(listed, (str, list, dict))
-    chat, stage, sources, trace = client.predict(rec["id"], history, api_name="/history_replay")
-    assert plain(assistant_text(chat)) == plain(assistant_text(first[CHAT]))
-    assert sources == first[SOURCES]
-    assert trace == first[TRACE]
-    assert "历史记录" in stage
-    after_delete = client.predict(rec["id"], history, api_name="/history_delete")
-    assert [r["id"] for r in after_delete] == [r["id"] for r in history[1:]]
-    msg = client.predict(history, api_name="/history_clear_ask")
-    assert str(len(history)) in msg
-    assert client.predict(history, api_name="/history_clear_confirm") == []
+    _, second = run_ask(client, "那服务时间呢？", new=False)
+    cid = second[LAST_CONV]
+    client.predict(api_name="/new_conversation")
+    listed = client.predict(api_name="/history_list")
+    assert cid in str(listed)
+    view = client.predict(cid, api_name="/history_open")
+    assert [m["role"] for m in view[V_CHAT]] == ["user", "assistant"] * 2
+    assert plain(assistant_text(view[V_CHAT])) == plain(assistant_text(second[CHAT]))
+    assert view[V_SOURCES] == second[SOURCES] and view[V_TRACE] == second[TRACE]
+    assert "历史对话" in view[V_STAGE] and view[V_LAST_CONV] == cid
+    turn1 = client.predict(0, api_name="/select_turn")
+    assert turn1[V_SOURCES] == first[SOURCES] and turn1[V_TRACE] == first[TRACE]
+    assert 'href="#kb-src-1"' in str(turn1[V_CHAT][1]) and "kb-cite-off" in str(turn1[V_CHAT][3])
+    listed, box = client.predict(cid, "客服电话与时间", api_name="/history_rename")
+    assert "客服电话与时间" in str(listed) and box == ""
+    path = client.predict(cid, api_name="/history_export")
+    md = Path(path["value"] if isinstance(path, dict) else path).read_text(encoding="utf-8")
+    assert md.startswith("# 客服电话与时间") and "**问：** 那服务时间呢？" in md and "检索问题：" in md
+    n_before = engine.list_conversations(None, 1, 1)["total"]
+    client.predict(cid, api_name="/history_delete")
+    assert engine.list_conversations(None, 1, 1)["total"] == n_before - 1
+    msg = client.predict(api_name="/history_clear_ask")
+    assert str(n_before - 1) in str(msg)
+    client.predict(api_name="/history_clear_confirm")
+    assert engine.list_conversations(None, 1, 1)["total"] == 0
+
+
+def test_reload_restores_the_open_conversation(client, engine):
+    _, final = run_ask(client, QUESTION)
+    cid = final[LAST_CONV]
+    view = client.predict(cid, api_name="/restore_conversation")  # the page load, with the browser's stored id
+    assert plain(assistant_text(view[V_CHAT])) == plain(assistant_text(final[CHAT]))
+    gone = client.predict("c" * 32, api_name="/restore_conversation")
+    assert gone[V_LAST_CONV] == ""  # an id the server does not know is dropped, nothing opens
 
 
 def test_header_badge(client, engine):
@@ -172,39 +224,40 @@ def test_logged_in_user_can_ask_and_history_is_per_user(engine):
     policy = AccessPolicy.from_args(["alice:pw-a", "bob:pw-b"], admins=["alice"])
     ui = LiveUI(engine, policy)
     try:
+        alice = ui.client(auth=("alice", "pw-a"))
+        alice_q = "星河电子公司成立于哪一年？"
+        _, a_final = run_ask(alice, alice_q)
+        a_cid = a_final[LAST_CONV]
+        assert engine.get_conversation(a_cid, "alice")["user"] == "alice"
         bob = ui.client(auth=("bob", "pw-b"))
-        _, final = run_ask(bob, QUESTION, history=[{"id": "x1", "user": "alice", "question": "alice 的问题",
-                                                    "answer": "a", "sources": [], "trace": {}, "ts": 1}])
-        hist = final[HISTORY]
-        assert hist[0]["user"] == "bob" and hist[0]["question"] == QUESTION
-        assert any(r["user"] == "alice" for r in hist), "other users' records are kept untouched"
-        # bob's list shows only his records, and he cannot replay alice's record
-        bob.predict(hist, api_name="/history_list")
+        _, b_final = run_ask(bob, QUESTION)
+        assert a_cid not in str(b_final[HISTORY_LIST])  # bob's list shows only his conversations
+        # bob cannot open alice's conversation, neither from the list nor as a stored id
         try:
-            out = bob.predict("x1", hist, api_name="/history_replay")
+            out = bob.predict(a_cid, api_name="/history_open")
         except Exception as exc:  # refused by the list's own choices check
             out = str(exc)
-        assert "alice 的问题" not in str(out)
+        assert alice_q not in str(out)
+        restored = bob.predict(a_cid, api_name="/restore_conversation")
+        assert restored[V_LAST_CONV] == "" and engine.get_conversation(a_cid, "alice")["turn_count"] == 1
     finally:
         ui.stop()
 
 
 # ---------------------------------------------------------------------------------------------- pure helpers
-def test_history_helpers_cap_and_scope():
+def test_history_helpers():
     from ui import history as h
 
-    state = []
-    for i in range(55):
-        state = h.add(state, h.make_record(f"q{i}", "a", [], {}, 1, None, now=1000 + i))
-    state = h.add(state, h.make_record("other", "a", [], {}, 1, "bob", now=5000))
-    assert len(h.for_user(state, None)) == h.MAX_RECORDS
-    assert h.for_user(state, None)[0]["question"] == "q54"
-    assert [label for label, _ in h.choices(state, "bob")] and len(h.choices(state, "bob")) == 1
-    rid = h.for_user(state, None)[3]["id"]
-    assert h.find(state, rid, "bob") is None
-    assert len(h.for_user(h.delete(state, rid, None), None)) == 49
-    assert h.for_user(h.clear(state, None), None) == [] and len(h.clear(state, None)) == 1
-    assert h.for_user("garbage", None) == [] and h.add(None, h.make_record("q", "a", [], {}, 1, None))
+    turns = [h.turn_record("q1 <b>", "答[1]", [{"no": 1}], {}, {"turn_id": 1, "elapsed_ms": 5}),
+             h.turn_record("你好", "你好！", [], {}, {"turn_id": 2, "route": "DIRECT"})]
+    msgs = h.messages(turns, 0)
+    assert msgs[0]["content"] == "q1 &lt;b&gt;" and 'href="#kb-src-1"' in msgs[1]["content"]
+    assert "未检索知识库" in msgs[3]["content"]
+    assert "kb-cite-off" in h.messages(turns, 1)[1]["content"]
+    assert h.turn_choices(turns) == [("第 1 轮 · q1 <b>", 0), ("第 2 轮 · 💬 你好", 1)]
+    c = {"conv_id": "x", "title": "标题", "updated_at": "2026-01-02 03:04:05.6", "turn_count": 3}
+    assert h.conversation_choices([c]) == [("2026-01-02 03:04 · 标题 （3 轮）", "x")]
+    assert h.storage_key("a") != h.storage_key("b") and h.storage_secret("a") == h.storage_secret("a")
 
 
 def test_render_escapes_and_links_citations():
@@ -248,8 +301,10 @@ def test_restricted_tabs_start_hidden_with_logins(engine):
 
     def tab_visibility(demo):
         return {b.elem_id: b.visible for b in demo.blocks.values() if getattr(b, "elem_id", None) in
-                ("tab-qa", "tab-kb", "tab-config")}
+                ("tab-qa", "tab-kb", "tab-config", "tab-feedback")}
 
-    assert tab_visibility(build_ui(engine)) == {"tab-qa": True, "tab-kb": True, "tab-config": True}
+    assert tab_visibility(build_ui(engine)) == {"tab-qa": True, "tab-kb": True, "tab-config": True,
+                                                "tab-feedback": True}
     policy = AccessPolicy.from_args(["alice:a", "bob:b"], admins=["alice"])
-    assert tab_visibility(build_ui(engine, policy)) == {"tab-qa": True, "tab-kb": False, "tab-config": False}
+    assert tab_visibility(build_ui(engine, policy)) == {"tab-qa": True, "tab-kb": False, "tab-config": False,
+                                                        "tab-feedback": False}

@@ -146,9 +146,11 @@ def test_debug_search_three_columns_same_chunk_same_colour(live, test_doc):
     assert len(set(hue_of.values())) == len(hue_of), "two chunks share a colour"
     shared = {c for c, _, _ in cols["rrf"]} & ({c for c, _, _ in cols["bm25"]} | {c for c, _, _ in cols["vector"]})
     assert shared, "RRF shows chunks found by the routes"
-    # ranks: RRF cards name both routes' ranks; route cards say where the chunk landed after fusion
-    assert re.search(r"BM25 (第 \d+ 名|未召回) · 向量 (第 \d+ 名|未召回)", rrf)
-    assert "→ RRF 第 1 名" in bm25 + vec
+    # fused cards name both routes' real rank and score (full information); route cards say where the chunk
+    # landed after fusion; the column title names the fusion mode and the BM25 weight of this query
+    assert re.search(r"BM25 (第 \d+ 名|未召回)（得分 [\d.]+） · 向量 (第 \d+ 名|未召回)（相似度 [\d.]+）", rrf)
+    assert "→ 融合第 1 名" in bm25 + vec
+    assert "BM25 占比" in rrf or "BM25 权重" in rrf
     # consistent with the engine's own result
     direct = live.engine.search("什么是 Prompt 工程", 8)
     assert [str(r["chunk_id"]) for r in direct["rrf"]] == [c for c, _, _ in cols["rrf"]]

@@ -1,13 +1,19 @@
-"""Retrieval evaluation on public QA sets, through the real engine (ingest → BM25 / vector / RRF / rerank).
+"""Retrieval evaluation on public QA sets, through the real engine (ingest → BM25 / vector / fusion / rerank).
 
     python -m tools.evaluate --squad FILE [--distractors FILE] [--dureader FILE] [--limit N]
-                                [--json OUT] [--sweep]
+                                [--json OUT] [--sweep] [--dump OUT]
+    python -m tools.evaluate --set NAME --kb-cache DIR [--dump OUT]     (a named dev set, cached KB)
+    python -m tools.evaluate --cv --kb-cache DIR --dump-dir DIR [--write-weights FILE]
 
-Builds a fresh knowledge base in a temp data dir: each SQuAD context is one document (optional distractor file:
-one document per line); with --dureader the corpus is every paragraph of every document (JSON lines) and the
-gold is `most_related_para` of the documents in `answer_docs`. A hit is a retrieved chunk that belongs to the
-question's gold document and (SQuAD) contains one of its answer strings.
-Prints Hit@1/3/5/10, MRR@10, nDCG@10, p50/p95 latency per route; --sweep also prints weighted-RRF variants.
+Builds a knowledge base in a temp data dir (or copies a cached one, tools.kb_cache): each SQuAD context is one
+document (optional distractor file: one document per line); with --dureader the corpus is every paragraph of
+every document (JSON lines) and the gold is `most_related_para` of the documents in `answer_docs`. A hit is a
+retrieved chunk that belongs to the question's gold document and (SQuAD) contains one of its answer strings.
+Prints Hit@1/3/5/10, MRR@10, nDCG@10, p50/p95 latency per route: bm25, vector, union_oracle (the best
+reordering of both routes' top-10), rrf (the SRS's RRF, K = 60), adaptive_rrf (the previous default) and fused
+(the fusion the settings select). --dump writes every question's full-information candidates (both routes' rank
+and real score for every chunk of the union, hit flags, features) for offline studies; --cv dumps each dev set
+once, then fits the fusion on all sets but one and scores the left-out set, for every set (tools.fusion_cv).
 """
 from __future__ import annotations
 
@@ -153,53 +159,109 @@ def metrics(ranked_hits: list[list[bool]], n_relevant: list[int], lat_ms: list[f
     return out
 
 
+def dump_row(q: Question, n_rel: int, fusion, gold_ids: set[int]) -> dict:
+    """Full-information candidates of one question: every union chunk with both routes' rank and real score."""
+    cands = []
+    for n in fusion.fused:
+        m = n.node.metadata
+        sim = m.get("similarity")
+        cands.append([n.node.node_id, m.get("bm25_rank"), m.get("vector_rank"), round(float(m["bm25_score"]), 4),
+                      None if sim is None else round(float(sim), 6), _is_hit(n, q, gold_ids)])
+    return {"q": q.text, "n_rel": n_rel, "features": {k: round(v, 5) for k, v in fusion.features.items()},
+            "cands": cands}
+
+
+def candidates_from_row(row: dict):
+    """A dump row back into fusion.Candidates (no model, no index), plus each candidate's hit flag."""
+    from llama_index.core.schema import NodeWithScore, TextNode
+
+    from pipeline.retrieval.fusion import Candidates
+
+    c = Candidates()
+    rows = row["cands"]
+    c.ids = [r[0] for r in rows]
+    c.nodes = [NodeWithScore(node=TextNode(id_=r[0], text=""), score=None) for r in rows]
+    c.bm25_rank = [r[1] for r in rows]
+    c.vector_rank = [r[2] for r in rows]
+    c.bm25_score = np.array([r[3] for r in rows], dtype=np.float64)
+    c.cosine = None if any(r[4] is None for r in rows) else np.array([r[4] for r in rows], dtype=np.float64)
+    return c, {r[0]: r[5] for r in rows}
+
+
+def route_hits(row: dict, key: int) -> list[bool]:
+    """A single route's top-K hit flags from a dump row (key 1: BM25 rank, 2: vector rank)."""
+    ranked = sorted((r for r in row["cands"] if r[key] is not None), key=lambda r: r[key])
+    return [r[5] for r in ranked[:K]]
+
+
+def union_oracle(row: dict) -> list[bool]:
+    """The best reordering of the union of both routes' top-K: a hit at rank 1 if the union holds one."""
+    top = [r for r in row["cands"] if (r[1] or K + 1) <= K or (r[2] or K + 1) <= K]
+    return [any(r[5] for r in top)]
+
+
+def reference_params(s):
+    """The fusions every evaluation reports beside the configured one."""
+    from pipeline.retrieval.fusion import FusionParams
+
+    return {"rrf": FusionParams(mode="rrf", rrf_k=60, bm25_adaptive=False),  # the SRS's RRF, K = 60
+            "adaptive_rrf": FusionParams(mode="rrf", rrf_k=s.rrf_k, bm25_weight=s.bm25_weight,
+                                         vector_weight=s.vector_weight, bm25_adaptive=True)}
+
+
 def evaluate(engine, corpus: Corpus, key_to_doc: dict[str, int], sweep: bool = False,
              dump: Path | None = None) -> dict:
+    from pipeline.retrieval.fusion import fuse
+
     s = engine.settings
     svc = engine.components.retrieval
-    routes: dict[str, list[list[bool]]] = {"bm25": [], "vector": [], "rrf": []}
-    lat: dict[str, list[float]] = {"bm25": [], "vector": [], "rrf": []}
-    has_rerank = (engine.components.models.cross_encoder is not None)
+    refs = reference_params(s)
+    names = ["bm25", "vector", "union_oracle", *refs, "fused"]
+    routes: dict[str, list[list[bool]]] = {r: [] for r in names}
+    lat: dict[str, list[float]] = {"bm25": [], "vector": [], "fused": []}
+    has_rerank = engine.components.models.cross_encoder is not None
     if has_rerank:
         routes["rerank"], lat["rerank"] = [], []
     sweep_hits: dict[tuple, list[list[bool]]] = {w: [] for w in SWEEP} if sweep else {}
     n_rel: list[int] = []
     dump_f = open(dump, "w", encoding="utf-8") if dump else None
-    # relevant chunk counts per question (for nDCG's ideal ranking)
     for q in corpus.questions:
         gold_ids = {key_to_doc[k] for k in q.gold_docs if k in key_to_doc}
-        rel = 0
+        rel = 0  # relevant chunk count (nDCG's ideal ranking)
         for did in gold_ids:
             for ch in engine.components.docs.chunks_of(did):
                 rel += (not q.answers) or any(a in ch["text"] for a in q.answers)
         n_rel.append(rel)
         bundle, fusion, embed_ms = svc.recall(q.text, s)
-        routes["bm25"].append([_is_hit(n, q, gold_ids) for n in fusion.bm25[:K]])
-        routes["vector"].append([_is_hit(n, q, gold_ids) for n in fusion.vector[:K]])
-        routes["rrf"].append([_is_hit(n, q, gold_ids) for n in fusion.fused[:K]])
+        row = dump_row(q, rel, fusion, gold_ids)
+        routes["bm25"].append(route_hits(row, 1))
+        routes["vector"].append(route_hits(row, 2))
+        routes["union_oracle"].append(union_oracle(row))
+        routes["fused"].append([_is_hit(n, q, gold_ids) for n in fusion.fused[:K]])
+        cands, hit_of = candidates_from_row(row)
+        for name, params in refs.items():
+            routes[name].append([hit_of[n.node.node_id] for n in fuse(cands, params)[0][:K]])
         lat["bm25"].append(fusion.ms["bm25"])
         lat["vector"].append(embed_ms + fusion.ms["vector"])
-        lat["rrf"].append(embed_ms + sum(fusion.ms.values()))
+        lat["fused"].append(embed_ms + sum(fusion.ms.values()))
         if has_rerank:
             t0 = time.perf_counter()
             ranked = SafeRerank(engine.components.models.cross_encoder, top_n=K,
                                 candidates=s.rerank_candidates).postprocess_nodes(fusion.fused, query_str=q.text)
-            lat["rerank"].append(lat["rrf"][-1] + (time.perf_counter() - t0) * 1000)
+            lat["rerank"].append(lat["fused"][-1] + (time.perf_counter() - t0) * 1000)
             routes["rerank"].append([_is_hit(n, q, gold_ids) for n in ranked[:K]])
         for w in sweep_hits:
             fused = rrf_fuse(fusion.bm25, fusion.vector, s.rrf_k, w[0], w[1])  # fixed weights
             sweep_hits[w].append([_is_hit(n, q, gold_ids) for n in fused[:K]])
-        if dump_f:  # per-question route lists, for offline fusion experiments
-            dump_f.write(json.dumps({
-                "q": q.text, "n_rel": rel,
-                "bm25": [[n.node.node_id, round(float(n.score), 4), _is_hit(n, q, gold_ids)] for n in fusion.bm25],
-                "vector": [[n.node.node_id, round(float(n.score), 4), _is_hit(n, q, gold_ids)]
-                           for n in fusion.vector]}, ensure_ascii=False) + "\n")
+        if dump_f:  # full-information candidates, for offline fusion studies (tools.fusion_cv)
+            dump_f.write(json.dumps(row, ensure_ascii=False) + "\n")
     if dump_f:
         dump_f.close()
     out = {"questions": len(corpus.questions),
-           "routes": {r: metrics(routes[r], n_rel, lat[r]) for r in routes},
-           "settings": {"rrf_k": s.rrf_k, "bm25_weight": s.bm25_weight, "vector_weight": s.vector_weight,
+           "routes": {r: metrics(routes[r], n_rel, lat.get(r, [])) for r in routes},
+           "settings": {"fusion_mode": s.fusion_mode, "convex_auto_weight": s.convex_auto_weight,
+                        "convex_bm25_weight": s.convex_bm25_weight, "rrf_k": s.rrf_k,
+                        "bm25_weight": s.bm25_weight, "vector_weight": s.vector_weight,
                         "bm25_adaptive": s.bm25_adaptive,
                         "recall_size": s.recall_size, "chunk_size": s.chunk_size,
                         "embedding": engine.components.models.embedding.label}}
@@ -211,29 +273,28 @@ def evaluate(engine, corpus: Corpus, key_to_doc: dict[str, int], sweep: bool = F
 
 
 def rescore_dump(path: Path, s) -> dict:
-    """Re-fuse the route lists of a --dump file with the given settings (no model, no index: seconds).
+    """Re-fuse the candidates of a --dump file with the given settings (no model, no index: seconds).
 
-    Used to choose fusion parameters; the per-route latency columns are not available from a dump.
+    Goes through the engine's own `fuse`, so the arithmetic is the app's; latency is not available here.
     """
-    from llama_index.core.schema import NodeWithScore, TextNode
+    from pipeline.retrieval.fusion import FusionParams, fuse
+    from tools.fusion_cv import PACKAGED_E5, row_features
 
-    from pipeline.retrieval.fusion import adaptive_bm25_weight
-
-    routes: dict[str, list[list[bool]]] = {"bm25": [], "vector": [], "rrf": []}
+    refs = reference_params(s)
+    params = FusionParams.from_settings(s, PACKAGED_E5)
+    routes: dict[str, list[list[bool]]] = {r: [] for r in ["bm25", "vector", "union_oracle", *refs, "fused"]}
     n_rel = []
     with open(path, encoding="utf-8") as f:
         for line in f:
-            d = json.loads(line)
-            hit_of = {cid: h for cid, _, h in d["bm25"] + d["vector"]}
-            def mk(rows):
-                return [NodeWithScore(node=TextNode(id_=cid, text=""), score=sc) for cid, sc, _ in rows]
-            bm25, vec = mk(d["bm25"]), mk(d["vector"])
-            w = adaptive_bm25_weight(bm25, s.bm25_weight) if s.bm25_adaptive and vec else s.bm25_weight
-            fused = rrf_fuse(bm25, vec, s.rrf_k, w, s.vector_weight)
-            routes["bm25"].append([h for _, _, h in d["bm25"][:K]])
-            routes["vector"].append([h for _, _, h in d["vector"][:K]])
-            routes["rrf"].append([hit_of[n.node.node_id] for n in fused[:K]])
-            n_rel.append(d["n_rel"])
+            row = json.loads(line)
+            cands, hit_of = candidates_from_row(row)
+            feats = row_features(row)  # fusion.query_features of this row's numbers (what the engine computes)
+            routes["bm25"].append(route_hits(row, 1))
+            routes["vector"].append(route_hits(row, 2))
+            routes["union_oracle"].append(union_oracle(row))
+            for name, p in [*refs.items(), ("fused", params)]:
+                routes[name].append([hit_of[n.node.node_id] for n in fuse(cands, p, feats)[0][:K]])
+            n_rel.append(row["n_rel"])
     return {"questions": len(n_rel), "routes": {r: metrics(v, n_rel, []) for r, v in routes.items()}}
 
 
@@ -251,62 +312,134 @@ def print_table(result: dict, title: str = "") -> None:
             print(f"| {w} | {m['hit@1']} | {m['hit@5']} | {m['mrr@10']} | {m['ndcg@10']} |")
 
 
+def _overrides(args) -> dict:
+    return {k: v for k, v in {"bm25_weight": args.bm25_weight, "vector_weight": args.vector_weight,
+                              "fusion_mode": args.fusion_mode, "reranker_model_path": args.reranker}.items()
+            if v is not None}
+
+
+def _apply(engine, overrides: dict) -> None:
+    if overrides:
+        engine.update_settings(overrides)
+        if "reranker_model_path" in overrides:
+            engine.reload()
+
+
+def evaluate_set(name: str, cache: Path | None, overrides: dict, sweep: bool = False,
+                 dump: Path | None = None) -> dict:
+    """One dev set (tools.kb_cache.DEV_SETS) on its cached knowledge base (built once when missing)."""
+    from tools.kb_cache import DEV_SETS, load_corpus, open_copy
+
+    ds = DEV_SETS[name]
+    corpus = load_corpus(ds)
+    with tempfile.TemporaryDirectory(prefix="kbqa-eval-") as tmp:
+        if cache is not None:
+            engine, key_to_doc = open_copy(cache, ds, Path(tmp) / "data")
+        else:
+            from pipeline.engine import Engine
+
+            engine = Engine(Path(tmp) / "data")
+            key_to_doc = build_kb(engine, corpus, Path(tmp))
+        try:
+            _apply(engine, overrides)
+            result = evaluate(engine, corpus, key_to_doc, sweep=sweep, dump=dump)
+        finally:
+            engine.close()
+    result["title"] = f"{name} ({ds.style})"
+    return result
+
+
+def run_cv(args) -> dict:
+    """Leave-one-set-out: dump every set's candidates once (cached), then fit on all sets but one, score it."""
+    from tools import fusion_cv
+    from tools.kb_cache import DEV_SETS, cache_root
+
+    names = args.sets.split(",") if args.sets else list(DEV_SETS)
+    dump_dir = Path(args.dump_dir)
+    dump_dir.mkdir(parents=True, exist_ok=True)
+    for name in names:
+        path = dump_dir / f"{name}.jsonl"
+        if args.redump or not path.exists():
+            tmp = path.with_suffix(".tmp")
+            res = evaluate_set(name, cache_root(args.kb_cache), _overrides(args), dump=tmp)
+            tmp.rename(path)
+            print_table(res, res["title"])
+    data = {n: fusion_cv.load_dump(dump_dir / f"{n}.jsonl") for n in names}
+    result = fusion_cv.cross_validate(data)
+    fusion_cv.print_cv(result)
+    if args.write_weights:  # the shipped weights: the same procedure fitted on every set
+        result["weights"] = fusion_cv.fit_all(data)
+        Path(args.write_weights).write_text(json.dumps(result["weights"], indent=2) + "\n", encoding="utf-8")
+    return result
+
+
 def run(args) -> dict:
     from pipeline.engine import Engine
 
-    if args.from_dump:
+    if args.cv:
+        result = run_cv(args)
+    elif args.from_dump:
         from pipeline.settings import Settings
 
         result = rescore_dump(Path(args.from_dump), Settings())
         print_table(result, f"re-fused from {Path(args.from_dump).name} (current fusion defaults)")
-        if args.json:
-            Path(args.json).write_text(json.dumps(result, ensure_ascii=False, indent=2), encoding="utf-8")
-        return result
+    elif args.set:
+        from tools.kb_cache import cache_root
 
-    if args.dureader:
-        corpus = load_dureader(Path(args.dureader), args.limit)
-        title = f"DuReader {Path(args.dureader).name}"
+        result = evaluate_set(args.set, cache_root(args.kb_cache), _overrides(args), args.sweep,
+                              Path(args.dump) if args.dump else None)
+        print_table(result, result["title"])
     else:
-        corpus = load_squad(Path(args.squad), args.limit, max_contexts=args.contexts)
-        title = f"SQuAD-format {Path(args.squad).name}"
-    if args.distractors:
-        add_distractors(corpus, Path(args.distractors), args.max_distractors)
-        title += f" + distractors {Path(args.distractors).name}"
-    with tempfile.TemporaryDirectory(prefix="kbqa-eval-") as tmp:
-        engine = Engine(Path(tmp) / "data")
-        overrides = {k: v for k, v in {"bm25_weight": args.bm25_weight, "vector_weight": args.vector_weight,
-                                       "reranker_model_path": args.reranker}.items() if v is not None}
-        if overrides:
-            engine.update_settings(overrides)
-            if "reranker_model_path" in overrides:
-                engine.reload()
-        key_to_doc = build_kb(engine, corpus, Path(tmp))
-        result = evaluate(engine, corpus, key_to_doc, sweep=args.sweep,
-                          dump=Path(args.dump) if args.dump else None)
-        result["title"] = title
-        if args.answers:  # what a user gets: gate → extractive answer (tools/answer_eval.py)
-            from tools.answer_eval import answer_metrics, dureader_spans
+        if args.dureader:
+            corpus = load_dureader(Path(args.dureader), args.limit)
+            title = f"DuReader {Path(args.dureader).name}"
+        else:
+            corpus = load_squad(Path(args.squad), args.limit, max_contexts=args.contexts)
+            title = f"SQuAD-format {Path(args.squad).name}"
+        if args.distractors:
+            add_distractors(corpus, Path(args.distractors), args.max_distractors)
+            title += f" + distractors {Path(args.distractors).name}"
+        with tempfile.TemporaryDirectory(prefix="kbqa-eval-") as tmp:
+            engine = Engine(Path(tmp) / "data")
+            _apply(engine, _overrides(args))
+            key_to_doc = build_kb(engine, corpus, Path(tmp))
+            result = evaluate(engine, corpus, key_to_doc, sweep=args.sweep,
+                              dump=Path(args.dump) if args.dump else None)
+            result["title"] = title
+            if args.answers:  # what a user gets: gate → extractive answer (tools/answer_eval.py)
+                from tools.answer_eval import answer_metrics, dureader_spans
 
-            spans = dureader_spans(Path(args.dureader)) if args.dureader else {}
-            result["answers"] = answer_metrics(engine, corpus.questions, spans)
-        engine.close()
-    print_table(result, title)
-    if "answers" in result:
-        from tools.answer_eval import print_answers
+                spans = dureader_spans(Path(args.dureader)) if args.dureader else {}
+                result["answers"] = answer_metrics(engine, corpus.questions, spans)
+            engine.close()
+        print_table(result, title)
+        if "answers" in result:
+            from tools.answer_eval import print_answers
 
-        print_answers(title, result["answers"])
+            print_answers(title, result["answers"])
     if args.json:
         Path(args.json).write_text(json.dumps(result, ensure_ascii=False, indent=2), encoding="utf-8")
     return result
 
 
 def main(argv=None) -> int:
+    from tools.kb_cache import DEV_SETS
+
     p = argparse.ArgumentParser(prog="python -m tools.evaluate", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     src = p.add_mutually_exclusive_group(required=True)
     src.add_argument("--from-dump", help="re-fuse a --dump file with the current fusion defaults (no ingest)")
     src.add_argument("--squad", help="SQuAD-format JSON (CMRC 2018, XQuAD)")
     src.add_argument("--dureader", help="DuReader 2.0 JSON lines")
+    src.add_argument("--set", choices=list(DEV_SETS), help="a named dev set (cached KB with --kb-cache)")
+    src.add_argument("--cv", action="store_true",
+                     help="leave-one-set-out over the dev sets: fit the fusion on all but one, score that one")
+    p.add_argument("--kb-cache", default=None, help="cache dir of built dev-set KBs (or $KBQA_KB_CACHE)")
+    p.add_argument("--sets", default=None, help="--cv: comma-separated set names (default: all dev sets)")
+    p.add_argument("--dump-dir", default="dumps", help="--cv: where the per-set candidate dumps live")
+    p.add_argument("--redump", action="store_true", help="--cv: re-run retrieval even if a dump exists")
+    p.add_argument("--write-weights", default=None,
+                   help="--cv: also fit the auto weight on every set and write it (pipeline/retrieval/fusion_weights.json)")
     p.add_argument("--distractors", help="one document per line (e.g. CRUD-RAG news)")
     p.add_argument("--max-distractors", type=int, default=None)
     p.add_argument("--limit", type=int, default=None, help="number of questions (corpus kept whole for SQuAD)")
@@ -314,7 +447,8 @@ def main(argv=None) -> int:
                    help="SQuAD: keep only N contexts (the gold ones of the kept questions + random others)")
     p.add_argument("--json", help="write the metrics as JSON")
     p.add_argument("--sweep", action="store_true", help="also score weighted-RRF variants")
-    p.add_argument("--dump", help="write per-question route lists (JSON lines) for offline fusion studies")
+    p.add_argument("--dump", help="write per-question full-information candidates (JSON lines)")
+    p.add_argument("--fusion-mode", default=None, choices=["rrf", "convex"])
     p.add_argument("--bm25-weight", type=float, default=None)
     p.add_argument("--vector-weight", type=float, default=None)
     p.add_argument("--reranker", default=None, help="cross-encoder directory to evaluate the rerank route")

@@ -28,11 +28,12 @@ DEEP_RECALL = 80  # recall deeper when results are removed, so the routes still 
 
 
 def _fuse(engine, bm25, vector):
-    """The app's fusion over (filtered) route lists."""
+    """Weighted RRF (the app's fusion when these dumps were made) over the filtered route lists."""
     from pipeline.retrieval.fusion import adaptive_bm25_weight, rrf_fuse
 
     s = engine.settings
-    w = adaptive_bm25_weight(bm25, s.bm25_weight) if s.bm25_adaptive and vector else s.bm25_weight
+    top = [float(n.score or 0.0) for n in bm25[:2]]
+    w = adaptive_bm25_weight(top, s.bm25_weight) if s.bm25_adaptive and vector else s.bm25_weight
     return rrf_fuse(bm25, vector, s.rrf_k, w, s.vector_weight)
 
 

@@ -1,4 +1,5 @@
-"""Gradio Blocks UI: three tabs over one engine. The UI holds no retrieval or storage logic of its own.
+"""Gradio Blocks UI: four tabs (问答, 知识库, 配置, 反馈) over one engine. The UI holds no retrieval or storage
+logic of its own.
 
 Gradio 6: theme/css/head are arguments of `launch()` / `gr.mount_gradio_app()`, not of `gr.Blocks()`; use
 `ui.launch_kwargs()` (or `ui.theme.page_kwargs()`) there. `build_ui()` also leaves them on the Blocks as
@@ -11,6 +12,7 @@ import gradio as gr
 from pipeline.access import AccessPolicy
 
 from .chat_tab import build_chat_tab
+from .feedback_tab import build_feedback_tab
 from .header import build_header
 from .kb_tab import build_kb_tab
 from .settings_tab import build_settings_tab
@@ -38,11 +40,15 @@ def build_ui(engine, policy: AccessPolicy | None = None) -> gr.Blocks:
                 build_kb_tab(engine, badge, policy)
             with gr.Tab("配置", id="config", visible=shown, elem_id="tab-config") as cfg_tab:
                 build_settings_tab(engine, policy)
+            with gr.Tab("反馈", id="feedback", visible=shown, elem_id="tab-feedback") as fb_tab:
+                fb_list, fb_verified, show_fb, show_verified, fb_filter = build_feedback_tab(engine, policy)
+        fb_tab.select(show_fb, [fb_filter], [fb_list], api_visibility="private", queue=False)
+        fb_tab.select(show_verified, None, [fb_verified], api_visibility="private", queue=False)
 
         chat.goto_kb.click(lambda: gr.Tabs(selected="kb"), None, tabs, api_visibility="private", queue=False)
-        # The browser's stored history → the 历史记录 list, on every page load.
-        demo.load(chat.refresh_history, [chat.history], [chat.history_list], api_visibility="private",
-                  queue=False)
+        # Every page load: the user's conversations → the 历史 list, and the conversation that was open before
+        # the reload (its id is the only thing the browser keeps) comes back.
+        demo.load(chat.on_load, [chat.last_conv], chat.view, api_name="restore_conversation", queue=False)
 
         if policy.enabled:
             # Hide what the logged-in user may not use. This is cosmetic: the handlers of those tabs check
@@ -50,8 +56,9 @@ def build_ui(engine, policy: AccessPolicy | None = None) -> gr.Blocks:
             def roles(request: gr.Request):
                 user = getattr(request, "username", None) if request else None
                 return (gr.Tab(visible=True) if policy.is_kb_admin(user) else gr.skip(),
-                        gr.Tab(visible=True) if policy.is_admin(user) else gr.skip())
+                        gr.Tab(visible=True) if policy.is_admin(user) else gr.skip(),
+                        gr.Tab(visible=True) if policy.is_kb_admin(user) else gr.skip())
 
-            demo.load(roles, None, [kb_tab, cfg_tab], api_visibility="private", queue=False)
+            demo.load(roles, None, [kb_tab, cfg_tab, fb_tab], api_visibility="private", queue=False)
     demo.page_kwargs = page_kwargs()
     return demo

@@ -1,27 +1,34 @@
-"""问答 tab (F3) with the browser-side history (F4).
+"""问答 tab (F3) with the server-side conversation history (F4, issue 15).
 
-Every answer comes from `engine.ask(question, retry=...)`, an Event stream (pipeline.events); this module only
-turns those events into streamed Gradio updates. Retry (F3-5) reuses the engine's cached retrieval for the
-same question (`retry=True`). History replays never call the engine.
+Every answer comes from `engine.ask(question, retry=..., conversation_id=..., user=..., use_kb=...)`, an Event
+stream (pipeline.events); this module only turns those events into streamed Gradio updates. The conversation
+lives on the server (pipeline.conversation): the chat keeps its id and its turns; the browser keeps only the id
+of the open conversation (so a reload reopens it). The 历史 panel lists the user's conversations; choosing one
+replays every turn with its citations and trace. Retry reuses the engine's cached retrieval (`retry=True`).
 
-API names (gradio_client): /ask, /retry, /history_list, /history_replay, /history_delete,
-/history_clear_ask, /history_clear_confirm, /history_clear_cancel.
+API names (gradio_client): /ask, /retry, /select_turn, /new_conversation, /history_list, /history_open,
+/history_rename, /history_delete, /history_clear_ask, /history_clear_confirm, /history_clear_cancel,
+/history_export, /restore_conversation.
 """
 from __future__ import annotations
 
 import html
 import logging
+import tempfile
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import gradio as gr
 
+from pipeline import events as ev
 from pipeline.access import AccessPolicy
-from pipeline.errors import CODE_ENGINE, CODE_LLM
+from pipeline.errors import CODE_ENGINE, CODE_LLM, EngineError
 
 from . import history as hist
+from .answer_feedback import build_answer_feedback
 from .guard import request_user
 from .render import answer_markdown, render_sources, render_stage, render_trace, trace_marks
 
@@ -31,6 +38,7 @@ STREAM_MIN_INTERVAL = 0.05  # seconds between streamed answer updates (the engin
 RETRYABLE = {CODE_LLM, CODE_ENGINE}
 KB_HINT_ADMIN = "请到「知识库」标签页上传相关资料后再提问。"
 KB_HINT_USER = "（知识库由管理员维护，请联系管理员补充相关资料。）"
+HISTORY_PAGE = 100  # conversations listed in the panel (newest first)
 
 
 @dataclass
@@ -43,189 +51,309 @@ class ChatTab:
     stage: gr.HTML
     sources: gr.HTML
     trace: gr.HTML
-    history: gr.BrowserState
+    use_kb: gr.Checkbox
     history_list: gr.Radio
-    refresh_history: Any  # fn(history, request) -> Radio update, for demo.load
-
-
-def _messages(question: str, answer_md: str | None) -> list[dict]:
-    msgs = [{"role": "user", "content": html.escape(question, quote=False)}]
-    if answer_md is not None:
-        msgs.append({"role": "assistant", "content": answer_md})
-    return msgs
+    last_conv: gr.BrowserState
+    view: list  # the components a conversation view fills (chat, panels, states)
+    on_load: Any  # fn(last_conv, request) -> view updates + history list, for demo.load
+    current_turn: Any  # fn(turns, active) -> the active turn dict or None (feedback acts on it)
+    turns_state: gr.State
+    active_state: gr.State
 
 
 def build_chat_tab(engine, policy: AccessPolicy | None = None) -> ChatTab:
     policy = policy or AccessPolicy()
     data_dir = getattr(engine, "data_dir", "data")
+    export_dir = Path(tempfile.mkdtemp(prefix="kbqa-export-"))
+    conv_state = gr.State(None)      # id of the conversation in the chat (None: the next question starts one)
+    turns_state = gr.State([])       # its turns (hist.turn_record dicts)
+    active_state = gr.State(None)    # index of the turn whose sources / trace are shown
 
     with gr.Row(equal_height=False):
         with gr.Column(scale=6, min_width=360):
             stage = gr.HTML(render_stage(None), elem_id="kb-stage")
             chatbot = gr.Chatbot(
                 label="问答", elem_id="kb-chatbot", height=460, feedback_options=None, buttons=["copy"],
-                placeholder="向知识库提问，回答会标注引用编号 [n]，点击编号可定位右侧的来源。",
+                placeholder="向知识库提问，回答会标注引用编号 [n]，点击编号可定位右侧的来源。"
+                            "可以直接追问（如「那乙方呢？」）。",
                 group_consecutive_messages=False)
             with gr.Row():
                 retry = gr.Button("重试", visible=False, elem_id="kb-retry", size="sm", variant="secondary")
                 goto_kb = gr.Button("前往「知识库」补充资料", visible=False, elem_id="kb-goto-kb", size="sm")
+            build_answer_feedback(engine, turns_state, active_state)
             with gr.Row(equal_height=True):
                 question = gr.Textbox(show_label=False, placeholder="输入问题，按 Enter 发送", lines=1, max_lines=6,
                                       scale=8, elem_id="kb-question", autofocus=True)
                 send = gr.Button("发送", variant="primary", scale=1, min_width=90, elem_id="kb-send")
+            with gr.Row(equal_height=True):
+                use_kb = gr.Checkbox(True, label="知识库检索", elem_id="kb-use-kb", scale=2, min_width=120,
+                                     info="关闭后直接与大模型对话，不检索知识库、没有引用")
+                new_conv = gr.Button("＋ 新对话", size="sm", elem_id="kb-new-conv", scale=1, min_width=90)
             with gr.Accordion("检索过程", open=False, elem_id="kb-trace-acc"):
                 trace = gr.HTML(render_trace(None), elem_id="kb-trace")
         with gr.Column(scale=4, min_width=300):
+            turn_list = gr.Radio(choices=[], value=None, label="查看本对话的第几轮（来源与检索过程）",
+                                 elem_id="kb-turn-list", interactive=True)
             gr.HTML("<h3 style='margin:4px 0'>引用来源</h3>")
             sources = gr.HTML(render_sources(None), elem_id="kb-sources")
-            with gr.Accordion("历史记录（保存在本浏览器，最近 50 条）", open=False, elem_id="kb-history-acc"):
+            with gr.Accordion("历史对话（保存在服务器）", open=False, elem_id="kb-history-acc") as history_acc:
                 history_list = gr.Radio(choices=[], value=None, show_label=False, elem_id="kb-history-list",
                                         interactive=True)
                 with gr.Row():
+                    title_box = gr.Textbox(show_label=False, placeholder="新标题", scale=3, elem_id="kb-history-title")
+                    rename_btn = gr.Button("重命名", size="sm", scale=1, elem_id="kb-history-rename")
+                with gr.Row():
+                    export_btn = gr.Button("导出 Markdown", size="sm", elem_id="kb-history-export")
                     del_btn = gr.Button("删除所选", size="sm", elem_id="kb-history-delete")
                     clear_btn = gr.Button("清空全部", size="sm", variant="stop", elem_id="kb-history-clear")
+                export_file = gr.File(label="导出的对话", visible=False, elem_id="kb-history-file", interactive=False)
                 with gr.Row(visible=False, elem_id="kb-history-confirm") as confirm_row:
                     confirm_text = gr.Markdown("")
                     confirm_yes = gr.Button("确认清空", size="sm", variant="stop", elem_id="kb-history-clear-yes")
                     confirm_no = gr.Button("取消", size="sm", elem_id="kb-history-clear-no")
 
-    history = gr.BrowserState([], storage_key=hist.storage_key(data_dir), secret=hist.storage_secret(data_dir))
-    current = gr.State(None)  # the question being / last answered (for 重试)
-
-    # ------------------------------------------------------------------ the answer stream
-    outputs = [chatbot, stage, sources, trace, send, retry, goto_kb, question, history, current]
+    current = gr.State(None)         # the question being / last answered (for 重试)
+    last_conv = gr.BrowserState("", storage_key=hist.storage_key(data_dir), secret=hist.storage_secret(data_dir))
 
     def _kb_hint(user):
         return KB_HINT_ADMIN if policy.is_kb_admin(user) else KB_HINT_USER
 
-    def run(q: str, history_value, user, retry_flag: bool) -> Iterator[tuple]:
-        skip = gr.skip()
+    def _suffixes(turns, user) -> dict[int, str]:
+        if policy.is_kb_admin(user):  # the fixed text already says "go to 知识库"
+            return {}
+        return {i: f"\n\n*{_kb_hint(user)}*" for i, t in enumerate(turns) if t.get("no_answer")}
+
+    # ------------------------------------------------------------------ one conversation on screen
+    view = [chatbot, stage, sources, trace, turn_list, conv_state, turns_state, active_state, last_conv]
+
+    def show(turns: list, active: int | None, conv_id: str | None, user, note: str | None = None) -> dict:
+        t = turns[active] if active is not None and 0 <= active < len(turns) else None
+        if t is None:
+            panels = {stage: render_stage(None), sources: render_sources(None), trace: render_trace(None)}
+        else:
+            panels = {
+                stage: render_stage(done_ms=t.get("elapsed_ms"),
+                                    note=note or ("未命中相关资料" if t.get("no_answer") else None)),
+                sources: render_sources(t.get("sources"), no_answer=t.get("no_answer"), kb_hint=_kb_hint(user),
+                                        direct=t.get("route") == "DIRECT"),
+                trace: render_trace(t.get("trace"), t.get("elapsed_ms"))}
+        return {chatbot: hist.messages(turns, active, _suffixes(turns, user)), **panels,
+                turn_list: gr.Radio(choices=hist.turn_choices(turns), value=active), conv_state: conv_id,
+                turns_state: turns, active_state: active, last_conv: conv_id or ""}
+
+    def list_update(user, selected: str | None = None) -> gr.Radio:
+        items = engine.list_conversations(user, 1, HISTORY_PAGE)["items"]
+        return gr.Radio(choices=hist.conversation_choices(items), value=selected)
+
+    # ------------------------------------------------------------------ the answer stream
+    run_outputs = view + [send, retry, goto_kb, question, current, history_list]
+
+    def run(q: str, conv_id, turns, use_kb_value, user, retry_flag: bool) -> Iterator[dict]:
         q = (q or "").strip()
+        turns = list(turns or [])
         if not q:
             gr.Warning("请输入问题")
-            yield (skip,) * len(outputs)
             return
         answer, sources_list, trace_data = "", None, None
+        earlier = hist.messages(turns, None, _suffixes(turns, user))
+
+        def pending(body: str) -> list:
+            return earlier + [{"role": "user", "content": html.escape(q, quote=False)},
+                              {"role": "assistant", "content": body}]
+
         # The previous answer area clears, the button disables, the stage indicator starts.
-        yield (_messages(q, "…"), render_stage("recall"), render_sources(None, empty_text="检索中…"),
-               render_trace(None), gr.Button(interactive=False), gr.Button(visible=False),
-               gr.Button(visible=False), "", skip, q)
+        yield {chatbot: pending("…"), stage: render_stage("recall"),
+               sources: render_sources(None, empty_text="检索中…"), trace: render_trace(None),
+               send: gr.Button(interactive=False), retry: gr.Button(visible=False),
+               goto_kb: gr.Button(visible=False), question: "", current: q}
         last = 0.0
         try:
-            for e in engine.ask(q, retry=retry_flag):
-                if e.type == "stage":
-                    yield (skip, render_stage(e.data.get("phase")), skip, skip, skip, skip, skip, skip, skip, skip)
-                elif e.type == "trace":
+            for e in engine.ask(q, retry=retry_flag, conversation_id=conv_id, user=user, use_kb=bool(use_kb_value)):
+                if e.type is ev.EventType.STAGE:
+                    yield {stage: render_stage(e.data.get("phase"))}
+                elif e.type is ev.EventType.TRACE:
                     trace_data = dict(e.data)
-                    yield (skip, skip, skip, render_trace(trace_data), skip, skip, skip, skip, skip, skip)
-                elif e.type == "delta":
+                    yield {trace: render_trace(trace_data)}
+                elif e.type is ev.EventType.DELTA:
                     answer += e.data.get("text", "")
                     now = time.monotonic()
                     if now - last >= STREAM_MIN_INTERVAL:
                         last = now
-                        yield (_messages(q, answer_markdown(answer, **trace_marks(trace_data))), skip, skip, skip,
-                               skip, skip, skip, skip, skip, skip)
-                elif e.type == "sources":
+                        yield {chatbot: pending(answer_markdown(answer, **trace_marks(trace_data)))}
+                elif e.type is ev.EventType.SOURCES:
                     sources_list = e.data.get("sources") or []
-                elif e.type == "done":
-                    d = e.data
-                    no_answer = bool(d.get("no_answer"))
-                    elapsed = d.get("elapsed_ms")
-                    hint = _kb_hint(user)
-                    if trace_data is not None and "support_summary" in d:  # 检索过程 counts unsupported citations
-                        trace_data.update(support=d["support_summary"], support_sentences=d.get("support") or [])
-                    rec = hist.make_record(q, answer, sources_list, trace_data, elapsed, user,
-                                           no_answer=no_answer, mode=d.get("mode"))
-                    shown = answer_markdown(answer, **trace_marks(trace_data))
-                    if no_answer and not policy.is_kb_admin(user):  # the fixed text says "go to 知识库"
-                        shown += f"\n\n*{hint}*"
-                    yield (_messages(q, shown),
-                           render_stage(done_ms=elapsed, note="未命中相关资料" if no_answer else None),
-                           render_sources(sources_list, no_answer=no_answer, kb_hint=hint),
-                           render_trace(trace_data, elapsed), gr.Button(interactive=True), gr.Button(visible=False),
-                           gr.Button(visible=no_answer and policy.is_kb_admin(user)), skip,
-                           hist.add(history_value, rec), q)
+                elif e.type is ev.EventType.DONE:
+                    if trace_data is not None and "support_summary" in e.data:  # 检索过程 counts unsupported cites
+                        trace_data.update(support=e.data["support_summary"], support_sentences=e.data.get("support"))
+                    rec = hist.turn_record(q, answer, sources_list, trace_data, e.data)
+                    turns2 = turns + [rec]
+                    cid = e.data.get("conversation_id")
+                    no_answer = rec["no_answer"]
+                    note = "未使用知识库" if rec["route"] == "DIRECT" else None
+                    yield {**show(turns2, len(turns2) - 1, cid, user, note=note),
+                           send: gr.Button(interactive=True), retry: gr.Button(visible=False),
+                           goto_kb: gr.Button(visible=no_answer and policy.is_kb_admin(user)),
+                           history_list: list_update(user, cid)}
                     return
-                elif e.type == "error":
-                    yield _error_update(q, answer, e.data.get("code"), e.data.get("msg") or "未知错误", trace_data)
+                elif e.type is ev.EventType.ERROR:
+                    yield _error_update(pending, answer, e.data.get("code"), e.data.get("msg") or "未知错误",
+                                        trace_data)
                     return
         except Exception as exc:  # an engine bug must not leave the page stuck with a disabled button
             log.exception("answer stream failed")
-            yield _error_update(q, answer, CODE_ENGINE, f"内部错误：{exc}", trace_data)
+            yield _error_update(pending, answer, CODE_ENGINE, f"内部错误：{exc}", trace_data)
             return
         # The stream ended without done/error (should not happen): unlock the page.
-        yield _error_update(q, answer, CODE_ENGINE, "回答意外中断", trace_data)
+        yield _error_update(pending, answer, CODE_ENGINE, "回答意外中断", trace_data)
 
-    def _error_update(q, answer, code, msg, trace_data):
-        skip = gr.skip()
+    def _error_update(pending, answer, code, msg, trace_data) -> dict:
         partial = (answer_markdown(answer) + "\n\n---\n") if answer else ""
         can_retry = code in RETRYABLE
         bubble = f"{partial}⚠️ **回答失败**：{html.escape(str(msg), quote=False)}"
         if can_retry:
             bubble += "\n\n可点击下方「重试」按钮重新生成。"
-        return (_messages(q, bubble), render_stage(error=f"{msg}（错误码 {code}）"), skip,
-                render_trace(trace_data) if trace_data else skip, gr.Button(interactive=True),
-                gr.Button(visible=can_retry), gr.Button(visible=False), skip, skip, q)
+        out = {chatbot: pending(bubble), stage: render_stage(error=f"{msg}（错误码 {code}）"),
+               send: gr.Button(interactive=True), retry: gr.Button(visible=can_retry),
+               goto_kb: gr.Button(visible=False)}
+        if trace_data:
+            out[trace] = render_trace(trace_data)
+        return out
 
-    def ask(question_text: str, history_value: list, request: gr.Request):
-        yield from run(question_text, history_value, request_user(request), retry_flag=False)
+    def ask(question_text: str, use_kb_value: bool, conv_id, turns, request: gr.Request):
+        yield from run(question_text, conv_id, turns, use_kb_value, request_user(request), retry_flag=False)
 
-    def retry_fn(current_q: str, history_value: list, request: gr.Request):
-        yield from run(current_q or "", history_value, request_user(request), retry_flag=True)
+    def retry_fn(use_kb_value: bool, current_q: str, conv_id, turns, request: gr.Request):
+        yield from run(current_q or "", conv_id, turns, use_kb_value, request_user(request), retry_flag=True)
 
-    gr.on([send.click, question.submit], ask, [question, history], outputs, api_name="ask",
-          concurrency_limit=4, concurrency_id="kb-ask", show_progress="hidden")
-    retry.click(retry_fn, [current, history], outputs, api_name="retry", concurrency_limit=4,
-                concurrency_id="kb-ask", show_progress="hidden")
+    gr.on([send.click, question.submit], ask, [question, use_kb, conv_state, turns_state], run_outputs,
+          api_name="ask", concurrency_limit=4, concurrency_id="kb-ask", show_progress="hidden")
+    retry.click(retry_fn, [use_kb, current, conv_state, turns_state], run_outputs, api_name="retry",
+                concurrency_limit=4, concurrency_id="kb-ask", show_progress="hidden")
 
-    # ------------------------------------------------------------------ history
-    def refresh_history(history_value: list, request: gr.Request):
-        return gr.Radio(choices=hist.choices(history_value, request_user(request)), value=None)
+    # ------------------------------------------------------------------ turns of the open conversation
+    def select_turn(idx, turns, conv_id, request: gr.Request):
+        turns = list(turns or [])
+        if not isinstance(idx, int) or not 0 <= idx < len(turns):
+            return {}
+        return show(turns, idx, conv_id, request_user(request))
 
-    def replay(rec_id: str, history_value: list, request: gr.Request):
-        rec = hist.find(history_value, rec_id, request_user(request))
-        if rec is None:
-            return (gr.skip(),) * 7
-        q = str(rec.get("question") or "")
-        no_answer = bool(rec.get("no_answer"))
-        hint = _kb_hint(request_user(request))
-        tr = rec.get("trace") if isinstance(rec.get("trace"), dict) else None
-        shown = answer_markdown(str(rec.get("answer") or ""), **trace_marks(tr))
-        if no_answer and not policy.is_kb_admin(request_user(request)):
-            shown += f"\n\n*{hint}*"
-        srcs = rec.get("sources") if isinstance(rec.get("sources"), list) else []
-        srcs = [s for s in srcs if isinstance(s, dict)]
-        return (_messages(q, shown),
-                render_stage(done_ms=rec.get("elapsed_ms"), note=f"历史记录 {rec.get('time', '')}"),
-                render_sources(srcs, no_answer=no_answer, kb_hint=hint), render_trace(tr, rec.get("elapsed_ms")),
-                gr.Button(visible=False), gr.Button(visible=False), q)
+    turn_list.input(select_turn, [turn_list, turns_state, conv_state], view, api_name="select_turn",
+                    show_progress="hidden", queue=False)
 
-    def delete_selected(rec_id: str, history_value: list, request: gr.Request):
-        if not rec_id:
-            gr.Warning("请先在列表中选择一条历史记录")
-            return gr.skip()
-        return hist.delete(history_value, rec_id, request_user(request))
+    def new_conversation():
+        return {**show([], None, None, None), retry: gr.Button(visible=False), goto_kb: gr.Button(visible=False),
+                history_list: gr.Radio(value=None)}
 
-    def ask_clear(history_value: list, request: gr.Request):
-        n = len(hist.for_user(history_value, request_user(request)))
-        if n == 0:
-            gr.Info("没有历史记录")
-            return gr.Row(visible=False), gr.skip()
-        return gr.Row(visible=True), f"确认清空全部 **{n}** 条历史记录？此操作不可撤销。"
-
-    def do_clear(history_value: list, request: gr.Request):
-        return hist.clear(history_value, request_user(request)), gr.Row(visible=False)
-
-    history.change(refresh_history, [history], [history_list], api_name="history_list", show_progress="hidden",
+    new_conv.click(new_conversation, None, view + [retry, goto_kb, history_list], api_name="new_conversation",
                    queue=False)
-    history_list.input(replay, [history_list, history],
-                       [chatbot, stage, sources, trace, retry, goto_kb, current], api_name="history_replay",
+
+    # ------------------------------------------------------------------ history (server side)
+    def open_conversation(conv_id, user, note: str = "历史对话") -> dict:
+        try:
+            conv = engine.get_conversation(conv_id, user)
+        except EngineError as exc:
+            gr.Warning(exc.msg)
+            return {}
+        turns = [hist.turn_record(t["question"], t["answer"], t["sources"], t["trace"],
+                                  {"turn_id": t["turn_id"], "elapsed_ms": t["elapsed_ms"], "no_answer": t["no_answer"],
+                                   "route": t["route"], "rewritten_query": t["rewritten"], "mode": t["mode"]})
+                 for t in conv["turns"]]
+        return {**show(turns, len(turns) - 1 if turns else None, conv["conv_id"], user,
+                       note=f"{note} {conv['time']}"),
+                retry: gr.Button(visible=False), goto_kb: gr.Button(visible=False)}
+
+    open_outputs = view + [retry, goto_kb]
+
+    def history_open(conv_id: str, request: gr.Request):
+        return open_conversation(conv_id, request_user(request)) if conv_id else {}
+
+    def refresh_history(request: gr.Request):
+        return list_update(request_user(request))
+
+    def restore(last: str, request: gr.Request):
+        """Page load: the list, and the conversation that was open before the reload (if it is still the user's)."""
+        user = request_user(request)
+        out = {history_list: list_update(user, last or None)}
+        if last:
+            try:
+                engine.get_conversation(last, user)
+            except EngineError:
+                return {**out, last_conv: ""}  # deleted meanwhile, or another user's id in this browser
+            out.update(open_conversation(last, user))
+        return out
+
+    def rename(conv_id: str, title: str, request: gr.Request):
+        if not conv_id:
+            gr.Warning("请先在列表中选择一个对话")
+            return gr.skip(), gr.skip()
+        try:
+            engine.rename_conversation(conv_id, request_user(request), title)
+        except EngineError as exc:
+            gr.Warning(exc.msg)
+            return gr.skip(), gr.skip()
+        return list_update(request_user(request), conv_id), ""
+
+    def delete_selected(conv_id: str, open_id, request: gr.Request):
+        user = request_user(request)
+        if not conv_id:
+            gr.Warning("请先在列表中选择一个对话")
+            return {}
+        try:
+            engine.delete_conversation(conv_id, user)
+        except EngineError as exc:
+            gr.Warning(exc.msg)
+            return {}
+        out = {history_list: list_update(user)}
+        if conv_id == open_id:
+            out.update(new_conversation())
+            out[history_list] = list_update(user)
+        return out
+
+    def ask_clear(request: gr.Request):
+        n = engine.list_conversations(request_user(request), 1, 1)["total"]
+        if n == 0:
+            gr.Info("没有历史对话")
+            return gr.Row(visible=False), gr.skip()
+        return gr.Row(visible=True), f"确认清空全部 **{n}** 个历史对话？此操作不可撤销。"
+
+    def do_clear(request: gr.Request):
+        engine.clear_conversations(request_user(request))
+        return {**new_conversation(), history_list: list_update(request_user(request)),
+                confirm_row: gr.Row(visible=False)}
+
+    def export(conv_id: str, open_id, request: gr.Request):
+        cid = conv_id or open_id
+        if not cid:
+            gr.Warning("请先选择或打开一个对话")
+            return gr.File(visible=False)
+        try:
+            md = engine.export_conversation(cid, request_user(request))
+        except EngineError as exc:
+            gr.Warning(exc.msg)
+            return gr.File(visible=False)
+        path = export_dir / f"对话-{cid[:8]}.md"
+        path.write_text(md, encoding="utf-8")
+        return gr.File(value=str(path), visible=True)
+
+    history_list.input(history_open, [history_list], open_outputs, api_name="history_open",
                        show_progress="hidden", queue=False)
-    del_btn.click(delete_selected, [history_list, history], [history], api_name="history_delete", queue=False)
-    clear_btn.click(ask_clear, [history], [confirm_row, confirm_text], api_name="history_clear_ask", queue=False)
-    confirm_yes.click(do_clear, [history], [history, confirm_row], api_name="history_clear_confirm", queue=False)
+    rename_btn.click(rename, [history_list, title_box], [history_list, title_box], api_name="history_rename",
+                     queue=False)
+    del_btn.click(delete_selected, [history_list, conv_state], view + [retry, goto_kb, history_list],
+                  api_name="history_delete", queue=False)
+    clear_btn.click(ask_clear, None, [confirm_row, confirm_text], api_name="history_clear_ask", queue=False)
+    confirm_yes.click(do_clear, None, view + [retry, goto_kb, history_list, confirm_row],
+                      api_name="history_clear_confirm", queue=False)
     confirm_no.click(lambda: gr.Row(visible=False), None, [confirm_row], api_name="history_clear_cancel",
                      queue=False)
+    export_btn.click(export, [history_list, conv_state], [export_file], api_name="history_export", queue=False)
+    history_acc.expand(refresh_history, None, [history_list], api_name="history_list", show_progress="hidden",
+                       queue=False)
 
-    return ChatTab(chatbot, question, send, retry, goto_kb, stage, sources, trace, history, history_list,
-                   refresh_history)
+    def current_turn(turns, active):
+        turns = list(turns or [])
+        return turns[active] if isinstance(active, int) and 0 <= active < len(turns) else None
+
+    return ChatTab(chatbot, question, send, retry, goto_kb, stage, sources, trace, use_kb, history_list,
+                   last_conv, view + [retry, goto_kb, history_list], restore, current_turn, turns_state,
+                   active_state)

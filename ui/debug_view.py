@@ -13,7 +13,7 @@ from typing import Any
 
 import gradio as gr
 
-from .render import esc, fmt_num, snippet
+from .render import esc, fmt_num, fusion_title, snippet
 
 log = logging.getLogger(__name__)
 
@@ -88,7 +88,7 @@ def render_columns(result: dict, top_k: int) -> tuple[str, str, str]:
 
     def after_fusion(cid) -> str:
         k = rrf_pos.get(cid)
-        return f"→ RRF 第 {k} 名" if k else f"→ 未进 RRF 前 {top_k}"
+        return f"→ 融合第 {k} 名" if k else f"→ 未进融合前 {top_k}"
 
     def col(title: str, key: str, cards: list[str]) -> str:
         body = "".join(cards) if cards else '<div class="kbd-empty">（无结果）</div>'
@@ -110,12 +110,13 @@ def render_columns(result: dict, top_k: int) -> tuple[str, str, str]:
     for i, r in enumerate(rrf, start=1):
         cid = r.get("chunk_id")
         br, vr = r.get("bm25_rank"), r.get("vector_rank")
-        where = (f"BM25 第 {br} 名" if br else "BM25 未召回") + " · " + (f"向量 第 {vr} 名" if vr else "向量未召回")
-        rrf_cards.append(_card(r, i, hues.get(cid), f"RRF {fmt_num(r.get('rrf_score'), 6)}", esc(where)))
+        where = ((f"BM25 第 {br} 名" if br else "BM25 未召回") + f"（得分 {fmt_num(r.get('bm25_score'), 3)}） · "
+                 + (f"向量 第 {vr} 名" if vr else "向量未召回") + f"（相似度 {fmt_num(r.get('similarity'), 3)}）")
+        rrf_cards.append(_card(r, i, hues.get(cid), f"融合 {fmt_num(r.get('fused_score'), 4)}", esc(where)))
 
     return (col(f"BM25 关键词 Top-{top_k}（得分）", "bm25", bm25_cards),
             col(f"向量 Top-{top_k}（相似度）", "vector", vec_cards),
-            col(f"RRF 融合 Top-{top_k}（RRF 分 · 两路名次）", "rrf", rrf_cards))
+            col(f"融合 Top-{top_k}：{fusion_title(result.get('fusion'))}", "rrf", rrf_cards))
 
 
 def _ms_text(ms: dict | None) -> str:

@@ -1,96 +1,75 @@
-"""Browser-side answer history (F4): pure functions over the list kept in a `gr.BrowserState` (localStorage).
+"""The 历史 panel's pure helpers: server-side conversations (pipeline.conversation) → Gradio choices and chat
+messages. No Gradio import; everything from documents, the model or the user is escaped by ui.render.
 
-The stored value is a list of records, newest first. A record is
-`{id, user, question, answer, sources, trace, elapsed_ms, time, ts, no_answer, mode}`. With logins on, several
-users may share one browser: each record carries its user and every function here only sees / changes the
-caller's own records; at most MAX_RECORDS per user are kept. The value comes back from the browser, so it is
-treated as untrusted input (types checked here, everything HTML-escaped when rendered).
+A conversation shown in the chat is a list of turn dicts (as the engine stores them): question, answer,
+sources, trace, elapsed_ms, no_answer, route, rewritten, turn_id. One turn is "active": its answer has clickable
+[n] citations and its sources / trace fill the side panels; the other answers show their [n] as plain text, so
+a citation always points at the sources on screen.
 """
 from __future__ import annotations
 
 import hashlib
-import time
-import uuid
+import html
+import re
 from typing import Any
 
-MAX_RECORDS = 50
-STORAGE_VERSION = "v1"
+from .render import answer_markdown, trace_marks
+
+STORAGE_VERSION = "v2"
+_CITE = re.compile(r"\[(\d{1,3})\]")
 
 
 def storage_key(data_dir: Any) -> str:
-    """localStorage key: stable for one data dir, so two apps on the same origin don't mix histories."""
+    """localStorage key of the open conversation's id: stable per data dir (two apps on one origin don't mix)."""
     h = hashlib.sha256(str(data_dir).encode("utf-8")).hexdigest()[:10]
-    return f"kbqa-history-{STORAGE_VERSION}-{h}"
+    return f"kbqa-conversation-{STORAGE_VERSION}-{h}"
 
 
 def storage_secret(data_dir: Any) -> str:
-    """Stable across restarts (else the browser could no longer decrypt its history after a restart).
-
-    Gradio's BrowserState encrypts in the browser with a secret it sends in the page config, so this is
-    tamper-obfuscation, not confidentiality; deterministic is enough and needs no file of its own.
-    """
-    return hashlib.sha256(f"kbqa-history-secret|{data_dir}".encode()).hexdigest()[:32]
+    """Stable across restarts so the browser can still read the id after one. Only an id is kept there; the
+    server checks on every use that the conversation is the caller's (another user's id → refused)."""
+    return hashlib.sha256(f"kbqa-conversation-secret|{data_dir}".encode()).hexdigest()[:32]
 
 
-def _records(state: Any) -> list[dict]:
-    if not isinstance(state, list):
-        return []
-    return [r for r in state if isinstance(r, dict) and isinstance(r.get("id"), str)]
+def conversation_label(c: dict) -> str:
+    title = " ".join((c.get("title") or "").split())
+    return f"{(c.get('updated_at') or '')[:16]} · {title} （{c.get('turn_count', 0)} 轮）"
 
 
-def user_key(username: str | None) -> str:
-    return username or ""
+def conversation_choices(items: list[dict]) -> list[tuple[str, str]]:
+    return [(conversation_label(c), c["conv_id"]) for c in items]
 
 
-def for_user(state: Any, username: str | None) -> list[dict]:
-    u = user_key(username)
-    return [r for r in _records(state) if (r.get("user") or "") == u]
+def turn_label(t: dict, i: int) -> str:
+    q = " ".join((t.get("question") or "").split())
+    flag = "💬 " if t.get("route") == "DIRECT" else ("∅ " if t.get("no_answer") else "")
+    return f"第 {i + 1} 轮 · {flag}{q[:24]}{'…' if len(q) > 24 else ''}"
 
 
-def make_record(question: str, answer: str, sources: list | None, trace: dict | None, elapsed_ms: Any,
-                username: str | None, no_answer: bool = False, mode: str | None = None,
-                now: float | None = None) -> dict:
-    now = time.time() if now is None else now
-    return {
-        "id": uuid.uuid4().hex[:12], "user": user_key(username), "question": question, "answer": answer,
-        "sources": list(sources or []), "trace": trace or {}, "elapsed_ms": elapsed_ms,
-        "time": time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(now)), "ts": now,
-        "no_answer": bool(no_answer), "mode": mode,
-    }
+def turn_choices(turns: list[dict]) -> list[tuple[str, int]]:
+    return [(turn_label(t, i), i) for i, t in enumerate(turns)]
 
 
-def add(state: Any, record: dict, limit: int = MAX_RECORDS) -> list[dict]:
-    """New list with `record` first; the record's user keeps at most `limit` records."""
-    recs = [record] + [r for r in _records(state) if r.get("id") != record["id"]]
-    out, mine = [], 0
-    for r in recs:
-        if (r.get("user") or "") == record.get("user", ""):
-            mine += 1
-            if mine > limit:
-                continue
-        out.append(r)
+def plain_answer(text: str) -> str:
+    """An inactive answer: escaped, citations left as text (they belong to that turn's sources)."""
+    return _CITE.sub(r"<span class='kb-cite-off'>[\1]</span>", html.escape(text or "", quote=False))
+
+
+def messages(turns: list[dict], active: int | None, suffix: dict[int, str] | None = None) -> list[dict]:
+    """Chatbot messages of a conversation; `suffix` adds text under some answers (e.g. the KB hint)."""
+    out: list[dict] = []
+    for i, t in enumerate(turns):
+        out.append({"role": "user", "content": html.escape(str(t.get("question") or ""), quote=False)})
+        body = (answer_markdown(t.get("answer") or "", **trace_marks(t.get("trace"))) if i == active
+                else plain_answer(t.get("answer") or ""))
+        if t.get("route") == "DIRECT":
+            body = f"<span class='kb-direct-tag'>未检索知识库</span>\n\n{body}"
+        out.append({"role": "assistant", "content": body + ((suffix or {}).get(i) or "")})
     return out
 
 
-def find(state: Any, rec_id: Any, username: str | None) -> dict | None:
-    for r in for_user(state, username):
-        if r["id"] == rec_id:
-            return r
-    return None
-
-
-def delete(state: Any, rec_id: Any, username: str | None) -> list[dict]:
-    u = user_key(username)
-    return [r for r in _records(state) if not (r["id"] == rec_id and (r.get("user") or "") == u)]
-
-
-def clear(state: Any, username: str | None) -> list[dict]:
-    u = user_key(username)
-    return [r for r in _records(state) if (r.get("user") or "") != u]
-
-
-def choices(state: Any, username: str | None) -> list[tuple[str, str]]:
-    from .render import history_label
-
-    recs = sorted(for_user(state, username), key=lambda r: -float(r.get("ts") or 0))
-    return [(history_label(r), r["id"]) for r in recs]
+def turn_record(question: str, answer: str, sources: list | None, trace: dict | None, done: dict) -> dict:
+    """A turn as the chat keeps it, from one answer stream (the same fields the server stored)."""
+    return {"turn_id": done.get("turn_id"), "question": question, "answer": answer, "sources": list(sources or []),
+            "trace": trace or {}, "elapsed_ms": done.get("elapsed_ms"), "no_answer": bool(done.get("no_answer")),
+            "route": done.get("route"), "rewritten": done.get("rewritten_query"), "mode": done.get("mode")}

@@ -4,7 +4,8 @@ Everything goes through engine methods (upload / list_documents / document_chunk
 start_rebuild / rebuild_status / health). Every handler re-checks the caller against the AccessPolicy on the
 server (a hidden tab is not security): KB actions need a kb admin; the debug search is open to every user.
 
-API names (for gradio_client and tests): kb_list, kb_upload, kb_chunks, kb_delete, kb_rebuild, debug_search.
+API names (for gradio_client and tests): kb_list, kb_upload, kb_chunks, kb_delete, kb_rebuild, kb_audit,
+kb_repair, debug_search. 审计 needs a kb admin; 修复 (repair of derived state) needs an admin.
 """
 from __future__ import annotations
 
@@ -19,6 +20,7 @@ import gradio as gr
 from pipeline.access import DENIED_TEXT, AccessPolicy, Role
 
 from . import guard
+from .audit_view import AUDIT_CSS, audit_html, repair_html
 from .debug_view import build_debug_view
 from .guard import request_user
 from .header import badge_html
@@ -223,6 +225,12 @@ def build_kb_tab(engine, badge=None, policy: AccessPolicy | None = None) -> dict
                     rebuild_yes = gr.Button("确认重建", variant="stop")
                     rebuild_no = gr.Button("取消")
             rebuild_msg = gr.Markdown("", elem_id="kb-rebuild-msg", min_height=24)
+            with gr.Row(equal_height=True):
+                audit_btn = gr.Button("审计", size="sm", scale=0, min_width=80, elem_id="kb-audit")
+                repair_btn = gr.Button("修复", size="sm", scale=0, min_width=80, elem_id="kb-repair")
+                gr.Markdown("审计：核对 SQLite、BM25 分词、向量库与原始文件是否一致（只读）；"
+                            "修复：只重建派生数据，从不改动原始文件和文本（需管理员）")
+            audit_view = gr.HTML("", css_template=AUDIT_CSS, elem_id="kb-audit-report")
             table = gr.HTML(table_html([]), css_template=TABLE_CSS, js_on_load=TABLE_JS, elem_id="kb-table")
             with gr.Row(equal_height=True):
                 prev_btn = gr.Button("上一页", size="sm", scale=0, min_width=80)
@@ -388,6 +396,24 @@ def build_kb_tab(engine, badge=None, policy: AccessPolicy | None = None) -> dict
             msg = f"✅ 全量重建完成：{st.get('total', 0)} 个文档，用时 {secs:.1f} 秒"
         yield (hide, msg, *list_values(pg, kw, request))
 
+    def kb_audit(request: gr.Request):
+        require(request)
+        try:
+            return audit_html(engine.audit())
+        except Exception as exc:  # EngineError: engine loading
+            return f'<div class="kbu-bad">审计未执行：{esc(_err_msg(exc))}</div>'
+
+    def kb_repair(request: gr.Request):
+        guard.require(policy, request, Role.ADMIN)
+        try:
+            res = engine.repair()
+        except Exception as exc:
+            if not getattr(exc, "code", None):
+                log.exception("repair failed")
+            return f'<div class="kbu-bad">修复未执行：{esc(_err_msg(exc))}</div>'
+        log.info("repair by %r: %s → %s problems", request_user(request), res["before"], res["after"])
+        return repair_html(res)
+
     # --- wiring -------------------------------------------------------------------------------------------
     def kb_load(request: gr.Request):
         return list_values(1, "", request)
@@ -412,6 +438,10 @@ def build_kb_tab(engine, badge=None, policy: AccessPolicy | None = None) -> dict
                   api_name="kb_delete", concurrency_limit=1, show_progress_on=[del_msg])
     del_no.click(lambda: (gr.update(visible=False), None), None, [del_confirm, del_id], api_name=False)
 
+    audit_btn.click(kb_audit, None, audit_view, api_name="kb_audit", concurrency_limit=1,
+                    show_progress_on=[audit_view])
+    repair_btn.click(kb_repair, None, audit_view, api_name="kb_repair", concurrency_limit=1,
+                     show_progress_on=[audit_view])
     rebuild_btn.click(lambda: gr.update(visible=True), None, rebuild_confirm, api_name=False)
     rebuild_no.click(lambda: gr.update(visible=False), None, rebuild_confirm, api_name=False)
     rebuild_yes.click(kb_rebuild, [page, keyword], [rebuild_confirm, rebuild_msg, *list_outputs],
@@ -419,4 +449,5 @@ def build_kb_tab(engine, badge=None, policy: AccessPolicy | None = None) -> dict
 
     return {"upload": upload, "table": table, "timer": timer, "page": page, "keyword": keyword, "debug": debug,
             "handlers": {"kb_list": kb_list, "kb_upload": kb_upload, "kb_chunks": kb_chunks,
-                         "kb_delete": kb_delete, "kb_rebuild": kb_rebuild}}
+                         "kb_delete": kb_delete, "kb_rebuild": kb_rebuild, "kb_audit": kb_audit,
+                         "kb_repair": kb_repair}}

@@ -133,10 +133,13 @@ def render_stage(phase: str | None = None, *, done_ms: Any = None, error: str | 
 
 # ---------------------------------------------------------------------------------------------- sources
 def render_sources(sources: Iterable[dict] | None, *, no_answer: bool = False, id_prefix: str = "kb-src-",
-                   empty_text: str | None = None, kb_hint: str | None = None) -> str:
+                   empty_text: str | None = None, kb_hint: str | None = None, direct: bool = False) -> str:
     """The 引用来源 panel: [n] · 文件名 · 前 80 字 · 相似度, full text folded below each card."""
     sources = list(sources or [])
     if not sources:
+        if direct:
+            return ('<div class="kb-sources kb-sources-empty" data-count="0"><div class="kb-muted">'
+                    '本次回答没有检索知识库，没有引用来源。</div></div>')
         if no_answer:
             hint = kb_hint or "请到「知识库」标签页上传相关资料后再提问。"
             return ('<div class="kb-sources kb-sources-empty" data-count="0"><div class="kb-noanswer">'
@@ -155,6 +158,8 @@ def render_sources(sources: Iterable[dict] | None, *, no_answer: bool = False, i
             meta.append(f'<span class="kb-src-rr" title="精排分">精排 {fmt_num(s.get("rerank_score"), 3)}</span>')
         if s.get("source") == "ocr":
             meta.append('<span class="kb-tag">OCR</span>')
+        if s.get("verified"):
+            meta.insert(1, '<span class="kb-tag kb-tag-verified">已核实问答</span>')
         sup = s.get("support")
         if isinstance(sup, dict) and sup.get("supported") is False:
             meta.append(f'<span class="kb-tag kb-unsupported" title="{esc(UNSUPPORTED_TITLE)}（支持度 '
@@ -196,9 +201,9 @@ def _table(rows: list[dict], cols: list[tuple[str, str]]) -> str:
                 tds.append(f'<td class="kb-doc">{esc(doc_label(r))}</td>')
             elif key == "text":
                 tds.append(f'<td class="kb-snip">{esc(snippet(v, 120))}</td>')
-            elif key in ("score", "similarity", "rerank_score"):
+            elif key in ("score", "similarity", "rerank_score", "bm25_score"):
                 tds.append(f"<td>{fmt_num(v)}</td>")
-            elif key == "rrf_score":
+            elif key in ("rrf_score", "fused_score"):
                 tds.append(f"<td>{fmt_num(v, 6)}</td>")
             elif key == "no":
                 tds.append(f'<td><a class="kb-cite" data-cite="{esc(v)}" href="#kb-src-{esc(v)}">[{esc(v)}]</a></td>')
@@ -206,6 +211,18 @@ def _table(rows: list[dict], cols: list[tuple[str, str]]) -> str:
                 tds.append(f"<td>{esc('—' if v is None else v)}</td>")
         body.append("<tr>" + "".join(tds) + "</tr>")
     return f'<table class="kb-trace-table"><thead><tr>{head}</tr></thead><tbody>{"".join(body)}</tbody></table>'
+
+
+FUSION_NAMES = {"convex": "归一化加权融合", "rrf": "RRF 融合"}
+
+
+def fusion_title(fusion: dict | None) -> str:
+    """「归一化加权融合排序（BM25 占比 0.23，按问题自动）」 — the mode and the BM25 weight used for this query."""
+    f = fusion or {}
+    mode = f.get("mode") or "rrf"
+    w = fmt_num(f.get("bm25_weight"), 2)
+    how = "BM25 占比" if mode == "convex" else "BM25 权重"
+    return f"{FUSION_NAMES.get(mode, mode)}排序（{how} {w}；名次/得分为两路各自的真实值）"
 
 
 def rerank_note(status: dict | None) -> str:
@@ -238,11 +255,30 @@ def render_gate(gate: dict) -> str:
             f'{esc(line)}</div>')
 
 
+def _query_line(trace: dict, route: dict) -> str:
+    """Route, and 「检索问题：…」 — the query retrieval really saw — when a follow-up was rewritten."""
+    q = trace.get("query") or {}
+    out = []
+    if route:
+        out.append(f'<div class="kb-route">路由：{esc(route.get("label"))} · {esc(route.get("reason"))}</div>')
+    if q.get("changed"):
+        how = {"llm": "大模型改写", "llm_fallback": "规则改写（大模型改写未采用）"}.get(q.get("method"), "规则改写")
+        note = f" · {esc(q.get('note'))}" if q.get("note") else ""
+        out.append(f'<div class="kb-query" data-method="{esc(q.get("method"))}">检索问题：{esc(q.get("query"))}'
+                   f'<span class="kb-muted">（{how}{note}）</span></div>')
+    return "".join(out)
+
+
 def render_trace(trace: dict | None, elapsed_ms: Any = None) -> str:
     """「检索过程」: ① BM25 ② 向量 ③ RRF ④ 精排 (④'s numbers are the citation numbers) + stage timings."""
     if not trace:
         return '<div class="kb-trace kb-muted">提问后在这里查看检索过程。</div>'
-    parts = ['<div class="kb-trace">', _ms_line(trace.get("ms"), elapsed_ms)]
+    route = trace.get("route") or {}
+    if route.get("route") == "DIRECT":
+        return (f'<div class="kb-trace" data-route="DIRECT"><div class="kb-route">路由：{esc(route.get("label"))}'
+                f' · {esc(route.get("reason"))}</div>{_ms_line(None, elapsed_ms)}</div>')
+    parts = [f'<div class="kb-trace" data-route="{esc(route.get("route") or "")}">', _query_line(trace, route),
+             _ms_line(trace.get("ms"), elapsed_ms)]
     gate = trace.get("gate") or {}
     if gate:
         parts.append(render_gate(gate))
@@ -258,9 +294,10 @@ def render_trace(trace: dict | None, elapsed_ms: Any = None) -> str:
     parts.append('<div class="kb-trace-sec" data-sec="vector"><h4>② 向量检索 Top-10（相似度）</h4>')
     parts.append(_table(trace.get("vector") or [], [("rank", "#"), ("doc", "文档"), ("similarity", "相似度"),
                                                     ("text", "片段")]) + "</div>")
-    parts.append('<div class="kb-trace-sec" data-sec="rrf"><h4>③ RRF 融合排序</h4>')
-    parts.append(_table(trace.get("rrf") or [], [("rank", "#"), ("doc", "文档"), ("rrf_score", "RRF 分"),
-                                                 ("bm25_rank", "BM25 名次"), ("vector_rank", "向量名次"),
+    parts.append(f'<div class="kb-trace-sec" data-sec="rrf"><h4>③ {esc(fusion_title(trace.get("fusion")))}</h4>')
+    parts.append(_table(trace.get("rrf") or [], [("rank", "#"), ("doc", "文档"), ("fused_score", "融合分"),
+                                                 ("bm25_rank", "BM25 名次"), ("bm25_score", "BM25 得分"),
+                                                 ("vector_rank", "向量名次"), ("similarity", "相似度"),
                                                  ("text", "片段")]) + "</div>")
     note = rerank_note(trace.get("rerank_status"))
     parts.append('<div class="kb-trace-sec" data-sec="rerank"><h4>④ 精排 Top-6（编号即引用编号）</h4>')
@@ -270,12 +307,3 @@ def render_trace(trace: dict | None, elapsed_ms: Any = None) -> str:
                                                     ("similarity", "相似度"), ("text", "片段")]) + "</div>")
     parts.append("</div>")
     return "".join(parts)
-
-
-# ---------------------------------------------------------------------------------------------- history
-def history_label(rec: dict) -> str:
-    q = " ".join((rec.get("question") or "").split())
-    q = q[:40] + ("…" if len(q) > 40 else "")
-    ts = rec.get("time") or ""
-    flag = "⚠️ " if rec.get("error") else ("∅ " if rec.get("no_answer") else "")
-    return f"{ts} · {flag}{q}"

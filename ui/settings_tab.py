@@ -9,14 +9,16 @@ SettingsError); this module only maps form ↔ flat dict and renders messages. T
 only as `****abcd`; saving the mask back keeps the stored key. Nothing here logs a form value.
 
 Every handler checks the caller against AccessPolicy.is_admin on the server (a hidden tab is not security).
-API names: settings_load, settings_save, settings_test_llm, settings_reload, settings_defaults_<group>.
+API names: settings_load, settings_save, settings_check, settings_test_llm, settings_reload,
+settings_defaults_<group>. While the user edits, settings_check (engine.check_settings: the save rules, nothing
+saved) shows a red line under each refused field and disables 保存 until the form is valid.
 """
 from __future__ import annotations
 
 import inspect
 import logging
 from collections.abc import Callable
-from typing import Any
+from typing import Any, Literal, get_args, get_origin
 
 import gradio as gr
 
@@ -56,9 +58,15 @@ def field_kind(name: str) -> type:
     return ann if ann in (str, int, float, bool) else str
 
 
+def choices_of(name: str) -> list[str]:
+    """The allowed values of a Literal[...] field (shown as a dropdown); [] for any other field."""
+    ann = Settings.model_fields[name].annotation
+    return [str(a) for a in get_args(ann)] if get_origin(ann) is Literal else []
+
+
 def field_info(name: str) -> str:
     kind = field_kind(name)
-    parts = []
+    parts = [Settings.model_fields[name].description] if choices_of(name) else []
     if kind in (int, float):
         r = range_text(name)
         parts.append(("整数" if kind is int else "数字") + (f"，{r}" if r else ""))
@@ -183,6 +191,8 @@ def build_settings_tab(engine, policy: AccessPolicy | None = None) -> dict[str, 
         value = form_value(name, current.get(name))
         if kind is bool:
             c = gr.Checkbox(value=bool(value), label=label, info=info, elem_id=f"cfg-{name}")
+        elif choices_of(name):
+            c = gr.Dropdown(choices=choices_of(name), value=value, label=label, info=info, elem_id=f"cfg-{name}")
         elif kind in (int, float):
             c = gr.Number(value=value, label=label, info=info, elem_id=f"cfg-{name}",
                           step=1 if kind is int else 0.05)
@@ -216,6 +226,7 @@ def build_settings_tab(engine, policy: AccessPolicy | None = None) -> dict[str, 
         save_btn = gr.Button("保存", variant="primary", elem_id="cfg-save")
         test_btn = gr.Button("测试 LLM 连通", elem_id="cfg-test-llm")
         reload_btn = gr.Button("重载引擎", variant="stop", elem_id="cfg-reload")
+    check_msg = gr.HTML("", elem_id="cfg-check")
     status = gr.HTML("", elem_id="cfg-banner")
 
     field_list = [comps[n] for n in FIELDS]
@@ -229,6 +240,11 @@ def build_settings_tab(engine, policy: AccessPolicy | None = None) -> dict[str, 
 
     def no_errors() -> list:
         return [gr.update(value="", visible=False) for _ in FIELDS]
+
+    def error_updates(errors: dict[str, str]) -> list:
+        """One red line under each field the engine refused; hidden for the others."""
+        return [gr.update(value=f'<span style="{ERROR_STYLE}">⚠️ {esc(errors[n])}</span>', visible=True)
+                if n in errors else gr.update(value="", visible=False) for n in FIELDS]
 
     def values_of(s: Settings | dict) -> list:
         d = s.model_dump() if isinstance(s, Settings) else s
@@ -249,8 +265,7 @@ def build_settings_tab(engine, policy: AccessPolicy | None = None) -> dict[str, 
         except SettingsError as exc:
             known = {k: v for k, v in exc.errors.items() if k in errs}
             other = [f"{esc(LABELS.get(k, k))}：{esc(v)}" for k, v in exc.errors.items() if k not in errs]
-            err_updates = [gr.update(value=f'<span style="{ERROR_STYLE}">⚠️ {esc(known[n])}</span>', visible=True)
-                           if n in known else gr.update(value="", visible=False) for n in FIELDS]
+            err_updates = error_updates(known)
             lines = [f"{esc(LABELS.get(k, k))}：{esc(v)}" for k, v in known.items()] + other
             log.info("settings not saved: %d invalid field(s): %s", len(exc.errors), ", ".join(exc.errors))
             return (*[gr.skip() for _ in FIELDS], *err_updates,
@@ -261,6 +276,18 @@ def build_settings_tab(engine, policy: AccessPolicy | None = None) -> dict[str, 
 
     settings_save = _named(FIELDS, save_impl)
     settings_save.__name__ = "settings_save"
+
+    # --- live validation: red message under the field, 保存 disabled while any field is refused -------------
+    def check_impl(values: dict, request):
+        if not admin(request):
+            return (*[gr.skip() for _ in FIELDS], gr.skip(), gr.skip())
+        errors = engine.check_settings(payload_from_form(values))
+        note = (f'<span style="{ERROR_STYLE}" data-invalid="{len(errors)}">⚠️ {len(errors)} 项参数有误：'
+                f'{_labels(list(errors))}，修正后才能保存</span>' if errors else "")
+        return (*error_updates(errors), gr.update(interactive=not errors), note)
+
+    settings_check = _named(FIELDS, check_impl)
+    settings_check.__name__ = "settings_check"
 
     # --- LLM test (unsaved form values) -----------------------------------------------------------------------
     llm_fields = GROUPS["llm"]
@@ -317,16 +344,24 @@ def build_settings_tab(engine, policy: AccessPolicy | None = None) -> dict[str, 
 
     # --- wiring -------------------------------------------------------------------------------------------
     outputs = [*field_list, *err_list, status]
-    gr.on(None, settings_load, None, outputs, api_name=False, show_progress="hidden")  # page load
+    check_outputs = [*err_list, save_btn, check_msg]
+    check = {"fn": settings_check, "inputs": field_list, "outputs": check_outputs, "api_name": False,
+             "show_progress": "hidden"}
+    gr.on(None, settings_load, None, outputs, api_name=False, show_progress="hidden").then(**check)  # page load
     # (a visible-free twin of the load event, callable through the API)
     load_btn = gr.Button("重新读取", visible=False)
-    load_btn.click(settings_load, None, outputs, api_name="settings_load")
-    save_btn.click(settings_save, field_list, outputs, api_name="settings_save", concurrency_limit=1)
+    load_btn.click(settings_load, None, outputs, api_name="settings_load").then(**check)
+    check_btn = gr.Button("检查", visible=False)  # the API route of the live validation
+    check_btn.click(settings_check, field_list, check_outputs, api_name="settings_check", show_progress="hidden")
+    for c in field_list:  # every edit re-checks the whole form (cross-field rules: overlap < size)
+        c.input(**check, trigger_mode="always_last")
+    save_btn.click(settings_save, field_list, outputs, api_name="settings_save", concurrency_limit=1).then(**check)
     test_btn.click(settings_test_llm, [comps[n] for n in llm_fields], status, api_name="settings_test_llm")
     reload_btn.click(settings_reload, None, status, api_name="settings_reload", concurrency_limit=1)
     for key, btn in restore_btns.items():
-        btn.click(defaults_for(key), [comps["embedding_model_path"]], outputs, api_name=f"settings_defaults_{key}")
+        btn.click(defaults_for(key), [comps["embedding_model_path"]], outputs,
+                  api_name=f"settings_defaults_{key}").then(**check)
 
     return {"fields": comps, "errors": errs, "status": status,
-            "handlers": {"settings_load": settings_load, "settings_save": settings_save,
+            "handlers": {"settings_load": settings_load, "settings_save": settings_save, "settings_check": settings_check,
                          "settings_test_llm": settings_test_llm, "settings_reload": settings_reload}}

@@ -72,6 +72,12 @@ a.kb-cite.kb-cite-unsupported { color: #b42318; text-decoration: underline wavy 
 .kb-trace-table td.kb-snip { color: var(--body-text-color-subdued); }
 .kb-trace-table td.kb-doc, .kb-trace-table th { white-space: nowrap; }
 #kb-history-list { max-height: 420px; overflow-y: auto; }
+.kb-cite-off { color: var(--body-text-color-subdued); }
+.kb-direct-tag, .kb-tag-verified { display: inline-block; padding: 0 6px; border-radius: 4px; font-size: 0.78rem;
+                                   background: #eef4ff; color: #2450a8; }
+.kb-tag-verified { background: #e8f7ee; color: #1b6b3a; }
+.kb-route, .kb-query { margin: 2px 0; }
+.kb-query { font-weight: 600; }
 """
 
 # Document-level script (goes into <head>): clicking a citation [n] highlights source card n and scrolls to it.

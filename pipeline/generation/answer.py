@@ -91,15 +91,18 @@ def _llm_context(llm: Any) -> dict:
 
 
 def stream_answer(question: str, nodes: Sequence[Any], llm: Any, temperature: float,
-                  *, tokenizer: Any = None, picker: Any = None,
+                  *, tokenizer: Any = None, history: Sequence[dict] = (),
+                  retrieval_query: str | None = None, picker: Any = None,
                   query_embedding: Any = None) -> Generator[Event, None, GenerationResult]:
     """Yield delta events of the answer; return GenerationResult(text, cited).
 
     `nodes` are the reranked NodeWithScore list (material [n] = nodes[n-1]). `llm` None → extractive answer
     with `tokenizer` (pass the engine's pipeline.tokenize_zh.ChineseTokenizer: user dictionary included, no
     dictionary load per answer) and the engine's `picker` (pipeline.generation.extractive.ExtractivePicker over
-    the embedding model; without one the sentences are chosen lexically) with the question's `query_embedding`.
-    No nodes → the standard no-answer text without calling the LLM.
+    the embedding model; without one the sentences are chosen lexically) with the retrieval query's
+    `query_embedding`.
+    No nodes → the standard no-answer text without calling the LLM. `history` (the last few turns) and the
+    rewritten `retrieval_query` of a follow-up go into the prompt, apart from the materials.
     """
     nodes = list(nodes or [])
     if not nodes:
@@ -110,13 +113,21 @@ def stream_answer(question: str, nodes: Sequence[Any], llm: Any, temperature: fl
         if tokenizer is None:  # library use without an engine: a fresh one (~1 s to load jieba's dictionary)
             from pipeline.tokenize_zh import ChineseTokenizer
             tokenizer = ChineseTokenizer()
-        deltas, cited = extractive_deltas(question, nodes, tokenizer, picker, query_embedding)
+        # the rewritten query carries the follow-up's topic (「那乙方呢」 alone matches no sentence)
+        deltas, cited = extractive_deltas(retrieval_query or question, nodes, tokenizer, picker, query_embedding)
         for d in deltas:
             yield delta(d)
         return GenerationResult("".join(deltas), cited, sorted(cited))
 
-    messages = build_messages(question, nodes)
-    guard = CitationGuard(len(nodes))
+    messages = build_messages(question, nodes, history=history, retrieval_query=retrieval_query)
+    return (yield from stream_llm(messages, llm, temperature, materials=len(nodes)))
+
+
+def stream_llm(messages: list, llm: Any, temperature: float,
+               *, materials: int = 0) -> Generator[Event, None, GenerationResult]:
+    """Stream one chat call as delta events: citations beyond `materials` removed, a leading <think> dropped,
+    every failure raised as LLMError (also used for the no-retrieval replies of the router's DIRECT route)."""
+    guard = CitationGuard(materials)
     think = ThinkFilter()
     ctx = _llm_context(llm)
     parts: list[str] = []

@@ -42,6 +42,7 @@ from pipeline.retrieval.lexical import (
 )
 from pipeline.retrieval.nodes import node_text
 
+VERIFIED_LABEL = "未配置大模型，以下为已核实问答"
 MAX_CHUNKS = 6           # the sources the answer may quote (w_rank prefers the better-ranked ones)
 MAX_SENTENCES = 3
 MAX_SENTENCE_CHARS = 200
@@ -250,5 +251,14 @@ def render(pick: Pick) -> tuple[list[str], set[int]]:
 
 def extractive_deltas(question: str, nodes: Sequence[Any], tokenizer, picker: ExtractivePicker | None = None,
                       query_embedding=None) -> tuple[list[str], set[int]]:
+    """The deltas of an extractive answer (label first) and the cited material numbers.
+
+    When the best source is a verified Q&A entry, its checked answer is the reply (quoting sentences of it
+    would start with its own 「问：」 line)."""
+    nodes = list(nodes)
+    if nodes and (getattr(nodes[0], "node", nodes[0]).metadata or {}).get("verified"):
+        from pipeline.conversation.verified import answer_of
+
+        return [f"{VERIFIED_LABEL}：\n", f"{answer_of(node_text(nodes[0]))}[1]"], {1}
     picker = picker or ExtractivePicker(tokenizer)
     return render(picker.pick(question, nodes, query_embedding))

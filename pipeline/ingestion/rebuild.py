@@ -1,7 +1,8 @@
 """全量重建: re-process every document with the current chunk settings and embedding model, in a thread.
 
-Uploads and deletes are refused while it runs (Engine asks `running`). Vectors of another model are dropped
-first — two models' vectors are never mixed.
+Uploads and deletes are refused while it runs — in every app process sharing the database: the rebuild holds
+the named lease `kb_rebuild` (store/leases.py) and the others ask `running_elsewhere`. Vectors of another model
+are dropped first — two models' vectors are never mixed.
 """
 from __future__ import annotations
 
@@ -13,8 +14,11 @@ from collections.abc import Callable
 from pipeline.components import Components
 from pipeline.errors import CODE_ENGINE, EngineError
 from pipeline.settings import Settings
+from store.shared_state import KB_GENERATION
 
 log = logging.getLogger(__name__)
+
+LEASE = "kb_rebuild"
 
 
 class Rebuild:
@@ -33,11 +37,28 @@ class Rebuild:
     def status(self) -> dict:
         return dict(self._status)
 
+    @property
+    def _lease_s(self) -> float:
+        return self._c.deployment.ingest_lease_s
+
+    def running_elsewhere(self) -> bool:
+        """Another app process on the same database is rebuilding."""
+        holder = self._c.leases.holder(LEASE)
+        return holder is not None and holder != self._c.ingest.owner
+
+    def _keep_lease(self) -> None:
+        while self.running:
+            time.sleep(self._lease_s / 3)
+            if self.running:
+                self._c.leases.renew(LEASE, self._c.ingest.owner, self._lease_s)
+
     def start(self, require_ready: Callable[[], None] = lambda: None) -> dict:
         with self._lock:
             if self.running:
                 raise EngineError(CODE_ENGINE, "全量重建已在进行中")
             require_ready()
+            if not self._c.leases.acquire(LEASE, self._c.ingest.owner, self._lease_s):
+                raise EngineError(CODE_ENGINE, "全量重建已在另一个服务进程中进行")
             docs = self._c.docs.all_docs()
             self._status = {"running": True, "done": 0, "total": len(docs), "current": "", "error": None,
                             "elapsed_ms": None}
@@ -53,11 +74,14 @@ class Rebuild:
     def _run(self, docs: list[dict]) -> None:
         c, st = self._c, self._status
         t0 = time.perf_counter()
+        threading.Thread(target=self._keep_lease, name="kb-rebuild-lease", daemon=True).start()
         try:
             c.ingest.wait_idle()
             if c.models.model_warning:
-                c.vectors.reset()  # vectors of another model: start over, never mix
+                with c.gate.writing():
+                    c.vectors.reset()  # vectors of another model: start over, never mix
                 c.models.model_warning = None
+                c.state.bump(KB_GENERATION)  # other processes re-open the new collection
             for i, doc in enumerate(docs):
                 st["current"] = doc["file_name"]
                 if c.docs.get(doc["doc_id"]) is None:
@@ -74,4 +98,5 @@ class Rebuild:
         finally:
             st["running"] = False
             st["current"] = ""
+            c.leases.release(LEASE, c.ingest.owner)
             st["elapsed_ms"] = round((time.perf_counter() - t0) * 1000)

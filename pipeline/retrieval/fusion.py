@@ -1,37 +1,228 @@
-"""Weighted Reciprocal Rank Fusion of the BM25 and vector routes (a LlamaIndex BaseRetriever).
+"""Fusion of the BM25 and vector routes: pure scoring functions + the hybrid LlamaIndex BaseRetriever.
 
-score(chunk) = Σ_route  w_route / (rrf_k + rank_route(chunk)),  ranks from 1, rrf_k = 60 (SRS).
-With both weights 1 this is plain RRF. Weights are settings; their defaults were chosen by measurement
-(docs/retrieval-eval.md): on real search questions (DuReader) equal weights let BM25's noise pull fusion below
-the vector route alone, while on passage-worded questions (CMRC, XQuAD) BM25 is the stronger route.
-Adaptive mode (default) therefore scales the BM25 weight per query by how decisive BM25's own ranking is:
-w_bm25 = clamp((s1 / s2 − 1) · ADAPTIVE_SLOPE, ADAPTIVE_FLOOR, bm25_weight), s1/s2 its top two scores.
-A query whose words single out one passage keeps BM25's full say; a query whose words match many passages
-about equally (typical search phrasing) leans on the vector route.
-Each fused node keeps bm25_rank, bm25_score, vector_rank, similarity, rrf_score (None where a route missed).
-Ties are broken by chunk_id so results are reproducible.
+Full information: every chunk of the union of both routes' lists is scored on BOTH routes — the BM25 score
+of a chunk only the vector route returned (bm25s scores the whole corpus for a query anyway; we read the
+union's entries) and the cosine of a chunk only BM25 returned (its stored embedding). A fusion then compares
+like with like instead of treating "absent from the other list" as a very bad rank.
+
+Modes (setting `fusion_mode`):
+- "rrf": the SRS's Reciprocal Rank Fusion, score = Σ_route w_route / (rrf_k + rank_route), ranks from 1 in
+  each route's own list (a route that missed the chunk adds nothing). With `bm25_adaptive` the BM25 weight is
+  scaled per query by BM25's top-1/top-2 ratio (the previous default); with both weights 1 it is plain RRF.
+- "convex": fused = α·N(bm25) + (1 − α)·N(cosine), N = min-max (default) or z-score over the query's
+  candidates (Bruch, Gai & Ingber, ACM TOIS 2023: convex combination beats RRF in and out of domain). α, the
+  BM25 share, is the `convex_bm25_weight` setting, or with `convex_auto_weight` a logistic function of cheap
+  per-query features (`query_features`), α = σ(b + Σ c_f·f), coefficients in fusion_weights.json. Fitting and
+  its leave-one-set-out check: tools/fusion_cv.py, docs/retrieval-eval.md.
+Ties are broken by chunk_id (numeric) so results are reproducible.
 """
 from __future__ import annotations
 
+import json
+import math
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 
+import numpy as np
 from llama_index.core.base.base_retriever import BaseRetriever
 from llama_index.core.schema import NodeWithScore, QueryBundle
 
 from pipeline.retrieval import timing
 
-FUSION_KEYS = ["bm25_rank", "bm25_score", "vector_rank", "similarity", "rrf_score", "fusion_weight"]
+# Metadata every fused node carries (None where a score cannot be known, e.g. the vector route is off).
+FUSION_KEYS = ["bm25_rank", "bm25_score", "vector_rank", "similarity", "rrf_score", "fused_score"]
 ADAPTIVE_SLOPE = 1.5
 ADAPTIVE_FLOOR = 0.2
+RATIO_CAP = 4.0  # bm25 top-1/top-2 ratio above this is "decisive" either way; keeps log features bounded
+
+# Logistic model for the per-query BM25 share α in convex mode, one coefficient set per normalisation. Written by
+# `python -m tools.evaluate --cv --write-weights` (fitted on every dev set; the LOSO tables in
+# docs/retrieval-eval.md say how the same procedure does on sets it was not fitted on).
+WEIGHTS_FILE = Path(__file__).with_name("fusion_weights.json")
+AUTO_FEATURES = ["bm25_ratio", "coverage", "agree3", "agree10", "dense_margin", "dense_spread", "cos1", "qlen"]
+DEFAULT_ALPHA = 0.25  # no weights for this model: the constant min-max share the LOSO folds fitted (0.2–0.35)
 
 
-def adaptive_bm25_weight(bm25: list[NodeWithScore], cap: float) -> float:
-    """The BM25 weight for this query (see module doc). Never above `cap` (the bm25_weight setting)."""
-    scores = [float(n.score or 0.0) for n in bm25[:2]]
+def load_auto_weights(path: Path = WEIGHTS_FILE) -> dict:
+    """{"embedding_model": id, "zscore": coefs, "minmax": coefs}; a constant share when the file is unusable."""
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+        out = {norm: {k: float(v) for k, v in data[norm].items()} for norm in NORMS}
+        out["embedding_model"] = data.get("embedding_model")
+        return out
+    except (OSError, ValueError, KeyError, TypeError, AttributeError):
+        return {"embedding_model": None} | {norm: constant_weight(DEFAULT_ALPHA) for norm in NORMS}
+
+
+def constant_weight(alpha: float) -> dict[str, float]:
+    """Coefficients that give the same α to every query."""
+    return {"bias": math.log(alpha / (1 - alpha))}
+
+
+def auto_weights_for(model_id: str | None, norm: str) -> dict[str, float]:
+    """The fitted coefficients when they were fitted for this embedding model (the cosine features live on its
+    scale); otherwise a constant share, until `evaluate --cv --write-weights` is run with that model."""
+    if model_id is None or AUTO_WEIGHTS.get("embedding_model") in (None, model_id):
+        return AUTO_WEIGHTS[norm]
+    return constant_weight(DEFAULT_ALPHA)
+
+
+
+
+# ------------------------------------------------------------------------------------------ pure functions
+def adaptive_bm25_weight(bm25_top: Sequence[float], cap: float) -> float:
+    """The adaptive-RRF BM25 weight from BM25's best scores (module doc). Never above `cap` (bm25_weight)."""
+    scores = [float(v or 0.0) for v in bm25_top[:2]]
     if len(scores) < 2 or scores[1] <= 0:
         return cap  # a single lexical hit is as decisive as it gets
     ratio = scores[0] / scores[1]
     return min(cap, max(ADAPTIVE_FLOOR, (ratio - 1.0) * ADAPTIVE_SLOPE))
+
+
+def rrf_scores(bm25_ranks: Sequence[int | None], vector_ranks: Sequence[int | None], rrf_k: int = 60,
+               bm25_weight: float = 1.0, vector_weight: float = 1.0) -> np.ndarray:
+    """RRF score per candidate from its 1-based rank in each route's list (None: not in that list)."""
+    out = np.zeros(len(bm25_ranks), dtype=np.float64)
+    for i, (rb, rv) in enumerate(zip(bm25_ranks, vector_ranks)):
+        if rb is not None:
+            out[i] += bm25_weight / (rrf_k + rb)
+        if rv is not None:
+            out[i] += vector_weight / (rrf_k + rv)
+    return out
+
+
+def zscore(x: np.ndarray) -> np.ndarray:
+    """Standard scores over the query's candidates; a constant column carries no preference → all 0."""
+    x = np.asarray(x, dtype=np.float64)
+    if x.size == 0:
+        return x
+    sd = float(x.std())
+    return (x - float(x.mean())) / sd if sd > 0 else np.zeros_like(x)
+
+
+def minmax(x: np.ndarray) -> np.ndarray:
+    """Scale to [0, 1] over the query's candidates; a constant column carries no preference → all 0."""
+    x = np.asarray(x, dtype=np.float64)
+    if x.size == 0:
+        return x
+    lo, hi = float(x.min()), float(x.max())
+    return (x - lo) / (hi - lo) if hi > lo else np.zeros_like(x)
+
+
+NORMS = {"zscore": zscore, "minmax": minmax}
+AUTO_WEIGHTS = load_auto_weights()
+
+
+def convex_scores(bm25: np.ndarray, cosine: np.ndarray, alpha: float, norm: str = "minmax") -> np.ndarray:
+    """α·N(bm25) + (1 − α)·N(cosine) over the same candidates, N = z-score or min-max."""
+    n = NORMS[norm]
+    return alpha * n(bm25) + (1.0 - alpha) * n(cosine)
+
+
+def query_features(bm25_sorted: Sequence[float], cos_sorted: Sequence[float], bm25_top: Sequence[str],
+                   vec_top: Sequence[str], coverage: float, n_chars: int) -> dict[str, float]:
+    """Cheap per-query signals of which route to trust, from numbers the routes produce anyway.
+
+    bm25_sorted / cos_sorted: each route's scores in its own rank order; bm25_top / vec_top: its chunk ids.
+    bm25_ratio    log of BM25's top-1/top-2 score ratio: high when the query's words single out one chunk.
+    coverage      idf-weighted share of the query's indexed tokens found in BM25's top-1 chunk.
+    agree3/10     share of BM25's top-3 (top-10) that is also in the vector top-3 (top-10).
+    dense_margin  (cosine top-1 − top-2) × 10;  dense_spread  (top-1 − top-10) × 10.
+    cos1          the top cosine (e5 places passages that paraphrase a question very high).
+    qlen          log(1 + question length in characters).
+    The cosine features are on the embedding model's scale: the fitted coefficients belong to that model.
+    """
+    s = [float(v) for v in bm25_sorted[:2]]
+    if not s or s[0] <= 0:
+        ratio = 1.0
+    elif len(s) < 2 or s[1] <= 0:
+        ratio = RATIO_CAP
+    else:
+        ratio = min(RATIO_CAP, s[0] / s[1])
+    c = [float(v) for v in cos_sorted[:10]]
+    margin = (c[0] - c[1]) * 10 if len(c) >= 2 else 0.0
+    spread = (c[0] - c[-1]) * 10 if len(c) >= 2 else 0.0
+
+    def agree(k: int) -> float:
+        return len(set(bm25_top[:k]) & set(vec_top[:k])) / float(k)
+
+    return {"bm25_ratio": math.log(ratio), "coverage": float(coverage), "agree3": agree(3), "agree10": agree(10),
+            "dense_margin": margin, "dense_spread": spread, "cos1": c[0] if c else 0.0,
+            "qlen": math.log1p(max(0, n_chars))}
+
+
+def auto_weight(features: dict[str, float], coefs: dict[str, float] | None = None) -> float:
+    """α = lo + (hi − lo)·σ(bias + Σ c_f·f) — the BM25 share of the convex combination for this query.
+
+    lo/hi (default 0/1) bound the share; the other keys are feature names (query_features)."""
+    coefs = AUTO_WEIGHTS["minmax"] if coefs is None else coefs
+    lo, hi = coefs.get("lo", 0.0), coefs.get("hi", 1.0)
+    z = coefs.get("bias", 0.0) + sum(c * features.get(k, 0.0) for k, c in coefs.items() if k not in _NOT_FEATURES)
+    return lo + (hi - lo) / (1.0 + math.exp(-max(-50.0, min(50.0, z))))
+
+
+_NOT_FEATURES = {"bias", "lo", "hi"}
+
+
+def order_by(scores: np.ndarray, chunk_ids: Sequence[str]) -> list[int]:
+    """Indices sorted by score descending; equal scores by numeric chunk_id ascending (deterministic)."""
+    def tie(cid: str):
+        return (0, int(cid), "") if cid.isdigit() else (1, 0, cid)
+    return sorted(range(len(chunk_ids)), key=lambda i: (-float(scores[i]), tie(chunk_ids[i])))
+
+
+# ------------------------------------------------------------------------------------------ candidates
+@dataclass
+class Candidates:
+    """The union of both routes' lists, one row per chunk, with both routes' real scores."""
+
+    ids: list[str] = field(default_factory=list)
+    nodes: list[NodeWithScore] = field(default_factory=list)
+    bm25_rank: list[int | None] = field(default_factory=list)
+    vector_rank: list[int | None] = field(default_factory=list)
+    bm25_score: np.ndarray = field(default_factory=lambda: np.zeros(0))
+    cosine: np.ndarray | None = None  # None when the vector route is off (no query embedding)
+
+    @classmethod
+    def union(cls, bm25: list[NodeWithScore], vector: list[NodeWithScore]) -> "Candidates":
+        c = cls()
+        pos: dict[str, int] = {}
+        for ranked, ranks in ((bm25, c.bm25_rank), (vector, c.vector_rank)):
+            for rank, n in enumerate(ranked, start=1):
+                nid = n.node.node_id
+                if nid not in pos:
+                    pos[nid] = len(c.ids)
+                    c.ids.append(nid)
+                    c.nodes.append(n)
+                    c.bm25_rank.append(None)
+                    c.vector_rank.append(None)
+                ranks[pos[nid]] = rank
+        return c
+
+
+# Route completion: the real score of given chunks on a route, for chunks that route's list did not hold.
+BM25Completer = Callable[[list[str]], dict[str, float]]
+CosineCompleter = Callable[[list[str]], dict[str, float]]
+
+
+@dataclass
+class FusionParams:
+    mode: str = "convex"
+    rrf_k: int = 60
+    bm25_weight: float = 1.0
+    vector_weight: float = 1.0
+    bm25_adaptive: bool = True
+    convex_bm25_weight: float | None = None  # None → per-query auto weight from auto_coefs
+    norm: str = "minmax"
+    auto_coefs: dict[str, float] | None = None  # None → the fitted ones for `norm`
+
+    @classmethod
+    def from_settings(cls, s, embedding_model: str | None = None) -> "FusionParams":
+        return cls(mode=s.fusion_mode, rrf_k=s.rrf_k, bm25_weight=s.bm25_weight, vector_weight=s.vector_weight,
+                   bm25_adaptive=s.bm25_adaptive, norm=s.convex_norm,
+                   convex_bm25_weight=None if s.convex_auto_weight else s.convex_bm25_weight,
+                   auto_coefs=auto_weights_for(embedding_model, s.convex_norm))
 
 
 @dataclass
@@ -40,89 +231,129 @@ class FusionOutput:
     vector: list[NodeWithScore] = field(default_factory=list)
     fused: list[NodeWithScore] = field(default_factory=list)
     ms: dict[str, float] = field(default_factory=dict)
-    bm25_weight: float = 1.0  # the weight actually used for this query
+    mode: str = "rrf"
+    bm25_weight: float = 1.0  # the BM25 weight (rrf) or share α (convex) actually used for this query
+    features: dict[str, float] = field(default_factory=dict)
+
+
+def fuse(cands: Candidates, p: FusionParams, features: dict[str, float] | None = None
+         ) -> tuple[list[NodeWithScore], float]:
+    """Fused, ordered nodes (metadata: FUSION_KEYS) and the BM25 weight used. Pure: no I/O."""
+    n = len(cands.ids)
+    if n == 0:
+        return [], p.bm25_weight
+    has_vec = cands.cosine is not None and any(r is not None for r in cands.vector_rank)
+    has_bm25 = any(r is not None for r in cands.bm25_rank)
+    top = sorted((r, float(cands.bm25_score[i])) for i, r in enumerate(cands.bm25_rank) if r is not None)[:2]
+    rrf_w = (adaptive_bm25_weight([v for _, v in top], p.bm25_weight) if p.bm25_adaptive and has_vec
+             else p.bm25_weight)
+    rrf = rrf_scores(cands.bm25_rank, cands.vector_rank, p.rrf_k, rrf_w, p.vector_weight)
+    if p.mode == "convex" and has_vec and has_bm25:
+        alpha = (p.convex_bm25_weight if p.convex_bm25_weight is not None
+                 else auto_weight(features or {}, p.auto_coefs or AUTO_WEIGHTS[p.norm]))
+        fused, weight = convex_scores(cands.bm25_score, cands.cosine, alpha, p.norm), alpha
+    elif p.mode == "convex":  # one route only: its own order (α = 1 for BM25 alone, 0 for vectors alone)
+        weight = 1.0 if has_bm25 else 0.0
+        fused = NORMS[p.norm](cands.bm25_score if has_bm25 else cands.cosine)
+    else:
+        fused, weight = rrf, rrf_w
+    out = []
+    for i in order_by(fused, cands.ids):
+        node = cands.nodes[i].node.model_copy()
+        info = {"bm25_rank": cands.bm25_rank[i], "bm25_score": _known(cands.bm25_score[i]),
+                "vector_rank": cands.vector_rank[i],
+                "similarity": None if cands.cosine is None else _known(cands.cosine[i]),
+                "rrf_score": float(rrf[i]), "fused_score": float(fused[i])}
+        node.metadata = {**node.metadata, **info}
+        hidden = [k for k in FUSION_KEYS if k not in node.excluded_llm_metadata_keys]
+        node.excluded_llm_metadata_keys = [*node.excluded_llm_metadata_keys, *hidden]
+        node.excluded_embed_metadata_keys = [*node.excluded_embed_metadata_keys, *hidden]
+        out.append(NodeWithScore(node=node, score=float(fused[i])))
+    return out, weight
+
+
+def _known(x: float) -> float | None:
+    return None if math.isnan(x) else float(x)
 
 
 def rrf_fuse(bm25: list[NodeWithScore], vector: list[NodeWithScore], rrf_k: int = 60,
              bm25_weight: float = 1.0, vector_weight: float = 1.0) -> list[NodeWithScore]:
-    """Pure function: fuse two ranked lists. Input order is the rank (1-based)."""
-    info: dict[str, dict] = {}
-    nodes: dict[str, NodeWithScore] = {}
-    routes = ((bm25, "bm25_rank", "bm25_score", bm25_weight), (vector, "vector_rank", "similarity", vector_weight))
-    for ranked, rank_key, score_key, weight in routes:
-        for rank, n in enumerate(ranked, start=1):
-            nid = n.node.node_id
-            nodes.setdefault(nid, n)
-            d = info.setdefault(nid, {k: None for k in FUSION_KEYS} | {"rrf_score": 0.0})
-            d[rank_key], d[score_key] = rank, float(n.score or 0.0)
-            d["rrf_score"] += weight / (rrf_k + rank)
-
-    def sort_key(nid: str):
-        try:
-            tie = int(nid)
-        except ValueError:
-            tie = nid
-        return (-info[nid]["rrf_score"], 0 if isinstance(tie, int) else 1, tie if isinstance(tie, int) else 0,
-                str(tie))
-
-    out = []
-    for nid in sorted(info, key=sort_key):
-        node = nodes[nid].node.model_copy()
-        node.metadata = {**node.metadata, **info[nid]}
-        for k in FUSION_KEYS:
-            if k not in node.excluded_llm_metadata_keys:
-                node.excluded_llm_metadata_keys = [*node.excluded_llm_metadata_keys, k]
-                node.excluded_embed_metadata_keys = [*node.excluded_embed_metadata_keys, k]
-        out.append(NodeWithScore(node=node, score=info[nid]["rrf_score"]))
-    return out
+    """Weighted RRF of two ranked lists (input order is the rank); scores known only from the lists (no
+    completion: a chunk's score on the route that missed it is None)."""
+    c = Candidates.union(bm25, vector)
+    pos = {cid: i for i, cid in enumerate(c.ids)}
+    c.bm25_score, c.cosine = np.full(len(c.ids), np.nan), np.full(len(c.ids), np.nan)  # NaN: not known here
+    for ranked, arr in ((bm25, c.bm25_score), (vector, c.cosine)):
+        for n in ranked:
+            arr[pos[n.node.node_id]] = float(n.score or 0.0)
+    params = FusionParams(mode="rrf", rrf_k=rrf_k, bm25_weight=bm25_weight, vector_weight=vector_weight,
+                          bm25_adaptive=False)
+    return fuse(c, params)[0]
 
 
-class HybridRRFRetriever(BaseRetriever):
-    """Runs both routes (each recalling its own top-k) and fuses them with weighted RRF.
+# ------------------------------------------------------------------------------------------ the retriever
+class HybridRetriever(BaseRetriever):
+    """Both routes, full-information completion of their scores, then the fusion of `params`.
 
     Built once per settings change and shared by concurrent questions: it holds no per-question state.
-    `retrieve(query_bundle)` (LlamaIndex's public method) returns the fused nodes, each carrying both routes'
-    ranks and scores and the weight used (`fusion_weight`) in its metadata; `run()` returns the same together
-    with the route lists for callers that want them separately (evaluation). Route timings go to
+    `bm25_retriever` is a LiveBM25Retriever (`query_scores(query)` → (snapshot retriever, whole-corpus scores);
+    that retriever gives the top list `hits(scores)`, `scores_of(scores, ids)` and `coverage(query, id)`);
+    `cosines(query_embedding, ids)` gives the stored-vector cosine of chunks the vector route did not return.
+    `retrieve()` returns the fused nodes (both routes' rank and real score, the fused and the RRF score in their
+    metadata); `run()` returns them with the route lists, the weight used and the features. Stage timings go to
     pipeline.retrieval.timing when the caller collects them.
     """
 
-    def __init__(self, bm25_retriever: BaseRetriever | None, vector_retriever: BaseRetriever | None,
-                 rrf_k: int = 60, bm25_weight: float = 1.0, vector_weight: float = 1.0, adaptive: bool = True):
+    def __init__(self, bm25_retriever, vector_retriever: BaseRetriever | None,
+                 cosines: Callable[[list[float], list[str]], dict[str, float]] | None,
+                 params: FusionParams):
         self.bm25_retriever = bm25_retriever
         self.vector_retriever = vector_retriever
-        self.rrf_k = rrf_k
-        self.adaptive = adaptive
-        self.bm25_weight = bm25_weight
-        self.vector_weight = vector_weight
+        self.cosines = cosines
+        self.params = params
         super().__init__()
 
     def run(self, query_bundle: QueryBundle) -> FusionOutput:
-        out = FusionOutput()
+        out = FusionOutput(mode=self.params.mode)
         with timing.collect() as ms:
             with timing.stage("bm25"):
-                out.bm25 = self.bm25_retriever.retrieve(query_bundle) if self.bm25_retriever else []
+                got = self.bm25_retriever.query_scores(query_bundle.query_str) if self.bm25_retriever else None
+                inner, scores = got if got is not None else (None, None)
+                out.bm25 = inner.hits(scores) if inner is not None else []
             with timing.stage("vector"):
                 out.vector = self.vector_retriever.retrieve(query_bundle) if self.vector_retriever else []
-            with timing.stage("rrf"):
-                out.bm25_weight = (adaptive_bm25_weight(out.bm25, self.bm25_weight) if self.adaptive and out.vector
-                                   else self.bm25_weight)
-                out.fused = rrf_fuse(out.bm25, out.vector, self.rrf_k, out.bm25_weight, self.vector_weight)
-                for n in out.fused:
-                    n.node.metadata["fusion_weight"] = out.bm25_weight
+            with timing.stage("fusion"):
+                cands = self.complete(query_bundle, out.bm25, out.vector, inner, scores)
+                out.features = self.features(query_bundle.query_str, inner, out.bm25, out.vector)
+                out.fused, out.bm25_weight = fuse(cands, self.params, out.features)
         out.ms = dict(ms)
         timing.merge(ms)  # an outer collector (the engine's) sees the route timings too
         return out
 
+    def complete(self, qb: QueryBundle, bm25: list[NodeWithScore], vector: list[NodeWithScore], inner,
+                 scores: np.ndarray | None) -> Candidates:
+        c = Candidates.union(bm25, vector)
+        known_b = {n.node.node_id: float(n.score or 0.0) for n in bm25}
+        missing_b = [i for i in c.ids if i not in known_b]
+        if missing_b and inner is not None:
+            known_b |= inner.scores_of(scores, missing_b)
+        c.bm25_score = np.array([known_b.get(i, 0.0) for i in c.ids], dtype=np.float64)
+        if qb.embedding is not None and vector and self.cosines is not None:
+            known_v = {n.node.node_id: float(n.score or 0.0) for n in vector}
+            missing_v = [i for i in c.ids if i not in known_v]
+            if missing_v:
+                known_v |= self.cosines(qb.embedding, missing_v)
+            c.cosine = np.array([known_v.get(i, 0.0) for i in c.ids], dtype=np.float64)
+        return c
+
+    @staticmethod
+    def features(query: str, inner, bm25: list[NodeWithScore], vector: list[NodeWithScore]) -> dict[str, float]:
+        if not bm25 or not vector or inner is None:
+            return {}
+        cov = inner.coverage(query, bm25[0].node.node_id)
+        return query_features([n.score for n in bm25[:10]], [n.score for n in vector[:10]],
+                              [n.node.node_id for n in bm25[:10]], [n.node.node_id for n in vector[:10]],
+                              cov, len(query))
+
     def _retrieve(self, query_bundle: QueryBundle) -> list[NodeWithScore]:
         return self.run(query_bundle).fused
-
-
-def route_lists(fused: list[NodeWithScore]) -> tuple[list[NodeWithScore], list[NodeWithScore]]:
-    """Recover each route's own ranked list (with its own scores) from fused nodes' metadata."""
-    def route(rank_key: str, score_key: str) -> list[NodeWithScore]:
-        hits = [n for n in fused if n.node.metadata.get(rank_key) is not None]
-        hits.sort(key=lambda n: n.node.metadata[rank_key])
-        return [NodeWithScore(node=n.node, score=n.node.metadata.get(score_key)) for n in hits]
-
-    return route("bm25_rank", "bm25_score"), route("vector_rank", "similarity")

@@ -1,7 +1,7 @@
 """Chunk rows ↔ LlamaIndex nodes, shared by both routes, the answer builders and the event payloads.
 
-A node's id is the chunk_id (as a string); its metadata holds doc_id, doc_name, chunk_index, page and source
-("text" | "ocr"), all excluded from embedding and LLM text (they are shown, not scored).
+A node's id is the chunk_id (as a string); its metadata holds doc_id, doc_name, chunk_index, page, source
+("text" | "ocr") and verified (a verified Q&A entry), all excluded from embedding and LLM text (they are shown, not scored).
 """
 from __future__ import annotations
 
@@ -16,7 +16,8 @@ ChunkLookup = Callable[[list[int]], dict[int, dict]]
 
 def node_from_row(row: dict) -> TextNode:
     meta = {"doc_id": row["doc_id"], "doc_name": row["file_name"], "chunk_index": row["chunk_index"],
-            "page": row.get("page"), "source": row.get("source") or "text"}
+            "page": row.get("page"), "source": row.get("source") or "text",
+            "verified": row.get("file_type") == "qa"}  # a verified Q&A entry (pipeline.conversation.verified)
     return TextNode(id_=str(row["chunk_id"]), text=row["text"], metadata=meta,
                     excluded_embed_metadata_keys=list(meta), excluded_llm_metadata_keys=list(meta))
 

@@ -5,8 +5,6 @@ from dataclasses import dataclass, field
 
 from llama_index.core.schema import NodeWithScore
 
-from pipeline.retrieval.gate import GateDecision
-
 
 @dataclass
 class RetrievalResult:
@@ -18,14 +16,35 @@ class RetrievalResult:
     rerank_status: dict = field(default_factory=dict)          # {"status": ok|skipped|fallback, "msg": …}
     ms: dict = field(default_factory=dict)                     # embed, bm25, vector, rrf, rerank, total
     hit: bool = False                                          # passed the no-answer gate
-    bm25_weight: float = 1.0                                   # the BM25 weight the fusion used for this query
+    bm25_weight: float = 1.0                                   # the BM25 weight (rrf) / share α (convex) used
+    fusion_mode: str = "rrf"                                   # settings.fusion_mode when it ran
+    fusion_features: dict = field(default_factory=dict)        # the query features the auto weight came from
     max_similarity: float = 0.0
     min_similarity: float = 0.0
-    gate: GateDecision | None = None                           # the no-answer gate's outcome and evidence
+    gate: dict | None = None  # the no-answer gate's outcome and evidence (pipeline/retrieval/gate.py GateDecision.trace)
+    query_embedding: list[float] | None = field(default=None, repr=False)
+    started: float = field(default=0.0, repr=False)            # perf_counter() at the start, for ms["total"]
+
 
     @property
     def weak(self) -> bool:
         """Answered, but with the 「资料相关度较低，请核对原文」 banner."""
-        return self.gate is not None and self.gate.weak
-    query_embedding: list[float] | None = field(default=None, repr=False)
-    started: float = field(default=0.0, repr=False)            # perf_counter() at the start, for ms["total"]
+        return bool(self.gate and self.gate.get("weak"))
+
+
+def _r(x, nd: int = 4):
+    return None if x is None else round(float(x), nd)
+
+
+def fused_row(n: NodeWithScore) -> dict:
+    """A fused candidate's numbers for the trace and the debug view: the fused score, the RRF score, and both
+    routes' rank (None: not in that route's list) and real score."""
+    m = n.node.metadata
+    return {"fused_score": _r(m.get("fused_score"), 6), "rrf_score": _r(m.get("rrf_score"), 6),
+            "bm25_rank": m.get("bm25_rank"), "bm25_score": _r(m.get("bm25_score")),
+            "vector_rank": m.get("vector_rank"), "similarity": _r(m.get("similarity"))}
+
+
+def fusion_info(mode: str, weight: float, features: dict) -> dict:
+    """The fusion mode, the BM25 weight used for this query and the features it came from."""
+    return {"mode": mode, "bm25_weight": _r(weight, 3), "features": {k: _r(v, 3) for k, v in features.items()}}

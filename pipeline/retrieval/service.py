@@ -1,4 +1,4 @@
-"""Query flow (SRS §4.2): embed query → BM25 ‖ vector recall → weighted RRF → rerank → no-answer gate.
+"""Query flow (SRS §4.2): embed query → BM25 ‖ vector recall → fusion (fusion.py) → rerank → no-answer gate.
 
 The retrievers and the rerank postprocessor are LlamaIndex components built once per settings change (they are
 cheap objects over the shared indexes and models) and used through their public `retrieve` /
@@ -12,19 +12,17 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
-import numpy as np
 from llama_index.core.schema import NodeWithScore, QueryBundle
 
-from pipeline.retrieval import timing
 from pipeline.retrieval.bm25 import BM25Index, LiveBM25Retriever
-from pipeline.retrieval.fusion import FusionOutput, HybridRRFRetriever, route_lists
+from pipeline.retrieval.fusion import FusionOutput, FusionParams, HybridRetriever
 from pipeline.retrieval.gate import decide
 from pipeline.retrieval.gate_background import Background
 from pipeline.retrieval.gate_features import GateFeatures, measure
 from pipeline.retrieval.lexical import weights_for
 from pipeline.retrieval.rerank import CrossEncoder, SafeRerank, rerank_status
-from pipeline.retrieval.result import RetrievalResult
-from pipeline.retrieval.vector import ReadyVectorRetriever, chroma_index
+from pipeline.retrieval.result import RetrievalResult, fused_row, fusion_info
+from pipeline.retrieval.vector import ReadyVectorRetriever, chroma_index, stored_cosines
 from pipeline.settings import Settings
 from pipeline.tokenize_zh import ChineseTokenizer
 from store.documents import DocumentStore
@@ -50,7 +48,7 @@ def default_min_similarity(model_id: str) -> float:
 class _Stages:
     """The LlamaIndex components for one set of retrieval settings."""
 
-    fusion: HybridRRFRetriever
+    fusion: HybridRetriever
     rerank: SafeRerank
 
 
@@ -58,7 +56,7 @@ class RetrievalService:
     def __init__(self, docs: DocumentStore, vectors: VectorStore, bm25_index: BM25Index,
                  tokenizer: ChineseTokenizer, embed_model, cross_encoder: CrossEncoder | None,
                  pending_vectors: Callable[[], int] = lambda: 0, vector_enabled: Callable[[], bool] = lambda: True,
-                 background: Callable[[], Background | None] = lambda: None):
+                 embedding_model: str | None = None, background: Callable[[], Background | None] = lambda: None):
         self.background = background  # the gate's background of this KB (pipeline/retrieval/gate_background.py)
         self.docs = docs
         self.vectors = vectors
@@ -68,6 +66,7 @@ class RetrievalService:
         self.cross_encoder = cross_encoder
         self.pending_vectors = pending_vectors
         self.vector_enabled = vector_enabled
+        self.embedding_model = embedding_model  # whose cosine scale the fusion's auto weight was fitted on
         self._index = None  # (collection, VectorStoreIndex); the collection object changes on a model reset
         self._stages: dict[tuple, _Stages] = {}
         self._lock = threading.Lock()
@@ -82,16 +81,16 @@ class RetrievalService:
     def stages(self, s: Settings, recall: int | None = None) -> _Stages:
         """Fusion retriever + rerank postprocessor for these settings (cached; a settings change makes new ones)."""
         recall = recall or s.recall_size
-        key = (recall, s.rrf_k, s.bm25_weight, s.vector_weight, s.bm25_adaptive, s.final_top_k, s.rerank_candidates)
+        params = FusionParams.from_settings(s, self.embedding_model)
+        key = (recall, repr(params), s.final_top_k, s.rerank_candidates)
         with self._lock:
             built = self._stages.get(key)
             if built is None:
                 lookup = self.docs.get_chunks
                 bm25 = LiveBM25Retriever(self.bm25_index, self.tokenizer, lookup, recall)
                 vec = ReadyVectorRetriever(self._vector_index, lookup, recall, extra_fetch=self.pending_vectors,
-                                           enabled=self.vector_enabled)
-                fusion = HybridRRFRetriever(bm25, vec, rrf_k=s.rrf_k, bm25_weight=s.bm25_weight,
-                                            vector_weight=s.vector_weight, adaptive=s.bm25_adaptive)
+                                           enabled=self.vector_enabled, ready_count=self.docs.ready_chunk_count)
+                fusion = HybridRetriever(bm25, vec, self._stored_cosines, params)
                 built = _Stages(fusion, SafeRerank(self.cross_encoder, top_n=s.final_top_k,
                                                    candidates=s.rerank_candidates))
                 if len(self._stages) > 8:  # settings edited many times: drop the old ones
@@ -110,11 +109,10 @@ class RetrievalService:
         emb = self.embed_model.get_query_embedding(query) if self.vector_enabled() else None
         embed_ms = (time.perf_counter() - t0) * 1000
         bundle = QueryBundle(query_str=query, embedding=emb)
-        with timing.collect() as ms:
-            fused = self.stages(s, recall).fusion.retrieve(bundle)
-        bm25, vector = route_lists(fused)
-        weight = fused[0].node.metadata.get("fusion_weight", s.bm25_weight) if fused else s.bm25_weight
-        return bundle, FusionOutput(bm25=bm25, vector=vector, fused=fused, ms=dict(ms), bm25_weight=weight), embed_ms
+        return bundle, self.stages(s, recall).fusion.run(bundle), embed_ms
+
+    def _stored_cosines(self, query_embedding, chunk_ids: list[str]) -> dict[str, float]:
+        return stored_cosines(self.vectors.collection, query_embedding, chunk_ids)  # today's collection
 
     def recall_stage(self, query: str, s: Settings) -> RetrievalResult:
         """Both routes + fusion + the no-answer gate (the answer stream reports it as stage "recall")."""
@@ -122,21 +120,22 @@ class RetrievalService:
         bundle, fusion, embed_ms = self.recall(query, s)
         res = RetrievalResult(query=query, bm25=fusion.bm25, vector=fusion.vector, fused=fusion.fused,
                               min_similarity=s.min_similarity, bm25_weight=fusion.bm25_weight,
+                              fusion_mode=fusion.mode, fusion_features=fusion.features,
                               query_embedding=bundle.embedding, started=t_start)
         res.max_similarity = max((n.score or 0.0 for n in fusion.vector), default=0.0)
         res.ms = {"embed": embed_ms, **fusion.ms}
         # Gate (F3-4): refuse (no LLM call downstream) / weak evidence / answer — pipeline/retrieval/gate.py
         t_g = time.perf_counter()
         bg = self.background() if s.adaptive_gate else None
-        res.gate = decide(self.gate_features(query, fusion), bg, s.min_similarity, bool(fusion.fused),
+        decision = decide(self.gate_features(query, fusion), bg, s.min_similarity, bool(fusion.fused),
                           adaptive=s.adaptive_gate)
-        res.hit = res.gate.hit
+        res.gate, res.hit = decision.trace(), decision.hit  # plain data: stored for 重试 with the rest
         res.ms["gate"] = (time.perf_counter() - t_g) * 1000
         return res
 
     def gate_features(self, query: str, fusion: FusionOutput) -> GateFeatures:
-        return measure(self.tokenizer(query), self.tokenizer.segments(query), weights_for(self.bm25_index.snapshot.bm25),
-                       fusion.bm25, fusion.vector, fusion.fused)
+        return measure(self.tokenizer(query), self.tokenizer.segments(query),
+                       weights_for(self.bm25_index.snapshot.bm25), fusion.bm25, fusion.vector, fusion.fused)
 
     def measure_gate(self, query: str, s: Settings) -> GateFeatures:
         """Gate features of one query without a decision (how the background probes are scored)."""
@@ -168,15 +167,10 @@ class RetrievalService:
         for n in nodes:
             n.node.metadata["similarity_full"] = n.node.metadata.get("similarity")
         if not missing or query_emb is None:
-            return
-        got = self.vectors.collection.get(ids=[n.node.node_id for n in missing], include=["embeddings"])
-        by_id = {i: e for i, e in zip(got["ids"], got["embeddings"])}
-        q = np.asarray(query_emb, dtype=np.float32)
+            return  # the fusion already scored every candidate on both routes
+        got = self._stored_cosines(query_emb, [n.node.node_id for n in missing])
         for n in missing:
-            e = by_id.get(n.node.node_id)
-            if e is not None:
-                e = np.asarray(e, dtype=np.float32)
-                n.node.metadata["similarity_full"] = float(e @ q / (np.linalg.norm(e) * np.linalg.norm(q) + 1e-9))
+            n.node.metadata["similarity_full"] = got.get(n.node.node_id)
 
     def debug_search(self, query: str, top_k: int, s: Settings) -> dict:
         """SRS §7.2 shape: bm25 / vector / rrf groups, each top_k long."""
@@ -189,12 +183,13 @@ class RetrievalService:
         return {
             "bm25": [row(n) | {"score": _r(n.score)} for n in fusion.bm25[:top_k]],
             "vector": [row(n) | {"similarity": _r(n.score)} for n in fusion.vector[:top_k]],
-            "rrf": [row(n) | {"rrf_score": _r(n.score, 6), "bm25_rank": n.node.metadata.get("bm25_rank"),
-                              "vector_rank": n.node.metadata.get("vector_rank")} for n in fusion.fused[:top_k]],
+            "rrf": [row(n) | fused_row(n) for n in fusion.fused[:top_k]],
             "ms": {k: round(v, 1) for k, v in fusion.ms.items()},
             "bm25_weight": round(fusion.bm25_weight, 3),
+            "fusion": fusion_info(fusion.mode, fusion.bm25_weight, fusion.features),
         }
 
 
 def _r(x, nd: int = 4):
     return None if x is None else round(float(x), nd)
+

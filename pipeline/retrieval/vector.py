@@ -3,13 +3,14 @@
 ChromaVectorStore reports similarity as exp(−distance); the SRS wants cosine similarity = 1 − distance in 0–1.
 We undo the exp (distance = −ln s) and report 1 − distance, clamped to [0, 1].
 Only chunks of 就绪 documents are returned: chunks are written to Chroma before their document turns 就绪,
-so hits are filtered against SQLite (and the query over-fetches by the number of not-yet-ready vectors).
+so hits are filtered against SQLite; the query widens only while not-ready vectors crowd the top.
 """
 from __future__ import annotations
 
 import math
 from collections.abc import Callable
 
+import numpy as np
 from llama_index.core import VectorStoreIndex
 from llama_index.core.base.base_retriever import BaseRetriever
 from llama_index.core.base.embeddings.base import BaseEmbedding
@@ -26,6 +27,20 @@ def cosine_from_chroma_score(score: float | None) -> float:
     return max(0.0, min(1.0, 1.0 - distance))
 
 
+def stored_cosines(collection, query_embedding, chunk_ids: list[str]) -> dict[str, float]:
+    """Cosine (clamped to [0, 1], like the route's own scores) of the query with the stored vectors of given
+    chunks — the vector score of chunks the vector route did not return. Missing ids are left out."""
+    if not chunk_ids:
+        return {}
+    got = collection.get(ids=list(chunk_ids), include=["embeddings"])
+    if not len(got["ids"]):
+        return {}
+    q = np.asarray(query_embedding, dtype=np.float32)
+    m = np.asarray(got["embeddings"], dtype=np.float32)
+    cos = m @ q / (np.linalg.norm(m, axis=1) * np.linalg.norm(q) + 1e-9)
+    return {i: float(min(1.0, max(0.0, c))) for i, c in zip(got["ids"], cos)}
+
+
 def chroma_index(collection, embed_model: BaseEmbedding) -> VectorStoreIndex:
     """The LlamaIndex view of our collection; build once per collection, not per query."""
     return VectorStoreIndex.from_vector_store(ChromaVectorStore(chroma_collection=collection),
@@ -38,11 +53,13 @@ class ReadyVectorRetriever(BaseRetriever):
     answers nothing while `enabled()` is false (collection holds another model's vectors)."""
 
     def __init__(self, index: Callable[[], VectorStoreIndex], lookup: ChunkLookup, top_k: int,
-                 extra_fetch: Callable[[], int] = lambda: 0, enabled: Callable[[], bool] = lambda: True):
+                 extra_fetch: Callable[[], int] = lambda: 0, enabled: Callable[[], bool] = lambda: True,
+                 ready_count: Callable[[], int | None] = lambda: None):
         self._index = index
         self._lookup = lookup
         self._top_k = top_k
         self._extra_fetch = extra_fetch
+        self._ready_count = ready_count  # chunks of 就绪 documents: no point widening past all of them
         self._enabled = enabled
         super().__init__()
 
@@ -53,14 +70,24 @@ class ReadyVectorRetriever(BaseRetriever):
         count = index.vector_store.client.count()  # the chroma collection
         if count == 0:
             return []
-        k = min(count, self._top_k + max(0, int(self._extra_fetch())))
-        hits = index.as_retriever(similarity_top_k=k).retrieve(query_bundle)
-        rows = self._lookup([int(h.node.node_id) for h in hits])
-        scored = []
-        for h in hits:
-            row = rows.get(int(h.node.node_id))
-            if row is None or row.get("status") != "ready":
-                continue  # orphan vector or document not 就绪 yet
-            scored.append(NodeWithScore(node=node_from_row(row), score=cosine_from_chroma_score(h.score)))
+        # Fetch a little more than top_k and widen only while not-ready vectors crowd out the ready ones, up to
+        # top_k + every not-ready vector. Fetching that bound every time made each question read thousands of
+        # hits while a long document ingests (4–6 s per question at 8.8k chunks; docs/benchmarks.md#load).
+        cap = min(count, self._top_k + max(0, int(self._extra_fetch())))
+        ready = self._ready_count()
+        want = self._top_k if ready is None else min(self._top_k, int(ready))
+        k = min(cap, 2 * self._top_k)
+        while True:
+            hits = index.as_retriever(similarity_top_k=k).retrieve(query_bundle)
+            rows = self._lookup([int(h.node.node_id) for h in hits])
+            scored = []
+            for h in hits:
+                row = rows.get(int(h.node.node_id))
+                if row is None or row.get("status") != "ready":
+                    continue  # orphan vector or document not 就绪 yet
+                scored.append(NodeWithScore(node=node_from_row(row), score=cosine_from_chroma_score(h.score)))
+            if len(scored) >= want or k >= cap:
+                break
+            k = min(cap, 4 * k)
         scored.sort(key=lambda n: (-n.score, int(n.node.node_id)))
         return scored[: self._top_k]

@@ -1,0 +1,319 @@
+"""Follow-up questions → standalone retrieval queries.
+
+`DeterministicRewriter` (no model): a question that leans on the previous turn — led by a discourse marker
+(「那乙方呢」「还有…」), led by a pronoun (「它的价格」「该条…」), an elliptical 「…呢」 without a question
+word (「第二条呢」), or one without any topic word (「怎么申请？」) — is completed from the previous turn's
+retrieval query (which already carries the topic of the turns before it):
+
+  1. a parallel term is swapped in place: same ordinal unit (第一条 → 第二条; the previous predicate is
+     dropped: 「第五条规定了哪些情形」+「第七条呢」→「第七条」) or a shared head word (甲方 → 乙方,
+     角色提示 → 种子词提示): 「采购合同里甲方的违约责任是什么」+「那乙方呢」→「采购合同里乙方的违约责任是什么」;
+  2. a pronoun is replaced by the previous query's topic (its words before the predicate):
+     「星河智能手表有什么功能」+「它的价格是多少」→「星河智能手表的价格是多少」;
+  3. otherwise the previous topic is carried in front of the follow-up's own words.
+
+Every other question is standalone and comes back unchanged (checked on CMRC questions in the tests).
+
+`LLMRewriter`: one short chat call (history → standalone question) with its own timeout; on any failure, an
+empty/overlong answer or one that drops every content word of the question, it falls back to the
+deterministic rewrite and says why.
+"""
+from __future__ import annotations
+
+import logging
+import re
+import threading
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import jieba
+
+log = logging.getLogger(__name__)
+
+LEAD_MARKERS = {"那", "那么", "那如果", "那要是", "那请问", "还有", "另外", "此外", "然后", "再", "再问", "再问一下",
+                "以及", "同样", "那个", "而"}
+# Personal pronouns stand for the previous topic itself (「它的价格」); demonstratives point at it (「该条…」
+# 「这个期限…」) and keep their own noun.
+PERSONAL = {"它", "它们", "他", "她", "他们", "她们", "其"}
+DEMONSTRATIVES = {"该", "此", "这", "这个", "这些", "这种", "这项", "这条", "这里", "那些", "那种", "那条", "那项",
+                  "上述", "前者", "后者", "此项", "本条", "该条", "该项", "这份", "这次", "这张", "这首", "这部", "本"}
+PRONOUNS = PERSONAL | DEMONSTRATIVES
+CLASSIFIERS = set("个张首条种次项份部位家本篇件款类些")
+COPULAS = {"是", "叫", "指", "称为", "叫做", "即"}
+QUESTION_WORDS = {"什么", "啥", "哪", "哪些", "哪个", "哪里", "哪儿", "哪年", "哪一年", "谁", "多少", "几", "多久",
+                  "多长", "多大", "多高", "多远", "怎么", "怎样", "怎么样", "如何", "为什么", "为何", "是否", "吗",
+                  "么", "何", "何时", "几时", "能否", "可否"}
+# Words that end a question's topic: copulas, modals, predicate starters (and the question words).
+PREDICATE_STOP = QUESTION_WORDS | {"是", "有", "为", "能", "能够", "可以", "可", "要", "需要", "应当", "应该", "会",
+                                   "了", "规定", "包括", "属于", "叫", "指", "在于", "由", "被", "将", "说", "讲"}
+PARTICLES = {"呢", "吗", "吧", "啊", "呀", "的", "了", "么", "请问", "一下"}
+FUNCTION_CHARS = set("的了是在和与及或也都就还又把被给对向从到为以之其这那呢吗吧啊呀么")
+_ORDINAL = re.compile(r"第[零〇一二两三四五六七八九十百千\d]+(条|章|节|项|款|部分|点|个|种|类|步|篇|页|天|年|轮|次|名)")
+_PUNCT = re.compile(r"[\s，。！？、；：,.!?;:…~～\"'“”‘’（）()《》<>【】\[\]]+")
+MAX_REWRITE_FACTOR = 4  # an LLM rewrite longer than 4× (previous query + question) is rambling, not a rewrite
+
+
+@dataclass(frozen=True)
+class Rewrite:
+    query: str             # what retrieval sees
+    original: str          # the user's words
+    method: str            # "none" | "deterministic" | "llm" | "llm_fallback"
+    kind: str | None = None  # why it was treated as a follow-up (marker / pronoun / ellipsis / no_topic)
+    note: str = ""
+
+    @property
+    def changed(self) -> bool:
+        return self.query != self.original
+
+    def to_dict(self) -> dict:
+        return {"original": self.original, "query": self.query, "changed": self.changed, "method": self.method,
+                "kind": self.kind, "note": self.note}
+
+
+def previous_query(history: Sequence[dict]) -> str | None:
+    """The retrieval query of the last knowledge turn (chit-chat turns carry no topic)."""
+    for t in reversed(list(history or [])):
+        if (t.get("route") or "") == "DIRECT":
+            continue
+        q = (t.get("rewritten") or t.get("question") or "").strip()
+        if q:
+            return q
+    return None
+
+
+def _is_verb(word: str) -> bool:
+    import jieba.posseg as pseg
+
+    flags = [p.flag for p in pseg.lcut(word, HMM=False)]
+    return bool(flags) and all(f.startswith("v") and f != "vn" for f in flags)
+
+
+def _clean(text: str) -> str:
+    return _PUNCT.sub(" ", text or "").strip()
+
+
+class DeterministicRewriter:
+    def __init__(self, cut: Callable[[str], list[str]] | None = None):
+        # jieba precise mode without HMM new-word guessing: word boundaries from the dictionary only, so a
+        # leading 「那」 is not glued onto the next character (HMM makes 「那少样本」 into 那少/样本)
+        self._cut = cut or (lambda s: [w for w in jieba.lcut(s, HMM=False) if w.strip()])
+
+    def tokens(self, text: str) -> list[str]:
+        return self._cut(_clean(text).replace(" ", "，")) if text else []
+
+    def content(self, toks: list[str]) -> list[str]:
+        return [t for t in toks if t not in QUESTION_WORDS and t not in PARTICLES and t not in PREDICATE_STOP
+                and not (len(t) == 1 and t in FUNCTION_CHARS) and t != "，"]
+
+    # --- classification ----------------------------------------------------------------------------
+    def follow_up_kind(self, question: str) -> str | None:
+        toks = [t for t in self.tokens(question) if t != "，"]
+        if not toks:
+            return None
+        if toks[0] in LEAD_MARKERS and len(toks) > 1:
+            return "marker"
+        if toks[0] in PRONOUNS:
+            return "pronoun"
+        if toks[-1] == "呢" and not any(t in QUESTION_WORDS for t in toks):
+            return "ellipsis"
+        words = self.content(toks)
+        if not words or (all(_is_verb(w) for w in words) and not any(t in COPULAS for t in toks)):
+            # 「怎么申请？」: nothing but a predicate — the topic is in the previous turn. (A copula makes it a
+            # definition question about that word: 「什么是窃听」 stands alone.)
+            return "no_topic"
+        return None
+
+    # --- pieces of the previous query --------------------------------------------------------------
+    def topic(self, prev: str) -> str:
+        """The previous query up to its predicate: 「采购合同里甲方的违约责任是什么」→「采购合同里甲方的违约责任」."""
+        out: list[str] = []
+        for t in self.tokens(prev):
+            if t in PREDICATE_STOP and out:
+                break
+            if t == "，" and out:
+                break
+            if t not in PREDICATE_STOP and t != "，":
+                out.append(t)
+        while out and (out[-1] in PARTICLES or out[-1] in {"里", "中", "内", "上"}):
+            out.pop()
+        return "".join(out)
+
+    def _core(self, question: str, kind: str) -> list[str]:
+        toks = [t for t in self.tokens(question) if t != "，"]
+        while toks and toks[0] in LEAD_MARKERS:
+            toks = toks[1:]
+        if kind == "pronoun" and toks and toks[0] in PRONOUNS:
+            toks = toks[1:]
+        while toks and toks[-1] in {"呢", "吗", "吧", "啊", "呀"}:
+            toks = toks[:-1]
+        return toks
+
+    def _parallel(self, prev: str, phrase: str) -> str | None:
+        """The span of `prev` that `phrase` stands in for: same ordinal unit, or a shared head (last) word/char."""
+        if not phrase or phrase in prev:
+            return None
+        m = _ORDINAL.fullmatch(phrase)
+        if m:
+            for pm in _ORDINAL.finditer(prev):
+                if pm.group(1) == m.group(1) and pm.group(0) != phrase:
+                    return pm.group(0)
+            return None
+        ptoks = self.tokens(prev)
+        starts, pos = [], 0
+        for t in ptoks:
+            starts.append(pos)
+            pos += len(t)
+        joined = "".join(ptoks)
+        for n in range(len(phrase) - 1, 0, -1):  # longest shared head first
+            head = phrase[-n:]
+            if len(head) == 1 and head in FUNCTION_CHARS:
+                continue
+            idx = joined.find(head)
+            if idx < 0:
+                continue
+            # the previous query's word(s) ending in that head: the token holding it, or the token before it
+            ti = max(i for i, s in enumerate(starts) if s <= idx)
+            begin = starts[ti] if starts[ti] < idx else (starts[ti - 1] if ti > 0 else idx)
+            span = joined[begin: idx + n]
+            if span != phrase and span in prev and span.strip() and ptoks[ti] not in PREDICATE_STOP:
+                return span
+        return None
+
+    # --- the rewrite --------------------------------------------------------------------------------
+    def rewrite(self, question: str, history: Sequence[dict]) -> Rewrite:
+        q = (question or "").strip()
+        prev = previous_query(history)
+        kind = self.follow_up_kind(q) if prev else None
+        if not kind:
+            return Rewrite(q, q, "none")
+        core = self._core(q, kind)
+        core_text = "".join(core)
+        if kind == "pronoun":
+            return self._resolve_pronoun(q, prev)
+        # the shortest phrase of the follow-up that has a parallel in the previous query is swapped in place
+        for phrase in self._phrases(core):
+            span = self._parallel(prev, phrase)
+            if span:
+                rewritten = prev.replace(span, phrase, 1)
+                if _ORDINAL.fullmatch(phrase):
+                    # 「第七条呢」 asks about article 7 itself: what the last question said about article 5
+                    # (its predicate) is no part of it — keep the topic up to the ordinal's predicate
+                    rewritten = self.topic(rewritten) or rewritten
+                extra = [t for t in self.content(core) if t not in rewritten and t not in phrase]
+                if extra:
+                    rewritten = f"{rewritten} {''.join(extra)}"
+                return Rewrite(rewritten, q, "deterministic", kind, f"以「{phrase}」替换上一轮的「{span}」")
+        topic = self.topic(prev) or _clean(prev)
+        return Rewrite(f"{topic} {core_text}".strip(), q, "deterministic", kind, "沿用上一轮的主题")
+
+    def _resolve_pronoun(self, q: str, prev: str) -> Rewrite:
+        toks = [t for t in self.tokens(q) if t != "，"]
+        lead, rest = toks[0], toks[1:]
+        topic = self.topic(prev) or _clean(prev)
+        if lead in PERSONAL:  # 「它的价格是多少」→「星河智能手表的价格是多少」
+            return Rewrite(topic + "".join(rest), q, "deterministic", "pronoun", f"「{lead}」指上一轮的「{topic}」")
+        while rest and rest[0] in CLASSIFIERS:  # 「这张专辑…」: the demonstrative and its classifier go
+            rest = rest[1:]
+        body = "".join(rest)
+        return Rewrite(f"{topic} {body}".strip(), q, "deterministic", "pronoun", f"「{lead}」指上一轮的「{topic}」")
+
+    def _phrases(self, core: list[str]) -> list[str]:
+        """Candidate stand-in phrases of the follow-up: ordinals first, then content runs, longest first."""
+        text = "".join(core)
+        out = [m.group(0) for m in _ORDINAL.finditer(text)]
+        content = self.content(core)
+        # contiguous runs of content tokens ("种子词提示" from 种子/词/提示)
+        runs, cur = [], []
+        for t in core:
+            if t in content:
+                cur.append(t)
+            elif cur:
+                runs.append("".join(cur))
+                cur = []
+        if cur:
+            runs.append("".join(cur))
+        out += sorted(runs, key=len, reverse=True)
+        return out
+
+
+REWRITE_SYSTEM = ("你是检索问题改写助手。根据对话历史，把用户最后的问题改写成一个不依赖上下文、完整独立的中文检索问题："
+                  "补全省略的主语、对象，把代词替换成它指代的具体名称。只输出改写后的问题本身，不要解释，不要回答。"
+                  "如果问题本身已经完整，原样输出。")
+
+
+def rewrite_messages(question: str, history: Sequence[dict], answer_chars: int = 200) -> list:
+    from llama_index.core.llms import ChatMessage, MessageRole
+
+    lines = []
+    for t in history:
+        lines.append(f"用户：{t.get('question', '')}")
+        a = " ".join((t.get("answer") or "").split())
+        lines.append(f"助手：{a[:answer_chars]}{'…' if len(a) > answer_chars else ''}")
+    user = "对话历史：\n" + "\n".join(lines) + f"\n\n用户最后的问题：{question}\n\n改写后的独立问题："
+    return [ChatMessage(role=MessageRole.SYSTEM, content=REWRITE_SYSTEM), ChatMessage(role=MessageRole.USER,
+                                                                                       content=user)]
+
+
+def _strip_answer(text: str) -> str:
+    t = (text or "").strip().splitlines()[0].strip() if (text or "").strip() else ""
+    # the prompt's own labels echoed back (small models do): 「用户最后的问题：…」「用户：…」
+    t = re.sub(r"^((用户)?(最后的)?问题|改写后的?(独立)?问题|独立问题|改写|用户|助手)\s*[:：]\s*", "", t)
+    return t.strip().strip("\"'“”「」")
+
+
+class LLMRewriter:
+    """LLM rewrite with a timeout and the deterministic rewrite as the fall-back."""
+
+    def __init__(self, llm: Any, fallback: DeterministicRewriter, timeout_s: float = 8.0):
+        self.llm = llm
+        self.fallback = fallback
+        self.timeout_s = timeout_s
+
+    def rewrite(self, question: str, history: Sequence[dict]) -> Rewrite:
+        q = (question or "").strip()
+        if not history:
+            return Rewrite(q, q, "none")
+        try:
+            text = self._call(rewrite_messages(q, list(history)))
+        except Exception as exc:  # noqa: BLE001 — timeout, connection, HTTP error: all fall back
+            return self._fall_back(q, history, f"大模型改写失败（{type(exc).__name__}），改用规则改写")
+        cand = _strip_answer(text)
+        prev = previous_query(history) or ""
+        if not cand:
+            return self._fall_back(q, history, "大模型改写为空，改用规则改写")
+        if len(cand) > MAX_REWRITE_FACTOR * (len(q) + len(prev)) + 20:
+            return self._fall_back(q, history, "大模型改写过长，改用规则改写")
+        words = self.fallback.content(self.fallback.tokens(q))
+        if words and not any(w in cand for w in words):
+            return self._fall_back(q, history, "大模型改写丢失了问题中的关键词，改用规则改写")
+        if _clean(cand) == _clean(q) and self.fallback.follow_up_kind(q):
+            # the rules see a question that leans on the earlier turn (they never flag a standalone CMRC
+            # question): handing it back unchanged resolves nothing
+            return self._fall_back(q, history, "大模型未补全追问，改用规则改写")
+        return Rewrite(cand, q, "llm", None, "大模型改写")
+
+    def _fall_back(self, q: str, history: Sequence[dict], why: str) -> Rewrite:
+        log.info("query rewrite fell back: %s", why)
+        r = self.fallback.rewrite(q, history)
+        return Rewrite(r.query, q, "llm_fallback", r.kind, why)
+
+    def _call(self, messages: list) -> str:
+        """One non-streaming chat call bounded by timeout_s (a thread, so a stalled server cannot hold the answer)."""
+        box: dict[str, Any] = {}
+
+        def run():
+            try:
+                box["text"] = self.llm.chat(messages, temperature=0.0, max_tokens=128,
+                                            timeout=self.timeout_s).message.content or ""
+            except Exception as exc:  # noqa: BLE001
+                box["error"] = exc
+
+        t = threading.Thread(target=run, name="query-rewrite", daemon=True)
+        t.start()
+        t.join(self.timeout_s + 0.5)
+        if t.is_alive():
+            raise TimeoutError(f"改写超过 {self.timeout_s:g} 秒")
+        if "error" in box:
+            raise box["error"]
+        return box["text"]

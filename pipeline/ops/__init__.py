@@ -1,0 +1,1 @@
+"""Operations an admin runs on a data dir: consistency audit and repair, backup and restore."""

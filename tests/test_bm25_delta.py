@@ -1,0 +1,189 @@
+"""The BM25 delta (chunks made ready since the last full build): exact scores, merge, carry-over, fold."""
+from __future__ import annotations
+
+import threading
+import time
+from pathlib import Path
+
+import bm25s
+import numpy as np
+import pytest
+
+from pipeline.retrieval import bm25 as bm25_mod
+from pipeline.retrieval.bm25 import BM25Index, build_snapshot
+from pipeline.retrieval.bm25_delta import DeltaBM25
+from pipeline.tokenize_zh import ChineseTokenizer
+
+DOCS = Path(__file__).resolve().parents[2] / "shared" / "docs"
+RULES = DOCS / "chatchat" / "人民检察院行政诉讼监督规则（试行）(2016-04-15).md"
+
+
+@pytest.fixture(scope="module")
+def tok():
+    return ChineseTokenizer()
+
+
+@pytest.fixture(scope="module")
+def corpus(tok):
+    """Paragraphs of a real regulation text: (chunk_id, text, tokens)."""
+    paras = [p.strip() for p in RULES.read_text(encoding="utf-8").split("\n") if len(p.strip()) > 20]
+    assert len(paras) > 60
+    return [(i + 1, p, tok(p)) for i, p in enumerate(paras)]
+
+
+def _full_scores(items, query, k1=1.5, b=0.75):
+    bm = bm25s.BM25(k1=k1, b=b, method="lucene")
+    bm.index([t or [""] for _, t in items], show_progress=False)
+    ids = bm.get_tokens_ids(query)
+    return bm.get_scores_from_ids(ids) if ids else np.zeros(len(items))
+
+
+def test_delta_alone_scores_exactly_like_bm25s(corpus, tok):
+    items = [(c, t) for c, _, t in corpus]
+    query = tok("人民检察院 行政诉讼 监督 抗诉 检察建议")
+    ids, got = DeltaBM25(items).scores(query, lambda _t: 0, 0, 0, 1.5, 0.75)
+    assert ids.tolist() == [c for c, _ in items]
+    np.testing.assert_allclose(got, _full_scores(items, query), rtol=1e-5, atol=1e-6)
+
+
+def test_delta_beside_main_scores_as_a_full_build_would(corpus, tok):
+    """Delta chunks are scored with main+delta statistics: identical to their scores in one full build."""
+    items = [(c, t) for c, _, t in corpus]
+    main_items, delta_items = items[:-12], items[-12:]
+    snap = build_snapshot(main_items, 1.5, 0.75)
+    query = tok("人民法院 裁定 检察院 提出 再审检察建议")
+    ids, got = DeltaBM25(delta_items).scores(query, snap.doc_freq, snap.size, snap.total_len, 1.5, 0.75)
+    full = _full_scores(items, query)[-12:]
+    assert full.max() > 0
+    np.testing.assert_allclose(got, full, rtol=1e-5, atol=1e-6)
+
+
+def _lookup_for(corpus, ready=None):
+    texts = {c: t for c, t, _ in corpus}
+
+    def lookup(ids):
+        return {i: {"chunk_id": i, "doc_id": i, "chunk_index": 0, "text": texts[i], "page": None, "source": "text",
+                    "file_name": f"d{i}.txt", "status": "ready" if ready is None or i in ready else "processing"}
+                for i in ids if i in texts}
+    return lookup
+
+
+def test_delta_only_kb_is_searchable_and_respects_status(corpus, tok, tmp_path):
+    """A new KB during its first long queue: no main index yet, only the delta."""
+    idx = BM25Index(tmp_path / "bm25", lambda: [])
+    idx.rebuild(1.5, 0.75)
+    assert idx.retriever(tok, _lookup_for(corpus), 5) is None
+    target = corpus[7]
+    idx.add_ready([(target[0], target[2] + ["zqx-70071"])])
+    hits = idx.retriever(tok, _lookup_for(corpus), 5).retrieve("ZQX-70071")
+    assert [h.node.node_id for h in hits] == [str(target[0])]
+    # added before mark_ready: invisible while the document is still 处理中
+    assert idx.retriever(tok, _lookup_for(corpus, ready=set()), 5).retrieve("ZQX-70071") == []
+
+
+def test_merge_ranks_delta_hits_among_main_hits_and_soft_delete_covers_both(corpus, tok, tmp_path):
+    items = [(c, t) for c, _, t in corpus]
+    main_items, delta_items = items[:-5], items[-5:]
+    idx = BM25Index(tmp_path / "bm25", lambda: main_items)
+    idx.rebuild(1.5, 0.75)
+    idx.add_ready(delta_items)
+    query = corpus[-2][1][:30]  # words of a delta chunk
+    hits = idx.retriever(tok, _lookup_for(corpus), 10).retrieve(query)
+    assert hits[0].node.node_id == str(corpus[-2][0])
+    # the merged order equals one full build's order at the top
+    full = _full_scores(items, tok(query))
+    assert int(hits[0].node.node_id) == items[int(np.argmax(full))][0]
+    idx.soft_delete([corpus[-2][0]])
+    hits = idx.retriever(tok, _lookup_for(corpus), 10).retrieve(query)
+    assert str(corpus[-2][0]) not in [h.node.node_id for h in hits]
+    assert idx.indexed_ids() == {c for c, _ in items} - {corpus[-2][0]}
+
+
+def _slow_build(idx, ready):
+    """Start a rebuild whose token read blocks until released; returns (thread, release event)."""
+    gate, reading = threading.Event(), threading.Event()
+
+    def slow_source():
+        seen = list(ready)
+        reading.set()
+        gate.wait(10)
+        return seen
+
+    idx.token_source = slow_source
+    t = threading.Thread(target=idx.rebuild, args=(1.5, 0.75))
+    t.start()
+    assert reading.wait(10)
+    idx.token_source = lambda: list(ready)
+    return t, gate
+
+
+def test_rebuild_carries_over_what_it_did_not_see(corpus, tok, tmp_path):
+    items = [(c, t) for c, _, t in corpus]
+    ready = list(items[:20])
+    idx = BM25Index(tmp_path / "bm25", lambda: list(ready))
+    idx.rebuild(1.5, 0.75)
+    t, gate = _slow_build(idx, ready)
+    idx.add_ready([items[20]])  # made ready while the build reads: delta first, then the ready set
+    ready.append(items[20])
+    gate.set()
+    t.join(10)
+    assert idx.snapshot.size == 20 and idx.delta.chunk_ids == [items[20][0]]
+    assert idx.indexed_ids() == {c for c, _ in ready}
+
+
+def test_a_build_that_started_earlier_never_replaces_a_newer_one(corpus, tok, tmp_path):
+    items = [(c, t) for c, _, t in corpus]
+    ready = list(items[:20])
+    idx = BM25Index(tmp_path / "bm25", lambda: list(ready))
+    idx.rebuild(1.5, 0.75)
+    t, gate = _slow_build(idx, ready)  # build A reads 20 chunks and stalls
+    idx.add_ready([items[20]])
+    ready.append(items[20])
+    newer = idx.rebuild(1.5, 0.75)  # build B sees 21 and lands first (the delta is folded)
+    assert newer.size == 21 and idx.delta.size == 0
+    gate.set()
+    t.join(10)  # A finishes last with its 20-chunk view: dropped
+    assert idx.snapshot is newer
+    assert idx.indexed_ids() == {c for c, _ in ready}
+
+
+def test_big_delta_is_folded_in_the_background(corpus, tok, tmp_path, monkeypatch):
+    monkeypatch.setattr(bm25_mod, "FOLD_MIN", 10)
+    items = [(c, t) for c, _, t in corpus]
+    ready: list = []
+    idx = BM25Index(tmp_path / "bm25", lambda: list(ready))
+    idx.rebuild(1.5, 0.75)
+    for it in items[:9]:
+        ready.append(it)
+        idx.add_ready([it])
+    assert idx.delta.size == 9 and idx.snapshot.size == 0
+    ready.append(items[9])
+    idx.add_ready([items[9]])
+    deadline = time.time() + 20
+    while idx.snapshot.size < 10 and time.time() < deadline:
+        time.sleep(0.05)
+    assert idx.snapshot.size == 10 and idx.delta.size == 0
+    assert idx.indexed_ids() == {c for c, _ in items[:10]}
+
+
+def test_full_information_fusion_reads_delta_chunks_like_main_ones(corpus, tok, tmp_path):
+    """query_scores / hits / scores_of / coverage (the fusion's per-query reads) cover the delta too."""
+    from pipeline.retrieval.bm25 import LiveBM25Retriever
+
+    items = [(c, t) for c, _, t in corpus]
+    idx = BM25Index(tmp_path / "bm25", lambda: items[:-5])
+    idx.rebuild(1.5, 0.75)
+    idx.add_ready(items[-5:])
+    live = LiveBM25Retriever(idx, tok, _lookup_for(corpus), 10)
+    target = corpus[-2]
+    inner, scores = live.query_scores(target[1][:30])
+    assert len(scores) == idx.snapshot.size + 5
+    top = inner.hits(scores)
+    assert top[0].node.node_id == str(target[0])
+    got = inner.scores_of(scores, [str(target[0]), str(corpus[0][0]), "999999"])
+    assert got[str(target[0])] == pytest.approx(top[0].score) and got["999999"] == 0.0
+    assert got[str(corpus[0][0])] == pytest.approx(float(scores[0]))
+    assert 0.5 < inner.coverage(target[1][:30], str(target[0])) <= 1.0
+    other = next(t for t in corpus[0][2] if t not in target[2] and len(t) > 1)  # indexed, not in the target
+    assert inner.coverage(other, str(target[0])) == 0.0
+    assert inner.coverage("zzqq", str(target[0])) == 0.0  # no indexed term at all

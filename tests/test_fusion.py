@@ -1,0 +1,304 @@
+"""Fusion (pipeline.retrieval.fusion): exact arithmetic of both modes, full-information completion through a real
+engine (real SQLite, Chroma, bm25s; a tiny random embedding model), deterministic ties, mode switch without reload,
+and the offline CV arithmetic agreeing with the engine's."""
+from __future__ import annotations
+
+import json
+import math
+
+import numpy as np
+import pytest
+from llama_index.core.schema import NodeWithScore, TextNode
+
+from pipeline.retrieval.fusion import (
+    Candidates,
+    FusionParams,
+    auto_weight,
+    convex_scores,
+    fuse,
+    minmax,
+    query_features,
+)
+
+
+def _cands(rows):
+    """rows: (chunk_id, bm25_rank, vector_rank, bm25_score, cosine)."""
+    c = Candidates()
+    c.ids = [r[0] for r in rows]
+    c.nodes = [NodeWithScore(node=TextNode(id_=r[0], text=f"t{r[0]}"), score=None) for r in rows]
+    c.bm25_rank = [r[1] for r in rows]
+    c.vector_rank = [r[2] for r in rows]
+    c.bm25_score = np.array([r[3] for r in rows], dtype=float)
+    c.cosine = np.array([r[4] for r in rows], dtype=float)
+    return c
+
+
+# chunk 30 is BM25-only, chunk 40 vector-only; both still carry their real score on the other route
+HAND = [("10", 1, 2, 9.0, 0.80), ("20", 2, 1, 5.0, 0.90), ("30", 3, None, 1.0, 0.70), ("40", None, 3, 0.0, 0.85)]
+
+
+def test_rrf_mode_exact():
+    fused, w = fuse(_cands(HAND), FusionParams(mode="rrf", rrf_k=60, bm25_adaptive=False))
+    got = {n.node.node_id: n.score for n in fused}
+    assert got == pytest.approx({"10": 1 / 61 + 1 / 62, "20": 1 / 62 + 1 / 61, "30": 1 / 63, "40": 1 / 63})
+    # 10 and 20 tie exactly, as do 30 and 40: chunk_id ascending breaks both ties
+    assert [n.node.node_id for n in fused] == ["10", "20", "30", "40"] and w == 1.0
+    m = fused[2].node.metadata
+    assert (m["bm25_rank"], m["vector_rank"], m["bm25_score"], m["similarity"]) == (3, None, 1.0, 0.70)
+    assert m["fused_score"] == m["rrf_score"] == pytest.approx(1 / 63)
+
+
+def test_convex_mode_exact():
+    fused, w = fuse(_cands(HAND), FusionParams(mode="convex", convex_bm25_weight=0.25))
+    # minmax: bm25 9,5,1,0 → 1, 5/9, 1/9, 0 ; cosine .80,.90,.70,.85 → .5, 1, 0, .75
+    want = {"10": 0.25 * 1 + 0.75 * 0.5, "20": 0.25 * 5 / 9 + 0.75 * 1.0, "30": 0.25 / 9, "40": 0.75 * 0.75}
+    assert {n.node.node_id: n.score for n in fused} == pytest.approx(want)
+    assert [n.node.node_id for n in fused] == ["20", "10", "40", "30"] and w == 0.25
+    # α = 1 is BM25's order, α = 0 the vector route's order, over the same candidates
+    assert [n.node.node_id for n in fuse(_cands(HAND), FusionParams(convex_bm25_weight=1.0))[0]] == \
+        ["10", "20", "30", "40"]
+    assert [n.node.node_id for n in fuse(_cands(HAND), FusionParams(convex_bm25_weight=0.0))[0]] == \
+        ["20", "40", "10", "30"]
+    assert list(minmax(np.array([2.0, 2.0]))) == [0.0, 0.0]  # no spread → no preference
+    assert convex_scores(np.array([3.0, 1.0]), np.array([0.5, 0.9]), 0.5) == pytest.approx([0.5, 0.5])
+
+
+def test_auto_weight_and_features_exact():
+    f = query_features([6.0, 3.0, 1.0], [0.91, 0.88], ["1", "2", "3"], ["2", "9", "8"], 0.75, 9)
+    assert f == pytest.approx({"bm25_ratio": math.log(2.0), "coverage": 0.75, "agree3": 1 / 3, "agree10": 0.1,
+                               "dense_margin": 0.3, "dense_spread": 0.3, "cos1": 0.91, "qlen": math.log(10)})
+    coefs = {"bias": -1.0, "bm25_ratio": 2.0, "coverage": 1.0}
+    z = -1.0 + 2.0 * math.log(2.0) + 0.75
+    assert auto_weight(f, coefs) == pytest.approx(1 / (1 + math.exp(-z)))
+    lo_hi = {"bias": 0.0, "lo": 0.1, "hi": 0.5}
+    assert auto_weight(f, lo_hi) == pytest.approx(0.1 + 0.4 * 0.5)  # σ(0) = ½ mapped into [lo, hi]
+    # auto mode uses it: the weight reported is the one computed from the features
+    fused, w = fuse(_cands(HAND), FusionParams(mode="convex", convex_bm25_weight=None, auto_coefs=coefs), f)
+    assert w == pytest.approx(auto_weight(f, coefs))
+    assert fused[0].score == pytest.approx(max(convex_scores(np.array([9.0, 5, 1, 0]),
+                                                             np.array([.8, .9, .7, .85]), w)))
+    # the shipped weights apply only to the embedding model they were fitted for; another gets a constant share
+    from pipeline.retrieval.fusion import AUTO_WEIGHTS, DEFAULT_ALPHA, auto_weights_for
+
+    assert auto_weights_for(AUTO_WEIGHTS["embedding_model"], "minmax") == AUTO_WEIGHTS["minmax"]
+    assert auto_weight(f, auto_weights_for("local:some-other-model", "minmax")) == pytest.approx(DEFAULT_ALPHA)
+
+
+def test_ties_are_deterministic_whatever_the_input_order():
+    rows = [("7", 1, None, 2.0, 0.5), ("3", None, 1, 0.0, 0.9), ("12", 2, 2, 1.0, 0.7)]
+    for params in (FusionParams(mode="convex", convex_bm25_weight=0.5),
+                   FusionParams(mode="rrf", bm25_adaptive=False)):
+        orders = {tuple(n.node.node_id for n in fuse(_cands(r), params)[0]) for r in (rows, rows[::-1])}
+        assert len(orders) == 1
+    # convex α = ½: 7 → ½·1 + ½·0 = ½, 3 → ½·0 + ½·1 = ½ (tie, 3 < 7), 12 → ½·½ + ½·½ = ½ (tie: all equal)
+    assert [n.node.node_id for n in fuse(_cands(rows), FusionParams(convex_bm25_weight=0.5))[0]] == ["3", "7", "12"]
+
+
+def test_one_route_only():
+    only_bm25 = _cands([("1", 1, None, 3.0, 0.0), ("2", 2, None, 1.0, 0.0)])
+    only_bm25.cosine = None  # vector route off (model mismatch): BM25's order, weight 1
+    fused, w = fuse(only_bm25, FusionParams())
+    assert [n.node.node_id for n in fused] == ["1", "2"] and w == 1.0
+    assert fused[0].node.metadata["similarity"] is None
+    assert fuse(Candidates(), FusionParams()) == ([], 1.0)
+
+
+# ---------------------------------------------------------------------------------------------- real engine
+DOCS = {
+    "长江.txt": "长江是中国第一长河，全长约六千三百公里，流经青海、西藏、四川、湖北等地，最终注入东海。",
+    "黄河.txt": "黄河是中国第二长河，发源于青海巴颜喀拉山，流经九个省区，在山东注入渤海。",
+    "北京.txt": "北京是中华人民共和国的首都，也是全国的政治中心和文化中心，有故宫和长城。",
+    "上海.txt": "上海位于长江入海口，是中国最大的经济中心城市，港口吞吐量世界第一。",
+    "模型.txt": "向量检索用模型把文档变成向量，再按余弦相似度找出与问题最接近的文档。",
+    "公司.txt": "公司的客服电话是 400-800-1234，工作时间为每天九点到十八点。",
+    "天气.txt": "今天天气很好，我们去公园散步，看到湖边的柳树已经发芽了。",
+    "河流.txt": "中国的河流众多，其中长江和黄河是最重要的两条大河，被称为母亲河。",
+}
+QUESTION = "长江最后流入哪里"
+
+
+@pytest.fixture(scope="module")
+def engine(tmp_path_factory):
+    from pipeline.engine import Engine
+    from store.config_store import ConfigStore
+    from store.db import Database
+    from tests.tiny_models import make_tiny_bert_embedding
+
+    root = tmp_path_factory.mktemp("fusion")
+    model = make_tiny_bert_embedding(root / "tiny-emb")
+    data = root / "data"
+    data.mkdir()
+    db = Database(data / "app.db")
+    ConfigStore(db).save({"embedding_model_path": str(model), "recall_size": 3})  # short lists → misses
+    db.close()
+    e = Engine(data)
+    src = root / "src"
+    src.mkdir()
+    items = []
+    for name, text in DOCS.items():
+        (src / name).write_text(text, encoding="utf-8")
+        items.append((name, src / name))
+    e.upload(items)
+    assert e.wait_idle(120)
+    yield e
+    e.close()
+
+
+def _route_lists(engine, question):
+    """Both routes' full lists (recall = every chunk): each chunk's own score on each route."""
+    from llama_index.core.schema import QueryBundle
+
+    c = engine.components
+    hybrid = c.retrieval.stages(engine.settings, c.docs.counts()["chunks"]).fusion
+    qb = QueryBundle(question, embedding=c.models.embedding.embed_model.get_query_embedding(question))
+    bm25 = {x.node.node_id: x.score for x in hybrid.bm25_retriever.retrieve(qb)}
+    vec = {x.node.node_id: x.score for x in hybrid.vector_retriever.retrieve(qb)}
+    return bm25, vec
+
+
+def test_missing_chunk_gets_its_real_score_from_that_route(engine):
+    res = engine.retrieve(QUESTION)
+    metas = [n.node.metadata for n in res.fused]
+    assert len(res.bm25) <= 3 and len(res.vector) <= 3
+    only_bm25 = [m for m in metas if m["vector_rank"] is None]
+    only_vec = [m for m in metas if m["bm25_rank"] is None]
+    assert only_bm25 and only_vec, "the hand-made KB should give chunks that one route missed"
+    bm25_full, vec_full = _route_lists(engine, QUESTION)
+    for n in res.fused:
+        m = n.node.metadata
+        # the score a route gives the chunk when it does return it (BM25: 0 when no query word occurs)
+        assert m["bm25_score"] == pytest.approx(bm25_full.get(n.node.node_id, 0.0), abs=1e-5)
+        assert m["similarity"] == pytest.approx(vec_full[n.node.node_id], abs=1e-5)
+    # and independently of the stored vectors: the cosine of a re-embedded passage text
+    emb = engine.components.models.embedding.embed_model
+    q = np.asarray(emb.get_query_embedding(QUESTION))
+    for n in res.fused:
+        if n.node.metadata["vector_rank"] is None:
+            p = np.asarray(emb.get_text_embedding(n.node.get_content()))
+            cos = float(p @ q / (np.linalg.norm(p) * np.linalg.norm(q)))
+            assert n.node.metadata["similarity"] == pytest.approx(max(0.0, cos), abs=1e-4)
+
+
+def test_trace_shows_fused_and_both_routes(engine):
+    from pipeline import events as ev
+
+    tr = ev.trace_payload(engine.retrieve(QUESTION))
+    assert tr["fusion"]["mode"] == engine.settings.fusion_mode
+    assert 0.0 <= tr["fusion"]["bm25_weight"] <= 1.0 and set(tr["fusion"]["features"]) >= {"bm25_ratio"}
+    row = tr["rrf"][0]
+    assert {"fused_score", "bm25_rank", "bm25_score", "vector_rank", "similarity"} <= set(row)
+    dbg = engine.search(QUESTION, 5)
+    assert dbg["fusion"]["mode"] == engine.settings.fusion_mode
+    assert all(r["bm25_score"] is not None and r["similarity"] is not None for r in dbg["rrf"])
+
+
+def test_mode_switch_takes_effect_without_reload(engine):
+    reload_ms, emb = engine.last_reload_ms, engine.components.models.embedding
+    try:
+        out = engine.update_settings({"fusion_mode": "rrf", "bm25_adaptive": False})
+        assert set(out["immediate"]) == {"fusion_mode", "bm25_adaptive"} and not out["need_reload"]
+        res = engine.retrieve(QUESTION)
+        assert res.fusion_mode == "rrf"
+        for n in res.fused:
+            m = n.node.metadata
+            want = sum(1 / (60 + r) for r in (m["bm25_rank"], m["vector_rank"]) if r is not None)
+            assert n.score == pytest.approx(want)
+        engine.update_settings({"fusion_mode": "convex", "convex_auto_weight": False, "convex_bm25_weight": 1.0})
+        res = engine.retrieve(QUESTION)
+        assert res.fusion_mode == "convex" and res.bm25_weight == 1.0
+        bm25_order = [n.node.node_id for n in res.bm25]
+        assert [n.node.node_id for n in res.fused][:len(bm25_order)] == bm25_order  # α = 1 → BM25's order
+    finally:
+        engine.update_settings({"fusion_mode": "convex", "convex_auto_weight": True, "bm25_adaptive": True,
+                                "convex_bm25_weight": 0.25})
+    assert engine.last_reload_ms == reload_ms and engine.components.models.embedding is emb  # no reload
+
+
+def test_invalid_mode_is_refused_with_a_clear_message(engine):
+    from pipeline.settings import SettingsError
+
+    with pytest.raises(SettingsError) as err:
+        engine.update_settings({"fusion_mode": "magic"})
+    assert "融合方式" in err.value.errors["fusion_mode"] and "rrf" in err.value.errors["fusion_mode"]
+
+
+# ---------------------------------------------------------------------------------------------- offline CV
+def test_cv_arithmetic_matches_the_engine(tmp_path):
+    """tools.fusion_cv's vectorised scoring gives the same ranks as fusion.fuse (via evaluate.rescore_dump)."""
+    from pipeline.settings import Settings
+    from tools import evaluate, fusion_cv
+
+    rng = np.random.default_rng(3)
+    rows = []
+    for qi in range(40):
+        n = 12
+        ids = rng.choice(1000, n, replace=False)
+        br = rng.permutation(n)
+        vr = rng.permutation(n)
+        cands = []
+        for j in range(n):
+            b = int(br[j]) + 1 if br[j] < 8 else None
+            v = int(vr[j]) + 1 if vr[j] < 8 else None
+            if b is None and v is None:
+                continue
+            cands.append([str(ids[j]), b, v, round(float(rng.uniform(0, 9)), 4),
+                          round(float(rng.uniform(.85, .95)), 6), bool(rng.random() < 0.15)])
+        rows.append({"q": "问题" * (qi % 7 + 1), "n_rel": 1, "features": {"coverage": float(rng.uniform())},
+                     "cands": cands})
+    path = tmp_path / "d.jsonl"
+    path.write_text("\n".join(json.dumps(r) for r in rows))
+    qs = fusion_cv.load_dump(path)
+    from pipeline.retrieval.fusion import AUTO_WEIGHTS
+
+    for norm in ("minmax", "zscore"):
+        for alpha in (0.0, 0.3, 1.0, None):  # None: the per-query auto weight (features recomputed from the row)
+            s = Settings(convex_norm=norm, convex_auto_weight=alpha is None, convex_bm25_weight=alpha or 0.0)
+            engine_side = evaluate.rescore_dump(path, s)["routes"]["fused"]
+            fitted = fusion_cv.Fitted("c", alpha_const=alpha, coefs=None if alpha is not None else AUTO_WEIGHTS[norm],
+                                      norm=norm)
+            cv_side = fusion_cv.score_fitted(fitted, qs)
+            assert (engine_side["mrr@10"], engine_side["hit@1"]) == (cv_side["mrr@10"], cv_side["hit@1"]), (norm, alpha)
+    base = fusion_cv.baselines(qs)
+    engine_side = evaluate.rescore_dump(path, Settings())
+    for r in ("bm25", "vector", "rrf", "adaptive_rrf"):
+        assert engine_side["routes"][r]["mrr@10"] == base[r]["mrr@10"], r
+
+
+def _synthetic_set(rng, n_q: int, vector_better: bool) -> list:
+    """Questions where the hit sits high on one route (vector_better chooses which) and the routes disagree."""
+    from tools.fusion_cv import Q
+
+    out = []
+    for _ in range(n_q):
+        n = 20
+        ids = rng.choice(10_000, n, replace=False).astype(np.int64)
+        rb, rv = rng.permutation(n) + 1.0, rng.permutation(n) + 1.0
+        sb = np.sort(rng.uniform(1, 9, n))[::-1][(rb - 1).astype(int)]
+        sc = np.sort(rng.uniform(.8, .95, n))[::-1][(rv - 1).astype(int)]
+        hit = np.zeros(n, bool)
+        hit[int(np.argmin(rv if vector_better else rb) if rng.random() < .7 else rng.integers(n))] = True
+        f = {k: float(rng.normal()) for k in ("bm25_ratio", "coverage", "agree3", "agree10", "dense_margin",
+                                               "dense_spread", "cos1", "qlen")}
+        f["cos1"] = 1.0 if vector_better else 0.0  # a feature that tells the kinds apart
+        out.append(Q(ids, rb, rv, sb, sc, hit, f))
+    return out
+
+
+def test_cv_never_fits_on_the_left_out_set():
+    """--cv: the fit scored on a set is made without it — changing that set's hits leaves its fit unchanged,
+    and the auto weight learns which route a kind of question needs."""
+    from tools import fusion_cv
+
+    rng = np.random.default_rng(5)
+    data = {"a": _synthetic_set(rng, 60, False), "b": _synthetic_set(rng, 60, True),
+            "c": _synthetic_set(rng, 60, False), "d": _synthetic_set(rng, 60, True)}
+    res = fusion_cv.cross_validate(data, norms=("minmax",))
+    flipped = dict(data)
+    flipped["a"] = [fusion_cv.Q(q.ids, q.rb, q.rv, q.sb, q.sc, ~q.hit, q.f) for q in data["a"]]
+    res2 = fusion_cv.cross_validate(flipped, norms=("minmax",))
+    assert res["sets"]["a"]["fitted"] == res2["sets"]["a"]["fitted"]  # a's own fold ignores a
+    assert res["sets"]["b"]["fitted"] != res2["sets"]["b"]["fitted"]  # the other folds train on it
+    w = fusion_cv.fit_all(data)["minmax"]
+    assert w["cos1"] < 0  # "vector kind" questions get a smaller BM25 share
+    alpha = {s: res["sets"][s]["routes"]["convex_auto/minmax"]["mean_alpha"] for s in data}
+    assert max(alpha["b"], alpha["d"]) < min(alpha["a"], alpha["c"])  # learnt without seeing the scored set

@@ -1,0 +1,130 @@
+"""Follow-up rewriting: the deterministic rewrite (examples, chains, standalone CMRC questions untouched) and the
+LLM rewrite against the scripted OpenAI-compatible server (plumbing, timeout and fall-backs)."""
+from __future__ import annotations
+
+import time
+
+import pytest
+
+from pipeline.conversation.rewrite import DeterministicRewriter, LLMRewriter, previous_query
+from tests.test_router import cmrc_questions
+
+
+@pytest.fixture(scope="module")
+def rules():
+    return DeterministicRewriter()
+
+
+def turn(q, rewritten=None, answer="", route="LIGHT"):
+    return {"question": q, "rewritten": rewritten, "answer": answer, "route": route}
+
+
+@pytest.mark.parametrize("prev,follow,expected,kind", [
+    ("采购合同里甲方的违约责任是什么？", "那乙方呢？", "采购合同里乙方的违约责任是什么？", "marker"),
+    ("行政诉讼监督规则第五条规定了哪些可以申请监督的情形？", "第七条呢？", "行政诉讼监督规则第七条", "ellipsis"),
+    ("星河智能手表有什么功能", "它的价格是多少", "星河智能手表的价格是多少", "pronoun"),
+    ("什么是角色提示技术？", "那种子词提示呢？", "什么是种子词提示技术？", "marker"),
+    ("零样本提示是什么", "那少样本提示呢", "少样本提示是什么", "marker"),
+    ("星河会员积分怎么用", "怎么申请？", "星河会员积分 怎么申请", "no_topic"),
+    ("星河电子的客服电话是多少？", "服务时间呢？", "星河电子的客服电话 服务时间", "ellipsis"),
+    ("当事人申请行政诉讼监督的期限是多久？", "这个期间可以延长吗？", "当事人申请行政诉讼监督的期限 期间可以延长吗",
+     "pronoun"),
+])
+def test_follow_ups_are_completed_from_the_previous_turn(rules, prev, follow, expected, kind):
+    r = rules.rewrite(follow, [turn(prev)])
+    assert (r.query, r.kind, r.method) == (expected, kind, "deterministic")
+    assert r.changed and r.original == follow and r.note
+
+
+def test_standalone_questions_are_left_alone(rules):
+    for prev, q in [("采购合同里甲方的违约责任是什么？", "采购合同一式几份？"),
+                    ("第五条规定了什么", "什么是窃听？"), ("甲方违约责任", "那不勒斯在哪个国家？"),
+                    ("x", "为什么天空是蓝色的呢？")]:
+        r = rules.rewrite(q, [turn(prev)])
+        assert not r.changed and r.method == "none", (q, r)
+    assert not rules.rewrite("那乙方呢？", []).changed  # nothing to resolve against
+
+
+def test_100_cmrc_standalone_questions_are_unchanged(rules):
+    """Each of 100 CMRC dev questions asked right after the previous one. Questions that open with a pronoun or
+    demonstrative (「他…」「该频道…」) lean on their passage by construction and are not standalone: they are
+    counted apart (and rewritten), the rest must come back verbatim."""
+    qs = cmrc_questions(130)
+    standalone, anaphoric = [], []
+    for prev, q in zip(qs, qs[1:]):
+        (anaphoric if rules.follow_up_kind(q) == "pronoun" else standalone).append((prev, q))
+    standalone = standalone[:100]
+    assert len(standalone) == 100
+    changed = [(p, q, rules.rewrite(q, [turn(p)]).query) for p, q in standalone
+               if rules.rewrite(q, [turn(p)]).changed]
+    assert changed == []
+    assert all(rules.rewrite(q, [turn(p)]).kind == "pronoun" for p, q in anaphoric)
+
+
+def test_chain_carries_the_topic_and_skips_chitchat_turns(rules):
+    history = [turn("行政诉讼监督规则第十五条说的是什么？")]
+    r2 = rules.rewrite("第十六条呢？", history)
+    assert r2.query == "行政诉讼监督规则第十六条"
+    history.append(turn("第十六条呢？", r2.query))
+    history.append(turn("谢谢", None, "不客气", route="DIRECT"))
+    assert previous_query(history) == "行政诉讼监督规则第十六条"
+    assert rules.rewrite("第十七条呢？", history).query == "行政诉讼监督规则第十七条"
+
+
+# --- the LLM rewrite --------------------------------------------------------------------------------
+def llm_for(server, timeout=5.0):
+    from pipeline.generation.llm_client import build_llm
+    from pipeline.settings import Settings
+
+    return build_llm(Settings(llm_api_url=server.base_url, llm_model="fake-model", llm_api_key="k",
+                              llm_timeout=timeout))
+
+
+HIST = [turn("采购合同里甲方的违约责任是什么？", answer="甲方无正当理由拒收货物的，应偿付违约金[1]。")]
+
+
+def test_llm_rewrite_uses_history_and_its_answer(fake_llm, rules):
+    fake_llm.reply = "改写后的问题：采购合同里乙方的违约责任是什么？"
+    r = LLMRewriter(llm_for(fake_llm), rules).rewrite("那乙方呢？", HIST)
+    assert (r.query, r.method) == ("采购合同里乙方的违约责任是什么？", "llm")
+    body = fake_llm.chat_requests[-1]["body"]
+    assert body.get("stream") in (None, False) and body["temperature"] == 0.0
+    prompt = body["messages"][-1]["content"]
+    assert "用户：采购合同里甲方的违约责任是什么？" in prompt and "助手：甲方无正当理由拒收货物" in prompt
+    assert "用户最后的问题：那乙方呢？" in prompt
+
+
+@pytest.mark.parametrize("mode,reply,why", [
+    ("error", None, "大模型改写失败"),
+    ("normal", "   ", "大模型改写为空"),
+    ("normal", "今天天气不错，我们去公园散步吧。", "丢失了问题中的关键词"),
+    ("normal", "乙方" * 200, "过长"),
+    ("normal", "用户最后的问题：那乙方呢？", "未补全追问"),  # the prompt echoed back, unchanged
+])
+def test_llm_rewrite_falls_back_to_the_rules(fake_llm, rules, mode, reply, why):
+    fake_llm.mode = mode
+    if reply is not None:
+        fake_llm.reply = reply
+    r = LLMRewriter(llm_for(fake_llm), rules).rewrite("那乙方呢？", HIST)
+    assert r.method == "llm_fallback" and why in r.note
+    assert r.query == "采购合同里乙方的违约责任是什么？"  # the deterministic rewrite
+
+
+def test_llm_rewrite_of_a_standalone_question_may_stay_unchanged(fake_llm, rules):
+    fake_llm.reply = "用户：采购合同一式几份？"
+    r = LLMRewriter(llm_for(fake_llm), rules).rewrite("采购合同一式几份？", HIST)
+    assert (r.query, r.method) == ("采购合同一式几份？", "llm")
+
+
+def test_llm_rewrite_timeout_falls_back_in_time(fake_llm, rules):
+    fake_llm.mode = "slow"
+    fake_llm.slow_seconds = 10
+    t0 = time.monotonic()
+    r = LLMRewriter(llm_for(fake_llm, timeout=30), rules, timeout_s=1.0).rewrite("那乙方呢？", HIST)
+    assert time.monotonic() - t0 < 3
+    assert r.method == "llm_fallback" and r.query == "采购合同里乙方的违约责任是什么？"
+
+
+def test_llm_rewrite_not_called_without_history(fake_llm, rules):
+    r = LLMRewriter(llm_for(fake_llm), rules).rewrite("采购合同一式几份？", [])
+    assert r.method == "none" and fake_llm.chat_requests == []
