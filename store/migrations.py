@@ -178,6 +178,14 @@ MIGRATIONS: list[Migration] = [
             created_at  TEXT NOT NULL
         )""",
     )),
+    Migration(8, "no-answer gate background of the knowledge base", (
+        """CREATE TABLE IF NOT EXISTS kb_gate_background (
+            id           INTEGER PRIMARY KEY CHECK (id = 1),
+            fingerprint  TEXT NOT NULL,
+            stats        TEXT NOT NULL,
+            updated_at   TEXT NOT NULL
+        )""",
+    )),
 ]
 
 

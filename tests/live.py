@@ -6,6 +6,7 @@ import socket
 import threading
 import time
 from contextlib import contextmanager
+from pathlib import Path
 from types import SimpleNamespace
 
 import httpx
@@ -79,6 +80,21 @@ def launched_ui(engine):
         yield SimpleNamespace(demo=demo, client=Client(demo.local_url, analytics_enabled=False, verbose=False))
     finally:
         demo.close()
+
+
+def engine_with_texts(tmp: Path, docs: dict[str, str], timeout: float = 300):
+    """A real Engine on tmp/data holding `docs` (file name → text) as ready documents (files written to tmp)."""
+    from pipeline.engine import Engine
+
+    engine = Engine(tmp / "data")
+    items = []
+    for name, text in docs.items():
+        p = tmp / name
+        p.write_text(text, encoding="utf-8")
+        items.append((name, p))
+    engine.upload(items)
+    assert engine.wait_idle(timeout), "ingest did not finish"
+    return engine
 
 
 class AppProcess:
