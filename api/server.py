@@ -14,9 +14,9 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from fastapi import Depends, FastAPI, File, Query, Request, UploadFile
+from fastapi import Depends, FastAPI, File, Form, Query, Request, UploadFile
 from fastapi.exceptions import RequestValidationError
-from fastapi.responses import JSONResponse, PlainTextResponse, StreamingResponse
+from fastapi.responses import FileResponse, JSONResponse, PlainTextResponse, Response, StreamingResponse
 from pydantic import BaseModel, ConfigDict, Field
 from starlette.concurrency import run_in_threadpool
 from starlette.exceptions import HTTPException as StarletteHTTPException
@@ -34,10 +34,15 @@ from pipeline.errors import (
     EngineError,
 )
 from pipeline.ingestion.parsing import MAX_BATCH_FILES, MAX_FILE_BYTES
+from pipeline.knowledge_bases import DEFAULT_KB_ID
 from pipeline.settings import SettingsError
 
 log = logging.getLogger(__name__)
 
+MEDIA_TYPES = {"txt": "text/plain", "md": "text/markdown", "csv": "text/csv",  # encodings vary: no charset
+               "pdf": "application/pdf",
+               "docx": "application/vnd.openxmlformats-officedocument.wordprocessingml.document",
+               "xlsx": "application/vnd.openxmlformats-officedocument.spreadsheetml.sheet"}
 HTTP_STATUS = {CODE_VALIDATION: 400, CODE_LLM: 502, CODE_ENGINE: 503, CODE_PARSE: 422, CODE_NO_DOC: 404,
                CODE_AUTH: 401, CODE_FORBIDDEN: 403}
 
@@ -57,13 +62,23 @@ class ApiError(Exception):
 
 
 # --- request bodies (extra keys refused so typos are reported, not ignored) ----------------------------
-class SearchBody(BaseModel):
+class KBScope(BaseModel):
+    """Which knowledge bases to search: `kb_id` (one) or `kb_ids` (several); neither = the default one."""
+    kb_id: int | None = Field(None, ge=1)
+    kb_ids: list[int] | None = Field(None, max_length=100)
+
+    def scope(self) -> list[int] | None:
+        ids = list(self.kb_ids or []) + ([self.kb_id] if self.kb_id is not None else [])
+        return ids or None
+
+
+class SearchBody(KBScope):
     model_config = ConfigDict(extra="forbid")
     query: str = Field(min_length=1, max_length=2000)
     top_k: int = Field(10, ge=1, le=50)
 
 
-class AskBody(BaseModel):
+class AskBody(KBScope):
     model_config = ConfigDict(extra="forbid")
     question: str = Field(min_length=1, max_length=2000)
     retry: bool = False
@@ -94,6 +109,18 @@ class RenameBody(BaseModel):
 class BackupBody(BaseModel):
     model_config = ConfigDict(extra="forbid")
     dest: str = Field(min_length=1, max_length=1000, description="absolute path on the app's machine; new or empty")
+
+
+class KBCreate(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    name: str = Field(min_length=1, max_length=50)
+    description: str = Field("", max_length=500)
+
+
+class KBUpdate(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    name: str | None = Field(None, min_length=1, max_length=50)
+    description: str | None = Field(None, max_length=500)
 
 
 class Envelope(BaseModel):
@@ -199,12 +226,48 @@ def create_api(engine: Engine, policy: AccessPolicy | None = None) -> FastAPI:
         ms = engine.reload()
         return ok({"elapsed_ms": round(ms)})
 
+    # --- knowledge bases ----------------------------------------------------------------------
+    @app.get("/api/kbs", response_model=Envelope, tags=["kbs"])
+    def list_kbs(_: str | None = Depends(current_user)):
+        """Every knowledge base: kb_id, name, description, created_at, docs, chunks, is_default."""
+        return ok(engine.list_kbs())
+
+    @app.post("/api/kbs", response_model=Envelope, tags=["kbs"])
+    def create_kb(body: KBCreate, _: str | None = Depends(kb_admin_user)):
+        """Create a knowledge base (its own vector collection and BM25 index). Names are unique."""
+        return ok(engine.create_kb(body.name, body.description))
+
+    @app.get("/api/kbs/{kb_id}", response_model=Envelope, tags=["kbs"])
+    def get_kb(kb_id: int, _: str | None = Depends(current_user)):
+        return ok(engine.get_kb(kb_id))
+
+    @app.put("/api/kbs/{kb_id}", response_model=Envelope, tags=["kbs"])
+    def update_kb(kb_id: int, body: KBUpdate, _: str | None = Depends(kb_admin_user)):
+        """Rename and/or re-describe a knowledge base."""
+        return ok(engine.update_kb(kb_id, body.name, body.description))
+
+    @app.delete("/api/kbs/{kb_id}", response_model=Envelope, tags=["kbs"])
+    def delete_kb(kb_id: int, confirm: bool = Query(False, description="must be true"),
+                  _: str | None = Depends(kb_admin_user)):
+        """Delete a knowledge base with all its documents, versions, vectors, BM25 entries and files
+        (`?confirm=true` required). The default knowledge base cannot be deleted."""
+        if not confirm:
+            raise ApiError(CODE_VALIDATION, "删除知识库会同时删除其中全部文档，请确认后带 confirm=true 重试",
+                           {"field": "confirm"})
+        return ok(engine.delete_kb(kb_id))
+
     # --- knowledge base -----------------------------------------------------------------------
     @app.post("/api/kb/documents", response_model=Envelope, tags=["kb"])
     async def upload(file: list[UploadFile] = File(..., description="repeatable"),
+                     kb_id: int | None = Query(None, ge=1, description="knowledge base (default: the default one)"),
+                     kb_id_form: int | None = Form(None, alias="kb_id", ge=1),
                      _: str | None = Depends(kb_admin_user)):
-        """Upload up to 10 files (txt/md/pdf/docx, ≤ 20 MB each). Returns one record per file:
-        status processing, 已存在 (deduplicated), or refused with the reason."""
+        """Upload up to 10 files (txt/md/pdf/docx/xlsx/csv, ≤ 20 MB each) into a knowledge base (`kb_id` as a
+        query parameter or form field). Returns one record per file: status processing (a file named like an
+        active document with other content becomes its next version), 已存在 (same content in this knowledge
+        base), or refused with the reason."""
+        target = kb_id or kb_id_form or DEFAULT_KB_ID
+        engine.get_kb(target)  # 3002 before reading the files
         tmpdir = Path(tempfile.mkdtemp(prefix="kbqa-up-"))
         try:
             items, refused = [], []
@@ -229,35 +292,78 @@ def create_api(engine: Engine, policy: AccessPolicy | None = None) -> FastAPI:
                                     "msg": f"文件超过 {MAX_FILE_BYTES // (1024 * 1024)} MB"})
                     continue
                 items.append((name, dest))
-            results = await run_in_threadpool(engine.upload, items) if items else []
+            results = await run_in_threadpool(engine.upload, items, target) if items else []
             return ok([r.to_dict() for r in results] + refused)
         finally:
             shutil.rmtree(tmpdir, ignore_errors=True)
 
     @app.get("/api/kb/documents", response_model=Envelope, tags=["kb"])
     def list_documents(page: int = Query(1, ge=1), size: int = Query(20, ge=1, le=200),
-                       keyword: str = Query("", max_length=200), _: str | None = Depends(current_user)):
-        """Paged document list with chunk counts, status and failure reason."""
-        return ok(engine.list_documents(page, size, keyword))
+                       keyword: str = Query("", max_length=200), kb_id: int = Query(DEFAULT_KB_ID, ge=1),
+                       _: str | None = Depends(current_user)):
+        """Paged document list of a knowledge base with chunk counts, status, failure reason, version and
+        progress: `stage` (queued/parse/ocr/chunk/embed/write), `stage_label`, `done`, `total`, `position`
+        (place in the queue), `eta_s`."""
+        return ok(engine.list_documents(page, size, keyword, kb_id))
 
     @app.get("/api/kb/documents/{doc_id}/chunks", response_model=Envelope, tags=["kb"])
     def document_chunks(doc_id: int, _: str | None = Depends(current_user)):
         """Chunk index + text of one document."""
         return ok(engine.document_chunks(doc_id))
 
+    @app.get("/api/kb/documents/{doc_id}/text", response_model=Envelope, tags=["kb"])
+    def document_text(doc_id: int, part: int | None = Query(None, ge=1, description="1-based part"),
+                      chunk_id: int | None = Query(None, ge=1, description="the part holding this chunk"),
+                      _: str | None = Depends(current_user)):
+        """The document's parsed text, one part at a time (a PDF page / sheet, long texts cut into ≤ 20,000
+        characters): {text, part, parts, page, source (text|ocr), context, chunks: [{chunk_id, start, end}],
+        highlight, version, active, kb_name}. With `chunk_id`: the part that holds it, to highlight."""
+        return ok(engine.document_text(doc_id, part, chunk_id))
+
+    @app.get("/api/kb/documents/{doc_id}/file", tags=["kb"], response_class=FileResponse,
+             responses={200: {"content": {"application/octet-stream": {}}}})
+    def document_file(doc_id: int, _: str | None = Depends(current_user)):
+        """The uploaded original (download; needs a login when logins are on)."""
+        path, name = engine.document_file(doc_id)
+        return FileResponse(path, filename=name, media_type=MEDIA_TYPES.get(path.suffix.lstrip("."),
+                                                                           "application/octet-stream"))
+
+    @app.get("/api/kb/documents/{doc_id}/page", tags=["kb"], response_class=Response,
+             responses={200: {"content": {"image/jpeg": {}}}})
+    def document_page(doc_id: int, page: int = Query(1, ge=1), chunk_id: int | None = Query(None, ge=1),
+                      _: str | None = Depends(current_user)):
+        """A PDF page as JPEG; with `chunk_id` its page, the passage boxed where the text layer allows (header
+        X-Passage-Boxed: 1 / 0)."""
+        data, boxed = engine.page_image(doc_id, page, chunk_id)
+        return Response(data, media_type="image/jpeg", headers={"X-Passage-Boxed": "1" if boxed else "0"})
+
+    @app.get("/api/kb/documents/{doc_id}/versions", response_model=Envelope, tags=["kb"])
+    def document_versions(doc_id: int, _: str | None = Depends(current_user)):
+        """Every version of the document, newest first: version, active, status, created_at."""
+        return ok(engine.document_versions(doc_id))
+
+    @app.post("/api/kb/documents/{doc_id}/restore", response_model=Envelope, tags=["kb"])
+    def restore_version(doc_id: int, _: str | None = Depends(kb_admin_user)):
+        """Make this old version the active one (the current one becomes inactive)."""
+        return ok(engine.restore_version(doc_id))
+
     @app.delete("/api/kb/documents/{doc_id}", response_model=Envelope, tags=["kb"])
     def delete_document(doc_id: int, _: str | None = Depends(kb_admin_user)):
-        """Delete the document, its chunks, its vectors, its BM25 entries and its stored file."""
+        """Delete the document, its chunks, its vectors, its BM25 entries and its stored file. The active version
+        deletes the whole document (all versions); an old or failed version deletes only itself."""
         return ok(engine.delete_document(doc_id))
 
     @app.post("/api/kb/rebuild", response_model=Envelope, tags=["kb"])
-    def rebuild(_: str | None = Depends(kb_admin_user)):
-        """Start a full rebuild with the current chunk params (refused while one runs). Poll GET."""
-        return ok(engine.start_rebuild())
+    def rebuild(kb_id: int | None = Query(None, ge=1, description="one knowledge base (default: all)"),
+                _: str | None = Depends(kb_admin_user)):
+        """Start a full rebuild with the current chunk params (refused while one runs) of all knowledge bases
+        or of `kb_id`. Poll GET."""
+        return ok(engine.start_rebuild(kb_id))
 
     @app.get("/api/kb/rebuild", response_model=Envelope, tags=["kb"])
     def rebuild_status(_: str | None = Depends(current_user)):
-        """Progress of the running/last full rebuild: running, done, total, current, elapsed_ms."""
+        """Progress of the running/last full rebuild: running, done, total (documents), eta_s, current,
+        current_stage, elapsed_ms."""
         return ok(engine.rebuild_status())
 
     @app.get("/api/kb/audit", response_model=Envelope, tags=["kb"])
@@ -282,15 +388,15 @@ def create_api(engine: Engine, policy: AccessPolicy | None = None) -> FastAPI:
     @app.post("/api/kb/search", response_model=Envelope, tags=["kb"])
     def search(body: SearchBody, _: str | None = Depends(current_user)):
         """Dual-route debug search: {bm25, vector, rrf} as in SRS §7.2."""
-        return ok(engine.search(body.query, body.top_k))
+        return ok(engine.search(body.query, body.top_k, body.scope()))
 
     # --- question answering -------------------------------------------------------------------
     @app.post("/api/qa/ask/sync", response_model=Envelope, tags=["qa"])
     def ask_sync(body: AskBody, user: str | None = Depends(current_user)):
         """{answer, sources, elapsed_ms, trace, conversation_id, turn_id, route, rewritten_query} from the same
-        pipeline as the stream."""
+        pipeline as the stream; `kb_id` / `kb_ids` pick the knowledge bases (default: the default one)."""
         return ok(engine.ask_sync(body.question, retry=body.retry, conversation_id=body.conversation_id,
-                                  user=user, use_kb=body.use_kb))
+                                  user=user, use_kb=body.use_kb, kb_ids=body.scope()))
 
     @app.post("/api/qa/ask", tags=["qa"], response_class=StreamingResponse,
               responses={200: {"content": {"text/event-stream": {}},
@@ -300,7 +406,7 @@ def create_api(engine: Engine, policy: AccessPolicy | None = None) -> FastAPI:
         stored retrieval of the same question. A client that disconnects stops generation. `done` carries
         conversation_id (created when absent), turn_id, route and rewritten_query."""
         gen = engine.ask(body.question, retry=body.retry, conversation_id=body.conversation_id, user=user,
-                         use_kb=body.use_kb)
+                         use_kb=body.use_kb, kb_ids=body.scope())
         sentinel = object()
 
         async def stream():
@@ -391,9 +497,10 @@ def create_api(engine: Engine, policy: AccessPolicy | None = None) -> FastAPI:
         return ok(engine.delete_verified(qa_id))
 
     @app.get("/api/health", response_model=Envelope, tags=["status"])
-    def health():
-        """{status, chunks, docs, engine: ready|loading, …}. Open without login (holds no content)."""
-        return ok(engine.health())
+    def health(kb_id: int | None = Query(None, ge=1)):
+        """{status, chunks, docs, engine: ready|loading, …} of all knowledge bases or of `kb_id`. Open without
+        login (holds no content)."""
+        return ok(engine.health(kb_id))
 
     return app
 

@@ -25,6 +25,7 @@ from pipeline.deployment import Deployment
 from pipeline.generation.extractive import ExtractivePicker
 from pipeline.generation.support import SupportChecker
 from pipeline.ingestion.service import IngestService
+from pipeline.knowledge_bases import KnowledgeBases
 from pipeline.models.paths import resolve_model_dir
 from pipeline.retrieval.bm25 import BM25Index
 from pipeline.retrieval.gate_background import GateBackground
@@ -43,6 +44,7 @@ from store.files import FileStore
 from store.gate import WriteGate
 from store.gate_stats import GateStatsStore
 from store.jobs import JobStore
+from store.knowledge_bases import KBStore
 from store.leases import LeaseStore
 from store.retrievals import RetrievalStore
 from store.shared_state import SharedState
@@ -79,9 +81,9 @@ class Components:
     config: ConfigStore
     docs: DocumentStore
     files: FileStore
-    vectors: VectorStore
+    vectors: VectorStore     # the default knowledge base's collection (= kbs.default.vectors)
     tokenizer: ChineseTokenizer
-    bm25: BM25Index
+    bm25: BM25Index          # the default knowledge base's BM25 index (= kbs.default.bm25)
     ingest: IngestService
     gate: WriteGate  # multi-store writes hold it shared; backup / audit / repair freeze it (store/gate.py)
     dir_lock: DataDirLock
@@ -95,7 +97,8 @@ class Components:
     retrievals: RetrievalStore     # the retrieval behind each recent answer (重试 on any process)
     leases: LeaseStore             # work one process at a time may do (全量重建)
     deployment: Deployment
-    gate_stats: GateStatsStore | None = None  # the no-answer gate's background of this KB (SQLite / PostgreSQL)
+    kbs: KnowledgeBases            # every knowledge base: kb_id → its collection and BM25 index
+    gate_stats: GateStatsStore | None = None  # the no-answer gate's background (SQLite / PostgreSQL)
     models: Models | None = None
     retrieval: RetrievalService | None = None
     # built with the embedding model by load_models: the gate's background, extractive picker, support check
@@ -137,7 +140,7 @@ def build_components(data_dir: Path | str, *, project_root: Path | None = None, 
     db = Database(dep.database_url or data_dir / "app.db")
     docs = DocumentStore(db)
     files = FileStore(dep.files_dir or data_dir / "uploads")
-    vectors = VectorStore(url=dep.chroma_url) if dep.chroma_url else VectorStore(data_dir / "chroma")
+    kbs = KnowledgeBases(data_dir, KBStore(db), docs, chroma_url=dep.chroma_url)
     tokenizer = ChineseTokenizer(user_dict=data_dir / "userdict.txt")
     jobs = JobStore(db)
     if db.single_process:
@@ -150,19 +153,19 @@ def build_components(data_dir: Path | str, *, project_root: Path | None = None, 
     def model_ident() -> tuple[str, int]:
         return comps.models.embedding.model_id, comps.models.embedding.dim
 
-    bm25 = BM25Index(data_dir / "bm25", docs.iter_ready_tokens)
     gate = WriteGate()
-    ingest = IngestService(docs, vectors, files, tokenizer, settings, embed_model, model_ident,
-                           on_change=on_ingested, busy_reason=busy_reason, on_ready=bm25.add_ready, gate=gate,
+    ingest = IngestService(docs, kbs, files, tokenizer, settings, embed_model, model_ident,
+                           on_change=on_ingested, busy_reason=busy_reason, gate=gate,
                            jobs=jobs, ready=lambda: comps is not None and comps.models is not None,
                            lease_s=dep.ingest_lease_s)
     conversations = ConversationService(ConversationStore(db))
     verified = VerifiedQAService(VerifiedQAStore(db), docs, files, ingest.enqueue, delete_document,
                                  busy_reason=busy_reason)
+    default = kbs.default
     comps = Components(data_dir, project_root, Path(models_dir or project_root / "models"), db, ConfigStore(db),
-                       docs, files, vectors, tokenizer, bm25, ingest, gate, dir_lock,
+                       docs, files, default.vectors, tokenizer, default.bm25, ingest, gate, dir_lock,
                        conversations, FeedbackService(FeedbackStore(db), conversations), verified, Router(),
-                       DeterministicRewriter(), jobs, SharedState(db), RetrievalStore(db), LeaseStore(db), dep,
+                       DeterministicRewriter(), jobs, SharedState(db), RetrievalStore(db), LeaseStore(db), dep, kbs,
                        GateStatsStore(db))
     return comps
 
@@ -178,10 +181,10 @@ def load_models(c: Components, s: Settings) -> Models:
     llm = build_llm(s)
     rewriter = (LLMRewriter(llm, c.rule_rewriter, timeout_s=min(REWRITE_TIMEOUT_S, s.llm_timeout))
                 if llm is not None else c.rule_rewriter)
-    models = Models(emb, _load_cross_encoder(c, s), llm, c.vectors.check_model(emb.model_id, emb.dim), rewriter)
+    models = Models(emb, _load_cross_encoder(c, s), llm, c.kbs.model_warning(emb.model_id, emb.dim), rewriter)
     c.models = models
     c.retrieval = RetrievalService(
-        c.docs, c.vectors, c.bm25, c.tokenizer, emb.embed_model, models.cross_encoder,
+        c.docs, c.kbs, c.tokenizer, emb.embed_model, models.cross_encoder,
         pending_vectors=c.docs.pending_chunk_count, vector_enabled=lambda: models.model_warning is None,
         embedding_model=emb.model_id, background=lambda: c.gate_background.current())
     # Probes are scored with the settings of this load (recall size / fusion barely move their best cosine).

@@ -46,6 +46,7 @@ from pipeline.settings import (
     validate_settings,
 )
 from pipeline.shared_sync import SharedSync
+from store.migrations import DEFAULT_KB_ID
 from store.shared_state import CONFIG_VERSION, ENGINE_VERSION, KB_GENERATION
 
 log = logging.getLogger(__name__)
@@ -74,9 +75,10 @@ class Engine:
         self._sync = SharedSync(c.state, on_kb=self._refresh_bm25, on_config=self._reread_settings,
                                 on_engine=self._reload_from_elsewhere)
         self._rebuild = Rebuild(c, lambda: self._settings, on_done=self._after_rebuild)
-        self.auditor = KBAuditor(c.docs, c.vectors, c.files, c.tokenizer, self._model_ids,
-                                 bm25_ids=c.bm25.indexed_ids, has_job=self._has_job, gate=c.gate)
-        self.repairer = KBRepairer(self.auditor, c.docs, c.vectors, c.files, c.tokenizer, c.gate, RepairHooks(
+        vectors = c.kbs.all_vectors  # audit / repair / backup look at every knowledge base
+        self.auditor = KBAuditor(c.docs, vectors, c.files, c.tokenizer, self._model_ids,
+                                 bm25_ids=vectors.bm25_indexed_ids, has_job=self._has_job, gate=c.gate)
+        self.repairer = KBRepairer(self.auditor, c.docs, vectors, c.files, c.tokenizer, c.gate, RepairHooks(
             embed=lambda texts: c.models.embedding.embed_model.get_text_embedding_batch(texts),
             model=lambda: (c.models.embedding.model_id, c.models.embedding.dim),
             requeue=c.ingest.enqueue, rebuild_bm25=self._after_ingest, on_model_fixed=self._refresh_model_warning))
@@ -146,7 +148,8 @@ class Engine:
         old = self._settings
         self._settings = new
         if {"bm25_k1", "bm25_b"} & set(changed) and self.state == "ready":
-            self.components.bm25.rebuild(new.bm25_k1, new.bm25_b)
+            for kb in self.components.kbs.all():
+                kb.bm25.rebuild(new.bm25_k1, new.bm25_b)
         effect = effect_of(changed)
         warnings = []
         if "embedding_model_path" in changed and self.expected_model_id(new) != self.expected_model_id(old):
@@ -219,7 +222,8 @@ class Engine:
                 load_models(self.components, s)
                 with self.components.gate.writing():
                     self._recover()
-                self.components.bm25.load_or_rebuild(s.bm25_k1, s.bm25_b, self.components.docs.ready_chunk_ids())
+                for kb in self.components.kbs.all():
+                    kb.bm25.load_or_rebuild(s.bm25_k1, s.bm25_b, self.components.docs.ready_chunk_ids(kb.kb_id))
                 self._recent.clear()
                 self.state, self.load_error = "ready", None
             except Exception as exc:
@@ -254,12 +258,15 @@ class Engine:
         self._sync.refresh_kb()
 
     def _refresh_bm25(self) -> None:
+        """Another process changed what is 就绪 (or this one did): every knowledge base's BM25 follows."""
         c = self.components
-        c.vectors.reopen()  # another process may have re-created the collection (model change)
+        for kb in c.kbs.all():
+            kb.vectors.reopen()  # another process may have re-created the collection (model change)
         m = c.models
         if m is not None and m.model_warning:  # another process's 全量重建 may have resolved it
-            m.model_warning = c.vectors.check_model(m.embedding.model_id, m.embedding.dim)
-        c.bm25.rebuild(self._settings.bm25_k1, self._settings.bm25_b)
+            m.model_warning = c.kbs.model_warning(m.embedding.model_id, m.embedding.dim)
+        for kb in c.kbs.all():
+            kb.bm25.rebuild(self._settings.bm25_k1, self._settings.bm25_b)
         self._refresh_gate_background()
 
     def _after_rebuild(self) -> None:
@@ -290,25 +297,72 @@ class Engine:
             raise EngineError(CODE_ENGINE, f"引擎未就绪：{self.load_error}")
 
     # ------------------------------------------------------------------ status
-    def health(self) -> dict:
+    def health(self, kb_id: int | None = None) -> dict:
+        """Engine state and counts: of all knowledge bases, or of `kb_id`."""
         self._sync_check()
         c = self.components
-        counts = c.docs.counts()
+        if kb_id is not None:
+            kb_id = c.kbs.check(kb_id)
+        counts = c.docs.counts(kb_id)
         emb = c.models.embedding if c.models else None
         rerank_label = c.retrieval.rerank_label if c.retrieval else ""
         return {
             "status": "ok", "engine": "ready" if self.state == "ready" else "loading",
             "state": self.state, "chunks": counts["chunks"], "docs": counts["docs"],
-            "processing": counts["processing"], "embedding_model": emb.label if emb else None,
+            "processing": counts["processing"], "queued": c.ingest.progress.queue_length, "embedding_model": emb.label if emb else None,
             "reranker": rerank_label or "未配置精排模型",
             "llm": self._settings.llm_model or "未配置（原文摘录模式）",
-            "warning": self.model_warning, "rebuild": self._rebuild.status(),
+            "warning": self.model_warning, "rebuild": self._rebuild.status(), "kb_id": kb_id,
+            "kbs": len(c.kbs.ids()),
         }
 
-    # ------------------------------------------------------------------ knowledge base
-    def upload(self, items: list[tuple[str, Path]]) -> list[UploadResult]:
+    # ------------------------------------------------------------------ knowledge bases
+    def list_kbs(self) -> list[dict]:
+        """Every knowledge base with its document and chunk counts (the default one first)."""
+        return self.components.kbs.store.list()
+
+    def get_kb(self, kb_id: int) -> dict:
+        return self.components.kbs.store.get(self.components.kbs.check(kb_id))
+
+    def create_kb(self, name: str, description: str = "") -> dict:
+        return self.components.kbs.create(name, description)
+
+    def update_kb(self, kb_id: int, name: str | None = None, description: str | None = None) -> dict:
+        return self.components.kbs.update(kb_id, name, description)
+
+    def delete_kb(self, kb_id: int) -> dict:
+        """Delete a knowledge base and everything in it (documents, versions, chunks, vectors, BM25, files).
+        The default knowledge base stays (the SRS §7 paths work on it)."""
+        c = self.components
+        kb_id = c.kbs.check(kb_id)
+        if kb_id == DEFAULT_KB_ID:
+            raise EngineError(CODE_VALIDATION, "默认知识库不能删除（可以重命名）", "kb_id")
+        self._refuse_while_rebuilding()
+        kb = c.kbs.store.get(kb_id)
+        docs = c.docs.all_docs(kb_id)
+        for d in docs:
+            c.ingest.cancel(d["doc_id"])
+        for d in docs:
+            c.docs.delete(d["doc_id"])
+            c.files.delete(d.get("stored_name"))
+        c.kbs.drop(kb_id)
+        if c.retrieval is not None:
+            c.retrieval.forget(kb_id)
+        self._recent.clear()
+        return {"kb_id": kb_id, "name": kb["name"], "docs_removed": len(docs)}
+
+    def resolve_kbs(self, kb_ids: Any = None) -> list[int]:
+        """The knowledge bases a question searches: the given ids (each checked), or the default one."""
+        if kb_ids is None or kb_ids == []:
+            return [DEFAULT_KB_ID]
+        if isinstance(kb_ids, (int, str)):
+            kb_ids = [kb_ids]
+        return sorted({self.components.kbs.check(k) for k in kb_ids})
+
+    # ------------------------------------------------------------------ documents
+    def upload(self, items: list[tuple[str, Path]], kb_id: int = DEFAULT_KB_ID) -> list[UploadResult]:
         try:
-            return self.components.ingest.upload(items)
+            return self.components.ingest.upload(items, kb_id)
         except IngestBusy as exc:
             raise EngineError(CODE_ENGINE, str(exc)) from None
 
@@ -316,11 +370,25 @@ class Engine:
         """Block until every queued document is processed (scripts, tests, benchmarks)."""
         return self.components.ingest.wait_idle(timeout)
 
-    def list_documents(self, page: int = 1, size: int = 20, keyword: str = "") -> dict:
-        items, total = self.components.docs.list(page, size, keyword)
+    def list_documents(self, page: int = 1, size: int = 20, keyword: str = "", kb_id: int = DEFAULT_KB_ID) -> dict:
+        """Paged documents of a knowledge base; processing ones carry stage / stage_label / done / total /
+        position / eta_s; each its version and how many versions it has."""
+        kb_id = self.components.kbs.check(kb_id)
+        items, total = self.components.docs.list(page, size, keyword, kb_id)
         for d in items:
             d.pop("stored_name", None)
-        return {"items": items, "total": total, "page": page, "size": size}
+            d.update(self._progress_of(d))
+        return {"items": items, "total": total, "page": page, "size": size, "kb_id": kb_id}
+
+    def _progress_of(self, doc: dict) -> dict:
+        snap = self.components.ingest.progress.snapshot(doc["doc_id"]) if doc["status"] == "processing" else None
+        if snap is None:
+            empty = {"stage": None, "stage_label": None, "done": None, "total": None, "position": None,
+                     "eta_s": None}
+            # 处理中 but not (yet) on the board: just enqueued by a restart, or the rebuild's turn is to come
+            return empty | ({"stage": "queued", "stage_label": "排队"} if doc["status"] == "processing" else {})
+        snap["progress"] = snap.pop("text")  # the text field of the first release, now from the board
+        return snap
 
     def get_document(self, doc_id: int) -> dict:
         d = self.components.docs.get(doc_id)
@@ -333,34 +401,130 @@ class Engine:
         self.get_document(doc_id)
         return self.components.docs.chunks_of(doc_id)
 
-    def delete_document(self, doc_id: int) -> dict:
+    def _refuse_while_rebuilding(self) -> None:
         if self._rebuild_busy():
             raise EngineError(CODE_ENGINE, "全量重建进行中，暂不能上传或删除文档，请稍后再试")
+
+    def delete_document(self, doc_id: int) -> dict:
+        """Delete a document: its active version deletes the whole document (every version); an old, a failed
+        or a still-processing new version deletes only that version."""
+        self._refuse_while_rebuilding()
         c = self.components
         doc = c.docs.get(doc_id)
         if doc is None:
             raise EngineError(CODE_NO_DOC, f"文档不存在：{doc_id}")
-        chunk_ids = [ch["chunk_id"] for ch in c.docs.chunks_of(doc_id)]
-        c.bm25.soft_delete(chunk_ids)  # excluded from BM25 at once, before the rebuild lands
-        c.ingest.cancel(doc_id)
-        with c.gate.writing():  # all three stores or none, as far as a backup can see
-            c.vectors.delete_doc(doc_id)
-            c.docs.delete(doc_id)
-            c.files.delete(doc.get("stored_name"))
+        whole = doc.get("active", 1) == 1
+        targets = c.docs.versions_of(doc["lineage_id"]) if whole and doc.get("lineage_id") else [doc]
+        kb = c.kbs.get(doc["kb_id"])
+        removed = 0
+        for d in targets:
+            chunk_ids = [ch["chunk_id"] for ch in c.docs.chunks_of(d["doc_id"])]
+            kb.bm25.soft_delete(chunk_ids)  # excluded from BM25 at once, before the rebuild lands
+            c.ingest.cancel(d["doc_id"])
+            with c.gate.writing():  # all three stores or none, as far as a backup can see
+                kb.vectors.delete_doc(d["doc_id"])
+                c.docs.delete(d["doc_id"])
+                c.files.delete(d.get("stored_name"))
+            removed += len(chunk_ids)
         self._recent.clear()  # stored retrievals may hold its chunks
         self._sync.bump(KB_GENERATION)  # other processes rebuild their BM25 (their lookups already skip it)
         threading.Thread(target=self._after_ingest, name="bm25-rebuild", daemon=True).start()
-        return {"doc_id": doc_id, "file_name": doc["file_name"], "chunks_removed": len(chunk_ids)}
+        return {"doc_id": doc_id, "file_name": doc["file_name"], "chunks_removed": removed,
+                "versions_removed": len(targets)}
 
-    def start_rebuild(self) -> dict:
-        return self._rebuild.start(require_ready=self._require_ready)
+    # ------------------------------------------------------------------ versions
+    def document_versions(self, doc_id: int) -> list[dict]:
+        """Every version of the document `doc_id` belongs to, newest first (active flag, date, status)."""
+        doc = self.get_document(doc_id)
+        out = self.components.docs.versions_of(doc["lineage_id"] or doc_id)
+        for d in out:
+            d.pop("stored_name", None)
+        return out
+
+    def restore_version(self, doc_id: int) -> dict:
+        """Make an old (就绪) version the active one again; the current one becomes inactive."""
+        self._refuse_while_rebuilding()
+        c = self.components
+        doc = self.get_document(doc_id)
+        if doc["status"] != "ready":
+            raise EngineError(CODE_VALIDATION, "只能恢复已就绪的版本", "doc_id")
+        if doc["active"] == 1:
+            return {"doc_id": doc_id, "version": doc["version"], "changed": False}
+        c.docs.restore(doc_id)
+        # Both routes filter on the active flag at once; the BM25 index of the KB must hold the restored chunks.
+        c.kbs.get(doc["kb_id"]).bm25.rebuild(self._settings.bm25_k1, self._settings.bm25_b)
+        self._recent.clear()
+        return {"doc_id": doc_id, "version": doc["version"], "changed": True}
+
+    # ------------------------------------------------------------------ viewer
+    def document_text(self, doc_id: int, part: int | None = None, chunk_id: int | None = None) -> dict:
+        """One part of a document's parsed text with its chunks' spans (pipeline.document_view); with `chunk_id`
+        the part holding that chunk, which is the one to highlight."""
+        from pipeline.document_view import document_view
+
+        c = self.components
+        doc = c.docs.get(doc_id)
+        if doc is None:
+            raise EngineError(CODE_NO_DOC, f"文档不存在：{doc_id}")
+        view = document_view(c.docs, doc, c.kbs.store.names().get(doc.get("kb_id")), part, chunk_id)
+        if doc.get("active") != 1 and doc.get("lineage_id"):
+            current = c.docs.find_active_in_lineage(doc["lineage_id"])
+            view["current_version"] = current["version"] if current else None
+            view["current_doc_id"] = current["doc_id"] if current else None
+        return view
+
+    def page_image(self, doc_id: int, page: int, chunk_id: int | None = None) -> tuple[bytes, bool]:
+        """(JPEG of a PDF page, whether the chunk's passage is boxed on it — only where the text layer allows)."""
+        from pipeline.page_image import render_page
+
+        path, _ = self.document_file(doc_id)
+        doc = self.components.docs.get(doc_id)
+        if doc["file_type"] != "pdf":
+            raise EngineError(CODE_VALIDATION, "只有 PDF 文档有页面图", "doc_id")
+        passage = None
+        if chunk_id is not None:
+            ch = next((c for c in self.components.docs.chunks_of(doc_id) if c["chunk_id"] == int(chunk_id)), None)
+            if ch is None:
+                raise EngineError(CODE_NO_DOC, f"块 {chunk_id} 不属于文档 {doc_id}", "chunk_id")
+            page = ch["page"] or page
+            passage = ch["text"] if ch["source"] != "ocr" else None
+        try:
+            return render_page(path, int(page), passage)
+        except IndexError:
+            raise EngineError(CODE_VALIDATION, f"页码 {page} 超出范围", "page") from None
+
+    def chunk_document(self, chunk_id: int) -> int:
+        """The document a chunk belongs to (a source card knows its chunk)."""
+        row = self.components.docs.get_chunks([chunk_id]).get(int(chunk_id))
+        if row is None:
+            raise EngineError(CODE_NO_DOC, f"块不存在：{chunk_id}")
+        return row["doc_id"]
+
+    def document_file(self, doc_id: int) -> tuple[Path, str]:
+        """(path of the stored original, its display name) for download."""
+        c = self.components
+        doc = c.docs.get(doc_id)
+        if doc is None:
+            raise EngineError(CODE_NO_DOC, f"文档不存在：{doc_id}")
+        path = c.files.path_of(doc["stored_name"]) if doc.get("stored_name") else None
+        if path is None or not path.exists():
+            raise EngineError(CODE_NO_DOC, f"文档 {doc_id} 的原始文件不存在")
+        return path, doc["file_name"]
+
+    def source_states(self, doc_ids) -> dict[int, dict]:
+        """For cited documents: still there, active or an old version (replays show 「旧版本」)."""
+        return self.components.docs.active_states(doc_ids)
+
+    def start_rebuild(self, kb_id: int | None = None) -> dict:
+        """Full rebuild of all knowledge bases, or of one."""
+        return self._rebuild.start(require_ready=self._require_ready, kb_id=kb_id)
 
     def rebuild_status(self) -> dict:
         return self._rebuild.status()
 
-    def rebuild(self, timeout: float | None = None) -> dict:
+    def rebuild(self, timeout: float | None = None, kb_id: int | None = None) -> dict:
         """Blocking full rebuild (scripts/tests)."""
-        self.start_rebuild()
+        self.start_rebuild(kb_id)
         return self.wait_rebuild(timeout)
 
     def wait_rebuild(self, timeout: float | None = None) -> dict:
@@ -369,7 +533,7 @@ class Engine:
     # ------------------------------------------------------------------ audit, repair, backup (pipeline/ops)
     def _model_ids(self) -> ModelIds:
         c = self.components
-        stored, stored_dim = c.vectors.model_info()
+        stored, stored_dim = c.kbs.all_vectors.model_info()
         emb = c.models.embedding if c.models else None
         return ModelIds(stored, stored_dim, self.expected_model_id(), emb.model_id if emb else None,
                         emb.dim if emb else None)
@@ -379,7 +543,7 @@ class Engine:
 
     def _refresh_model_warning(self) -> None:
         m = self.components.models
-        m.model_warning = self.components.vectors.check_model(m.embedding.model_id, m.embedding.dim)
+        m.model_warning = self.components.kbs.model_warning(m.embedding.model_id, m.embedding.dim)
 
     def audit(self, check_tokens: bool = True) -> dict:
         """Read-only consistency report (pipeline.ops.audit)."""
@@ -403,24 +567,27 @@ class Engine:
             raise EngineError(CODE_VALIDATION, "团队模式的数据在 PostgreSQL / Chroma 服务中：请用 pg_dump 备份数据库，"
                               "并备份 Chroma 服务的数据目录和共享的 --files-dir（docs/deploy.md）", "dest")
         try:
-            return backup_ops.backup(Path(dest), c.data_dir, c.db, c.vectors, c.files, c.gate)
+            return backup_ops.backup(Path(dest), c.data_dir, c.db, c.kbs.all_vectors, c.files, c.gate)
         except backup_ops.BackupError as exc:
             raise EngineError(CODE_VALIDATION, exc.msg, exc.field) from None
 
     # ------------------------------------------------------------------ retrieval & answers
-    def search(self, query: str, top_k: int = 10) -> dict:
+    def search(self, query: str, top_k: int = 10, kb_ids: Any = None) -> dict:
+        """Dual-route debug search in the given knowledge bases (default: the default one)."""
         self._validate_question(query, "query")
         if not isinstance(top_k, int) or isinstance(top_k, bool) or not 1 <= top_k <= 50:
             raise EngineError(CODE_VALIDATION, "top_k 必须是 1–50 的整数", "top_k")
+        scope = self.resolve_kbs(kb_ids)
         self._sync_check()
         self._require_ready()
-        return self.components.retrieval.debug_search(query.strip(), top_k, self._settings)
+        return self.components.retrieval.debug_search(query.strip(), top_k, self._settings, scope)
 
-    def retrieve(self, question: str) -> RetrievalResult:
+    def retrieve(self, question: str, kb_ids: Any = None) -> RetrievalResult:
+        scope = self.resolve_kbs(kb_ids)
         self._sync_check()
         self._require_ready()
         self.retrieval_calls += 1
-        return self.components.retrieval.retrieve(question, self._settings)
+        return self.components.retrieval.retrieve(question, self._settings, scope)
 
     @staticmethod
     def _validate_question(q: Any, field: str = "question") -> None:
@@ -431,8 +598,9 @@ class Engine:
 
     # ---- the answer stream; conversations, routing and query rewriting (pipeline/conversation/) ----
     def ask(self, question: str, retry: bool = False, conversation_id: str | None = None,
-            user: str | None = None, use_kb: bool = True) -> Iterator[ev.Event]:
+            user: str | None = None, use_kb: bool = True, kb_ids: Any = None) -> Iterator[ev.Event]:
         """The one answer event stream: stage → trace → stage → delta* → sources → done (or error).
+        `kb_ids`: the knowledge bases to search (default: the default one).
 
         `conversation_id` None starts a conversation (its id comes back in `done`); an unknown id is a 3002
         error, another user's a 4003. The router may answer DIRECT (chit-chat, or `use_kb=False`) without
@@ -442,6 +610,7 @@ class Engine:
         c = self.components
         try:
             self._validate_question(question)
+            scope = self.resolve_kbs(kb_ids)
             self._sync_check()
             self._require_ready()
             conv = c.conversations.resolve(conversation_id, user) if conversation_id is not None else None
@@ -454,14 +623,15 @@ class Engine:
         route = c.router.route(question, use_kb=use_kb, has_history=bool(history),
                                rerank_available=c.models.cross_encoder is not None)
         recorder = TurnRecorder(c.conversations, conv_id, user, question)
+        qkey = f"{question}\x00{','.join(map(str, scope))}"  # a retry reuses the retrieval of the same scope
         inner = (self._direct_answer(question, route, history, t0) if route.route == DIRECT
-                 else self._kb_answer(question, route, history, conv_id, retry, t0))
+                 else self._kb_answer(question, route, history, conv_id, retry, t0, scope, qkey))
         try:
             for e in inner:
                 if e.type is ev.EventType.DONE:
                     e = ev.Event(ev.EventType.DONE, recorder.finish(e.data, route.route))
-                    if conv_id is None and self._recent.get(("", question)):  # 重试 in the conversation just made
-                        self._recent.put((e.data["conversation_id"], question), self._recent.get(("", question)))
+                    if conv_id is None and self._recent.get(("", qkey)):  # 重试 in the conversation just made
+                        self._recent.put((e.data["conversation_id"], qkey), self._recent.get(("", qkey)))
                 recorder.see(e)
                 yield e
         finally:
@@ -482,19 +652,19 @@ class Engine:
         yield ev.done((time.perf_counter() - t0) * 1000, no_answer=False, mode=mode)
 
     def _kb_answer(self, question: str, route: Route, history: list[dict], conv_id: str | None, retry: bool,
-                   t0: float) -> Iterator[ev.Event]:
+                   t0: float, scope: list[int], qkey: str) -> Iterator[ev.Event]:
         from pipeline.generation.answer import stream_answer
         from pipeline.generation.llm_client import LLMError
 
         s, c = self._settings, self.components
-        key = (conv_id or "", question)
+        key = (conv_id or "", qkey)
         cached = self._recent.get(key) if retry else None
         if cached is None:
             self.retrieval_calls += 1
             try:
                 yield ev.stage("recall")
                 rw = c.models.rewriter.rewrite(question, history) if history else Rewrite(question, question, "none")
-                res = c.retrieval.recall_stage(rw.query, s)
+                res = c.retrieval.recall_stage(rw.query, s, scope)
                 yield ev.stage("rerank")
                 res = c.retrieval.rerank_stage(res, s)  # LIGHT has no reranker: the stage reports skipped
             except Exception as exc:
@@ -528,14 +698,15 @@ class Engine:
                       support=support)
 
     def ask_sync(self, question: str, retry: bool = False, conversation_id: str | None = None,
-                 user: str | None = None, use_kb: bool = True) -> dict:
+                 user: str | None = None, use_kb: bool = True, kb_ids: Any = None) -> dict:
         """The synchronous form over the same stream: {answer, sources, elapsed_ms, trace, weak, support,
         conversation_id, turn_id, route, rewritten_query, mode, no_answer} or EngineError."""
         parts: list[str] = []
         sources: list = []
         trace = None
         done: dict = {}
-        for e in self.ask(question, retry=retry, conversation_id=conversation_id, user=user, use_kb=use_kb):
+        for e in self.ask(question, retry=retry, conversation_id=conversation_id, user=user, use_kb=use_kb,
+                          kb_ids=kb_ids):
             if e.type is ev.EventType.DELTA:
                 parts.append(e.data["text"])
             elif e.type is ev.EventType.SOURCES:

@@ -45,6 +45,8 @@ class StagePayload(TypedDict):
 
 class TraceRow(TypedDict):
     chunk_id: int
+    doc_id: int | None
+    kb_name: str | None
     doc_name: str | None
     page: int | None
     text: str  # a snippet
@@ -141,10 +143,14 @@ class DeltaPayload(TypedDict):
 class Source(TypedDict):
     no: int  # the [n] of the citations: position in the rerank output, from 1
     chunk_id: int
-    doc_id: int | None
+    doc_id: int | None  # the version cited: an answer keeps pointing at it when a newer version replaces it
     doc_name: str | None
+    version: int | None
+    kb_id: int | None
+    kb_name: str | None
     page: int | None
     source: str  # "text" | "ocr"
+    context: str | None  # heading path / sheet name the chunk sits under
     text: str
     similarity: float | None
     rerank_score: float | None
@@ -234,7 +240,8 @@ def _r(x: Any, nd: int = 4) -> float | None:
 def _row(n: Any) -> TraceRow:
     meta = node_meta(n)
     text = node_text(n).replace("\n", " ")
-    return TraceRow(chunk_id=int(n.node.node_id), doc_name=meta.get("doc_name"), page=meta.get("page"),
+    return TraceRow(chunk_id=int(n.node.node_id), doc_id=meta.get("doc_id"), kb_name=meta.get("kb_name"),
+                    doc_name=meta.get("doc_name"), page=meta.get("page"),
                     text=text[:SNIPPET] + ("…" if len(text) > SNIPPET else ""))
 
 
@@ -281,7 +288,9 @@ def source_list(res: "RetrievalResult", cited: set[int] | frozenset[int] = froze
     for i, n in enumerate(res.final, start=1):
         m = n.node.metadata
         out.append(Source(no=i, chunk_id=int(n.node.node_id), doc_id=m.get("doc_id"), doc_name=m.get("doc_name"),
-                          page=m.get("page"), source=m.get("source", "text"), text=node_text(n),
+                          version=m.get("version"), kb_id=m.get("kb_id"), kb_name=m.get("kb_name"),
+                          page=m.get("page"), source=m.get("source", "text"), context=m.get("context"),
+                          text=node_text(n),
                           similarity=_r(m.get("similarity_full")), rerank_score=_r(m.get("rerank_score")),
                           cited=i in cited, verified=bool(m.get("verified"))))
         if support is not None:

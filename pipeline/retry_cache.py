@@ -19,6 +19,7 @@ from llama_index.core.schema import NodeWithScore, TextNode
 
 from pipeline.conversation.rewrite import Rewrite
 from pipeline.events import TRACE_TOP
+from pipeline.retrieval.nodes import retrievable
 from pipeline.retrieval.result import RetrievalResult
 from store.retrievals import RetrievalStore
 
@@ -90,8 +91,8 @@ class StoredRetrievals:
             return None
         ids = [int(n.node.node_id) for n in res.final]
         rows = self.lookup(ids) if ids else {}
-        if any(rows.get(i, {}).get("status") != "ready" for i in ids):
-            return None  # a source was deleted or is being re-processed since
+        if any(not retrievable(rows.get(i)) for i in ids):
+            return None  # a source was deleted, is being re-processed, or a newer version replaced it since
         return rw, res
 
     def put(self, key: Hashable, value: tuple[Rewrite, RetrievalResult]) -> None:

@@ -12,7 +12,7 @@ import tempfile
 import unicodedata
 from pathlib import Path
 
-SAFE_EXTS = {"txt", "md", "pdf", "docx"}
+SAFE_EXTS = {"txt", "md", "pdf", "docx", "xlsx", "csv"}
 
 
 def display_name(raw: str) -> str:
@@ -43,10 +43,12 @@ class FileStore:
         self.root = Path(root)
         self.root.mkdir(parents=True, exist_ok=True)
 
-    def stored_name(self, md5: str, file_type: str) -> str:
+    def stored_name(self, md5: str, file_type: str, kb_id: int = 1) -> str:
+        """`<md5>.<ext>` in the default knowledge base (as the first release named them), `kb<id>-<md5>.<ext>` in
+        the others: the same file in two knowledge bases is two stored files, deleted independently."""
         if file_type not in SAFE_EXTS or not all(c in "0123456789abcdef" for c in md5):
             raise ValueError("unsafe stored name")
-        return f"{md5}.{file_type}"
+        return f"{md5}.{file_type}" if int(kb_id) == 1 else f"kb{int(kb_id)}-{md5}.{file_type}"
 
     def path_of(self, stored_name: str) -> Path:
         p = (self.root / stored_name).resolve()
@@ -54,9 +56,9 @@ class FileStore:
             raise ValueError("path escapes the upload folder")
         return p
 
-    def save(self, src: Path, md5: str, file_type: str) -> str:
+    def save(self, src: Path, md5: str, file_type: str, kb_id: int = 1) -> str:
         """Copy an uploaded temp file in atomically; returns the stored name."""
-        name = self.stored_name(md5, file_type)
+        name = self.stored_name(md5, file_type, kb_id)
         dest = self.path_of(name)
         fd, tmp = tempfile.mkstemp(dir=self.root, prefix=".up-")
         os.close(fd)

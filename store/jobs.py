@@ -14,6 +14,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from .db import Database
+from .documents import activate_waiting_version
 
 
 class LeaseLost(RuntimeError):
@@ -105,6 +106,7 @@ class JobStore:
                 return False  # fenced: the lease ran out and another worker holds the job
             conn.execute(doc_sql, params)
             if ready:  # the set of 就绪 chunks changed: every process rebuilds its BM25
+                activate_waiting_version(conn, doc_id)  # a new version replaces the old one at the same moment
                 conn.execute("UPDATE app_state SET value = value + 1 WHERE name = 'kb_generation'")
         return True
 

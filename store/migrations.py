@@ -6,6 +6,11 @@ identity columns, REAL → DOUBLE PRECISION, BLOB → BYTEA, reserved column nam
 form there. The pending migrations run in one transaction together with their `schema_version` rows (both
 dialects have transactional DDL), so a crash mid-migration leaves the previous version intact. Several app
 processes starting at once on PostgreSQL queue on an advisory lock, so each migration runs exactly once.
+
+A migration that rebuilds a table on SQLite (the only way to drop a constraint there: new table, copy, drop,
+rename — https://sqlite.org/lang_altertable.html#otheralter) sets `sqlite_foreign_keys_off`: SQLite's DROP TABLE
+would otherwise cascade into the rows that reference it. The whole run then happens with foreign keys off (the
+pragma has no effect inside a transaction, so it is set before) and must leave `PRAGMA foreign_key_check` clean.
 """
 from __future__ import annotations
 
@@ -27,6 +32,7 @@ class Migration:
     name: str
     statements: tuple[str, ...]
     postgresql: tuple[str, ...] | None = None  # None → pg_ddl(statements)
+    sqlite_foreign_keys_off: bool = False  # a SQLite table rebuild (see the module docstring)
 
     def for_dialect(self, dialect: str) -> tuple[str, ...]:
         if dialect == "postgresql":
@@ -189,6 +195,97 @@ MIGRATIONS: list[Migration] = [
 ]
 
 
+# --- issue 16 -------------------------------------------------------------------------------------------------
+DEFAULT_KB_ID = 1
+DEFAULT_KB_NAME = "默认知识库"
+
+_KB_DOCUMENT_COLUMNS = ("doc_id, file_name, file_type, file_size, content_md5, chunk_count, status, fail_reason,"
+                        " created_at, stored_name, progress, note")
+
+MIGRATIONS += [
+    # v9: tables stay tables — a chunk's context (heading path / sheet name) and the parsed page/sheet it comes
+    # from; the parsed text itself for the document viewer (kb_section); the parser's notes on a document.
+    Migration(9, "chunk context, parsed sections, document notes", (
+        "ALTER TABLE kb_chunk ADD COLUMN context TEXT",
+        "ALTER TABLE kb_chunk ADD COLUMN section INTEGER NOT NULL DEFAULT 0",
+        "ALTER TABLE kb_document ADD COLUMN note TEXT",
+        """CREATE TABLE kb_section (
+            doc_id   INTEGER NOT NULL REFERENCES kb_document(doc_id) ON DELETE CASCADE,
+            section  INTEGER NOT NULL,
+            page     INTEGER,
+            source   TEXT NOT NULL DEFAULT 'text',
+            context  TEXT,
+            text     TEXT NOT NULL,
+            PRIMARY KEY (doc_id, section)
+        )""",
+    )),
+    # v10: knowledge bases (every document in one; earlier documents in the default one, 1) and document versions
+    # (lineage_id = doc_id of version 1; active 1 = used by retrieval, 0 = old, 2 = becomes active when 就绪).
+    # UNIQUE(content_md5) becomes UNIQUE(kb_id, content_md5): the same file may sit in two knowledge bases.
+    # SQLite cannot drop a constraint, so kb_document is rebuilt there; the id sequence is carried over, so ids
+    # of documents deleted before the upgrade are never handed out again.
+    Migration(10, "knowledge bases, document versions", (
+        """CREATE TABLE kb_base (
+            kb_id       INTEGER PRIMARY KEY AUTOINCREMENT,
+            name        TEXT NOT NULL UNIQUE,
+            description TEXT NOT NULL DEFAULT '',
+            created_at  TEXT NOT NULL
+        )""",
+        f"INSERT INTO kb_base(kb_id, name, description, created_at) VALUES ({DEFAULT_KB_ID}, '{DEFAULT_KB_NAME}', '',"
+        " datetime('now', 'localtime'))",
+        """CREATE TABLE kb_document_new (
+            doc_id       INTEGER PRIMARY KEY AUTOINCREMENT,
+            kb_id        INTEGER NOT NULL DEFAULT 1 REFERENCES kb_base(kb_id),
+            file_name    TEXT NOT NULL,
+            file_type    TEXT NOT NULL,
+            file_size    INTEGER NOT NULL,
+            content_md5  TEXT NOT NULL,
+            chunk_count  INTEGER NOT NULL DEFAULT 0,
+            status       TEXT NOT NULL CHECK (status IN ('processing', 'ready', 'failed')),
+            fail_reason  TEXT,
+            created_at   TEXT NOT NULL,
+            stored_name  TEXT,
+            progress     TEXT,
+            note         TEXT,
+            version      INTEGER NOT NULL DEFAULT 1,
+            lineage_id   INTEGER,
+            active       INTEGER NOT NULL DEFAULT 1,
+            UNIQUE (kb_id, content_md5)
+        )""",
+        f"INSERT INTO kb_document_new({_KB_DOCUMENT_COLUMNS}, kb_id, version, lineage_id, active)"
+        f" SELECT {_KB_DOCUMENT_COLUMNS}, 1, 1, doc_id, 1 FROM kb_document",
+        "CREATE TEMP TABLE kb_document_seq AS SELECT seq FROM sqlite_sequence WHERE name = 'kb_document'",
+        "DROP TABLE kb_document",
+        "ALTER TABLE kb_document_new RENAME TO kb_document",
+        "UPDATE sqlite_sequence SET seq = MAX(seq, COALESCE((SELECT seq FROM kb_document_seq), 0))"
+        " WHERE name = 'kb_document'",
+        "DROP TABLE kb_document_seq",
+        "CREATE INDEX IF NOT EXISTS idx_doc_status ON kb_document(status)",
+        "CREATE INDEX idx_doc_kb ON kb_document(kb_id, active)",
+        "CREATE INDEX idx_doc_lineage ON kb_document(lineage_id)",
+    ), postgresql=(
+        """CREATE TABLE kb_base (
+            kb_id       BIGINT GENERATED BY DEFAULT AS IDENTITY PRIMARY KEY,
+            name        TEXT NOT NULL UNIQUE,
+            description TEXT NOT NULL DEFAULT '',
+            created_at  TEXT NOT NULL
+        )""",
+        f"INSERT INTO kb_base(kb_id, name, description, created_at) VALUES ({DEFAULT_KB_ID}, '{DEFAULT_KB_NAME}', '',"
+        " to_char(now(), 'YYYY-MM-DD HH24:MI:SS'))",
+        "SELECT setval(pg_get_serial_sequence('kb_base', 'kb_id'), (SELECT MAX(kb_id) FROM kb_base))",
+        "ALTER TABLE kb_document ADD COLUMN kb_id BIGINT NOT NULL DEFAULT 1 REFERENCES kb_base(kb_id)",
+        "ALTER TABLE kb_document ADD COLUMN version BIGINT NOT NULL DEFAULT 1",
+        "ALTER TABLE kb_document ADD COLUMN lineage_id BIGINT",
+        "ALTER TABLE kb_document ADD COLUMN active BIGINT NOT NULL DEFAULT 1",
+        "UPDATE kb_document SET lineage_id = doc_id",
+        "ALTER TABLE kb_document DROP CONSTRAINT IF EXISTS kb_document_content_md5_key",
+        "ALTER TABLE kb_document ADD CONSTRAINT kb_document_kb_md5_key UNIQUE (kb_id, content_md5)",
+        "CREATE INDEX idx_doc_kb ON kb_document(kb_id, active)",
+        "CREATE INDEX idx_doc_lineage ON kb_document(lineage_id)",
+    ), sqlite_foreign_keys_off=True),
+]
+
+
 def _check_order(migrations: list[Migration]) -> None:
     versions = [m.version for m in migrations]
     if versions != list(range(1, len(versions) + 1)):
@@ -205,6 +302,27 @@ def migrate(db, migrations: list[Migration] | None = None) -> list[int]:
     """Apply the migrations not yet recorded; returns the versions applied now."""
     migrations = MIGRATIONS if migrations is None else migrations
     _check_order(migrations)
+    if db.dialect == "sqlite" and any(m.sqlite_foreign_keys_off for m in migrations):
+        with db.connect() as conn:
+            done = _applied_versions(conn)
+        if any(m.sqlite_foreign_keys_off and m.version not in done for m in migrations):
+            with db.connect() as conn:
+                conn.execute("PRAGMA foreign_keys=OFF")  # before the transaction: no effect inside one
+            try:
+                return _migrate(db, migrations, check_foreign_keys=True)
+            finally:
+                with db.connect() as conn:
+                    conn.execute("PRAGMA foreign_keys=ON")
+    return _migrate(db, migrations)
+
+
+def _applied_versions(conn) -> set[int]:
+    conn.execute("CREATE TABLE IF NOT EXISTS schema_version (version INTEGER PRIMARY KEY, name TEXT NOT NULL,"
+                 " applied_at TEXT NOT NULL)")
+    return {r[0] for r in conn.execute("SELECT version FROM schema_version")}
+
+
+def _migrate(db, migrations: list[Migration], check_foreign_keys: bool = False) -> list[int]:
     applied: list[int] = []
     with db.transaction() as conn:
         if db.dialect == "postgresql":
@@ -224,4 +342,8 @@ def migrate(db, migrations: list[Migration] | None = None) -> list[int]:
                          (m.version, m.name, datetime.now(UTC).isoformat(timespec="seconds")))
             applied.append(m.version)
             log.info("schema migration %d applied: %s", m.version, m.name)
+        if check_foreign_keys:
+            bad = conn.execute("PRAGMA foreign_key_check").fetchall()
+            if bad:
+                raise RuntimeError(f"schema migration left {len(bad)} broken foreign keys: {bad[:5]}")
     return applied

@@ -1,4 +1,7 @@
-"""Chroma collection `rag_docs` (cosine), ids = str(chunk_id), metadata {doc_id, doc_name}.
+"""Chroma collections (cosine), one per knowledge base, ids = str(chunk_id), metadata {doc_id, doc_name}.
+
+The default knowledge base keeps the first release's collection `rag_docs`; others are `rag_docs_kb<id>`
+(pipeline.knowledge_bases); all collections of a data dir share one client.
 
 Embedded (default): a PersistentClient in the data dir. Team mode (`--chroma-url http://host:port[/database]`):
 an HttpClient to a Chroma server (`chroma run`) that several app processes share; the optional path names a
@@ -59,10 +62,15 @@ def http_client(url: str):
 
 
 class VectorStore:
-    """`VectorStore(path)` → embedded Chroma in `path`; `VectorStore(url="http://host:port")` → Chroma server."""
+    """`VectorStore(path)` → embedded Chroma in `path`; `VectorStore(url="http://host:port")` → Chroma server.
+    `name` picks the collection (one per knowledge base); `client` shares an open client between collections."""
 
-    def __init__(self, path: Path | None = None, *, url: str | None = None):
-        if url:
+    def __init__(self, path: Path | None = None, *, url: str | None = None, name: str = COLLECTION, client=None):
+        self.name = name
+        if client is not None:
+            self.path, self.url = (Path(path) if path is not None else None), url
+            self.client = client
+        elif url:
             self.path, self.url = None, url
             parse_chroma_url(url)  # a malformed address is a ValueError; anything after that is connectivity
             try:
@@ -81,12 +89,12 @@ class VectorStore:
 
     def _open(self):
         # Created by us with cosine space: LlamaIndex's ChromaVectorStore would create an L2 collection.
-        return self.client.get_or_create_collection(COLLECTION, metadata={"hnsw:space": "cosine"})
+        return self.client.get_or_create_collection(self.name, metadata={"hnsw:space": "cosine"})
 
     # --- model bookkeeping -------------------------------------------------------------------
     def model_info(self) -> tuple[str | None, int | None]:
         # On a shared server another process may have claimed the collection since we opened it: ask afresh.
-        col = self.client.get_collection(COLLECTION) if self.url else self.collection
+        col = self.client.get_collection(self.name) if self.url else self.collection
         meta = col.metadata or {}
         return meta.get("embedding_model"), meta.get("embedding_dim")
 
@@ -121,8 +129,15 @@ class VectorStore:
     def reset(self) -> None:
         """Drop every vector (full rebuild with another embedding model)."""
         with self.write_lock:
-            self.client.delete_collection(COLLECTION)
+            self.client.delete_collection(self.name)
             self.collection = self._open()
+
+    def drop(self) -> None:
+        """Delete the collection for good (its knowledge base is deleted)."""
+        try:
+            self.client.delete_collection(self.name)
+        except Exception as exc:  # already gone
+            log.warning("dropping collection %s: %s", self.name, exc)
 
     # --- data --------------------------------------------------------------------------------
     def add(self, chunk_ids: Sequence[int], embeddings: Sequence[Sequence[float]], texts: Sequence[str],

@@ -26,8 +26,8 @@ def cited(res: dict) -> list[tuple]:
 def wait_embedding(engine: Engine, doc_id: int, timeout: float = 120) -> None:
     deadline = time.time() + timeout
     while time.time() < deadline:
-        d = engine.components.docs.get(doc_id)
-        if d["status"] == "processing" and (d.get("progress") or "").startswith("向量化"):
+        snap = engine.components.ingest.progress.snapshot(doc_id)  # the ingest worker's structured progress
+        if snap is not None and snap["stage"] == "embed":
             return
         time.sleep(0.05)
     raise AssertionError("the novel never started embedding")

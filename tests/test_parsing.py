@@ -77,13 +77,13 @@ CASES: dict[str, Case] = {
     "gbk/chardet_GB2312__ude_1.txt": Case("txt", Ok(("維基大典（Wikipedia）者",), (None,), encoding="gb18030")),
     "gbk/chardet_GB2312_cnblog.org.xml": Case(
         "txt", Ok(("CNBlog:Blog On Blog", "开放图书项目"), (None,), encoding="gb18030"),
-        refused_upload="不支持的文件类型 .xml，仅支持 txt / md / pdf / docx"),
+        refused_upload="不支持的文件类型 .xml，仅支持 txt / md / pdf / docx / xlsx / csv"),
     "gbk/chardet_GB2312_lily.blogsome.com.xml": Case(
         "txt", Ok(("午后红茶", "十面埋伏"), (None,), encoding="gb18030"),
-        refused_upload="不支持的文件类型 .xml，仅支持 txt / md / pdf / docx"),
+        refused_upload="不支持的文件类型 .xml，仅支持 txt / md / pdf / docx / xlsx / csv"),
     "gbk/chardet_GB2312_softsea.net.xml": Case(
         "txt", Ok(("系统工具", "免费下载"), (None,), encoding="gb18030"),
-        refused_upload="不支持的文件类型 .xml，仅支持 txt / md / pdf / docx"),
+        refused_upload="不支持的文件类型 .xml，仅支持 txt / md / pdf / docx / xlsx / csv"),
     "gbk/hongloumeng_gb18030_userdefined_bytes.txt": Case(
         "txt", Ok(("宝玉", "黛玉", "更多TXT电子书下载"), (None,), encoding="gb18030")),
     "gbk/iconv-lite_gbkFile_baidu_html.txt": Case("txt", Ok(("百度一下，你就知道",), (None,), encoding="gb18030",
@@ -283,7 +283,7 @@ def test_garbled_detection_is_cheap_and_specific():
 
 # --- upload checks ---------------------------------------------------------------------------------
 def test_constants():
-    assert ALLOWED_EXTS == {".txt", ".md", ".pdf", ".docx"}
+    assert ALLOWED_EXTS == {".txt", ".md", ".pdf", ".docx", ".xlsx", ".csv"}
     assert MAX_FILE_BYTES == 20 * 1024 * 1024
     assert MAX_BATCH_FILES == 10
 
@@ -296,9 +296,9 @@ def test_check_upload_accepts(name, expected):
 
 
 @pytest.mark.parametrize("name,size,reason", [
-    ("virus.exe", 100, "不支持的文件类型 .exe，仅支持 txt / md / pdf / docx"),
-    ("old.doc", 100, "不支持的文件类型 .doc，仅支持 txt / md / pdf / docx"),
-    ("noext", 100, "不支持的文件类型 （无扩展名），仅支持 txt / md / pdf / docx"),
+    ("virus.exe", 100, "不支持的文件类型 .exe，仅支持 txt / md / pdf / docx / xlsx / csv"),
+    ("old.doc", 100, "不支持的文件类型 .doc，仅支持 txt / md / pdf / docx / xlsx / csv"),
+    ("noext", 100, "不支持的文件类型 （无扩展名），仅支持 txt / md / pdf / docx / xlsx / csv"),
     ("big.pdf", MAX_FILE_BYTES + 1, "文件超过 20 MB"),
     ("empty.txt", 0, "文件为空"),
 ])

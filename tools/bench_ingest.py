@@ -1,10 +1,14 @@
 """Ingest throughput, end to end through the engine (upload → parse → chunk → tokenize → embed → write).
 
-    python -m tools.bench_ingest [--cmrc N] [--news N]
+    python -m tools.bench_ingest [--cmrc N] [--news N] [--compare REV [--rounds R]]
 
 Documents: N CMRC 2018 dev contexts + N CRUD-RAG news articles (../shared/data), each uploaded as a .txt
 file. Prints chunks/s end to end and the share of worker time per stage. Embedding dominates; the rest
 (parse + chunk + tokenize + write) should stay under 15% of the embedding time.
+
+`--compare REV` measures an older release in the same run: `git archive REV` is unpacked in a temp dir (the
+packaged model folder linked in, so nothing is rebuilt) and both trees run this benchmark in their own fresh
+process, alternately, R rounds each (default 2) — old and new see the same machine load.
 """
 from __future__ import annotations
 
@@ -24,7 +28,11 @@ def main(argv=None) -> int:
     ap.add_argument("--cmrc", type=int, default=150, help="CMRC contexts")
     ap.add_argument("--news", type=int, default=50, help="CRUD-RAG news articles")
     ap.add_argument("--json", default=None)
+    ap.add_argument("--compare", default=None, metavar="REV", help="also measure this git revision (old)")
+    ap.add_argument("--rounds", type=int, default=2, help="rounds per tree with --compare")
     args = ap.parse_args(argv)
+    if args.compare:
+        return compare(args)
 
     from pipeline.engine import Engine
 
@@ -70,6 +78,53 @@ def main(argv=None) -> int:
           f"(goal < 15%)")
     if args.json:
         Path(args.json).write_text(json.dumps(report, ensure_ascii=False, indent=2))
+    return 0
+
+
+def compare(args) -> int:
+    """Old (REV) and new (this tree) alternately, each run in a fresh process; median chunks/s of each."""
+    import io
+    import os
+    import shutil
+    import statistics
+    import subprocess
+    import tarfile
+
+    root = Path(__file__).resolve().parents[1]
+    runs: dict[str, list[dict]] = {"old": [], "new": []}
+    with tempfile.TemporaryDirectory(prefix="kbqa-bench-old-") as tmp:
+        old = Path(tmp) / "tree"
+        old.mkdir()
+        blob = subprocess.run(["git", "-C", str(root), "archive", "--format=tar", args.compare], check=True,
+                              capture_output=True).stdout
+        with tarfile.open(fileobj=io.BytesIO(blob)) as tar:
+            tar.extractall(old, filter="data")
+        (old / "models").mkdir(exist_ok=True)
+        for model in (root / "models").iterdir():
+            if model.is_dir() and not (old / "models" / model.name).exists():
+                os.symlink(model, old / "models" / model.name)
+        # the old tree's bench reads ../shared/data relative to itself
+        shared = Path(tmp) / "shared"
+        os.symlink(DATA.parent, shared)
+        for r in range(args.rounds):
+            for name, tree in (("old", old), ("new", root)):
+                out = Path(tmp) / f"{name}{r}.json"
+                cmd = [sys.executable, "-m", "tools.bench_ingest", "--cmrc", str(args.cmrc), "--news",
+                       str(args.news), "--json", str(out)]
+                subprocess.run(cmd, cwd=tree, env={**os.environ, "PYTHONPATH": str(tree)}, check=True,
+                               stdout=subprocess.DEVNULL)
+                runs[name].append(json.loads(out.read_text()))
+                print(f"round {r + 1} {name}: {runs[name][-1]['chunks_per_s']} chunks/s", flush=True)
+        shutil.rmtree(old / "models", ignore_errors=True)
+    med = {k: statistics.median(x["chunks_per_s"] for x in v) for k, v in runs.items()}
+    print(f"\nIngest throughput, {args.compare[:8]} (old) vs this tree (new), {args.rounds} alternating rounds:")
+    print("| tree | chunks | chunks/s per round | median |\n|---|---|---|---|")
+    for k in ("old", "new"):
+        per = ", ".join(str(x["chunks_per_s"]) for x in runs[k])
+        print(f"| {k} | {runs[k][0]['chunks']} | {per} | {med[k]:.2f} |")
+    print(f"- new / old = {med['new'] / med['old']:.3f}")
+    if args.json:
+        Path(args.json).write_text(json.dumps({"rev": args.compare, "runs": runs, "median": med}, indent=2))
     return 0
 
 

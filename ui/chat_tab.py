@@ -30,7 +30,9 @@ from pipeline.errors import CODE_ENGINE, CODE_LLM, EngineError
 from . import history as hist
 from .answer_feedback import build_answer_feedback
 from .guard import request_user
-from .render import answer_markdown, render_sources, render_stage, render_trace, trace_marks
+from .kb_spaces import refresh_scope, scope_ids, scope_picker
+from .render import answer_markdown, mark_replaced, render_sources, render_stage, render_trace, trace_marks
+from .viewer import OPENER_JS, build_viewer
 
 log = logging.getLogger(__name__)
 
@@ -59,6 +61,7 @@ class ChatTab:
     current_turn: Any  # fn(turns, active) -> the active turn dict or None (feedback acts on it)
     turns_state: gr.State
     active_state: gr.State
+    kbs: Any = None  # gr.Dropdown: the knowledge bases a question searches
 
 
 def build_chat_tab(engine, policy: AccessPolicy | None = None) -> ChatTab:
@@ -89,13 +92,14 @@ def build_chat_tab(engine, policy: AccessPolicy | None = None) -> ChatTab:
                 use_kb = gr.Checkbox(True, label="知识库检索", elem_id="kb-use-kb", scale=2, min_width=120,
                                      info="关闭后直接与大模型对话，不检索知识库、没有引用")
                 new_conv = gr.Button("＋ 新对话", size="sm", elem_id="kb-new-conv", scale=1, min_width=90)
+            kbs = scope_picker(engine, "kb-scope")
             with gr.Accordion("检索过程", open=False, elem_id="kb-trace-acc"):
-                trace = gr.HTML(render_trace(None), elem_id="kb-trace")
+                trace = gr.HTML(render_trace(None), elem_id="kb-trace", js_on_load=OPENER_JS)
         with gr.Column(scale=4, min_width=300):
             turn_list = gr.Radio(choices=[], value=None, label="查看本对话的第几轮（来源与检索过程）",
                                  elem_id="kb-turn-list", interactive=True)
             gr.HTML("<h3 style='margin:4px 0'>引用来源</h3>")
-            sources = gr.HTML(render_sources(None), elem_id="kb-sources")
+            sources = gr.HTML(render_sources(None), elem_id="kb-sources", js_on_load=OPENER_JS)
             with gr.Accordion("历史对话（保存在服务器）", open=False, elem_id="kb-history-acc") as history_acc:
                 history_list = gr.Radio(choices=[], value=None, show_label=False, elem_id="kb-history-list",
                                         interactive=True)
@@ -112,6 +116,9 @@ def build_chat_tab(engine, policy: AccessPolicy | None = None) -> ChatTab:
                     confirm_yes = gr.Button("确认清空", size="sm", variant="stop", elem_id="kb-history-clear-yes")
                     confirm_no = gr.Button("取消", size="sm", elem_id="kb-history-clear-no")
 
+    viewer = build_viewer(engine, "kb-viewer")  # a source clicked → its document, the passage highlighted
+    viewer.connect(sources, engine)
+    viewer.connect(trace, engine)
     current = gr.State(None)         # the question being / last answered (for 重试)
     last_conv = gr.BrowserState("", storage_key=hist.storage_key(data_dir), secret=hist.storage_secret(data_dir))
 
@@ -134,7 +141,9 @@ def build_chat_tab(engine, policy: AccessPolicy | None = None) -> ChatTab:
             panels = {
                 stage: render_stage(done_ms=t.get("elapsed_ms"),
                                     note=note or ("未命中相关资料" if t.get("no_answer") else None)),
-                sources: render_sources(t.get("sources"), no_answer=t.get("no_answer"), kb_hint=_kb_hint(user),
+                # a replayed answer keeps the versions it cited; replaced ones say 旧版本
+                sources: render_sources(mark_replaced(engine, [x for x in t.get("sources") or [] if isinstance(x, dict)]),
+                                        no_answer=t.get("no_answer"), kb_hint=_kb_hint(user),
                                         direct=t.get("route") == "DIRECT"),
                 trace: render_trace(t.get("trace"), t.get("elapsed_ms"))}
         return {chatbot: hist.messages(turns, active, _suffixes(turns, user)), **panels,
@@ -148,7 +157,7 @@ def build_chat_tab(engine, policy: AccessPolicy | None = None) -> ChatTab:
     # ------------------------------------------------------------------ the answer stream
     run_outputs = view + [send, retry, goto_kb, question, current, history_list]
 
-    def run(q: str, conv_id, turns, use_kb_value, user, retry_flag: bool) -> Iterator[dict]:
+    def run(q: str, conv_id, turns, use_kb_value, user, retry_flag: bool, kb_value=None) -> Iterator[dict]:
         q = (q or "").strip()
         turns = list(turns or [])
         if not q:
@@ -168,7 +177,8 @@ def build_chat_tab(engine, policy: AccessPolicy | None = None) -> ChatTab:
                goto_kb: gr.Button(visible=False), question: "", current: q}
         last = 0.0
         try:
-            for e in engine.ask(q, retry=retry_flag, conversation_id=conv_id, user=user, use_kb=bool(use_kb_value)):
+            for e in engine.ask(q, retry=retry_flag, conversation_id=conv_id, user=user, use_kb=bool(use_kb_value),
+                                kb_ids=scope_ids(engine, kb_value)):
                 if e.type is ev.EventType.STAGE:
                     yield {stage: render_stage(e.data.get("phase"))}
                 elif e.type is ev.EventType.TRACE:
@@ -219,16 +229,21 @@ def build_chat_tab(engine, policy: AccessPolicy | None = None) -> ChatTab:
             out[trace] = render_trace(trace_data)
         return out
 
-    def ask(question_text: str, use_kb_value: bool, conv_id, turns, request: gr.Request):
-        yield from run(question_text, conv_id, turns, use_kb_value, request_user(request), retry_flag=False)
+    # `kb_value` comes after `request` (Gradio injects the request by its annotation): callers from before
+    # knowledge bases existed still pass the same positional inputs.
+    def ask(question_text: str, use_kb_value: bool, conv_id, turns, request: gr.Request, kb_value=None):
+        yield from run(question_text, conv_id, turns, use_kb_value, request_user(request), retry_flag=False,
+                       kb_value=kb_value)
 
-    def retry_fn(use_kb_value: bool, current_q: str, conv_id, turns, request: gr.Request):
-        yield from run(current_q or "", conv_id, turns, use_kb_value, request_user(request), retry_flag=True)
+    def retry_fn(use_kb_value: bool, current_q: str, conv_id, turns, request: gr.Request, kb_value=None):
+        yield from run(current_q or "", conv_id, turns, use_kb_value, request_user(request), retry_flag=True,
+                       kb_value=kb_value)
 
-    gr.on([send.click, question.submit], ask, [question, use_kb, conv_state, turns_state], run_outputs,
+    gr.on([send.click, question.submit], ask, [question, use_kb, conv_state, turns_state, kbs], run_outputs,
           api_name="ask", concurrency_limit=4, concurrency_id="kb-ask", show_progress="hidden")
-    retry.click(retry_fn, [use_kb, current, conv_state, turns_state], run_outputs, api_name="retry",
+    retry.click(retry_fn, [use_kb, current, conv_state, turns_state, kbs], run_outputs, api_name="retry",
                 concurrency_limit=4, concurrency_id="kb-ask", show_progress="hidden")
+    gr.on(None, lambda: refresh_scope(engine), None, [kbs], api_name=False, show_progress="hidden")
 
     # ------------------------------------------------------------------ turns of the open conversation
     def select_turn(idx, turns, conv_id, request: gr.Request):
@@ -356,4 +371,4 @@ def build_chat_tab(engine, policy: AccessPolicy | None = None) -> ChatTab:
 
     return ChatTab(chatbot, question, send, retry, goto_kb, stage, sources, trace, use_kb, history_list,
                    last_conv, view + [retry, goto_kb, history_list], restore, current_turn, turns_state,
-                   active_state)
+                   active_state, kbs)

@@ -13,7 +13,9 @@ from typing import Any
 
 import gradio as gr
 
+from .kb_spaces import refresh_scope, scope_ids, scope_picker
 from .render import esc, fmt_num, fusion_title, snippet
+from .viewer import OPENER_JS
 
 log = logging.getLogger(__name__)
 
@@ -61,16 +63,21 @@ def chunk_colours(result: dict) -> dict[int, str]:
     return hues
 
 
+def kb_chip(row: dict) -> str:
+    return f'<span class="kbd-chip kbd-kb">{esc(row["kb_name"])}</span>' if row.get("kb_name") else ""
+
+
 def _card(row: dict, rank: int, hue: str | None, score_html: str, where_html: str) -> str:
     cid = row.get("chunk_id")
     style = (f'style="background:hsla({hue},85%,60%,.14);border-left-color:hsl({hue},70%,45%)"'
              if hue is not None else "")
     text = row.get("text") or ""
     return (f'<div class="kbd-card" data-chunk="{esc(cid)}" data-rank="{rank}" data-hue="{esc(hue)}" {style} '
+            f'data-view-chunk="{esc(cid)}" '
             f'title="{esc(text[:600])}">'
             f'<div class="kbd-head"><span class="kbd-rank">#{rank}</span>'
             f'<span class="kbd-chip">块 {esc(cid)}</span>'
-            f'<span class="kbd-doc">{esc(row.get("doc_name") or "未知文档")}</span>'
+            f'{kb_chip(row)}<span class="kbd-doc">{esc(row.get("doc_name") or "未知文档")}</span>'
             f'<span class="kbd-score">{score_html}</span></div>'
             f'<div class="kbd-where">{where_html}</div>'
             f'<div class="kbd-snip">{esc(snippet(text, SNIP))}</div></div>')
@@ -127,15 +134,15 @@ def _ms_text(ms: dict | None) -> str:
 
 
 def make_search_handler(engine):
-    def debug_search(query: str, top_k: float | int | None):
-        """Returns (status markdown, bm25 html, vector html, rrf html)."""
+    def debug_search(query: str, top_k: float | int | None, kbs=None):
+        """Returns (status markdown, bm25 html, vector html, rrf html). `kbs`: the picked knowledge bases."""
         empty = ("", "", "")
         try:
             k = int(top_k) if top_k is not None else DEFAULT_TOP_K
         except (TypeError, ValueError):
             return ("⚠️ topK 必须是 1–50 的整数", *empty)
         try:
-            result = engine.search(query or "", k)
+            result = engine.search(query or "", k, scope_ids(engine, kbs))
         except Exception as exc:  # EngineError (validation / 2002) or a retrieval failure
             msg = getattr(exc, "msg", None) or str(exc)
             if not getattr(exc, "code", None):
@@ -158,12 +165,14 @@ def build_debug_view(engine) -> dict[str, Any]:
         query = gr.Textbox(label="查询", placeholder="输入问题或关键词，对比两路检索结果", scale=5,
                            max_lines=3)
         top_k = gr.Slider(1, MAX_TOP_K, value=DEFAULT_TOP_K, step=1, label="topK", scale=2)
+        kbs = scope_picker(engine, "kbd-kbs")
         go = gr.Button("检索", variant="primary", scale=1, min_width=80)
     status = gr.Markdown("")
     with gr.Row(equal_height=False, elem_classes=["kbd-root"]):
-        cols = [gr.HTML("", css_template=COLUMN_CSS, js_on_load=HOVER_JS, elem_classes=["kbd-column"],
+        cols = [gr.HTML("", css_template=COLUMN_CSS, js_on_load=HOVER_JS + OPENER_JS, elem_classes=["kbd-column"],
                         elem_id=f"kbd-{key}") for key in ("bm25", "vector", "rrf")]
     handler = make_search_handler(engine)
-    go.click(handler, [query, top_k], [status, *cols], api_name="debug_search")
-    query.submit(handler, [query, top_k], [status, *cols], api_name=False)
+    go.click(handler, [query, top_k, kbs], [status, *cols], api_name="debug_search")
+    query.submit(handler, [query, top_k, kbs], [status, *cols], api_name=False)
+    gr.on(None, lambda: refresh_scope(engine), None, [kbs], api_name=False, show_progress="hidden")
     return {"query": query, "top_k": top_k, "status": status, "columns": cols}

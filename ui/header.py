@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import gradio as gr
 
+from pipeline.ingestion.progress import format_eta
+
 from .render import esc
 
 REFRESH_SECONDS = 5
@@ -21,7 +23,9 @@ def badge_html(engine) -> str:
     chunks = h.get("chunks") or 0
     items = [f'<span class="kb-badge kb-badge-main" data-chunks="{int(chunks)}">知识库: {int(chunks)} 块</span>']
     if h.get("processing"):
-        items.append(f'<span class="kb-badge">处理中 {int(h["processing"])} 个文档</span>')
+        queued = int(h.get("queued") or 0)
+        wait = f" · 排队 {queued}" if queued else ""
+        items.append(f'<span class="kb-badge" data-queued="{queued}">处理中 {int(h["processing"])} 个文档{wait}</span>')
     if state in ("loading", "reloading"):
         items.append('<span class="kb-badge kb-badge-warn">引擎加载中…</span>')
     elif state == "error":
@@ -36,7 +40,8 @@ def badge_html(engine) -> str:
         items.append(f'<span class="kb-badge kb-badge-warn" title="{esc(h["warning"])}">⚠ 需要重建知识库</span>')
     rb = h.get("rebuild") or {}
     if rb.get("running"):
-        items.append(f'<span class="kb-badge kb-badge-warn">全量重建中 {int(rb.get("done") or 0)}/{int(rb.get("total") or 0)}</span>')
+        eta = f" · 剩余{format_eta(rb.get('eta_s'))}" if rb.get("done") else ""
+        items.append(f'<span class="kb-badge kb-badge-warn">全量重建中 {int(rb.get("done") or 0)}/{int(rb.get("total") or 0)}{eta}</span>')
     return f'<div class="kb-badges" id="kb-badges" data-state="{esc(state)}">' + "".join(items) + "</div>"
 
 

@@ -40,8 +40,24 @@ def snippet(text: str | None, n: int = SNIPPET_CHARS) -> str:
 
 def doc_label(item: dict) -> str:
     name = item.get("doc_name") or item.get("file_name") or "未知文档"
+    if (item.get("version") or 1) > 1:
+        name = f"{name} v{item['version']}"
     page = item.get("page")
     return f"{name} · 第{page}页" if page else str(name)
+
+
+def mark_replaced(engine, sources: list[dict]) -> list[dict]:
+    """Sources of a replayed answer: each keeps the version it cited; mark 「旧版本」 where that version is no
+    longer the active one (「已删除」 where the document is gone)."""
+    states = engine.source_states([s["doc_id"] for s in sources if isinstance(s.get("doc_id"), int)])
+    out = []
+    for s in sources:
+        st = states.get(s.get("doc_id")) if isinstance(s.get("doc_id"), int) else None
+        flag = None
+        if isinstance(s.get("doc_id"), int):
+            flag = "已删除" if st is None else (None if st["active"] == 1 else "旧版本")
+        out.append({**s, "replaced": flag})
+    return out
 
 
 # ---------------------------------------------------------------------------------------------- answer
@@ -156,19 +172,28 @@ def render_sources(sources: Iterable[dict] | None, *, no_answer: bool = False, i
             meta.append(f'<span class="kb-src-sim" title="相似度（余弦）">相似度 {fmt_num(sim, 3)}</span>')
         if s.get("rerank_score") is not None:
             meta.append(f'<span class="kb-src-rr" title="精排分">精排 {fmt_num(s.get("rerank_score"), 3)}</span>')
+        if s.get("kb_name"):
+            meta.insert(1, f'<span class="kb-tag kb-src-kb" title="知识库">{esc(s["kb_name"])}</span>')
         if s.get("source") == "ocr":
             meta.append('<span class="kb-tag">OCR</span>')
+        if s.get("replaced"):
+            meta.append(f'<span class="kb-tag kb-tag-old" title="引用的版本已不是当前版本">{esc(s["replaced"])}</span>')
         if s.get("verified"):
             meta.insert(1, '<span class="kb-tag kb-tag-verified">已核实问答</span>')
         sup = s.get("support")
         if isinstance(sup, dict) and sup.get("supported") is False:
             meta.append(f'<span class="kb-tag kb-unsupported" title="{esc(UNSUPPORTED_TITLE)}（支持度 '
                         f'{fmt_num(sup.get("score"), 2)}）">⚠ 引用与内容不符</span>')
+        ctx = (f'<div class="kb-src-ctx" title="所在章节 / 工作表">{esc(s.get("context"))}</div>'
+               if s.get("context") else "")
         cited = " kb-cited" if s.get("cited") else ""
         full = s.get("text") or ""
+        view = (f' <span class="kb-src-view" data-view-chunk="{esc(s.get("chunk_id"))}" title="打开原文并定位到这段">'
+                f'查看原文</span>') if s.get("chunk_id") is not None else ""
         cards.append(
-            f'<details class="kb-src{cited}" id="{esc(id_prefix)}{esc(no)}" data-no="{esc(no)}">'
-            f'<summary><div class="kb-src-head">{" · ".join(meta)}</div>'
+            f'<details class="kb-src{cited}" id="{esc(id_prefix)}{esc(no)}" data-no="{esc(no)}" '
+            f'data-chunk="{esc(s.get("chunk_id"))}" data-doc="{esc(s.get("doc_id"))}">'
+            f'<summary><div class="kb-src-head">{" · ".join(meta)}{view}</div>{ctx}'
             f'<div class="kb-src-snip">{esc(snippet(full))}</div></summary>'
             f'<div class="kb-src-full">{esc(full)}</div></details>')
     return f'<div class="kb-sources" data-count="{len(cards)}">' + "".join(cards) + "</div>"
@@ -209,7 +234,8 @@ def _table(rows: list[dict], cols: list[tuple[str, str]]) -> str:
                 tds.append(f'<td><a class="kb-cite" data-cite="{esc(v)}" href="#kb-src-{esc(v)}">[{esc(v)}]</a></td>')
             else:
                 tds.append(f"<td>{esc('—' if v is None else v)}</td>")
-        body.append("<tr>" + "".join(tds) + "</tr>")
+        opener = f' data-view-chunk="{esc(r["chunk_id"])}"' if r.get("chunk_id") is not None else ""
+        body.append(f"<tr{opener}>" + "".join(tds) + "</tr>")
     return f'<table class="kb-trace-table"><thead><tr>{head}</tr></thead><tbody>{"".join(body)}</tbody></table>'
 
 

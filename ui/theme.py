@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import gradio as gr
 
+from .viewer import DRAWER_CSS
+
 # Offline: only local / system fonts (a GoogleFont would make every browser fetch fonts.googleapis.com).
 _FONTS = (gr.themes.LocalFont("Source Sans Pro"), "PingFang SC", "Hiragino Sans GB", "Microsoft YaHei",
           "Noto Sans CJK SC", "WenQuanYi Micro Hei", "ui-sans-serif", "system-ui", "sans-serif")
@@ -48,12 +50,15 @@ a.kb-cite:hover { background: var(--color-accent-soft); }
 .kb-src-no { font-weight: 700; color: var(--color-accent); }
 .kb-src-doc { font-weight: 600; color: var(--body-text-color); }
 .kb-src-snip { margin-top: 4px; font-size: 0.92rem; }
+.kb-src-ctx { margin-top: 2px; font-size: 0.8rem; color: var(--body-text-color-subdued); }
 .kb-src-full { margin-top: 6px; white-space: pre-wrap; font-size: 0.88rem; border-top: 1px dashed var(--border-color-primary);
                padding-top: 6px; }
 .kb-src.kb-cited { border-left: 3px solid var(--color-accent); }
 .kb-src.kb-hl { border-color: #f59e0b; box-shadow: 0 0 0 3px rgba(245, 158, 11, .45); background: #fffbeb; }
 .dark .kb-src.kb-hl { background: #3a2a05; }
 .kb-tag { font-size: .75rem; padding: 0 6px; border-radius: 4px; background: #eef; }
+.kb-src-kb { background: #e7f6ec; color: #1a7f37; }
+.kb-tag-old { background: #fdecea; color: #b42318; }
 .kb-muted { color: var(--body-text-color-subdued); font-size: 0.9rem; }
 .kb-noanswer { padding: 10px; border-radius: 8px; background: #fff4e5; color: #8a5200; }
 
@@ -78,7 +83,10 @@ a.kb-cite.kb-cite-unsupported { color: #b42318; text-decoration: underline wavy 
 .kb-tag-verified { background: #e8f7ee; color: #1b6b3a; }
 .kb-route, .kb-query { margin: 2px 0; }
 .kb-query { font-weight: 600; }
-"""
+.kb-src-view { font-size: .78rem; margin-left: 6px; padding: 0 6px; border-radius: 4px; cursor: pointer;
+               border: 1px solid var(--border-color-primary); color: var(--color-accent); }
+.kb-trace-table tr[data-view-chunk], .kbc[data-view-chunk], .kbd-card[data-view-chunk] { cursor: pointer; }
+""" + DRAWER_CSS
 
 # Document-level script (goes into <head>): clicking a citation [n] highlights source card n and scrolls to it.
 # Event delegation on the document, capture phase, so it works for content Gradio re-renders while streaming
@@ -101,6 +109,9 @@ HEAD_JS = """
     card.classList.add('kb-hl');
     if (card.tagName === 'DETAILS') card.open = true;
     card.scrollIntoView({behavior: 'smooth', block: 'center'});
+    // … and open the document viewer on that passage (the sources panel's js_on_load listens for kb-view)
+    if (card.dataset.chunk) card.dispatchEvent(new CustomEvent('kb-view', {bubbles: true,
+                                                                detail: {chunk_id: Number(card.dataset.chunk)}}));
     clearTimeout(window.__kbHlTimer);
     window.__kbHlTimer = setTimeout(function () { card.classList.remove('kb-hl'); }, 6000);
     return true;

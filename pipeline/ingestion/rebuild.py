@@ -1,8 +1,9 @@
-"""全量重建: re-process every document with the current chunk settings and embedding model, in a thread.
+"""全量重建: re-process every document (every version) of all knowledge bases, or of one, with the current chunk
+settings and embedding model, in a thread.
 
 Uploads and deletes are refused while it runs — in every app process sharing the database: the rebuild holds
 the named lease `kb_rebuild` (store/leases.py) and the others ask `running_elsewhere`. Vectors of another model
-are dropped first — two models' vectors are never mixed.
+are dropped first — two models' vectors are never mixed, so that case needs the rebuild of all knowledge bases.
 """
 from __future__ import annotations
 
@@ -28,14 +29,22 @@ class Rebuild:
         self._settings = settings
         self._on_done = on_done
         self._lock = threading.Lock()
-        self._status = {"running": False, "done": 0, "total": 0, "current": "", "error": None, "elapsed_ms": None}
+        self._status = {"running": False, "done": 0, "total": 0, "current": "", "error": None, "elapsed_ms": None,
+                        "eta_s": None}
 
     @property
     def running(self) -> bool:
         return bool(self._status["running"])
 
     def status(self) -> dict:
-        return dict(self._status)
+        """running, done / total documents, current (its name and stage), eta_s, error, elapsed_ms."""
+        st = dict(self._status)
+        if st["running"] and st.get("current_id") is not None:
+            snap = self._c.ingest.progress.snapshot(st["current_id"])
+            if snap:
+                st["current_stage"] = snap["text"]
+        st.pop("current_id", None)
+        return st
 
     @property
     def _lease_s(self) -> float:
@@ -52,17 +61,22 @@ class Rebuild:
             if self.running:
                 self._c.leases.renew(LEASE, self._c.ingest.owner, self._lease_s)
 
-    def start(self, require_ready: Callable[[], None] = lambda: None) -> dict:
+    def start(self, require_ready: Callable[[], None] = lambda: None, kb_id: int | None = None) -> dict:
+        """Rebuild all knowledge bases (kb_id None) or one."""
         with self._lock:
             if self.running:
                 raise EngineError(CODE_ENGINE, "全量重建已在进行中")
             require_ready()
+            if kb_id is not None:
+                kb_id = self._c.kbs.check(kb_id)
+                if self._c.models.model_warning:
+                    raise EngineError(CODE_ENGINE, "更换了 Embedding 模型：需要重建全部知识库（不指定 kb_id）")
             if not self._c.leases.acquire(LEASE, self._c.ingest.owner, self._lease_s):
                 raise EngineError(CODE_ENGINE, "全量重建已在另一个服务进程中进行")
-            docs = self._c.docs.all_docs()
+            docs = self._c.docs.all_docs(kb_id)
             self._status = {"running": True, "done": 0, "total": len(docs), "current": "", "error": None,
-                            "elapsed_ms": None}
-        threading.Thread(target=self._run, args=(docs,), name="kb-rebuild", daemon=True).start()
+                            "elapsed_ms": None, "eta_s": None, "kb_id": kb_id}
+        threading.Thread(target=self._run, args=(docs, kb_id), name="kb-rebuild", daemon=True).start()
         return self.status()
 
     def wait(self, timeout: float | None = None) -> dict:
@@ -71,7 +85,7 @@ class Rebuild:
             time.sleep(0.1)
         return self.status()
 
-    def _run(self, docs: list[dict]) -> None:
+    def _run(self, docs: list[dict], kb_id: int | None) -> None:
         c, st = self._c, self._status
         t0 = time.perf_counter()
         threading.Thread(target=self._keep_lease, name="kb-rebuild-lease", daemon=True).start()
@@ -79,24 +93,36 @@ class Rebuild:
             c.ingest.wait_idle()
             if c.models.model_warning:
                 with c.gate.writing():
-                    c.vectors.reset()  # vectors of another model: start over, never mix
+                    for kb in c.kbs.all():
+                        kb.vectors.reset()  # vectors of another model: start over, never mix
                 c.models.model_warning = None
                 c.state.bump(KB_GENERATION)  # other processes re-open the new collection
+            # ETA from the bytes done so far: documents differ in size far more than in count
+            total_bytes = sum(int(d.get("file_size") or 0) for d in docs) or 1
+            done_bytes = 0
+            for doc in docs:  # their places in line, for the list's 排队 n
+                c.ingest.progress.queued(doc["doc_id"], doc.get("file_size") or 0, doc.get("file_type") or "")
+            t_work = time.perf_counter()
             for i, doc in enumerate(docs):
-                st["current"] = doc["file_name"]
-                if c.docs.get(doc["doc_id"]) is None:
-                    continue
-                c.docs.set_status(doc["doc_id"], "processing", None, "全量重建中")
-                c.ingest.process(doc["doc_id"])
+                st["current"], st["current_id"] = doc["file_name"], doc["doc_id"]
+                if c.docs.get(doc["doc_id"]) is not None:
+                    c.docs.set_status(doc["doc_id"], "processing", None, "全量重建中")
+                    c.ingest.process(doc["doc_id"])
+                done_bytes += int(doc.get("file_size") or 0)
                 st["done"] = i + 1
+                rate = done_bytes / max(time.perf_counter() - t_work, 1e-6)
+                st["eta_s"] = round((total_bytes - done_bytes) / rate, 1) if rate > 0 else None
             s = self._settings()
-            c.bm25.rebuild(s.bm25_k1, s.bm25_b)
+            for kb in c.kbs.all() if kb_id is None else [c.kbs.get(kb_id)]:
+                kb.bm25.rebuild(s.bm25_k1, s.bm25_b)
             self._on_done()
         except Exception as exc:
             log.exception("rebuild failed")
             st["error"] = str(exc)
         finally:
+            for doc in docs:  # skipped (deleted) or interrupted documents leave the board
+                c.ingest.progress.finish(doc["doc_id"])
             st["running"] = False
-            st["current"] = ""
+            st["current"], st["current_id"], st["eta_s"] = "", None, None
             c.leases.release(LEASE, c.ingest.owner)
             st["elapsed_ms"] = round((time.perf_counter() - t0) * 1000)

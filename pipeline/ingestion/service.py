@@ -7,6 +7,12 @@ taken over once the lease runs out: the new owner drops the half-written chunks 
 document again. Every end-of-job write is fenced by the lease (a worker that lost it writes nothing more).
 A failing file is marked 失败 with its reason and never stops the batch. A document's chunks become visible to
 retrieval only when it turns 就绪 (both routes filter on status), and a failed document leaves no vectors.
+
+Each document belongs to one knowledge base and its vectors go to that knowledge base's collection. A file
+whose name matches an active document of the same knowledge base but whose content differs becomes the next
+version of that document: it turns active (and the previous version inactive) only once it is 就绪. Pages are
+chunked by structure (pipeline.ingestion.structured_chunking) and the parsed text is kept for the viewer; each
+document's stage, counts and ETA are on the progress board (pipeline.ingestion.progress).
 """
 from __future__ import annotations
 
@@ -21,37 +27,32 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from llama_index.core import Document
-
-from pipeline.ingestion.chunking import ChineseChunker
 from pipeline.ingestion.parsing import (
     MAX_BATCH_FILES,
+    ParsedPage,
     ParseError,
+    Progress,
     UploadRefused,
     check_upload,
     parse_file,
     sniff_content,
 )
+from pipeline.ingestion.progress import ProgressBoard
+from pipeline.ingestion.structured_chunking import Piece, chunk_page, indexed_text
+from pipeline.knowledge_bases import KnowledgeBases
 from pipeline.settings import Settings
 from pipeline.tokenize_zh import ChineseTokenizer
-from store.documents import ChunkRow, DocumentStore
+from store.documents import ChunkRow, DocumentStore, SectionRow
 from store.files import FileStore, display_name, md5_of
 from store.gate import WriteGate
 from store.jobs import JobStore, LeaseLost
+from store.migrations import DEFAULT_KB_ID
 from store.vectors import VectorStore
 
 log = logging.getLogger(__name__)
 
 QA_FILE_TYPE = "qa"  # pipeline.conversation.verified: one question + answer, never split
 
-
-def single_chunk(pages: list[Document]) -> list:
-    """The whole text as one node, with the offsets the chunker would give."""
-    from llama_index.core.schema import TextNode
-
-    text = "\n".join(p.text for p in pages).strip()
-    return [TextNode(text=text, metadata={"page": None, "source": "text", "char_start": 0,
-                                          "char_end": len(text)})] if text else []
 
 EMBED_BATCH = 32
 WRITE_BATCH = 128  # vectors per Chroma add
@@ -71,10 +72,12 @@ class UploadResult:
     status: str = ""
     msg: str = ""
     existed: bool = False
+    kb_id: int | None = None
+    version: int | None = None
 
     def to_dict(self) -> dict:
         return {"file_name": self.file_name, "ok": self.ok, "doc_id": self.doc_id, "status": self.status,
-                "msg": self.msg, "existed": self.existed}
+                "msg": self.msg, "existed": self.existed, "kb_id": self.kb_id, "version": self.version}
 
 
 class StageTimer:
@@ -96,23 +99,20 @@ class StageTimer:
 
 
 class IngestService:
-    def __init__(self, docs: DocumentStore, vectors: VectorStore, files: FileStore, tokenizer: ChineseTokenizer,
+    def __init__(self, docs: DocumentStore, kbs: KnowledgeBases, files: FileStore, tokenizer: ChineseTokenizer,
                  get_settings: Callable[[], Settings], get_embedding: Callable[[], object],
                  model_ident: Callable[[], tuple[str, int]], on_change: Callable[[], None],
                  busy_reason: Callable[[], str | None] = lambda: None,
-                 on_ready: Callable[[list[tuple[int, list[str]]]], None] = lambda items: None,
                  gate: WriteGate | None = None, *, jobs: JobStore,
                  ready: Callable[[], bool] = lambda: True, lease_s: float = 60.0, poll_s: float = 1.0):
         self.docs = docs
-        self.vectors = vectors
+        self.kbs = kbs  # kb_id → its collection and BM25 index
         self.files = files
         self.tokenizer = tokenizer
         self.get_settings = get_settings
         self.get_embedding = get_embedding
         self.model_ident = model_ident
         self.on_change = on_change  # refresh BM25 / ready-set after a document changes state
-        # (chunk_id, tokens) of a document about to turn 就绪: BM25Index.add_ready, so 就绪 means searchable
-        self.on_ready = on_ready
         self.gate = gate or WriteGate()  # writes spanning Chroma + SQL hold it (a backup freezes it)
         self.busy_reason = busy_reason
         self.jobs = jobs
@@ -121,6 +121,7 @@ class IngestService:
         self.poll_s = poll_s  # how often an idle worker looks for jobs other processes queued
         self.owner = f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
         self.timer = StageTimer()
+        self.progress = ProgressBoard()  # stage / counts / ETA per document (the list API and the UI read it)
         self._cancelled: set[int] = set()
         self._current: int | None = None
         self._held: set[int] = set()   # doc_ids whose job this worker holds (the heartbeat renews them)
@@ -135,11 +136,13 @@ class IngestService:
         self._heart.start()
 
     # --- accepting -----------------------------------------------------------------------------
-    def upload(self, items: list[tuple[str, Path]]) -> list[UploadResult]:
-        """items: (original file name, path of the received temp file). Returns one result per file."""
+    def upload(self, items: list[tuple[str, Path]], kb_id: int = DEFAULT_KB_ID) -> list[UploadResult]:
+        """items: (original file name, path of the received temp file) into knowledge base `kb_id`. Returns one
+        result per file: 处理中 (new document or new version), 已存在 (same content in this KB), or refused."""
         busy = self.busy_reason()
         if busy:
             raise IngestBusy(busy)
+        kb_id = self.kbs.check(kb_id)
         results: list[UploadResult] = []
         for i, (raw_name, path) in enumerate(items):
             name = display_name(raw_name)
@@ -155,24 +158,30 @@ class IngestService:
                 results.append(UploadResult(name, False, status="refused", msg=exc.reason))
                 continue
             md5 = md5_of(Path(path))
-            existing = self.docs.find_by_md5(md5)
+            existing = self.docs.find_by_md5(md5, kb_id)
             if existing:
-                results.append(UploadResult(name, True, existing["doc_id"], existing["status"], "已存在", True))
+                results.append(_existed(name, existing))
                 continue
-            stored = self.files.save(Path(path), md5, file_type)
+            stored = self.files.save(Path(path), md5, file_type, kb_id)
+            current = self.docs.find_active_by_name(kb_id, name)
+            lineage = current["lineage_id"] if current else None
+            version = self.docs.next_version(lineage) if lineage else 1
             try:
-                doc = self.docs.create(name, file_type, size, md5, stored)
-            except Exception:  # a concurrent duplicate upload won the UNIQUE(md5) race
-                existing = self.docs.find_by_md5(md5)
+                doc = self.docs.create(name, file_type, size, md5, stored, kb_id, lineage, version)
+            except Exception:  # a concurrent duplicate upload won the UNIQUE(kb_id, md5) race
+                existing = self.docs.find_by_md5(md5, kb_id)
                 if existing:
-                    results.append(UploadResult(name, True, existing["doc_id"], existing["status"], "已存在", True))
+                    results.append(_existed(name, existing))
                     continue
                 raise
-            self.enqueue(doc["doc_id"])
-            results.append(UploadResult(name, True, doc["doc_id"], "processing", "处理中"))
+            self.enqueue(doc["doc_id"], doc)
+            msg = f"处理中（新版本 v{version}，就绪后替换 v{current['version']}）" if current else "处理中"
+            results.append(UploadResult(name, True, doc["doc_id"], "processing", msg, kb_id=kb_id, version=version))
         return results
 
-    def enqueue(self, doc_id: int) -> None:
+    def enqueue(self, doc_id: int, doc: dict | None = None) -> None:
+        doc = doc or self.docs.get(doc_id) or {}
+        self.progress.queued(doc_id, doc.get("file_size") or 0, doc.get("file_type") or "")
         self.jobs.add(doc_id)
         self._wake.set()
 
@@ -211,10 +220,11 @@ class IngestService:
                 self._wake.set()
         for doc_id in self.docs.ids_with_status("failed"):
             self.docs.delete_chunks(doc_id)
-        orphans = self.vectors.all_ids() - self.docs.all_chunk_ids()
-        if orphans:
-            log.warning("removing %d orphan vectors", len(orphans))
-            self.vectors.delete_ids(sorted(orphans))
+        for kb in self.kbs.all():
+            orphans = kb.vectors.all_ids() - self.docs.all_chunk_ids(kb.kb_id)
+            if orphans:
+                log.warning("removing %d orphan vectors from knowledge base %d", len(orphans), kb.kb_id)
+                kb.vectors.delete_ids(sorted(orphans))
 
     # --- worker --------------------------------------------------------------------------------
     def _run(self) -> None:
@@ -312,6 +322,8 @@ class IngestService:
             if doc is None:
                 continue
             self._current = doc_id
+            if not self.progress.holds(doc_id):  # claimed from the shared queue or processed by a rebuild
+                self.progress.queued(doc_id, doc.get("file_size") or 0, doc.get("file_type") or "")
             try:
                 prepared.append(self._prepare(doc, s))
             except ParseError as exc:
@@ -349,27 +361,40 @@ class IngestService:
         if not path.exists():
             raise ParseError("原始文件丢失，无法处理")
         t0 = time.perf_counter()
+        self._stage(doc_id, "parse")
+
+        def parse_progress(msg: str) -> None:
+            if isinstance(msg, Progress):
+                self._stage(doc_id, msg.stage, msg.done, msg.total)
+            else:
+                self.docs.set_progress(doc_id, msg)
+
         qa = doc["file_type"] == QA_FILE_TYPE  # a verified Q&A entry: its text file, kept as one chunk
         parsed = parse_file(path, "txt" if qa else doc["file_type"], ocr_enabled=s.ocr_enabled,
-                            ocr_max_pages=s.ocr_max_pages, progress=lambda msg: self.docs.set_progress(doc_id, msg))
+                            ocr_max_pages=s.ocr_max_pages, progress=parse_progress)
         t1 = time.perf_counter()
         self.timer.add("parse", t1 - t0)
         self._check_cancel(doc_id)
+        self._stage(doc_id, "chunk")
 
-        chunker = ChineseChunker(chunk_size=s.chunk_size, chunk_overlap=s.chunk_overlap)
-        pages = [Document(text=p.text, metadata={"page": p.page, "source": p.source}) for p in parsed.pages
-                 if p.text and p.text.strip()]
-        nodes = single_chunk(pages) if qa else chunker.get_nodes_from_documents(pages)
-        if not nodes:
+        if qa:
+            parsed.pages = [ParsedPage("\n".join(p.text for p in parsed.pages).strip(), None)]
+            pieces = [(0, parsed.pages[0], Piece(parsed.pages[0].text, 0, len(parsed.pages[0].text)))]
+        else:
+            pieces = [(k, page, pc) for k, page in enumerate(parsed.pages)
+                      for pc in chunk_page(page, s.chunk_size, s.chunk_overlap)]
+        if not pieces or not pieces[0][2].text:
             raise ParseError("未解析到文本")
         t2 = time.perf_counter()
         self.timer.add("chunk", t2 - t1)
+        self.progress.chunked(doc_id, len(pieces))
 
-        rows = [ChunkRow(doc_id=doc_id, chunk_index=i, text=n.get_content(), page=n.metadata.get("page"),
-                         char_start=n.metadata["char_start"], char_end=n.metadata["char_end"],
-                         source=n.metadata.get("source") or "text",
-                         tokens=self.tokenizer(n.get_content()))
-                for i, n in enumerate(nodes)]
+        rows = [ChunkRow(doc_id=doc_id, chunk_index=i, text=pc.text, page=page.page, char_start=pc.start,
+                         char_end=pc.end, source=page.source or "text",
+                         tokens=self.tokenizer(indexed_text(pc.text, pc.context)), context=pc.context, section=k)
+                for i, (k, page, pc) in enumerate(pieces)]
+        sections = [SectionRow(k, page.page, page.source or "text", page.context, page.text)
+                    for k, page in enumerate(parsed.pages)]
         t3 = time.perf_counter()
         self.timer.add("tokenize", t3 - t2)
 
@@ -379,10 +404,11 @@ class IngestService:
         self._check_cancel(doc_id)
         with self.gate.writing():
             if self.docs.chunk_count_of(doc_id):
-                self.vectors.delete_doc(doc_id)
+                self._vectors(doc).delete_doc(doc_id)
             # The chunk rows are replaced only while our lease holds (checked and locked in one transaction).
             chunk_ids = self.docs.replace_chunks(
-                doc_id, rows, guard=lambda conn: self.jobs.fence(conn, doc_id, self.owner, self.lease_s))
+                doc_id, rows, sections, note="；".join(parsed.warnings) or None,
+                guard=lambda conn: self.jobs.fence(conn, doc_id, self.owner, self.lease_s))
         self.timer.add("write", time.perf_counter() - t3)
         return _Prepared(doc, rows, chunk_ids)
 
@@ -391,7 +417,10 @@ class IngestService:
         mark each document 就绪 only once all its vectors are written."""
         embed_model = self.get_embedding()
         model_id, dim = self.model_ident()
-        self.vectors.claim_model(model_id, dim)
+        for p in group:
+            p.vectors = self._vectors(p.doc)
+        for vs in {id(p.vectors): p.vectors for p in group}.values():
+            vs.claim_model(model_id, dim)
         items = [(p, i) for p in group for i in range(len(p.rows))]
         pending: list[tuple["_Prepared", int, list[float]]] = []
         written: dict[int, int] = {p.doc_id: 0 for p in group}
@@ -402,9 +431,11 @@ class IngestService:
             if not pending:
                 return
             tw = time.perf_counter()
-            self.vectors.add_many([p.chunk_ids[i] for p, i, _ in pending], [e for _, _, e in pending],
-                                  [p.rows[i].text for p, i, _ in pending], [p.doc_id for p, _, _ in pending],
-                                  [p.doc["file_name"] for p, _, _ in pending])
+            for vs in {id(p.vectors): p.vectors for p, _, _ in pending}.values():  # one add per collection
+                part = [x for x in pending if x[0].vectors is vs]
+                vs.add_many([p.chunk_ids[i] for p, i, _ in part], [e for _, _, e in part],
+                            [p.rows[i].text for p, i, _ in part], [p.doc_id for p, _, _ in part],
+                            [p.doc["file_name"] for p, _, _ in part])
             for p, _, _ in pending:
                 written[p.doc_id] += 1
             pending.clear()
@@ -423,14 +454,20 @@ class IngestService:
                 elif self._is_cancelled(p.doc_id):
                     cancelled.add(p.doc_id)
                 else:
-                    last = max(i for q, i in batch if q is p) + 1  # chunks of p embedded after this batch
-                    self.docs.set_progress(p.doc_id, f"向量化 {last}/{len(p.rows)} 块")
+                    first = min(i for q, i in batch if q is p)  # chunks of p embedded before this batch
+                    self._stage(p.doc_id, "embed", first, len(p.rows))
             batch = [(p, i) for p, i in batch if p.doc_id not in cancelled]
             if not batch:
                 continue
             te = time.perf_counter()
-            embs = embed_model.get_text_embedding_batch([p.rows[i].text for p, i in batch])
-            self.timer.add("embed", time.perf_counter() - te)
+            embs = embed_model.get_text_embedding_batch([indexed_text(p.rows[i].text, p.rows[i].context)
+                                                         for p, i in batch])
+            secs = time.perf_counter() - te
+            self.timer.add("embed", secs)
+            self.progress.embedded(len(batch), secs)
+            for p in {p.doc_id: p for p, _ in batch}.values():
+                last = max(i for q, i in batch if q is p) + 1
+                self._stage(p.doc_id, "write" if last == len(p.rows) else "embed", last, len(p.rows))
             pending.extend((p, i, e) for (p, i), e in zip(batch, embs))
             if len(pending) >= WRITE_BATCH:
                 flush()
@@ -440,8 +477,13 @@ class IngestService:
                 p.done = True
                 self._cleanup(p.doc_id)
 
+    def _stage(self, doc_id: int, stage: str, done: int = 0, total: int = 0) -> None:
+        """Structured progress, in memory only (the list reads it from the board: no SQL write per step)."""
+        self.progress.stage(doc_id, stage, done, total)
+
     def _finish(self, p: "_Prepared") -> None:
         p.done = True
+        self.progress.finish(p.doc_id)
         if p.doc_id in self._lost:
             return
         if self._is_cancelled(p.doc_id):
@@ -449,12 +491,14 @@ class IngestService:
             return
         if self._attempts.get(p.doc_id, 1) > 1:
             # Taken over: a write the dead worker had in flight may have landed after our delete.
-            stray = self.vectors.ids_of_doc(p.doc_id) - set(p.chunk_ids)
+            stray = p.vectors.ids_of_doc(p.doc_id) - set(p.chunk_ids)
             if stray:
-                self.vectors.delete_ids(sorted(stray))
-        # Vectors are written (Chroma finds them); BM25 must find the chunks too before the status says 就绪.
-        # Other processes rebuild theirs when the KB generation moves (pipeline/shared_sync.py).
-        self.on_ready([(cid, row.tokens) for cid, row in zip(p.chunk_ids, p.rows)])
+                p.vectors.delete_ids(sorted(stray))
+        # Vectors are written (Chroma finds them); BM25 must find the chunks too before the status says 就绪:
+        # they go to the delta of the document's knowledge base (BM25Index.add_ready). Other processes rebuild
+        # theirs when the KB generation moves (pipeline/shared_sync.py).
+        self.kbs.get(p.doc.get("kb_id") or DEFAULT_KB_ID).bm25.add_ready(
+            [(cid, row.tokens) for cid, row in zip(p.chunk_ids, p.rows)])
         if not self.jobs.complete(p.doc_id, self.owner, len(p.rows)):
             log.warning("doc %s: lease lost before 就绪; its new owner finishes it", p.doc_id)
             return
@@ -462,6 +506,7 @@ class IngestService:
         log.info("doc %s ready: %d chunks", p.doc["file_name"], len(p.rows))
 
     def _fail(self, doc_id: int, reason: str) -> None:
+        self.progress.finish(doc_id)
         if doc_id in self._lost or not self.jobs.holds(doc_id, self.owner):
             return  # another worker owns the document now: its chunks and vectors are not ours to drop
         self._cleanup(doc_id, keep_doc=True)
@@ -469,14 +514,19 @@ class IngestService:
 
     def _cleanup(self, doc_id: int, keep_doc: bool = False) -> None:
         """A failed or cancelled document leaves no vectors and no chunks."""
+        self.progress.finish(doc_id)
         with self.gate.writing():
-            self.vectors.delete_doc(doc_id)
+            doc = self.docs.get(doc_id)
+            # a document deleted meanwhile (its KB too, maybe): Engine.delete_document removed its vectors
+            if doc is not None:
+                self._vectors(doc).delete_doc(doc_id)
             self.docs.delete_chunks(doc_id)
-            if not keep_doc:
-                doc = self.docs.get(doc_id)
-                if doc is not None and doc_id in self._cancelled:
-                    self.docs.delete(doc_id)
-                    self.files.delete(doc.get("stored_name"))
+            if not keep_doc and doc is not None and doc_id in self._cancelled:
+                self.docs.delete(doc_id)
+                self.files.delete(doc.get("stored_name"))
+
+    def _vectors(self, doc: dict) -> VectorStore:
+        return self.kbs.get(doc.get("kb_id") or DEFAULT_KB_ID).vectors
 
     def stop(self, timeout: float = 5.0) -> None:
         """Stop claiming; a job still running past `timeout` keeps its lease until it expires (then another
@@ -484,6 +534,15 @@ class IngestService:
         self._stop.set()
         self._wake.set()
         self._worker.join(timeout)
+
+
+def _existed(name: str, existing: dict) -> UploadResult:
+    """「已存在」: the same content is already in this knowledge base (maybe as an old version)."""
+    msg = "已存在"
+    if existing.get("active") == 0 and existing.get("status") == "ready":
+        msg = f"已存在（与旧版本 v{existing['version']} 内容相同，可在「版本」中恢复）"
+    return UploadResult(name, True, existing["doc_id"], existing["status"], msg, True, existing.get("kb_id"),
+                        existing.get("version"))
 
 
 class _Cancelled(Exception):
@@ -496,6 +555,7 @@ class _Prepared:
     rows: list[ChunkRow]
     chunk_ids: list[int]
     done: bool = False
+    vectors: VectorStore | None = None  # the collection of the document's knowledge base
 
     @property
     def doc_id(self) -> int:

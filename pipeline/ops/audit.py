@@ -15,6 +15,7 @@ from collections.abc import Callable
 from contextlib import nullcontext
 from dataclasses import dataclass, field
 
+from pipeline.ingestion.structured_chunking import indexed_text
 from pipeline.tokenize_zh import ChineseTokenizer
 from store.documents import DocumentStore, decode_tokens
 from store.files import FileStore
@@ -115,6 +116,7 @@ class KBAuditor:
         with freeze, self.vectors.write_lock:
             docs = {d["doc_id"]: d for d in self.docs.all_docs()}
             chunks = self.docs.audit_rows()
+            contexts = self.docs.chunk_contexts()
             vectors = self.vectors.entries()
             files = self.files.listing()
             models = self.model_ids()
@@ -153,10 +155,11 @@ class KBAuditor:
                                          if c in vectors and vectors[c] != (d, t)])
         if check_tokens:
             add("token_mismatch", [{"chunk_id": c, "doc_id": d} for c, d, t, tok in sorted(chunks)
-                                   if decode_tokens(tok) != self.tokenizer(t)])
-        if bm25 is not None:
+                                   if decode_tokens(tok) != self.tokenizer(indexed_text(t, contexts.get(c)))])
+        if bm25 is not None:  # an old (inactive) version is meant to be out of BM25
+            searchable = {d for d in ready if docs[d].get("active", 1) == 1}
             add("bm25_missing", [{"chunk_id": c} for c in sorted(c for c, (d, _) in chunk_text.items()
-                                                                if d in ready and c not in bm25)])
+                                                                if d in searchable and c not in bm25)])
         add("stuck_processing", [{"doc_id": d, "file_name": doc["file_name"]} for d, doc in docs.items()
                                  if doc["status"] == "processing" and d not in jobs])
         add("ready_without_chunks", [{"doc_id": d, "file_name": docs[d]["file_name"]} for d in sorted(ready)

@@ -18,6 +18,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+from pipeline.ingestion.structured_chunking import indexed_text
 from pipeline.ops.audit import UPLOAD_GRACE_S, AuditReport, KBAuditor
 from pipeline.tokenize_zh import ChineseTokenizer
 from store.documents import DocumentStore
@@ -105,7 +106,7 @@ class KBRepairer:
             batch = [rows[c] for c in chunk_ids[start:start + EMBED_BATCH] if c in rows]
             if not batch:
                 continue
-            embs = self.hooks.embed([r["text"] for r in batch])
+            embs = self.hooks.embed([indexed_text(r["text"], r.get("context")) for r in batch])  # as ingest does
             with self.gate.frozen():
                 now = self.docs.get_chunks([r["chunk_id"] for r in batch])
                 keep = [(r, e) for r, e in zip(batch, embs)  # still there with the text we embedded
@@ -159,7 +160,7 @@ class KBRepairer:
         if not chunk_ids:
             return 0
         rows = self.docs.get_chunks(chunk_ids)
-        fresh = {c: self.tokenizer(r["text"]) for c, r in rows.items()}
+        fresh = {c: self.tokenizer(indexed_text(r["text"], r.get("context"))) for c, r in rows.items()}
         with self.gate.frozen():
             now = self.docs.get_chunks(list(fresh))
             fresh = {c: t for c, t in fresh.items() if c in now and now[c]["text"] == rows[c]["text"]}

@@ -24,7 +24,7 @@ from llama_index.core.schema import NodeWithScore, QueryBundle
 from llama_index.retrievers.bm25 import BM25Retriever
 
 from pipeline.retrieval.bm25_delta import DeltaBM25
-from pipeline.retrieval.nodes import ChunkLookup, node_from_row
+from pipeline.retrieval.nodes import ChunkLookup, node_from_row, retrievable
 from pipeline.tokenize_zh import ChineseTokenizer
 
 log = logging.getLogger(__name__)
@@ -169,7 +169,7 @@ class JiebaBM25Retriever(BM25Retriever):
         out = []
         for cid, score in hits:
             row = rows.get(cid)
-            if row is None or row.get("status") != "ready":
+            if not retrievable(row):
                 continue
             out.append(NodeWithScore(node=node_from_row(row), score=score))
         return out

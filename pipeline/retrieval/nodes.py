@@ -1,7 +1,8 @@
 """Chunk rows ↔ LlamaIndex nodes, shared by both routes, the answer builders and the event payloads.
 
 A node's id is the chunk_id (as a string); its metadata holds doc_id, doc_name, chunk_index, page, source
-("text" | "ocr") and verified (a verified Q&A entry), all excluded from embedding and LLM text (they are shown, not scored).
+("text" | "ocr"), context (heading path / sheet name, or None), kb_id / kb_name, version and verified (a verified
+Q&A entry), all excluded from embedding and LLM text (they are shown, not scored).
 """
 from __future__ import annotations
 
@@ -14,9 +15,15 @@ from llama_index.core.schema import MetadataMode, TextNode
 ChunkLookup = Callable[[list[int]], dict[int, dict]]
 
 
+def retrievable(row: dict | None) -> bool:
+    """A chunk row both routes may return: its document is 就绪 and the active version (store.documents)."""
+    return row is not None and row.get("status") == "ready" and row.get("active", 1) == 1
+
+
 def node_from_row(row: dict) -> TextNode:
     meta = {"doc_id": row["doc_id"], "doc_name": row["file_name"], "chunk_index": row["chunk_index"],
-            "page": row.get("page"), "source": row.get("source") or "text",
+            "page": row.get("page"), "source": row.get("source") or "text", "context": row.get("context"),
+            "kb_id": row.get("kb_id"), "kb_name": row.get("kb_name"), "version": row.get("version"),
             "verified": row.get("file_type") == "qa"}  # a verified Q&A entry (pipeline.conversation.verified)
     return TextNode(id_=str(row["chunk_id"]), text=row["text"], metadata=meta,
                     excluded_embed_metadata_keys=list(meta), excluded_llm_metadata_keys=list(meta))

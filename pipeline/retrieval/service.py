@@ -1,8 +1,10 @@
 """Query flow (SRS §4.2): embed query → BM25 ‖ vector recall → fusion (fusion.py) → rerank → no-answer gate.
 
-The retrievers and the rerank postprocessor are LlamaIndex components built once per settings change (they are
-cheap objects over the shared indexes and models) and used through their public `retrieve` /
-`postprocess_nodes`. The result is a plain `RetrievalResult`; pipeline.events renders it.
+The retrievers and the rerank postprocessor are LlamaIndex components built once per settings change and set of
+knowledge bases (they are cheap objects over the shared indexes and models) and used through their public
+`retrieve` / `postprocess_nodes`. `kb_ids` scopes a question to some knowledge bases (None: all of them); each
+route asks every one of them (pipeline.retrieval.scope). The result is a plain `RetrievalResult`;
+pipeline.events renders it.
 """
 from __future__ import annotations
 
@@ -11,10 +13,11 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from llama_index.core.schema import NodeWithScore, QueryBundle
 
-from pipeline.retrieval.bm25 import BM25Index, LiveBM25Retriever
+from pipeline.retrieval.bm25 import LiveBM25Retriever
 from pipeline.retrieval.fusion import FusionOutput, FusionParams, HybridRetriever
 from pipeline.retrieval.gate import decide
 from pipeline.retrieval.gate_background import Background
@@ -22,11 +25,14 @@ from pipeline.retrieval.gate_features import GateFeatures, measure
 from pipeline.retrieval.lexical import weights_for
 from pipeline.retrieval.rerank import CrossEncoder, SafeRerank, rerank_status
 from pipeline.retrieval.result import RetrievalResult, fused_row, fusion_info
+from pipeline.retrieval.scope import scoped, scoped_bm25
 from pipeline.retrieval.vector import ReadyVectorRetriever, chroma_index, stored_cosines
 from pipeline.settings import Settings
 from pipeline.tokenize_zh import ChineseTokenizer
 from store.documents import DocumentStore
-from store.vectors import VectorStore
+
+if TYPE_CHECKING:
+    from pipeline.knowledge_bases import KnowledgeBase, KnowledgeBases
 
 log = logging.getLogger(__name__)
 
@@ -53,47 +59,58 @@ class _Stages:
 
 
 class RetrievalService:
-    def __init__(self, docs: DocumentStore, vectors: VectorStore, bm25_index: BM25Index,
+    def __init__(self, docs: DocumentStore, kbs: KnowledgeBases,
                  tokenizer: ChineseTokenizer, embed_model, cross_encoder: CrossEncoder | None,
                  pending_vectors: Callable[[], int] = lambda: 0, vector_enabled: Callable[[], bool] = lambda: True,
                  embedding_model: str | None = None, background: Callable[[], Background | None] = lambda: None):
         self.background = background  # the gate's background of this KB (pipeline/retrieval/gate_background.py)
         self.docs = docs
-        self.vectors = vectors
-        self.bm25_index = bm25_index
+        self.kbs = kbs
         self.tokenizer = tokenizer
         self.embed_model = embed_model
         self.cross_encoder = cross_encoder
         self.pending_vectors = pending_vectors
         self.vector_enabled = vector_enabled
         self.embedding_model = embedding_model  # whose cosine scale the fusion's auto weight was fitted on
-        self._index = None  # (collection, VectorStoreIndex); the collection object changes on a model reset
+        # kb_id → (collection, VectorStoreIndex); the collection object changes on a model reset
+        self._indexes: dict[int, tuple] = {}
         self._stages: dict[tuple, _Stages] = {}
         self._lock = threading.Lock()
 
     # --- components, built once per settings ----------------------------------------------------
-    def _vector_index(self):
-        col = self.vectors.collection
-        if self._index is None or self._index[0] is not col:
-            self._index = (col, chroma_index(col, self.embed_model))
-        return self._index[1]
+    def _vector_index(self, kb: KnowledgeBase):
+        col = kb.vectors.collection
+        cached = self._indexes.get(kb.kb_id)
+        if cached is None or cached[0] is not col:
+            cached = self._indexes[kb.kb_id] = (col, chroma_index(col, self.embed_model))
+        return cached[1]
 
-    def stages(self, s: Settings, recall: int | None = None) -> _Stages:
-        """Fusion retriever + rerank postprocessor for these settings (cached; a settings change makes new ones)."""
+    def scope(self, kb_ids=None) -> tuple[int, ...]:
+        """The knowledge bases a question searches: the given ones (checked), or all."""
+        return tuple(sorted({self.kbs.check(k) for k in kb_ids})) if kb_ids else tuple(self.kbs.ids())
+
+    def stages(self, s: Settings, recall: int | None = None, kb_ids=None) -> _Stages:
+        """Fusion retriever + rerank postprocessor for these settings and knowledge bases (cached; a settings
+        change makes new ones)."""
         recall = recall or s.recall_size
+        scope = self.scope(kb_ids)
         params = FusionParams.from_settings(s, self.embedding_model)
-        key = (recall, repr(params), s.final_top_k, s.rerank_candidates)
+        key = (recall, repr(params), s.final_top_k, s.rerank_candidates, scope)
         with self._lock:
             built = self._stages.get(key)
             if built is None:
                 lookup = self.docs.get_chunks
-                bm25 = LiveBM25Retriever(self.bm25_index, self.tokenizer, lookup, recall)
-                vec = ReadyVectorRetriever(self._vector_index, lookup, recall, extra_fetch=self.pending_vectors,
-                                           enabled=self.vector_enabled, ready_count=self.docs.ready_chunk_count)
-                fusion = HybridRetriever(bm25, vec, self._stored_cosines, params)
+                kbs = [self.kbs.get(k) for k in scope]
+                bm25 = scoped_bm25([LiveBM25Retriever(kb.bm25, self.tokenizer, lookup, recall) for kb in kbs], recall)
+                vec = scoped([ReadyVectorRetriever(lambda kb=kb: self._vector_index(kb), lookup, recall,
+                                                   extra_fetch=lambda kb=kb: self.docs.pending_chunk_count(kb.kb_id),
+                                                   enabled=self.vector_enabled,
+                                                   ready_count=lambda kb=kb: self.docs.ready_chunk_count(kb.kb_id))
+                              for kb in kbs], recall)
+                fusion = HybridRetriever(bm25, vec, lambda q, ids, kbs=kbs: self._stored_cosines(q, ids, kbs), params)
                 built = _Stages(fusion, SafeRerank(self.cross_encoder, top_n=s.final_top_k,
                                                    candidates=s.rerank_candidates))
-                if len(self._stages) > 8:  # settings edited many times: drop the old ones
+                if len(self._stages) > 32:  # settings edited many times / many scopes: drop the old ones
                     self._stages.clear()
                 self._stages[key] = built
             return built
@@ -103,21 +120,35 @@ class RetrievalService:
         return self.cross_encoder.label if self.cross_encoder else ""
 
     # --- stages ------------------------------------------------------------------------------------
-    def recall(self, query: str, s: Settings, recall: int | None = None) -> tuple[QueryBundle, FusionOutput, float]:
+    def forget(self, kb_id: int) -> None:
+        """A knowledge base was deleted: drop what was built over it."""
+        with self._lock:
+            self._indexes.pop(kb_id, None)
+            self._stages = {k: v for k, v in self._stages.items() if kb_id not in k[-1]}
+
+    def recall(self, query: str, s: Settings, recall: int | None = None,
+               kb_ids=None) -> tuple[QueryBundle, FusionOutput, float]:
         """Embed the query, run both routes and the fusion. Returns (bundle, routes + fused + ms, embed ms)."""
         t0 = time.perf_counter()
         emb = self.embed_model.get_query_embedding(query) if self.vector_enabled() else None
         embed_ms = (time.perf_counter() - t0) * 1000
         bundle = QueryBundle(query_str=query, embedding=emb)
-        return bundle, self.stages(s, recall).fusion.run(bundle), embed_ms
+        return bundle, self.stages(s, recall, kb_ids).fusion.run(bundle), embed_ms
 
-    def _stored_cosines(self, query_embedding, chunk_ids: list[str]) -> dict[str, float]:
-        return stored_cosines(self.vectors.collection, query_embedding, chunk_ids)  # today's collection
+    def _stored_cosines(self, query_embedding, chunk_ids: list[str], kbs=None) -> dict[str, float]:
+        """Cosines of the query with stored vectors, from the collections of the knowledge bases in scope."""
+        out: dict[str, float] = {}
+        for kb in kbs if kbs is not None else self.kbs.all():
+            missing = [i for i in chunk_ids if i not in out]
+            if not missing:
+                break
+            out.update(stored_cosines(kb.vectors.collection, query_embedding, missing))  # today's collection
+        return out
 
-    def recall_stage(self, query: str, s: Settings) -> RetrievalResult:
+    def recall_stage(self, query: str, s: Settings, kb_ids=None) -> RetrievalResult:
         """Both routes + fusion + the no-answer gate (the answer stream reports it as stage "recall")."""
         t_start = time.perf_counter()
-        bundle, fusion, embed_ms = self.recall(query, s)
+        bundle, fusion, embed_ms = self.recall(query, s, kb_ids=kb_ids)
         res = RetrievalResult(query=query, bm25=fusion.bm25, vector=fusion.vector, fused=fusion.fused,
                               min_similarity=s.min_similarity, bm25_weight=fusion.bm25_weight,
                               fusion_mode=fusion.mode, fusion_features=fusion.features,
@@ -127,15 +158,17 @@ class RetrievalService:
         # Gate (F3-4): refuse (no LLM call downstream) / weak evidence / answer — pipeline/retrieval/gate.py
         t_g = time.perf_counter()
         bg = self.background() if s.adaptive_gate else None
-        decision = decide(self.gate_features(query, fusion), bg, s.min_similarity, bool(fusion.fused),
+        decision = decide(self.gate_features(query, fusion, kb_ids), bg, s.min_similarity, bool(fusion.fused),
                           adaptive=s.adaptive_gate)
         res.gate, res.hit = decision.trace(), decision.hit  # plain data: stored for 重试 with the rest
         res.ms["gate"] = (time.perf_counter() - t_g) * 1000
         return res
 
-    def gate_features(self, query: str, fusion: FusionOutput) -> GateFeatures:
+    def gate_features(self, query: str, fusion: FusionOutput, kb_ids=None) -> GateFeatures:
+        # IDF weights of the first knowledge base asked (the default one when none is named)
+        kb = self.kbs.get(next(iter(kb_ids))) if kb_ids else self.kbs.default
         return measure(self.tokenizer(query), self.tokenizer.segments(query),
-                       weights_for(self.bm25_index.snapshot.bm25), fusion.bm25, fusion.vector, fusion.fused)
+                       weights_for(kb.bm25.snapshot.bm25), fusion.bm25, fusion.vector, fusion.fused)
 
     def measure_gate(self, query: str, s: Settings) -> GateFeatures:
         """Gate features of one query without a decision (how the background probes are scored)."""
@@ -158,8 +191,8 @@ class RetrievalService:
                  res.query[:40], res.ms.get("bm25", 0), res.ms.get("vector", 0), rerank_ms, res.hit)
         return res
 
-    def retrieve(self, query: str, s: Settings) -> RetrievalResult:
-        return self.rerank_stage(self.recall_stage(query, s), s)
+    def retrieve(self, query: str, s: Settings, kb_ids=None) -> RetrievalResult:
+        return self.rerank_stage(self.recall_stage(query, s, kb_ids), s)
 
     def _fill_similarity(self, nodes: list[NodeWithScore], query_emb) -> None:
         """Cosine similarity for every final node, also those the vector route did not return."""
@@ -172,13 +205,14 @@ class RetrievalService:
         for n in missing:
             n.node.metadata["similarity_full"] = got.get(n.node.node_id)
 
-    def debug_search(self, query: str, top_k: int, s: Settings) -> dict:
+    def debug_search(self, query: str, top_k: int, s: Settings, kb_ids=None) -> dict:
         """SRS §7.2 shape: bm25 / vector / rrf groups, each top_k long."""
-        _, fusion, _ = self.recall(query, s, recall=max(top_k, s.recall_size))
+        _, fusion, _ = self.recall(query, s, recall=max(top_k, s.recall_size), kb_ids=kb_ids)
 
         def row(n):
-            return {"chunk_id": int(n.node.node_id), "doc_name": n.node.metadata.get("doc_name"),
-                    "text": n.node.get_content()}
+            m = n.node.metadata
+            return {"chunk_id": int(n.node.node_id), "doc_id": m.get("doc_id"), "doc_name": m.get("doc_name"),
+                    "kb_id": m.get("kb_id"), "kb_name": m.get("kb_name"), "text": n.node.get_content()}
 
         return {
             "bm25": [row(n) | {"score": _r(n.score)} for n in fusion.bm25[:top_k]],

@@ -17,7 +17,7 @@ from llama_index.core.base.embeddings.base import BaseEmbedding
 from llama_index.core.schema import NodeWithScore, QueryBundle
 from llama_index.vector_stores.chroma import ChromaVectorStore
 
-from pipeline.retrieval.nodes import ChunkLookup, node_from_row
+from pipeline.retrieval.nodes import ChunkLookup, node_from_row, retrievable
 
 
 def cosine_from_chroma_score(score: float | None) -> float:
@@ -83,8 +83,8 @@ class ReadyVectorRetriever(BaseRetriever):
             scored = []
             for h in hits:
                 row = rows.get(int(h.node.node_id))
-                if row is None or row.get("status") != "ready":
-                    continue  # orphan vector or document not 就绪 yet
+                if not retrievable(row):
+                    continue  # orphan vector, document not 就绪 yet, or an old version
                 scored.append(NodeWithScore(node=node_from_row(row), score=cosine_from_chroma_score(h.score)))
             if len(scored) >= want or k >= cap:
                 break

@@ -19,10 +19,12 @@ def parse_file(
     ocr_max_pages: int = 50,
     progress: Callable[[str], None] | None = None,
 ) -> ParsedDocument:
-    """Parses a txt/md/pdf/docx file into normalized text pages.
+    """Parses a txt/md/pdf/docx/xlsx/csv file into normalized text pages.
 
-    Runs `sniff_content` first (magic bytes, zip-bomb guard). txt/md/docx give one page with page=None;
-    PDFs give one ParsedPage per page with text (1-based page numbers; OCR'd pages have source="ocr").
+    Runs `sniff_content` first (magic bytes, zip-bomb guard). txt/md/docx/csv give one page with page=None;
+    PDFs give one ParsedPage per page with text (1-based page numbers; OCR'd pages have source="ocr"); xlsx one
+    page per non-empty sheet (context = the sheet's name). Markdown and DOCX pages carry their headings and
+    tables, spreadsheet pages one table each (ParsedPage.headings / .tables).
     `progress` receives short Chinese status strings such as "OCR 3/8 页" (an exception raised by it
     propagates, so it can be used to cancel). Raises ParseError with a Chinese `reason`."""
     path = Path(path)
@@ -36,10 +38,22 @@ def parse_file(
 
         text, encoding = parse_text_file(path)
         pages = [ParsedPage(text=text, page=None)]
-    elif file_type == "docx":
-        from .docx_parser import parse_docx
+        if file_type == "md":
+            from .markdown import markdown_structure
 
-        pages = [ParsedPage(text=parse_docx(path), page=None)]
+            pages[0].headings, pages[0].tables = markdown_structure(text)
+    elif file_type == "docx":
+        from .docx_parser import parse_docx_page
+
+        pages = [parse_docx_page(path)]
+    elif file_type == "xlsx":
+        from .sheets import parse_xlsx
+
+        pages = parse_xlsx(path, warnings)
+    elif file_type == "csv":
+        from .sheets import parse_csv
+
+        pages, encoding = parse_csv(path)
     elif file_type == "pdf":
         from .pdf import parse_pdf
 

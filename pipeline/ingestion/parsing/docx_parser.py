@@ -1,9 +1,15 @@
-"""DOCX: paragraphs and tables in document order (python-docx, walking the body XML)."""
+"""DOCX: paragraphs and tables in document order (python-docx, walking the body XML).
+
+Besides the text, the page records its structure: 标题/Heading-styled paragraphs as headings and every top-level
+table's rows as a TableBlock (first row = header), so chunking keeps rows whole and follows headings.
+"""
 from __future__ import annotations
 
+import re
 import zipfile
 from pathlib import Path
 
+from .document import Heading, ParsedPage, TableBlock
 from .errors import ParseError
 from .normalize import normalize_text
 from .validate import R_DOCX_BROKEN, R_DOCX_NOT_ZIP
@@ -13,9 +19,14 @@ _P, _TBL, _SDT, _SDT_CONTENT, _TR, _TC = (_W + t for t in ("p", "tbl", "sdt", "s
 # Containers whose children are block content (tracked insertions, custom XML, smart tags …).
 _BLOCK_WRAPPERS = {_W + t for t in ("ins", "customXml", "smartTag", "moveTo")}
 _TXBX = _W + "txbxContent"
+_HEADING_STYLE = re.compile(r"^(?:heading|标题)\s*([1-6])$", re.IGNORECASE)
 
 
 def parse_docx(path: Path) -> str:
+    return parse_docx_page(path).text
+
+
+def parse_docx_page(path: Path) -> ParsedPage:
     try:
         import docx  # python-docx
         from docx.opc.exceptions import PackageNotFoundError
@@ -29,28 +40,70 @@ def parse_docx(path: Path) -> str:
         raise ParseError(R_DOCX_BROKEN) from exc
 
     lines: list[str] = []
-    _walk_blocks(document.element.body, document, lines)
-    return normalize_text("\n".join(lines))
+    marks: list[tuple] = []
+    _walk_blocks(document.element.body, document, lines, marks)
+    return _assemble(lines, marks)
 
 
-def _walk_blocks(container, document, out: list[str]) -> None:
-    """Appends one line per paragraph and per table row, in document order."""
+def _assemble(lines: list[str], marks: list[tuple]) -> ParsedPage:
+    """Normalized text (blank-line runs collapsed as normalize_text does) + heading and table spans."""
+    parts: list[str] = []
+    pos = 0
+    blank = False
+    headings: list[Heading] = []
+    tables: dict[int, list[tuple[int, int]]] = {}
+    for line, mark in zip(lines, marks):
+        t = normalize_text(line)
+        if not t:
+            blank = True
+            continue
+        sep = ("\n\n" if blank else "\n") if parts else ""
+        blank = False
+        start = pos + len(sep)
+        parts.append(sep + t)
+        pos = start + len(t)
+        if mark[0] == "heading":
+            headings.append(Heading(start, pos, mark[1], t))
+        elif mark[0] == "row":
+            tables.setdefault(mark[1], []).append((start, pos))
+    return ParsedPage("".join(parts), None, headings=headings,
+                      tables=[TableBlock(tuple(rows)) for _, rows in sorted(tables.items())])
+
+
+def _heading_level(paragraph) -> int | None:
+    try:
+        name = paragraph.style.name if paragraph.style is not None else ""
+    except Exception:  # a style id missing from styles.xml
+        return None
+    m = _HEADING_STYLE.match((name or "").strip())
+    return int(m.group(1)) if m else None
+
+
+def _walk_blocks(container, document, out: list[str], marks: list[tuple] | None = None) -> None:
+    """Appends one line per paragraph and per table row, in document order. With `marks` (the body, not a
+    table cell) one mark per line: ("heading", level), ("row", table number) or ("text",)."""
     from docx.table import Table
     from docx.text.paragraph import Paragraph
 
     for el in container.iterchildren():
         tag = el.tag
         if tag == _P:
-            text = _paragraph_text(Paragraph(el, document))
-            out.append(text)
+            paragraph = Paragraph(el, document)
+            out.append(_paragraph_text(paragraph))
+            if marks is not None:
+                level = _heading_level(paragraph)
+                marks.append(("heading", level) if level else ("text",))
         elif tag == _TBL:
+            n = len(out)
             _table_lines(Table(el, document), document, out)
+            if marks is not None:
+                marks.extend([("row", len(marks))] * (len(out) - n))  # the first row's index names the table
         elif tag == _SDT:
             content = el.find(_SDT_CONTENT)
             if content is not None:
-                _walk_blocks(content, document, out)
+                _walk_blocks(content, document, out, marks)
         elif tag in _BLOCK_WRAPPERS:
-            _walk_blocks(el, document, out)
+            _walk_blocks(el, document, out, marks)
         # sectPr, bookmarkStart/End, … carry no text
 
 
@@ -77,8 +130,8 @@ def _paragraph_text(paragraph) -> str:
 def _cell_text(cell, document) -> str:
     parts: list[str] = []
     _walk_blocks(cell._tc, document, parts)
-    # a cell's own lines are joined with spaces so that one table row stays one line
-    return " ".join(p.strip() for p in parts if p.strip())
+    # a cell's own lines (paragraphs, line breaks) are joined with spaces so that one table row stays one line
+    return " ".join(" ".join(x.strip() for x in p.split("\n") if x.strip()) for p in parts if p.strip())
 
 
 def _table_lines(table, document, out: list[str]) -> None:

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from . import ocr
-from .document import ParsedPage
+from .document import ParsedPage, Progress
 from .errors import ParseError
 from .normalize import normalize_text
 from .validate import R_PDF_BROKEN
@@ -269,7 +269,7 @@ def parse_pdf(
             total = len(to_ocr)
             for k, probe in enumerate(to_ocr, start=1):
                 if progress is not None:
-                    progress(f"OCR {k}/{total} 页")
+                    progress(Progress(f"OCR {k}/{total} 页", "ocr", k, total))
                 with PDFIUM_LOCK:
                     page = pdf[probe.number - 1]
                     try:

@@ -7,7 +7,7 @@ from pathlib import Path
 
 from .errors import ParseError, UploadRefused
 
-ALLOWED_EXTS = {".txt", ".md", ".pdf", ".docx"}
+ALLOWED_EXTS = {".txt", ".md", ".pdf", ".docx", ".xlsx", ".csv"}
 MAX_FILE_BYTES = 20 * 1024 * 1024
 MAX_BATCH_FILES = 10
 
@@ -17,8 +17,8 @@ MAX_DOCX_RATIO = 100  # total uncompressed / total compressed (real DOCX files: 
 MAX_DOCX_MEMBER_RATIO = 1000  # any single member (a 1 GB run of zeros deflates ~1000:1)
 MAX_DOCX_ENTRIES = 10_000
 
-_EXT_TO_TYPE = {".txt": "txt", ".md": "md", ".pdf": "pdf", ".docx": "docx"}
-_ALLOWED_TEXT = "txt / md / pdf / docx"
+_EXT_TO_TYPE = {".txt": "txt", ".md": "md", ".pdf": "pdf", ".docx": "docx", ".xlsx": "xlsx", ".csv": "csv"}
+_ALLOWED_TEXT = "txt / md / pdf / docx / xlsx / csv"
 
 R_EMPTY = "文件为空"
 R_TOO_BIG = "文件超过 20 MB"
@@ -29,6 +29,9 @@ R_DOCX_NO_DOCUMENT = "DOCX 文件无效（缺少 word/document.xml）"
 R_DOCX_BOMB = "DOCX 文件解压后体积异常（疑似压缩炸弹）"
 R_DOCX_BROKEN = "DOCX 文件已损坏或无法读取"
 R_OLD_DOC = "文件内容与扩展名不符（这是旧版 Word .doc 文件，请另存为 .docx）"
+R_OLD_XLS = "文件内容与扩展名不符（这是旧版 Excel .xls 文件，请另存为 .xlsx）"
+R_XLSX_NOT_ZIP = "XLSX 文件无效（不是 zip 压缩包）"
+R_XLSX_NO_WORKBOOK = "XLSX 文件无效（缺少 xl/workbook.xml）"
 
 # Known magic numbers of binary formats (for "renamed binary" detection).
 _BINARY_MAGIC: list[tuple[bytes, str]] = [
@@ -96,12 +99,14 @@ def sniff_content(path, file_type) -> None:
     if size == 0:
         raise ParseError(R_EMPTY)
 
-    if file_type in ("txt", "md"):
+    if file_type in ("txt", "md", "csv"):
         _sniff_text(head)
     elif file_type == "pdf":
         _sniff_pdf(head)
     elif file_type == "docx":
         _sniff_docx(path, head)
+    elif file_type == "xlsx":
+        _sniff_office_zip(path, head, "xl/workbook.xml", R_OLD_XLS, R_XLSX_NOT_ZIP, R_XLSX_NO_WORKBOOK)
     else:
         raise ParseError(f"不支持的文件类型 .{file_type}，仅支持 {_ALLOWED_TEXT}")
 
@@ -131,19 +136,24 @@ def _sniff_pdf(head: bytes) -> None:
 
 
 def _sniff_docx(path: Path, head: bytes) -> None:
+    _sniff_office_zip(path, head, "word/document.xml", R_OLD_DOC, R_DOCX_NOT_ZIP, R_DOCX_NO_DOCUMENT)
+
+
+def _sniff_office_zip(path: Path, head: bytes, main_part: str, r_old: str, r_not_zip: str, r_no_main: str) -> None:
+    """DOCX / XLSX: a zip (not the old OLE format) holding its main part, without a zip bomb inside."""
     if head.startswith(b"\xd0\xcf\x11\xe0\xa1\xb1\x1a\xe1"):
-        raise ParseError(R_OLD_DOC)
+        raise ParseError(r_old)
     if not head.startswith(b"PK"):
         kind = binary_kind(head)
-        raise ParseError(R_MISMATCH if kind is not None else R_DOCX_NOT_ZIP)
+        raise ParseError(R_MISMATCH if kind is not None else r_not_zip)
     try:
         with zipfile.ZipFile(path) as zf:
             infos = zf.infolist()
     except (zipfile.BadZipFile, OSError, ValueError, EOFError) as exc:
-        raise ParseError(R_DOCX_NOT_ZIP) from exc
+        raise ParseError(r_not_zip) from exc
     names = {i.filename for i in infos}
-    if "word/document.xml" not in names:
-        raise ParseError(R_DOCX_NO_DOCUMENT)
+    if main_part not in names:
+        raise ParseError(r_no_main)
     check_zip_bomb(infos)
 
 

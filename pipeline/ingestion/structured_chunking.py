@@ -1,0 +1,122 @@
+"""Structure-aware chunking: sections follow headings, tables keep their rows whole and repeat their header.
+
+A page without headings or tables (txt, PDF text layers) is cut exactly as `chunking.split_text` cuts it.
+Otherwise the page is read as sections (a heading up to the next heading of any level). Prose inside a section
+is cut with split_text and never crosses into the next section; each piece carries the section's heading path
+as `context` (e.g. 「第二章 受理 › 第五条」), which is shown in the source card and embedded/indexed with the
+chunk text. A table becomes pieces of whole rows, each starting with the table's header rows, up to
+`chunk_size` characters — a single row longer than that still stays whole in its own piece, unless it exceeds
+ROW_HARD_MAX (then, and only then, it is cut like prose, header repeated on every piece).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from pipeline.ingestion.chunking import split_text
+from pipeline.ingestion.parsing.document import Heading, ParsedPage, TableBlock
+
+CONTEXT_SEP = " › "
+ROW_HARD_MAX = 2000  # characters; a longer table row is cut (the embedding model reads ~500 of them anyway)
+
+
+@dataclass(frozen=True)
+class Piece:
+    text: str
+    start: int  # span of the piece in the page text (the viewer highlights it)
+    end: int
+    context: str | None = None  # sheet name / heading path
+
+
+def indexed_text(text: str, context: str | None) -> str:
+    """What is embedded and BM25-tokenized for a chunk: its context line, then its text."""
+    return f"{context}\n{text}" if context else text
+
+
+def chunk_page(page: ParsedPage, chunk_size: int, chunk_overlap: int) -> list[Piece]:
+    text = page.text
+    if not page.headings and not page.tables:
+        return [Piece(text[s:e], s, e, page.context) for s, e in split_text(text, chunk_size, chunk_overlap)]
+    pieces: list[Piece] = []
+    heading_spans = [(h.start, h.end) for h in page.headings]
+    for a, b, path in _sections(text, page.headings):
+        context = CONTEXT_SEP.join([c for c in (page.context, *path) if c]) or None
+        cursor = a
+        for table in (t for t in page.tables if a <= t.start < b):
+            pieces += _prose(text, cursor, table.start, heading_spans, chunk_size, chunk_overlap, context)
+            pieces += table_pieces(text, table, chunk_size, context)
+            cursor = table.end
+        pieces += _prose(text, cursor, b, heading_spans, chunk_size, chunk_overlap, context)
+    return pieces
+
+
+def _sections(text: str, headings: list[Heading]) -> list[tuple[int, int, list[str]]]:
+    """(start, end, heading path) per section; text before the first heading is a section with no path."""
+    out = []
+    stack: list[Heading] = []
+    starts = [h.start for h in headings]
+    if not headings or headings[0].start > 0:
+        out.append((0, starts[0] if starts else len(text), []))
+    for i, h in enumerate(headings):
+        while stack and stack[-1].level >= h.level:
+            stack.pop()
+        stack.append(h)
+        end = starts[i + 1] if i + 1 < len(headings) else len(text)
+        out.append((h.start, end, [x.title for x in stack if x.title]))
+    return out
+
+
+def _prose(text: str, a: int, b: int, heading_spans: list[tuple[int, int]], size: int, overlap: int,
+           context: str | None) -> list[Piece]:
+    region = text[a:b]
+    if not region.strip():
+        return []
+    # A region holding nothing but its heading line (a heading right before a table or a sub-heading): the
+    # heading already travels as context of what follows, a chunk of the title alone would only add noise.
+    rest = "".join(ch for i, ch in enumerate(region, a) if not any(s <= i < e for s, e in heading_spans))
+    if not rest.strip():
+        return []
+    return [Piece(region[s:e], a + s, a + e, context) for s, e in split_text(region, size, overlap)]
+
+
+def table_pieces(text: str, table: TableBlock, chunk_size: int, context: str | None) -> list[Piece]:
+    """Whole rows per piece, each piece starting with the header rows (when the header takes at most half of
+    a chunk; a wider header is kept once, in the first piece)."""
+    rows = [text[s:e] for s, e in table.rows]
+    nh = min(table.header_rows, len(rows))
+    header = "\n".join(rows[:nh])
+    if nh == len(rows):  # a header without body rows: plain text
+        return [Piece(p.text, table.start + p.start, table.start + p.end, context)
+                for p in _split_long(header, chunk_size)]
+    repeat = len(header) <= chunk_size // 2
+    prefix = header + "\n" if repeat else ""
+    pieces: list[Piece] = []
+    group: list[int] = [] if repeat else list(range(nh))  # an unrepeated header opens the first piece
+    size = len(prefix) + sum(len(rows[i]) + 1 for i in group)
+
+    def emit(idx: list[int]) -> None:
+        body = "\n".join(rows[i] for i in idx)
+        start = table.start if not pieces else table.rows[idx[0]][0]  # the first piece's span covers the header
+        pieces.append(Piece(prefix + body, start, table.rows[idx[-1]][1], context))
+
+    for i in range(nh, len(rows)):
+        row = rows[i]
+        if len(row) > ROW_HARD_MAX:
+            if group:
+                emit(group)
+            group, size = [], len(prefix)
+            s0 = table.rows[i][0]
+            for p in _split_long(row, max(chunk_size - len(prefix), chunk_size // 2)):
+                pieces.append(Piece(prefix + p.text, s0 + p.start, s0 + p.end, context))
+            continue
+        if group and size + len(row) > chunk_size:
+            emit(group)
+            group, size = [], len(prefix)
+        group.append(i)
+        size += len(row) + 1
+    if group:
+        emit(group)
+    return pieces
+
+
+def _split_long(text: str, size: int) -> list[Piece]:
+    return [Piece(text[s:e], s, e) for s, e in split_text(text, size, 0)]
