@@ -150,6 +150,11 @@ def test_browser_upload_ask_cite_reload_replay(tmp_path):
                 page.evaluate("window.scrollTo(0, 0)")
                 page.screenshot(path=str(Path(shots) / "chat.png"))
 
+            # the citation click also opens the document viewer (issue 16) over the page: close it first
+            page.wait_for_selector("#kb-viewer-drawer", state="visible", timeout=20_000)
+            page.click("#kb-viewer-close")
+            page.wait_for_selector("#kb-viewer-drawer", state="hidden", timeout=10_000)
+
             page.locator("#kb-trace-acc").get_by_text("检索过程").first.click()
             page.wait_for_selector("#kb-trace .kb-trace-sec[data-sec=rerank]", state="visible", timeout=10_000)
             assert "BM25" in _panel_texts(page)["trace"]
