@@ -22,10 +22,14 @@ from pipeline.conversation.router import Router
 from pipeline.conversation.service import ConversationService
 from pipeline.conversation.verified import VerifiedQAService
 from pipeline.deployment import Deployment
+from pipeline.generation.extractive import ExtractivePicker
+from pipeline.generation.support import SupportChecker
 from pipeline.ingestion.service import IngestService
 from pipeline.knowledge_bases import KnowledgeBases
 from pipeline.models.paths import resolve_model_dir
 from pipeline.retrieval.bm25 import BM25Index
+from pipeline.retrieval.gate_background import GateBackground
+from pipeline.retrieval.lexical import weights_for
 from pipeline.retrieval.rerank import CrossEncoder, load_cross_encoder
 from pipeline.retrieval.service import RetrievalService
 from pipeline.settings import Settings
@@ -38,6 +42,7 @@ from store.documents import DocumentStore
 from store.feedback import FeedbackStore
 from store.files import FileStore
 from store.gate import WriteGate
+from store.gate_stats import GateStatsStore
 from store.jobs import JobStore
 from store.knowledge_bases import KBStore
 from store.leases import LeaseStore
@@ -93,10 +98,17 @@ class Components:
     leases: LeaseStore             # work one process at a time may do (全量重建)
     deployment: Deployment
     kbs: KnowledgeBases            # every knowledge base: kb_id → its collection and BM25 index
+    gate_stats: GateStatsStore | None = None  # the no-answer gate's background (SQLite / PostgreSQL)
     models: Models | None = None
     retrieval: RetrievalService | None = None
+    # built with the embedding model by load_models: the gate's background, extractive picker, support check
+    gate_background: GateBackground | None = None
+    picker: ExtractivePicker | None = None
+    support: SupportChecker | None = None
 
     def close(self) -> None:
+        if self.gate_background is not None:
+            self.gate_background.cancel()
         self.ingest.stop()
         self.db.close()
         self.dir_lock.release()
@@ -153,7 +165,8 @@ def build_components(data_dir: Path | str, *, project_root: Path | None = None, 
     comps = Components(data_dir, project_root, Path(models_dir or project_root / "models"), db, ConfigStore(db),
                        docs, files, default.vectors, tokenizer, default.bm25, ingest, gate, dir_lock,
                        conversations, FeedbackService(FeedbackStore(db), conversations), verified, Router(),
-                       DeterministicRewriter(), jobs, SharedState(db), RetrievalStore(db), LeaseStore(db), dep, kbs)
+                       DeterministicRewriter(), jobs, SharedState(db), RetrievalStore(db), LeaseStore(db), dep, kbs,
+                       GateStatsStore(db))
     return comps
 
 
@@ -173,8 +186,22 @@ def load_models(c: Components, s: Settings) -> Models:
     c.retrieval = RetrievalService(
         c.docs, c.kbs, c.tokenizer, emb.embed_model, models.cross_encoder,
         pending_vectors=c.docs.pending_chunk_count, vector_enabled=lambda: models.model_warning is None,
-        embedding_model=emb.model_id)
+        embedding_model=emb.model_id, background=lambda: c.gate_background.current())
+    # Probes are scored with the settings of this load (recall size / fusion barely move their best cosine).
+    c.gate_background = GateBackground(c.gate_stats, lambda: emb.model_id, lambda q: c.retrieval.measure_gate(q, s),
+                                       lambda: c.bm25.snapshot)
+    weights = lambda: weights_for(c.bm25.snapshot.bm25)  # noqa: E731 — the live IDF table, read per question
+    background = lambda: c.gate_background.current()  # noqa: E731
+    c.picker = ExtractivePicker(c.tokenizer, emb.embed_model, weights, background=background)
+    c.support = SupportChecker(emb.embed_model, c.tokenizer, weights, source_vectors=lambda nodes: _stored(c, nodes),
+                               background=background)
     return models
+
+
+def _stored(c: Components, nodes) -> list | None:
+    """The stored vectors of the source nodes, in order (None for a node without one)."""
+    by_id = c.vectors.embeddings_of([int(n.node.node_id) for n in nodes])
+    return [by_id.get(int(n.node.node_id)) for n in nodes]
 
 
 def _load_cross_encoder(c: Components, s: Settings) -> CrossEncoder | None:

@@ -74,7 +74,7 @@ class Engine:
         # Other app processes on the same database: their settings saves, reloads and KB changes reach us here.
         self._sync = SharedSync(c.state, on_kb=self._refresh_bm25, on_config=self._reread_settings,
                                 on_engine=self._reload_from_elsewhere)
-        self._rebuild = Rebuild(c, lambda: self._settings, on_done=self._recent.clear)
+        self._rebuild = Rebuild(c, lambda: self._settings, on_done=self._after_rebuild)
         vectors = c.kbs.all_vectors  # audit / repair / backup look at every knowledge base
         self.auditor = KBAuditor(c.docs, vectors, c.files, c.tokenizer, self._model_ids,
                                  bm25_ids=vectors.bm25_indexed_ids, has_job=self._has_job, gate=c.gate)
@@ -267,6 +267,16 @@ class Engine:
             m.model_warning = c.kbs.model_warning(m.embedding.model_id, m.embedding.dim)
         for kb in c.kbs.all():
             kb.bm25.rebuild(self._settings.bm25_k1, self._settings.bm25_b)
+        self._refresh_gate_background()
+
+    def _after_rebuild(self) -> None:
+        self._recent.clear()
+        self._refresh_gate_background()
+
+    def _refresh_gate_background(self) -> None:
+        """The knowledge base changed: score the gate's probe questions against it soon, not at the next question."""
+        if self.state == "ready" and self.components.gate_background is not None:
+            self.components.gate_background.refresh_soon()
 
     def _rebuild_busy(self) -> bool:
         return self._rebuild.running or self._rebuild.running_elsewhere()
@@ -675,18 +685,22 @@ class Engine:
         llm = c.models.llm
         try:
             result = yield from stream_answer(question, res.final, llm, s.llm_temperature, tokenizer=c.tokenizer,
-                                              history=history, retrieval_query=rw.query)
+                                              history=history, retrieval_query=rw.query, picker=c.picker,
+                                              query_embedding=res.query_embedding)
         except LLMError as exc:
             yield ev.error(CODE_LLM, exc.msg)
             return
-        yield ev.sources(ev.source_list(res, result.cited))
+        # LLM answers: is each [n] backed by source n? (extractive sentences are quotes of their source)
+        support = c.support.check(result.text, res.final) if llm is not None and c.support else None
+        yield ev.sources(ev.source_list(res, result.cited, support))
         yield ev.done((time.perf_counter() - t0) * 1000, no_answer=False,
-                      mode="llm" if llm is not None else "extractive", rewritten_query=rewritten)
+                      mode="llm" if llm is not None else "extractive", rewritten_query=rewritten, weak=res.weak,
+                      support=support)
 
     def ask_sync(self, question: str, retry: bool = False, conversation_id: str | None = None,
                  user: str | None = None, use_kb: bool = True, kb_ids: Any = None) -> dict:
-        """The synchronous form over the same stream: {answer, sources, elapsed_ms, trace, conversation_id,
-        turn_id, route, rewritten_query, mode, no_answer} or EngineError."""
+        """The synchronous form over the same stream: {answer, sources, elapsed_ms, trace, weak, support,
+        conversation_id, turn_id, route, rewritten_query, mode, no_answer} or EngineError."""
         parts: list[str] = []
         sources: list = []
         trace = None
@@ -703,7 +717,10 @@ class Engine:
                 done = e.data
             elif e.type is ev.EventType.ERROR:
                 raise EngineError(e.data["code"], e.data["msg"])
+        if trace is not None and "support_summary" in done:  # 检索过程 counts unsupported citations
+            trace = {**trace, "support": done["support_summary"]}
         return {"answer": "".join(parts), "sources": sources, "elapsed_ms": done.get("elapsed_ms"), "trace": trace,
+                "weak": bool(done.get("weak")), "support": done.get("support"),
                 **{k: done.get(k) for k in ("conversation_id", "turn_id", "route", "rewritten_query", "mode",
                                             "no_answer")}}
 

@@ -88,6 +88,17 @@ class GateInfo(TypedDict):
     hit: bool
     max_similarity: float | None
     min_similarity: float
+    # the adaptive gate (pipeline/retrieval/gate.py GateDecision.trace)
+    outcome: NotRequired[Literal["answer", "weak", "refuse"]]
+    weak: NotRequired[bool]
+    reason: NotRequired[str]
+    similarity_z: NotRequired[float | None]
+    background_median: NotRequired[float | None]
+    coverage: NotRequired[float]
+    phrase_coverage: NotRequired[float]
+    agreement: NotRequired[float]
+    score: NotRequired[float | None]
+    confidence: NotRequired[float | None]
 
 
 class RouteInfo(TypedDict):  # pipeline.conversation.router.Route.to_dict()
@@ -145,10 +156,17 @@ class Source(TypedDict):
     rerank_score: float | None
     cited: bool
     verified: bool  # a verified Q&A entry (shown as 「已核实问答」)
+    # citation support check of LLM answers (pipeline/generation/support.py); None when not cited / not checked
+    support: NotRequired[dict | None]
 
 
 class SourcesPayload(TypedDict):
     sources: list[Source]
+
+
+class SupportSummary(TypedDict):
+    checked: int       # citations checked
+    unsupported: int   # of those, not backed by their source
 
 
 class DonePayload(TypedDict):
@@ -156,6 +174,9 @@ class DonePayload(TypedDict):
     no_answer: bool
     mode: NotRequired[Literal["llm", "extractive", "fixed"]]  # fixed: the offline reply of a DIRECT route
     rewritten_query: NotRequired[str | None]  # what retrieval saw, when a follow-up was rewritten
+    weak: NotRequired[bool]                    # answered with the 「资料相关度较低，请核对原文」 banner
+    support: NotRequired[list[dict]]           # per answer sentence: text, cited, scores, supported, unsupported
+    support_summary: NotRequired[SupportSummary]
     # added by the conversation recorder (pipeline.conversation.service.TurnRecorder) before it is sent:
     conversation_id: NotRequired[str]
     turn_id: NotRequired[int]
@@ -199,10 +220,16 @@ def error(code: int, msg: str) -> Event:
     return Event(EventType.ERROR, ErrorPayload(code=code, msg=msg))
 
 
-def done(elapsed_ms: float, no_answer: bool, mode: str | None = None, rewritten_query: str | None = None) -> Event:
-    payload = DonePayload(elapsed_ms=round(elapsed_ms), no_answer=no_answer, rewritten_query=rewritten_query)
+def done(elapsed_ms: float, no_answer: bool, mode: str | None = None, rewritten_query: str | None = None, *,
+         weak: bool = False, support: Any = None) -> Event:
+    """`support`: a pipeline.generation.support.SupportReport (LLM answers), or None."""
+    payload = DonePayload(elapsed_ms=round(elapsed_ms), no_answer=no_answer, rewritten_query=rewritten_query,
+                          weak=weak)
     if mode is not None:
         payload["mode"] = mode  # type: ignore[typeddict-item]
+    if support is not None:
+        payload["support"] = [s.to_dict() for s in support.sentences]
+        payload["support_summary"] = SupportSummary(**support.summary())
     return Event(EventType.DONE, payload)
 
 
@@ -233,7 +260,8 @@ def trace_payload(res: "RetrievalResult") -> TracePayload:
                 for i, n in enumerate(res.final, 1)],
         rerank_status=res.rerank_status,
         fusion=fusion_info(res.fusion_mode, res.bm25_weight, res.fusion_features),
-        gate=GateInfo(hit=res.hit, max_similarity=_r(res.max_similarity), min_similarity=res.min_similarity),
+        gate=(GateInfo(**res.gate) if res.gate is not None  # type: ignore[typeddict-item]
+              else GateInfo(hit=res.hit, max_similarity=_r(res.max_similarity), min_similarity=res.min_similarity)),
         ms={k: round(v, 1) for k, v in res.ms.items()},
     )
 
@@ -252,8 +280,10 @@ def route_trace(route: RouteInfo, query: QueryInfo) -> Event:
     return Event(EventType.TRACE, DirectTracePayload(route=route, query=query))
 
 
-def source_list(res: "RetrievalResult", cited: set[int] | frozenset[int] = frozenset()) -> list[Source]:
-    """The final nodes as numbered sources (`no` = the [n] the answer cites)."""
+def source_list(res: "RetrievalResult", cited: set[int] | frozenset[int] = frozenset(),
+                support: Any = None) -> list[Source]:
+    """The final nodes as numbered sources (`no` = the [n] the answer cites); `support`: a SupportReport."""
+    per_source = support.per_source() if support is not None else {}
     out: list[Source] = []
     for i, n in enumerate(res.final, start=1):
         m = n.node.metadata
@@ -263,6 +293,8 @@ def source_list(res: "RetrievalResult", cited: set[int] | frozenset[int] = froze
                           text=node_text(n),
                           similarity=_r(m.get("similarity_full")), rerank_score=_r(m.get("rerank_score")),
                           cited=i in cited, verified=bool(m.get("verified"))))
+        if support is not None:
+            out[-1]["support"] = per_source.get(i)
     return out
 
 

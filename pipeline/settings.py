@@ -80,7 +80,10 @@ class Settings(BaseModel):
                             description="BM25 长度归一参数", ge=0, le=1)
     # SRS says 0.3; calibrated per embedding model (pipeline.retrieval.service.default_min_similarity).
     min_similarity: float = setting(0.3, group="retrieval", effect="immediate", label="最低相似度",
-                                    description="无答案门槛：最高余弦相似度低于它则拒答", ge=0, le=1)
+                                    description="无答案硬门槛：最高余弦相似度低于它一定拒答", ge=0, le=1)
+    # The adaptive gate (pipeline/retrieval/gate.py) decides above that floor; off = the floor alone decides.
+    adaptive_gate: bool = setting(True, group="retrieval", effect="immediate", label="自适应无答案判定",
+                                  description="对照本知识库的背景分布与关键词覆盖：回答 / 资料相关度较低 / 拒答")
     rerank_candidates: int = setting(20, group="retrieval", effect="immediate", label="精排候选数",
                                      description="送入精排模型的融合候选数", ge=1, le=200)
     # chunking

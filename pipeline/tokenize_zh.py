@@ -53,6 +53,12 @@ class ChineseTokenizer:
         tokens.extend(self._plain(text[pos:]))
         return tokens
 
+    def segments(self, text: str) -> list[str]:
+        """Non-overlapping words in text order (jieba's precise mode), normalised like `tokenize`; punctuation
+        and whitespace are kept as their own segments, so runs of words can be told apart."""
+        text = unicodedata.normalize("NFKC", text or "").lower()
+        return [w for w in self._jieba.lcut(text) if w.strip()]
+
     def _plain(self, text: str) -> list[str]:
         if not text.strip():
             return []

@@ -184,6 +184,14 @@ MIGRATIONS: list[Migration] = [
             created_at  TEXT NOT NULL
         )""",
     )),
+    Migration(8, "no-answer gate background of the knowledge base", (
+        """CREATE TABLE IF NOT EXISTS kb_gate_background (
+            id           INTEGER PRIMARY KEY CHECK (id = 1),
+            fingerprint  TEXT NOT NULL,
+            stats        TEXT NOT NULL,
+            updated_at   TEXT NOT NULL
+        )""",
+    )),
 ]
 
 
@@ -195,9 +203,9 @@ _KB_DOCUMENT_COLUMNS = ("doc_id, file_name, file_type, file_size, content_md5, c
                         " created_at, stored_name, progress, note")
 
 MIGRATIONS += [
-    # v8: tables stay tables — a chunk's context (heading path / sheet name) and the parsed page/sheet it comes
+    # v9: tables stay tables — a chunk's context (heading path / sheet name) and the parsed page/sheet it comes
     # from; the parsed text itself for the document viewer (kb_section); the parser's notes on a document.
-    Migration(8, "chunk context, parsed sections, document notes", (
+    Migration(9, "chunk context, parsed sections, document notes", (
         "ALTER TABLE kb_chunk ADD COLUMN context TEXT",
         "ALTER TABLE kb_chunk ADD COLUMN section INTEGER NOT NULL DEFAULT 0",
         "ALTER TABLE kb_document ADD COLUMN note TEXT",
@@ -211,12 +219,12 @@ MIGRATIONS += [
             PRIMARY KEY (doc_id, section)
         )""",
     )),
-    # v9: knowledge bases (every document in one; earlier documents in the default one, 1) and document versions
+    # v10: knowledge bases (every document in one; earlier documents in the default one, 1) and document versions
     # (lineage_id = doc_id of version 1; active 1 = used by retrieval, 0 = old, 2 = becomes active when 就绪).
     # UNIQUE(content_md5) becomes UNIQUE(kb_id, content_md5): the same file may sit in two knowledge bases.
     # SQLite cannot drop a constraint, so kb_document is rebuilt there; the id sequence is carried over, so ids
     # of documents deleted before the upgrade are never handed out again.
-    Migration(9, "knowledge bases, document versions", (
+    Migration(10, "knowledge bases, document versions", (
         """CREATE TABLE kb_base (
             kb_id       INTEGER PRIMARY KEY AUTOINCREMENT,
             name        TEXT NOT NULL UNIQUE,

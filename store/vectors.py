@@ -173,6 +173,11 @@ class VectorStore:
         got = self.collection.get(where={"doc_id": int(doc_id)}, include=[])
         return {int(i) for i in got["ids"]}
 
+    def embeddings_of(self, chunk_ids: Sequence[int]) -> dict[int, list[float]]:
+        """Stored vectors by chunk id (ids without a vector are absent)."""
+        got = self.collection.get(ids=[str(c) for c in chunk_ids], include=["embeddings"])
+        return {int(i): list(e) for i, e in zip(got["ids"], got["embeddings"])}
+
     def all_ids(self) -> set[int]:
         out: set[int] = set()
         offset = 0

@@ -71,3 +71,15 @@ def team_deployment(pg_server, chroma_server, tmp_path):
     from tests.servers import fresh_deployment
 
     return fresh_deployment(pg_server, chroma_server, tmp_path / "shared-files")
+
+
+@pytest.fixture(scope="module", params=["embedded", pytest.param("server", marks=pytest.mark.slow)])
+def make_deployment(request, tmp_path_factory):
+    """A module asking for this runs twice: embedded (returns None, the default) and in team mode (a fresh
+    PostgreSQL + Chroma-server database and files dir per call)."""
+    if request.param == "embedded":
+        return lambda: None
+    from tests.servers import fresh_deployment
+
+    pg, chroma = request.getfixturevalue("pg_server"), request.getfixturevalue("chroma_server")
+    return lambda: fresh_deployment(pg, chroma, tmp_path_factory.mktemp("files"))

@@ -6,6 +6,7 @@ import socket
 import threading
 import time
 from contextlib import contextmanager
+from pathlib import Path
 from types import SimpleNamespace
 
 import httpx
@@ -54,12 +55,12 @@ class LiveApp:
             self.engine.close()
 
 
-def live_with_doc(tmp_path_factory, name: str, policy: AccessPolicy | None = None):
+def live_with_doc(tmp_path_factory, name: str, policy: AccessPolicy | None = None, deployment=None):
     """For a module fixture (`yield from`): the app over a fresh engine holding the one-document KB of
-    tests/test_ui_chat.py; the engine closes with it."""
+    tests/test_ui_chat.py; the engine closes with it. `deployment`: where its state lives (None: embedded)."""
     from tests.test_ui_chat import make_engine
 
-    app = LiveApp(make_engine(tmp_path_factory.mktemp(name)), policy)
+    app = LiveApp(make_engine(tmp_path_factory.mktemp(name), deployment=deployment), policy)
     try:
         yield app
     finally:
@@ -79,6 +80,21 @@ def launched_ui(engine):
         yield SimpleNamespace(demo=demo, client=Client(demo.local_url, analytics_enabled=False, verbose=False))
     finally:
         demo.close()
+
+
+def engine_with_texts(tmp: Path, docs: dict[str, str], timeout: float = 300):
+    """A real Engine on tmp/data holding `docs` (file name → text) as ready documents (files written to tmp)."""
+    from pipeline.engine import Engine
+
+    engine = Engine(tmp / "data")
+    items = []
+    for name, text in docs.items():
+        p = tmp / name
+        p.write_text(text, encoding="utf-8")
+        items.append((name, p))
+    engine.upload(items)
+    assert engine.wait_idle(timeout), "ingest did not finish"
+    return engine
 
 
 class AppProcess:

@@ -37,17 +37,6 @@ class LiveApp(_BaseLiveApp):
         super().stop(close_engine=True)
 
 
-@pytest.fixture(scope="module", params=["embedded", pytest.param("server", marks=pytest.mark.slow)])
-def make_deployment(request, tmp_path_factory):
-    """Where the state lives: None (embedded default), or a fresh PostgreSQL + Chroma-server database per call."""
-    if request.param == "embedded":
-        return lambda: None
-    from tests.servers import fresh_deployment
-
-    pg, chroma = request.getfixturevalue("pg_server"), request.getfixturevalue("chroma_server")
-    return lambda: fresh_deployment(pg, chroma, tmp_path_factory.mktemp("files"))
-
-
 @pytest.fixture(scope="module")
 def live(tmp_path_factory, make_deployment):
     a = LiveApp(tmp_path_factory.mktemp("api") / "data", deployment=make_deployment())

@@ -13,8 +13,9 @@ ALICE, BOB = ("alice", "pw-a"), ("bob", "pw-b")
 
 
 @pytest.fixture(scope="module")
-def live(tmp_path_factory):
-    yield from live_with_doc(tmp_path_factory, "apiconv", AccessPolicy.from_args(["alice:pw-a", "bob:pw-b"]))
+def live(tmp_path_factory, make_deployment):  # embedded and team mode (tests/conftest.py)
+    yield from live_with_doc(tmp_path_factory, "apiconv", AccessPolicy.from_args(["alice:pw-a", "bob:pw-b"]),
+                             deployment=make_deployment())
 
 
 def _ask_sse(http, auth, **body):

@@ -15,9 +15,10 @@ ADMIN, USER = ("root", "pw-r"), ("bob", "pw-b")
 
 
 @pytest.fixture(scope="module")
-def live(tmp_path_factory):
+def live(tmp_path_factory, make_deployment):  # embedded and team mode (tests/conftest.py)
     yield from live_with_doc(tmp_path_factory, "apifb",
-                             AccessPolicy.from_args(["root:pw-r", "bob:pw-b"], kb_admins=["root"]))
+                             AccessPolicy.from_args(["root:pw-r", "bob:pw-b"], kb_admins=["root"]),
+                             deployment=make_deployment())
 
 
 def _ask(http, auth, q):

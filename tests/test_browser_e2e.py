@@ -54,6 +54,15 @@ def _launch(pw, profile: Path):
         locale="zh-CN")
 
 
+def _open_app(pw, profile: Path, url: str):
+    """(context, page) of the app loaded in a browser on `profile`, the question box ready."""
+    ctx = _launch(pw, profile)
+    page = ctx.pages[0] if ctx.pages else ctx.new_page()
+    page.goto(url)
+    page.wait_for_selector("#kb-question textarea", timeout=60_000)
+    return ctx, page
+
+
 def _open_tab(page, name: str):
     page.get_by_role("tab", name=name).click()
 
@@ -106,10 +115,7 @@ def test_browser_upload_ask_cite_reload_replay(tmp_path):
     profile = tmp_path / "profile"
     try:
         with sync_api.sync_playwright() as pw:
-            ctx = _launch(pw, profile)
-            page = ctx.pages[0] if ctx.pages else ctx.new_page()
-            page.goto(live.url)
-            page.wait_for_selector("#kb-question textarea", timeout=60_000)
+            ctx, page = _open_app(pw, profile, live.url)
             assert "知识库" in page.locator("#kb-badge").inner_text()
 
             _upload(page, live, tmp_path)
@@ -144,6 +150,11 @@ def test_browser_upload_ask_cite_reload_replay(tmp_path):
                 page.evaluate("window.scrollTo(0, 0)")
                 page.screenshot(path=str(Path(shots) / "chat.png"))
 
+            # the citation click also opens the document viewer (issue 16) over the page: close it first
+            page.wait_for_selector("#kb-viewer-drawer", state="visible", timeout=20_000)
+            page.click("#kb-viewer-close")
+            page.wait_for_selector("#kb-viewer-drawer", state="hidden", timeout=10_000)
+
             page.locator("#kb-trace-acc").get_by_text("检索过程").first.click()
             page.wait_for_selector("#kb-trace .kb-trace-sec[data-sec=rerank]", state="visible", timeout=10_000)
             assert "BM25" in _panel_texts(page)["trace"]
@@ -177,10 +188,7 @@ def test_browser_upload_ask_cite_reload_replay(tmp_path):
 
             # browser restart (same profile): the history is on the server, still there
             ctx.close()
-            ctx = _launch(pw, profile)
-            page = ctx.pages[0] if ctx.pages else ctx.new_page()
-            page.goto(live.url)
-            page.wait_for_selector("#kb-question textarea", timeout=60_000)
+            ctx, page = _open_app(pw, profile, live.url)
             _replay_first(page)
             assert _panel_texts(page)["answer"] == before["answer"]
 

@@ -14,6 +14,7 @@ from llama_index.core.schema import NodeWithScore, TextNode
 from pipeline.events import EXTRACTIVE_LABEL, NO_ANSWER_SHORT, NO_ANSWER_TEXT, Event
 from pipeline.generation.answer import GenerationResult, ThinkFilter, stream_answer
 from pipeline.generation.citations import CitationGuard, strip_citations
+from pipeline.generation.extractive import NOT_FOUND_TEXT
 from pipeline.generation.llm_client import PLACEHOLDER_API_KEY, LLMError, build_llm
 from pipeline.generation.llm_client import test_llm_connection as check_connection
 from pipeline.generation.prompting import SYSTEM_PROMPT, build_prompt, neutralise
@@ -394,10 +395,28 @@ def test_extractive_deterministic(tokenizer):
     assert 2 in a[1].cited
 
 
-def test_extractive_no_overlap_falls_back_to_top_chunk(tokenizer):
+def test_extractive_nothing_addresses_the_question(tokenizer):
+    # no sentence shares a content word with the question: say so and point at the closest sources,
+    # instead of quoting an unrelated sentence
     events, result = run(stream_answer("量子纠缠", NODES, None, 0.3, tokenizer=tokenizer))
-    assert len(events) == 2 and "[1]" in texts(events)[1]
-    assert result.cited == {1}
+    assert len(events) == 2
+    assert texts(events)[1].startswith(NOT_FOUND_TEXT) and "[1][2]" in texts(events)[1]
+    assert result.cited == {1, 2}
+
+
+def test_extractive_skips_headings_and_labels(tokenizer):
+    nodes = [mk_node("七、违约责任\n2、乙方违约责任\n（1）乙方逾期交货的，每逾期一日按合同总价的万分之五向甲方支付违约金。")]
+    _, result = run(stream_answer("乙方逾期交货的违约责任是什么？", nodes, None, 0.3, tokenizer=tokenizer))
+    assert "万分之五" in result.text
+    assert "乙方违约责任[1]" not in result.text and "七、违约责任" not in result.text
+
+
+def test_extractive_joins_hard_wrapped_lines(tokenizer):
+    nodes = [mk_node("次日，诸葛均回，孔明嘱付曰：“吾受刘皇叔三顾之恩，不容不出。汝可躬耕于此，勿\n"
+                     "得荒芜田亩。”玄德等三人别了诸葛均，与孔明同归新野。")]
+    _, result = run(stream_answer("孔明为什么出山？", nodes, None, 0.3, tokenizer=tokenizer))
+    assert "勿得荒芜田亩" in result.text or "三顾之恩" in result.text
+    assert "勿\n" not in result.text
 
 
 def test_extractive_dedupes_overlapping_chunks(tokenizer):

@@ -66,6 +66,9 @@ def test_release_data_dir_opens_in_the_default_kb(old_dir):
             assert [[ch["chunk_id"], ch["text"]] for ch in c.docs.chunks_of(int(doc_id))] == chunks
         assert c.vectors.count() == exp["vectors"] and c.kbs.default.vectors is c.vectors
         assert e.model_warning is None
+        # The default fusion changed after that release (issue 13: convex); its fusion stays selectable and must
+        # reproduce the old rankings exactly on the migrated indexes.
+        e.update_settings({"fusion_mode": "rrf"})
         for q, ids in exp["search"].items():
             assert [r["chunk_id"] for r in e.search(q, 5)["rrf"]] == ids
         assert [s["chunk_id"] for s in e.ask_sync("人民检察院如何对行政诉讼实行法律监督")["sources"]] == \

@@ -29,10 +29,10 @@ OFF_TOPIC = "How many moons does the planet Neptune have?"
 LiveUI = LiveApp  # the browser test imports this name
 
 
-def make_engine(data_dir: Path, with_doc: bool = True):
+def make_engine(data_dir: Path, with_doc: bool = True, deployment=None):
     from pipeline.engine import Engine
 
-    engine = Engine(data_dir, load_async=False)
+    engine = Engine(data_dir, load_async=False, deployment=deployment)
     if with_doc:
         f = data_dir / "upload-src.txt"
         f.write_text(KB_TEXT, encoding="utf-8")

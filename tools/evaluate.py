@@ -406,8 +406,17 @@ def run(args) -> dict:
             result = evaluate(engine, corpus, key_to_doc, sweep=args.sweep,
                               dump=Path(args.dump) if args.dump else None)
             result["title"] = title
+            if args.answers:  # what a user gets: gate → extractive answer (tools/answer_eval.py)
+                from tools.answer_eval import answer_metrics, dureader_spans
+
+                spans = dureader_spans(Path(args.dureader)) if args.dureader else {}
+                result["answers"] = answer_metrics(engine, corpus.questions, spans)
             engine.close()
         print_table(result, title)
+        if "answers" in result:
+            from tools.answer_eval import print_answers
+
+            print_answers(title, result["answers"])
     if args.json:
         Path(args.json).write_text(json.dumps(result, ensure_ascii=False, indent=2), encoding="utf-8")
     return result
@@ -443,6 +452,9 @@ def main(argv=None) -> int:
     p.add_argument("--bm25-weight", type=float, default=None)
     p.add_argument("--vector-weight", type=float, default=None)
     p.add_argument("--reranker", default=None, help="cross-encoder directory to evaluate the rerank route")
+    p.add_argument("--answers", action="store_true",
+                   help="also run the full answer path per question: answer-hit beside top-1-source-hit "
+                        "(tools/answer_eval.py)")
     args = p.parse_args(argv)
     run(args)
     return 0

@@ -31,7 +31,7 @@ from . import history as hist
 from .answer_feedback import build_answer_feedback
 from .guard import request_user
 from .kb_spaces import refresh_scope, scope_ids, scope_picker
-from .render import answer_markdown, mark_replaced, render_sources, render_stage, render_trace
+from .render import answer_markdown, mark_replaced, render_sources, render_stage, render_trace, trace_marks
 from .viewer import OPENER_JS, build_viewer
 
 log = logging.getLogger(__name__)
@@ -183,17 +183,19 @@ def build_chat_tab(engine, policy: AccessPolicy | None = None) -> ChatTab:
                 if e.type is ev.EventType.STAGE:
                     yield {stage: render_stage(e.data.get("phase"))}
                 elif e.type is ev.EventType.TRACE:
-                    trace_data = e.data
+                    trace_data = dict(e.data)
                     yield {trace: render_trace(trace_data)}
                 elif e.type is ev.EventType.DELTA:
                     answer += e.data.get("text", "")
                     now = time.monotonic()
                     if now - last >= STREAM_MIN_INTERVAL:
                         last = now
-                        yield {chatbot: pending(answer_markdown(answer))}
+                        yield {chatbot: pending(answer_markdown(answer, **trace_marks(trace_data)))}
                 elif e.type is ev.EventType.SOURCES:
                     sources_list = e.data.get("sources") or []
                 elif e.type is ev.EventType.DONE:
+                    if trace_data is not None and "support_summary" in e.data:  # 检索过程 counts unsupported cites
+                        trace_data.update(support=e.data["support_summary"], support_sentences=e.data.get("support"))
                     rec = hist.turn_record(q, answer, sources_list, trace_data, e.data)
                     turns2 = turns + [rec]
                     cid = e.data.get("conversation_id")

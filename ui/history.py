@@ -13,7 +13,7 @@ import html
 import re
 from typing import Any
 
-from .render import answer_markdown
+from .render import answer_markdown, trace_marks
 
 STORAGE_VERSION = "v2"
 _CITE = re.compile(r"\[(\d{1,3})\]")
@@ -60,7 +60,8 @@ def messages(turns: list[dict], active: int | None, suffix: dict[int, str] | Non
     out: list[dict] = []
     for i, t in enumerate(turns):
         out.append({"role": "user", "content": html.escape(str(t.get("question") or ""), quote=False)})
-        body = answer_markdown(t.get("answer") or "") if i == active else plain_answer(t.get("answer") or "")
+        body = (answer_markdown(t.get("answer") or "", **trace_marks(t.get("trace"))) if i == active
+                else plain_answer(t.get("answer") or ""))
         if t.get("route") == "DIRECT":
             body = f"<span class='kb-direct-tag'>未检索知识库</span>\n\n{body}"
         out.append({"role": "assistant", "content": body + ((suffix or {}).get(i) or "")})

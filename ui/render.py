@@ -61,12 +61,60 @@ def mark_replaced(engine, sources: list[dict]) -> list[dict]:
 
 
 # ---------------------------------------------------------------------------------------------- answer
-def answer_markdown(text: str, id_prefix: str = "kb-src-") -> str:
-    """Answer text for gr.Chatbot (markdown): HTML-escaped, every [n] made a clickable citation link."""
-    safe = html.escape(text or "", quote=False)
-    # Keep markdown from turning "[1](…)" or "[1][2]" into links: citations become explicit anchors.
-    return _CITE.sub(lambda m: (f'<a class="kb-cite" data-cite="{m.group(1)}" '
-                                f'href="#{id_prefix}{m.group(1)}">[{m.group(1)}]</a>'), safe)
+WEAK_BANNER = "资料相关度较低，请核对原文"
+UNSUPPORTED_TITLE = "引用核验：该句与这份来源的内容不符"
+
+
+def _cite_links(safe: str, id_prefix: str, unsupported: Iterable[int] = ()) -> str:
+    bad = set(unsupported)
+
+    def link(m):
+        n = m.group(1)
+        if int(n) in bad:  # the support check found source n does not back this sentence
+            return (f'<a class="kb-cite kb-cite-unsupported" data-cite="{n}" data-supported="false" '
+                    f'title="{UNSUPPORTED_TITLE}" href="#{id_prefix}{n}">[{n}]⚠</a>')
+        return f'<a class="kb-cite" data-cite="{n}" href="#{id_prefix}{n}">[{n}]</a>'
+
+    return _CITE.sub(link, safe)
+
+
+def answer_markdown(text: str, id_prefix: str = "kb-src-", *, support: list[dict] | None = None,
+                    weak: bool = False) -> str:
+    """Answer text for gr.Chatbot (markdown): HTML-escaped, every [n] made a clickable citation link.
+
+    `support` (done.support of an LLM answer): citations a sentence carries without backing are marked ⚠.
+    `weak` (done.weak / trace.gate.weak): the answer opens with the 「资料相关度较低，请核对原文」 banner."""
+    bad_by_text = {_claim_key(s.get("text", "")): s.get("unsupported") or [] for s in (support or [])}
+    pieces = _SENTENCE.findall(text or "")
+    if "".join(pieces) != (text or ""):  # never drop characters: fall back to the text as one piece
+        pieces = [text or ""]
+    out = []
+    bad: list[int] = []
+    for sent in pieces:
+        key = _claim_key(_CITE.sub("", sent))
+        if key or not _CITE.search(sent):  # a piece of only citations keeps the sentence before's marks
+            bad = bad_by_text.get(key, []) if bad_by_text else []
+        # Keep markdown from turning "[1](…)" or "[1][2]" into links: citations become explicit anchors.
+        out.append(_cite_links(html.escape(sent, quote=False), id_prefix, bad))
+    body = "".join(out)
+    if weak:
+        body = f'<div class="kb-weak-banner" data-weak="true">⚠️ {WEAK_BANNER}</div>\n\n' + body
+    return body
+
+
+def trace_marks(trace: dict | None) -> dict:
+    """answer_markdown's marks from a (stored) trace: the weak banner, the per-sentence support list."""
+    trace = trace if isinstance(trace, dict) else {}
+    gate = trace.get("gate") if isinstance(trace.get("gate"), dict) else {}
+    support = trace.get("support_sentences")
+    return {"weak": bool(gate.get("weak")), "support": support if isinstance(support, list) else None}
+
+
+_SENTENCE = re.compile(r"[^。！？!?\n]*[。！？!?]+|[^。！？!?\n]*\n|[^。！？!?\n]+$")
+
+
+def _claim_key(text: str) -> str:
+    return re.sub(r"[\W_]+", "", text or "")
 
 
 def cited_numbers(text: str) -> list[int]:
@@ -132,6 +180,10 @@ def render_sources(sources: Iterable[dict] | None, *, no_answer: bool = False, i
             meta.append(f'<span class="kb-tag kb-tag-old" title="引用的版本已不是当前版本">{esc(s["replaced"])}</span>')
         if s.get("verified"):
             meta.insert(1, '<span class="kb-tag kb-tag-verified">已核实问答</span>')
+        sup = s.get("support")
+        if isinstance(sup, dict) and sup.get("supported") is False:
+            meta.append(f'<span class="kb-tag kb-unsupported" title="{esc(UNSUPPORTED_TITLE)}（支持度 '
+                        f'{fmt_num(sup.get("score"), 2)}）">⚠ 引用与内容不符</span>')
         ctx = (f'<div class="kb-src-ctx" title="所在章节 / 工作表">{esc(s.get("context"))}</div>'
                if s.get("context") else "")
         cited = " kb-cited" if s.get("cited") else ""
@@ -209,6 +261,26 @@ def rerank_note(status: dict | None) -> str:
     return f"{label}：{msg}" if msg else label
 
 
+_GATE_LABELS = {"answer": "回答", "weak": "资料相关度较低（仍回答，请核对原文）", "refuse": "拒答（不调用大模型）"}
+
+
+def render_gate(gate: dict) -> str:
+    """The no-answer gate's line in 检索过程: outcome and the evidence it was decided on."""
+    ok = bool(gate.get("hit"))
+    outcome = gate.get("outcome") or ("answer" if ok else "refuse")
+    line = (f'相关性判定：{_GATE_LABELS.get(outcome, outcome)} · 最高相似度 {fmt_num(gate.get("max_similarity"), 3)}'
+            f'（硬门槛 {fmt_num(gate.get("min_similarity"), 2)}）')
+    if gate.get("similarity_z") is not None:
+        line += (f' · 相对本库背景 z={fmt_num(gate.get("similarity_z"), 2)}（背景中位 '
+                 f'{fmt_num(gate.get("background_median"), 3)}）')
+    if gate.get("coverage") is not None:
+        line += f' · 关键词覆盖 {fmt_num(gate.get("coverage"), 2)} · 短语覆盖 {fmt_num(gate.get("phrase_coverage"), 2)}'
+    if gate.get("reason") and outcome == "refuse":
+        line += f' · {gate["reason"]}'
+    return (f'<div class="kb-gate" data-hit="{str(ok).lower()}" data-outcome="{esc(outcome)}">'
+            f'{esc(line)}</div>')
+
+
 def _query_line(trace: dict, route: dict) -> str:
     """Route, and 「检索问题：…」 — the query retrieval really saw — when a follow-up was rewritten."""
     q = trace.get("query") or {}
@@ -235,11 +307,13 @@ def render_trace(trace: dict | None, elapsed_ms: Any = None) -> str:
              _ms_line(trace.get("ms"), elapsed_ms)]
     gate = trace.get("gate") or {}
     if gate:
-        ok = gate.get("hit")
-        parts.append(f'<div class="kb-gate" data-hit="{str(bool(ok)).lower()}">相关性门槛：最高相似度 '
-                     f'{fmt_num(gate.get("max_similarity"), 3)} {"≥" if ok else "<"} 阈值 '
-                     f'{fmt_num(gate.get("min_similarity"), 2)}'
-                     f'{"" if ok else "（未命中，不调用大模型）"}</div>')
+        parts.append(render_gate(gate))
+    support = trace.get("support")
+    if support:
+        bad = support.get("unsupported", 0)
+        parts.append(f'<div class="kb-support" data-unsupported="{esc(bad)}">引用核验：检查 '
+                     f'{esc(support.get("checked", 0))} 处引用，'
+                     f'{"全部有来源支持" if not bad else f"{esc(bad)} 处与所引来源不符（已在回答中标 ⚠）"}</div>')
     parts.append('<div class="kb-trace-sec" data-sec="bm25"><h4>① BM25 关键词检索 Top-10（得分）</h4>')
     parts.append(_table(trace.get("bm25") or [], [("rank", "#"), ("doc", "文档"), ("score", "BM25 得分"),
                                                   ("text", "片段")]) + "</div>")

@@ -66,6 +66,10 @@ a.kb-cite:hover { background: var(--color-accent-soft); }
 .kb-trace h4 { margin: 10px 0 4px; font-size: 0.92rem; }
 .kb-ms-line { color: var(--body-text-color-subdued); margin-bottom: 4px; }
 .kb-gate { margin: 4px 0; }
+.kb-weak-banner { padding: 4px 8px; border-radius: 4px; background: #fff4e5; color: #8a5300; font-weight: 600; }
+a.kb-cite.kb-cite-unsupported { color: #b42318; text-decoration: underline wavy #b42318; }
+.kb-tag.kb-unsupported { background: #fde8e8; color: #b42318; }
+.kb-support { margin: 4px 0; }
 .kb-rerank-note { padding: 4px 8px; border-radius: 6px; background: #fff4e5; color: #8a5200; margin-bottom: 4px; }
 .kb-trace-table { width: 100%; border-collapse: collapse; }
 .kb-trace-table th, .kb-trace-table td { border-bottom: 1px solid var(--border-color-primary); padding: 3px 6px;

@@ -92,12 +92,15 @@ def _llm_context(llm: Any) -> dict:
 
 def stream_answer(question: str, nodes: Sequence[Any], llm: Any, temperature: float,
                   *, tokenizer: Any = None, history: Sequence[dict] = (),
-                  retrieval_query: str | None = None) -> Generator[Event, None, GenerationResult]:
+                  retrieval_query: str | None = None, picker: Any = None,
+                  query_embedding: Any = None) -> Generator[Event, None, GenerationResult]:
     """Yield delta events of the answer; return GenerationResult(text, cited).
 
     `nodes` are the reranked NodeWithScore list (material [n] = nodes[n-1]). `llm` None → extractive answer
     with `tokenizer` (pass the engine's pipeline.tokenize_zh.ChineseTokenizer: user dictionary included, no
-    dictionary load per answer).
+    dictionary load per answer) and the engine's `picker` (pipeline.generation.extractive.ExtractivePicker over
+    the embedding model; without one the sentences are chosen lexically) with the retrieval query's
+    `query_embedding`.
     No nodes → the standard no-answer text without calling the LLM. `history` (the last few turns) and the
     rewritten `retrieval_query` of a follow-up go into the prompt, apart from the materials.
     """
@@ -111,7 +114,7 @@ def stream_answer(question: str, nodes: Sequence[Any], llm: Any, temperature: fl
             from pipeline.tokenize_zh import ChineseTokenizer
             tokenizer = ChineseTokenizer()
         # the rewritten query carries the follow-up's topic (「那乙方呢」 alone matches no sentence)
-        deltas, cited = extractive_deltas(retrieval_query or question, nodes, tokenizer)
+        deltas, cited = extractive_deltas(retrieval_query or question, nodes, tokenizer, picker, query_embedding)
         for d in deltas:
             yield delta(d)
         return GenerationResult("".join(deltas), cited, sorted(cited))

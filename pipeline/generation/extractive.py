@@ -1,97 +1,257 @@
-"""Extractive answers for when no LLM is configured: the best-matching sentences of the top chunks, cited.
+"""Extractive answers for when no LLM is configured: the sentences of the top sources that answer the question.
 
-Deterministic: sentences are scored by the question's jieba tokens they contain (ChineseTokenizer, the same one
-BM25 uses), longer tokens weighing more; ties go to the higher-ranked chunk, then the earlier sentence.
+Candidates are the statements (pipeline/generation/sentences.py: no headings, list labels, title fragments,
+table debris) of the top MAX_CHUNKS sources. Each is scored by
+    w_cos · cos(question, sentence)          the loaded embedding model (e5: "query:" vs "passage:")
+  + w_cov · coverage                         IDF-weighted share of the question's content words in it
+  + w_phrase · phrase coverage               share of the question's character bigrams in it
+  + w_focus · focus                          it names what the question asks about (lexical.focus_terms: 体长 in
+                                             「前鼻丝鳗的体长是多少？」)
+  + w_context · context coverage             IDF share of the question's words it lacks but earlier sentences of
+                                             its chunk have: Chinese drops the topic once established
+                                             (「前鼻丝鳗，……的一个种。体长可达46.5公分。」 answers 「前鼻丝鳗的体长是多少？」)
+  − w_rank · (source number − 1)             a mild preference for the better-ranked source
+Only the PREFILTER best candidates by a fixed cheap order (coverage + phrase coverage − 0.1 per source rank;
+not fitted) are embedded (time budget: ≈ 7 ms a sentence on 2 cores). The answer is the best
+sentence plus up to two more within `margin` of it, in source order, each cited [n]; the clause of the best
+sentence closest to the question is bold. When even the best sentence scores below `not_found_below` — measured
+above this knowledge base's background (w_cos × the median best cosine of the gate's probe questions,
+pipeline/retrieval/gate_background.py), since e5 cosines shift by domain — no sentence addresses the question: the answer says 「资料中未找到直接回答该问题的内容」 and points at the
+closest sources instead of quoting unrelated sentences. Weights and thresholds are fitted with
+`python -m tools.calibrate_extractive` (leave-one-set-out; docs/retrieval-eval.md). Without an embedding model
+(unit tests) the lexical part alone decides and "not found" means no content word matches at all.
 """
 from __future__ import annotations
 
 import re
-from collections.abc import Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, replace
 from typing import Any
 
+import numpy as np
+
 from pipeline.events import EXTRACTIVE_LABEL
+from pipeline.generation.sentences import Piece, clauses, is_statement, split_sentences
+from pipeline.retrieval.lexical import (
+    TermWeights,
+    content_bigrams,
+    content_terms,
+    coverage,
+    focus_terms,
+    normalize,
+)
 from pipeline.retrieval.nodes import node_text
 
 VERIFIED_LABEL = "未配置大模型，以下为已核实问答"
-MAX_CHUNKS = 3          # look at the top-ranked chunks only
+MAX_CHUNKS = 6           # the sources the answer may quote (w_rank prefers the better-ranked ones)
 MAX_SENTENCES = 3
 MAX_SENTENCE_CHARS = 200
-MIN_SENTENCE_CHARS = 4
+PREFILTER = 10           # candidates embedded per question
+EMBED_CHARS = 96         # a longer sentence is embedded by its window of clauses that best covers the question:
+                         # attention cost grows with the longest text of the batch (12 × 200 chars ≈ 7 × 12 × 40)
+PREFILTER_RANK_COST = 0.1
+NOT_FOUND_TEXT = "资料中未找到直接回答该问题的内容"
+_PRIVATE_USE = re.compile(r"[\uf000-\uf8ff]")
 
-_SENT_SPLIT = re.compile(r"([。！？；!?;]+|\n+)")
-
-# Function words and question words that say nothing about the topic.
-STOPWORDS = frozenset("""
-的 了 是 在 和 与 及 或 吗 呢 吧 啊 呀 么 嘛 也 都 就 还 又 把 被 给 对 从 向 以 为 于 而 并 且 但 等 之 其 这 那 哪
-什么 怎么 怎样 怎么样 如何 哪些 哪个 哪里 为什么 为何 多少 几 是否 是不是 有没有 能否 可以 能 会 要 需要 应该 请 请问 问
-一下 一个 有 没有 我 你 您 他 她 它 我们 你们 他们 这个 那个 这些 那些 关于 中 里 上 下 吗？
-""".split())
 
 @dataclass(frozen=True)
-class Sentence:
-    text: str          # without the closing punctuation
-    punct: str         # the closing punctuation ("" for a line break)
-    source: int        # 1-based material number
-    position: int      # index within its chunk
+class PickerParams:
+    w_cos: float
+    w_cov: float
+    w_phrase: float
+    w_rank: float
+    margin: float           # further sentences must score within this of the best
+    not_found_below: float  # best score − w_cos·background median below this → 「资料中未找到直接回答该问题的内容」
+    w_context: float = 0.0
+    w_focus: float = 0.0
 
 
-def split_sentences(text: str) -> list[tuple[str, str]]:
-    """[(sentence, closing punctuation)] split on 。！？；\\n (and ASCII !?;)."""
-    parts = _SENT_SPLIT.split(text or "")
-    out: list[tuple[str, str]] = []
-    for i in range(0, len(parts), 2):
-        body = parts[i].strip()
-        sep = parts[i + 1] if i + 1 < len(parts) else ""
-        punct = "" if "\n" in sep else sep[:1]
-        if body:
-            out.append((body, punct))
-    return out
+# Fitted by tools/calibrate_extractive.py on all dev sets (left-out numbers in docs/retrieval-eval.md).
+SHIPPED = PickerParams(w_cos=10.0, w_cov=3.0, w_phrase=0.0, w_rank=0.1, margin=0.5, not_found_below=1.1529,
+                       w_context=2.0, w_focus=0.25)
+# No embedding model: lexical only; "not found" = not one content word of the question in any candidate.
+LEXICAL = PickerParams(w_cos=0.0, w_cov=1.0, w_phrase=1.0, w_rank=0.1, margin=0.3, not_found_below=1e-9)
 
 
-def _query_terms(tokens: list[str]) -> set[str]:
-    terms = {t for t in tokens if t not in STOPWORDS}
-    return terms or set(tokens)
+@dataclass(frozen=True)
+class Candidate:
+    piece: Piece
+    source: int               # 1-based material number
+    coverage: float
+    phrase: float
+    cosine: float | None = None
+    context: float = 0.0      # IDF share of question words absent here but present earlier in the chunk
+    focus: float = 0.0        # 1 when it contains a focus term of the question
+
+    def prefilter_key(self) -> float:
+        return self.coverage + self.phrase - PREFILTER_RANK_COST * (self.source - 1)
+
+    def lexical(self, p: PickerParams) -> float:
+        return (p.w_cov * self.coverage + p.w_phrase * self.phrase + p.w_context * self.context
+                + p.w_focus * self.focus - p.w_rank * (self.source - 1))
+
+    def score(self, p: PickerParams) -> float:
+        return self.lexical(p) + (p.w_cos * self.cosine if self.cosine is not None else 0.0)
 
 
-def select_sentences(question: str, nodes: Sequence[Any], tokenizer,
-                     max_sentences: int = MAX_SENTENCES) -> list[Sentence]:
-    tok = tokenizer
-    q_terms = _query_terms(tok(question))
-    candidates: list[tuple[tuple, Sentence]] = []
-    seen: set[str] = set()
-    for rank, nws in enumerate(list(nodes)[:MAX_CHUNKS], start=1):
-        for pos, (body, punct) in enumerate(split_sentences(node_text(nws))):
-            key = re.sub(r"\s+", "", body)
-            if key in seen:  # chunk overlap repeats sentences
-                continue
-            seen.add(key)
-            s_terms = set(tok(body))
-            hit = q_terms & s_terms
-            weight = sum(len(t) for t in hit)
-            short = len(key) < MIN_SENTENCE_CHARS
-            # sort key: more matched weight, more distinct terms, not tiny, better chunk, earlier sentence
-            sort_key = (-weight, -len(hit), short, rank, pos)
-            candidates.append((sort_key, Sentence(body, punct, rank, pos)))
-    if not candidates:
-        return []
-    candidates.sort(key=lambda c: c[0])
-    picked = [s for key, s in candidates if key[0] < 0][:max_sentences]
-    if not picked:  # nothing overlaps: fall back to the opening sentence of the top chunk
-        picked = [min(candidates, key=lambda c: (c[1].source, c[0][2], c[1].position))[1]]
-    return picked
+@dataclass(frozen=True)
+class Pick:
+    sentences: list[Candidate]       # the answer, in source order
+    best: Candidate | None
+    bold: tuple[int, int] | None     # span of best.piece.text to bold
+    found: bool
+    score: float | None
+    closest: list[int]               # sources to point at when nothing was found
 
 
-def render_sentence(s: Sentence) -> str:
-    body = s.text
+def _unit(v) -> np.ndarray:
+    a = np.asarray(v, dtype=np.float32)
+    return a / (np.linalg.norm(a, axis=-1, keepdims=True) + 1e-9)
+
+
+class ExtractivePicker:
+    """Scores and picks answer sentences. `weights_of()` gives the live IDF table (pipeline.retrieval.lexical)."""
+
+    def __init__(self, tokenizer: Any, embed_model: Any = None,
+                 weights_of: Callable[[], TermWeights] = TermWeights.uniform, params: PickerParams = SHIPPED,
+                 prefilter: int = PREFILTER, max_chunks: int = MAX_CHUNKS,
+                 background: Callable[[], Any] = lambda: None):
+        self.background = background  # the gate's Background of this KB (None: no "not found" from scores)
+        self.prefilter = prefilter  # calibration dumps embed every candidate
+        self.max_chunks = max_chunks
+        self.embed_model = embed_model
+        self.tokenizer = tokenizer
+        self.weights_of = weights_of
+        self.params = params if embed_model is not None else LEXICAL
+
+    def _embed(self, texts: list[str]) -> np.ndarray:
+        return _unit(self.embed_model.get_text_embedding_batch(texts))
+
+    def candidates(self, question: str, nodes: Sequence[Any], query_embedding=None) -> list[Candidate]:
+        """Statements of the top sources with their lexical scores, and cosines for the PREFILTER best."""
+        terms = content_terms(self.tokenizer(question))
+        segments = self.tokenizer.segments(question)
+        grams = content_bigrams(segments)
+        focus = focus_terms(segments)
+        weights = self.weights_of()
+        out: list[Candidate] = []
+        seen: set[str] = set()
+        for rank, nws in enumerate(list(nodes)[:self.max_chunks], start=1):
+            earlier: set[str] = set()  # question words met in the chunk so far (headings included)
+            for piece in split_sentences(node_text(nws)):
+                text = normalize(piece.text)
+                here = {t for t in terms if t in text}
+                key = re.sub(r"\s+", "", piece.text)
+                if key not in seen and is_statement(piece):  # chunk overlap repeats sentences
+                    seen.add(key)
+                    phrase = sum(g in text for g in grams) / len(grams) if grams else 0.0
+                    carried = [t for t in earlier - here]
+                    out.append(Candidate(piece, rank, coverage(terms, weights, text), phrase,
+                                         context=coverage(terms, weights, " ".join(carried)) if carried else 0.0,
+                                         focus=float(any(f in text for f in focus))))
+                earlier |= here
+        if self.embed_model is None or not out:
+            return out
+        order = sorted(range(len(out)), key=lambda i: (-out[i].prefilter_key(), out[i].source, i))
+        chosen = order[:self.prefilter]
+        q = _unit(query_embedding if query_embedding is not None else self.embed_model.get_query_embedding(question))
+        sims = self._embed([self._window(out[i].piece.text, terms, weights) for i in chosen]) @ q
+        for i, s in zip(chosen, sims):
+            out[i] = replace(out[i], cosine=float(s))
+        return [c for c in out if c.cosine is not None]
+
+    @staticmethod
+    def _window(text: str, terms: list[str], weights: TermWeights) -> str:
+        """≤ EMBED_CHARS of the sentence: the run of whole clauses covering most of the question's words."""
+        if len(text) <= EMBED_CHARS:
+            return text
+        spans = clauses(text, min_chars=1) or [(0, len(text))]
+        best, best_cov = text[:EMBED_CHARS], -1.0
+        for i in range(len(spans)):
+            j = i
+            while j + 1 < len(spans) and spans[j + 1][1] - spans[i][0] <= EMBED_CHARS:
+                j += 1
+            piece = text[spans[i][0]:min(spans[j][1], spans[i][0] + EMBED_CHARS)]
+            cov = coverage(terms, weights, normalize(piece))
+            if cov > best_cov:
+                best, best_cov = piece, cov
+        return best
+
+    def select(self, cands: list[Candidate], n_sources: int, bg_median: float | None = None) -> Pick:
+        """Pure selection over scored candidates. `bg_median`: the KB background's median cosine (None: the
+        scores alone cannot tell "not found", only a lexical-only picker's zero overlap does)."""
+        p = self.params
+        closest = list(range(1, min(n_sources, 3) + 1))
+        if not cands:
+            return Pick([], None, None, False, None, closest)
+        ranked = sorted(cands, key=lambda c: (-c.score(p), c.source, c.piece.position))
+        best = ranked[0]
+        top = best.score(p)
+        offset = p.w_cos * bg_median if bg_median is not None else 0.0
+        if (bg_median is not None or p.w_cos == 0) and top - offset < p.not_found_below:
+            return Pick([], best, None, False, top, closest)
+        picked = [c for c in ranked[:MAX_SENTENCES] if c.score(p) >= top - p.margin]
+        picked.sort(key=lambda c: (c.source, c.piece.position))
+        return Pick(picked, best, None, True, top, closest)
+
+    def pick(self, question: str, nodes: Sequence[Any], query_embedding=None) -> Pick:
+        nodes = list(nodes)
+        bg = self.background()
+        result = self.select(self.candidates(question, nodes, query_embedding), len(nodes),
+                             bg.sim_median if bg is not None else None)
+        if result.found and result.best is not None:
+            result = replace(result, bold=self._bold_span(question, result.best, query_embedding))
+        return result
+
+    def _bold_span(self, question: str, best: Candidate, query_embedding) -> tuple[int, int] | None:
+        """The clause of the best sentence that shares most of the question's words and phrases (the whole
+        sentence when it has one clause). Lexical, not embedded: a second embedding batch would cost ~10–40 ms."""
+        text = best.piece.text
+        spans = clauses(text)
+        if len(spans) <= 1:
+            return (0, len(text)) if text else None
+        terms = content_terms(self.tokenizer(question))
+        grams = content_bigrams(self.tokenizer.segments(question))
+        weights = self.weights_of()
+
+        def score(span):
+            part = normalize(text[span[0]:span[1]])
+            return coverage(terms, weights, part) + (sum(g in part for g in grams) / len(grams) if grams else 0.0)
+
+        return max(spans, key=score)
+
+
+def render_sentence(c: Candidate, bold: tuple[int, int] | None = None) -> str:
+    body = _PRIVATE_USE.sub("", c.piece.text).strip() if bold is None else c.piece.text
+    if bold is not None:
+        a, b = bold
+        inner = body[a:b].strip()
+        body = (body[:a] + (f"**{inner}**" if inner else "") + body[b:])
+        body = _PRIVATE_USE.sub("", body).strip()
     if len(body) > MAX_SENTENCE_CHARS:
-        body = body[:MAX_SENTENCE_CHARS].rstrip() + "……"
-    punct = {"！": "！", "!": "！", "？": "？", "?": "？"}.get(s.punct, "。")
-    return f"- {body}[{s.source}]{punct}"
+        body = body[:MAX_SENTENCE_CHARS].rstrip("*").rstrip() + "……" + ("**" if body.count("**") % 2 else "")
+    punct = {"！": "！", "!": "！", "？": "？", "?": "？"}.get(c.piece.punct, "。")
+    return f"- {body}[{c.source}]{punct}"
 
 
-def extractive_deltas(question: str, nodes: Sequence[Any], tokenizer) -> tuple[list[str], set[int]]:
-    """The deltas of an extractive answer (label first) and the set of cited material numbers.
+def render(pick: Pick) -> tuple[list[str], set[int]]:
+    """The deltas of an extractive answer (label first) and the set of cited material numbers."""
+    deltas = [f"{EXTRACTIVE_LABEL}：\n"]
+    if not pick.found:
+        refs = "".join(f"[{n}]" for n in pick.closest)
+        deltas.append(f"{NOT_FOUND_TEXT}。最接近的资料见 {refs}，请查看原文。" if refs else f"{NOT_FOUND_TEXT}。")
+        return deltas, set(pick.closest)
+    whole = pick.best is not None and pick.bold == (0, len(pick.best.piece.text))
+    for i, c in enumerate(pick.sentences):
+        # the best clause is bold; a one-clause sentence only when other sentences stand beside it
+        bold = pick.bold if c is pick.best and not (whole and len(pick.sentences) == 1) else None
+        deltas.append(render_sentence(c, bold) + ("\n" if i < len(pick.sentences) - 1 else ""))
+    return deltas, {c.source for c in pick.sentences}
+
+
+def extractive_deltas(question: str, nodes: Sequence[Any], tokenizer, picker: ExtractivePicker | None = None,
+                      query_embedding=None) -> tuple[list[str], set[int]]:
+    """The deltas of an extractive answer (label first) and the cited material numbers.
 
     When the best source is a verified Q&A entry, its checked answer is the reply (quoting sentences of it
     would start with its own 「问：」 line)."""
@@ -100,8 +260,5 @@ def extractive_deltas(question: str, nodes: Sequence[Any], tokenizer) -> tuple[l
         from pipeline.conversation.verified import answer_of
 
         return [f"{VERIFIED_LABEL}：\n", f"{answer_of(node_text(nodes[0]))}[1]"], {1}
-    picked = select_sentences(question, nodes, tokenizer)
-    deltas = [f"{EXTRACTIVE_LABEL}：\n"]
-    for i, s in enumerate(picked):
-        deltas.append(render_sentence(s) + ("\n" if i < len(picked) - 1 else ""))
-    return deltas, {s.source for s in picked}
+    picker = picker or ExtractivePicker(tokenizer)
+    return render(picker.pick(question, nodes, query_embedding))

@@ -21,8 +21,15 @@ class RetrievalResult:
     fusion_features: dict = field(default_factory=dict)        # the query features the auto weight came from
     max_similarity: float = 0.0
     min_similarity: float = 0.0
+    gate: dict | None = None  # the no-answer gate's outcome and evidence (pipeline/retrieval/gate.py GateDecision.trace)
     query_embedding: list[float] | None = field(default=None, repr=False)
     started: float = field(default=0.0, repr=False)            # perf_counter() at the start, for ms["total"]
+
+
+    @property
+    def weak(self) -> bool:
+        """Answered, but with the 「资料相关度较低，请核对原文」 banner."""
+        return bool(self.gate and self.gate.get("weak"))
 
 
 def _r(x, nd: int = 4):

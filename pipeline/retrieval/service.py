@@ -19,6 +19,10 @@ from llama_index.core.schema import NodeWithScore, QueryBundle
 
 from pipeline.retrieval.bm25 import LiveBM25Retriever
 from pipeline.retrieval.fusion import FusionOutput, FusionParams, HybridRetriever
+from pipeline.retrieval.gate import decide
+from pipeline.retrieval.gate_background import Background
+from pipeline.retrieval.gate_features import GateFeatures, measure
+from pipeline.retrieval.lexical import weights_for
 from pipeline.retrieval.rerank import CrossEncoder, SafeRerank, rerank_status
 from pipeline.retrieval.result import RetrievalResult, fused_row, fusion_info
 from pipeline.retrieval.scope import scoped, scoped_bm25
@@ -32,10 +36,11 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-# min_similarity calibrated per embedding model on CMRC (answerable) vs XQuAD (not in the KB);
-# see docs/retrieval-eval.md. The SRS's 0.3 suits bge-small-zh; e5's cosines sit high.
+# min_similarity is the hard floor under the adaptive gate: calibrated per embedding model as the 0.2% quantile
+# of the answerable questions' best cosine on every dev set (tools/calibrate_gate.py, docs/retrieval-eval.md).
+# The SRS's 0.3 suits bge-small-zh; e5's cosines sit high.
 CALIBRATED_MIN_SIMILARITY = {
-    "packaged:multilingual-e5-small": 0.88,
+    "packaged:multilingual-e5-small": 0.82,
 }
 SRS_MIN_SIMILARITY = 0.3
 NOT_HIT_STATUS = {"status": "skipped", "msg": "未命中相关资料，跳过精排"}
@@ -57,7 +62,8 @@ class RetrievalService:
     def __init__(self, docs: DocumentStore, kbs: KnowledgeBases,
                  tokenizer: ChineseTokenizer, embed_model, cross_encoder: CrossEncoder | None,
                  pending_vectors: Callable[[], int] = lambda: 0, vector_enabled: Callable[[], bool] = lambda: True,
-                 embedding_model: str | None = None):
+                 embedding_model: str | None = None, background: Callable[[], Background | None] = lambda: None):
+        self.background = background  # the gate's background of this KB (pipeline/retrieval/gate_background.py)
         self.docs = docs
         self.kbs = kbs
         self.tokenizer = tokenizer
@@ -148,10 +154,26 @@ class RetrievalService:
                               fusion_mode=fusion.mode, fusion_features=fusion.features,
                               query_embedding=bundle.embedding, started=t_start)
         res.max_similarity = max((n.score or 0.0 for n in fusion.vector), default=0.0)
-        # Gate (F3-4): nothing similar enough → no hit, and no LLM call downstream.
-        res.hit = bool(fusion.fused) and res.max_similarity >= s.min_similarity
         res.ms = {"embed": embed_ms, **fusion.ms}
+        # Gate (F3-4): refuse (no LLM call downstream) / weak evidence / answer — pipeline/retrieval/gate.py
+        t_g = time.perf_counter()
+        bg = self.background() if s.adaptive_gate else None
+        decision = decide(self.gate_features(query, fusion, kb_ids), bg, s.min_similarity, bool(fusion.fused),
+                          adaptive=s.adaptive_gate)
+        res.gate, res.hit = decision.trace(), decision.hit  # plain data: stored for 重试 with the rest
+        res.ms["gate"] = (time.perf_counter() - t_g) * 1000
         return res
+
+    def gate_features(self, query: str, fusion: FusionOutput, kb_ids=None) -> GateFeatures:
+        # IDF weights of the first knowledge base asked (the default one when none is named)
+        kb = self.kbs.get(next(iter(kb_ids))) if kb_ids else self.kbs.default
+        return measure(self.tokenizer(query), self.tokenizer.segments(query),
+                       weights_for(kb.bm25.snapshot.bm25), fusion.bm25, fusion.vector, fusion.fused)
+
+    def measure_gate(self, query: str, s: Settings) -> GateFeatures:
+        """Gate features of one query without a decision (how the background probes are scored)."""
+        _, fusion, _ = self.recall(query, s)
+        return self.gate_features(query, fusion)
 
     def rerank_stage(self, res: RetrievalResult, s: Settings) -> RetrievalResult:
         """Cross-encoder (or its skip/fallback) over the fused candidates → the final, numbered sources."""

@@ -1,0 +1,210 @@
+"""The adaptive no-answer gate: its pure decision, its evidence, the stored per-KB background, and the engine path.
+
+Unit parts use hand-made features and a real bm25s index; the background store is real SQLite; the engine parts
+run the real packaged embedding model over real documents.
+"""
+from __future__ import annotations
+
+import sqlite3
+from pathlib import Path
+
+import bm25s
+import pytest
+from llama_index.core.schema import NodeWithScore, TextNode
+
+from pipeline.retrieval.gate import ANSWER, REFUSE, WEAK, GateModel, decide
+from pipeline.retrieval.gate_background import MIN_SIM_SCALE, Background, GateBackground, summarize
+from pipeline.retrieval.gate_features import GateFeatures, measure
+from pipeline.retrieval.lexical import TermWeights, content_bigrams, content_terms, coverage, weights_for
+from store.db import Database
+from store.gate_stats import GateStatsStore
+from tests.live import engine_with_texts
+from tests.test_support import DOCS
+
+BG = Background(probes=64, sim_median=0.85, sim_scale=0.01, cov_median=0.1, cov_scale=0.1)
+MODEL = GateModel(coef=(1.0, 4.0, 3.0), bias=-6.0, refuse_below=-2.0, answer_at=0.5)
+
+
+def feats(sim: float, cov: float = 0.0, phrase: float = 0.0) -> GateFeatures:
+    return GateFeatures(max_similarity=sim, similarity_gap=0.0, similarity_gap50=0.0, coverage=cov,
+                        phrase_coverage=phrase, coverage_vector=cov, coverage_mass=0.0, unseen=0.0, agreement=0.0,
+                        bm25_top=0.0, n_terms=3)
+
+
+# --- the decision ------------------------------------------------------------------------------------------------
+def test_three_outcomes_from_the_score():
+    # score = -6 + z + 4·cov + 3·phrase, z = (sim - 0.85) / 0.01
+    assert decide(feats(0.88, 0.9, 0.8), BG, 0.5, model=MODEL).outcome == ANSWER     # -6+3+3.6+2.4 = 3.0
+    assert decide(feats(0.86, 0.5, 0.2), BG, 0.5, model=MODEL).outcome == REFUSE     # -6+1+2+0.6 = -2.4
+    d = decide(feats(0.865, 0.5, 0.2), BG, 0.5, model=MODEL)                        # -6+1.5+2+0.6 = -1.9
+    assert d.outcome == WEAK and d.weak and d.hit and d.reason == "资料相关度较低，请核对原文"
+    d = decide(feats(0.85, 0.1, 0.0), BG, 0.5, model=MODEL)                          # -6+0+0.4 = -5.6
+    assert d.outcome == REFUSE and not d.hit
+    assert pytest.approx(d.score) == -5.6
+
+
+def test_hard_floor_refuses_whatever_the_score():
+    d = decide(feats(0.80, 1.0, 1.0), Background(64, 0.5, 0.01, 0.0, 0.1), 0.82, model=MODEL)
+    assert d.outcome == REFUSE and d.score is None and "低于最低相似度" in d.reason
+
+
+def test_adaptive_off_is_the_floor_alone():
+    assert decide(feats(0.83), BG, 0.82, model=MODEL, adaptive=False).outcome == ANSWER
+    assert decide(feats(0.81), BG, 0.82, model=MODEL, adaptive=False).outcome == REFUSE
+
+
+def test_no_results_or_no_background():
+    assert decide(feats(0.95, 1, 1), BG, 0.3, has_results=False, model=MODEL).outcome == REFUSE
+    assert decide(feats(0.95), None, 0.3, model=MODEL).outcome == ANSWER  # nothing measured yet: floor only
+
+
+def test_the_same_cosine_means_different_things_in_different_kbs():
+    # a legal corpus: every question looks similar (background median 0.91); an encyclopedia: 0.85
+    legal, wiki = Background(64, 0.91, 0.01, 0.1, 0.1), Background(64, 0.85, 0.01, 0.1, 0.1)
+    f = feats(0.90, 0.4, 0.3)
+    assert decide(f, legal, 0.5, model=MODEL).outcome == REFUSE
+    assert decide(f, wiki, 0.5, model=MODEL).outcome == ANSWER
+
+
+def test_trace_payload_names_the_evidence():
+    t = decide(feats(0.88, 0.9, 0.8), BG, 0.5, model=MODEL).trace()
+    assert t["outcome"] == "answer" and t["hit"] is True and t["weak"] is False
+    assert t["similarity_z"] == 3.0 and t["background_median"] == 0.85 and t["coverage"] == 0.9
+    assert 0.9 < t["confidence"] < 1
+
+
+# --- background statistics ---------------------------------------------------------------------------------------
+def test_summary_is_robust_to_a_few_on_topic_probes():
+    probes = [feats(0.85 + 0.001 * (i % 5)) for i in range(60)] + [feats(0.97)] * 4  # 4 probes hit the KB
+    bg = summarize(probes)
+    assert bg.probes == 64 and abs(bg.sim_median - 0.852) < 0.002
+    assert bg.sim_scale < 0.01  # the four outliers do not blow up the scale
+    assert summarize([feats(0.9)] * 10).sim_scale == MIN_SIM_SCALE  # identical probes: the floor, not zero
+
+
+def _db_with_chunks(tmp_path: Path, n: int) -> Database:
+    db = Database(tmp_path / "app.db")
+    with db.transaction() as conn:
+        conn.execute("INSERT INTO kb_document(file_name, file_type, file_size, content_md5, status, created_at)"
+                     " VALUES ('a.txt', 'txt', 1, 'm', 'ready', 'now')")
+        for i in range(n):
+            conn.execute("INSERT INTO kb_chunk(doc_id, chunk_index, text) VALUES (1, ?, 't')", (i,))
+    return db
+
+
+def test_background_is_stored_and_refreshed_when_the_kb_changes(tmp_path):
+    db = _db_with_chunks(tmp_path, 3)
+    calls: list[str] = []
+    snapshot = [object()]
+
+    def probe(q: str) -> GateFeatures:
+        calls.append(q)
+        return feats(0.80 + 0.01 * (len(calls) % 3))
+
+    bg = GateBackground(GateStatsStore(db), lambda: "model-a", probe, lambda: snapshot[0], probes=["甲", "乙", "丙"])
+    first = bg.current()
+    assert len(calls) == 3 and first.probes == 3
+    row = sqlite3.connect(tmp_path / "app.db").execute("SELECT fingerprint, stats FROM kb_gate_background").fetchone()
+    assert row[0] == "model-a|3|3|3" and '"sim_median"' in row[1]
+    assert bg.current() is first and len(calls) == 3  # same snapshot: no probe is scored again
+    # a restart over the same data: read from SQLite, not measured again
+    again = GateBackground(GateStatsStore(db), lambda: "model-a", probe, lambda: snapshot[0], probes=["甲", "乙", "丙"])
+    assert again.current() == first and len(calls) == 3
+    # the KB changes (a new chunk, a new BM25 snapshot): measured again
+    with db.transaction() as conn:
+        conn.execute("INSERT INTO kb_chunk(doc_id, chunk_index, text) VALUES (1, 9, 't')")
+    snapshot[0] = object()
+    bg.current()
+    assert len(calls) == 6
+    # another embedding model: measured again
+    other = GateBackground(GateStatsStore(db), lambda: "model-b", probe, lambda: snapshot[0], probes=["甲"])
+    other.current()
+    assert len(calls) == 7
+
+
+def test_empty_kb_has_no_background(tmp_path):
+    db = Database(tmp_path / "app.db")
+    bg = GateBackground(GateStatsStore(db), lambda: "m", lambda q: pytest.fail("no probe on an empty KB"),
+                        lambda: None, probes=["甲"])
+    assert bg.current() is None
+
+
+# --- lexical evidence --------------------------------------------------------------------------------------------
+@pytest.fixture(scope="module")
+def tokenizer():
+    from pipeline.tokenize_zh import ChineseTokenizer
+    return ChineseTokenizer()
+
+
+def test_idf_from_the_index_and_unseen_words(tokenizer):
+    corpus = ["乙方逾期交货应支付违约金", "甲方逾期付款应支付违约金", "乙方保证货物质量"]
+    bm = bm25s.BM25(method="lucene")
+    bm.index([tokenizer(t) for t in corpus], show_progress=False)
+    w = weights_for(bm)
+    assert w is weights_for(bm)  # cached per index object
+    assert w.idf("交货") > w.idf("违约金") > 0  # rarer word weighs more
+    assert w.idf("梅西") == w.max_idf and w.df_of("梅西") == 0
+    terms = content_terms(tokenizer("乙方逾期交货的违约金是多少？"))
+    assert "的" not in terms and "多少" not in terms and "乙方" in terms
+    assert coverage(terms, w, "乙方逾期交货应支付违约金") == 1.0
+    assert 0 < coverage(terms, w, "甲方逾期付款应支付违约金") < 0.6
+    assert w.unseen_share(["梅西", "乙方"]) > 0.5
+    assert TermWeights.uniform().idf("任何词") == TermWeights.uniform().max_idf
+
+
+def test_phrase_bigrams_follow_the_question_order(tokenizer):
+    assert content_bigrams(tokenizer.segments("刘备三顾茅庐请的是谁？")) == ["刘备", "备三", "三顾", "顾茅", "茅庐"]
+    assert content_bigrams(tokenizer.segments("是什么？")) == []
+
+
+def _node(cid: str, text: str, score: float) -> NodeWithScore:
+    return NodeWithScore(node=TextNode(id_=cid, text=text), score=score)
+
+
+def test_features_of_one_retrieval(tokenizer):
+    vec = [_node("1", "乙方逾期交货应支付违约金", 0.91)] + [_node(str(i), "无关", 0.86) for i in range(2, 12)]
+    bm = [_node("1", "乙方逾期交货应支付违约金", 7.0), _node("3", "无关", 1.0)]
+    q = "乙方逾期交货的违约金是多少？"
+    f = measure(tokenizer(q), tokenizer.segments(q), TermWeights.uniform(), bm, vec, vec[:3])
+    assert f.max_similarity == 0.91 and abs(f.similarity_gap - 0.05) < 1e-9
+    assert f.coverage == 1.0 and f.coverage_vector == 1.0 and f.phrase_coverage > 0.5
+    assert f.agreement == 0.4 and f.bm25_top == 7.0
+    empty = measure(tokenizer(q), tokenizer.segments(q), TermWeights.uniform(), [], [], [])
+    assert empty.max_similarity == 0.0 and empty.coverage == 0.0
+
+
+# --- through the engine (real embedding model, real documents) ---------------------------------------------------
+@pytest.fixture(scope="module")
+def engine(tmp_path_factory):
+    e = engine_with_texts(tmp_path_factory.mktemp("gate"), DOCS)
+    yield e
+    e.close()
+
+
+def test_background_measured_at_ingest_and_stored(engine):
+    gb = engine.components.gate_background
+    bg = gb.current()
+    assert bg is not None and bg.probes == len(gb.probes)
+    stored = engine.components.gate_stats.load()
+    assert stored is not None and stored[0] == gb.fingerprint()
+
+
+def test_engine_answers_on_topic_and_refuses_off_topic(engine):
+    on = engine.ask_sync("退货期限是几天？")
+    gate = on["trace"]["gate"]
+    assert gate["outcome"] in ("answer", "weak") and "7 天" in on["answer"]
+    assert on["weak"] == (gate["outcome"] == "weak")
+    assert gate["similarity_z"] is not None and gate["background_median"] is not None
+    off = engine.ask_sync("梅西在哪一年获得了世界杯冠军？")
+    assert off["trace"]["gate"]["outcome"] == "refuse" and off["sources"] == []
+    assert off["answer"].startswith("根据现有资料无法回答")
+    assert "gate" in off["trace"]["ms"]
+
+
+def test_gate_can_be_switched_to_the_floor_alone(engine):
+    engine.update_settings({"adaptive_gate": False, "min_similarity": 0.0})
+    try:
+        r = engine.ask_sync("梅西在哪一年获得了世界杯冠军？")
+        assert r["trace"]["gate"]["hit"] is True and r["trace"]["gate"].get("score") is None
+    finally:
+        engine.update_settings({"adaptive_gate": True, "min_similarity": engine.default_settings().min_similarity})

@@ -1,0 +1,140 @@
+"""Per-question gate features on the dev-set knowledge bases, dumped for offline calibration (seconds to refit).
+
+    python -m tools.gate_dataset --kb-cache /work/cache/kb --out /work/cache/gate [--per-set 800] [NAME ...]
+
+For each dev-set knowledge base (tools/kb_cache.py) writes OUT/<name>.jsonl, one line per question:
+  kind = "answerable"   its own questions (hit1 / hit6: the fused top-1 / top-6 holds the gold);
+         "gold_removed" its own questions with the gold removed from the results (SQuAD: the gold passage and
+                        every chunk containing an answer; DuReader: every paragraph of the question's own search
+                        results) — unanswerable questions about the same documents;
+         "out_of_kb"    questions of the other dev sets (their passages are not in this knowledge base);
+         "probe"        the background probes (pipeline/retrieval/gate_probes.py), as the app measures them.
+Features are pipeline.retrieval.gate_features.measure over the same retrieval the app runs.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import random
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from llama_index.core.schema import NodeWithScore
+
+SEED = 14
+DEEP_RECALL = 80  # recall deeper when results are removed, so the routes still hold recall_size candidates
+
+
+def _fuse(engine, bm25, vector):
+    """Weighted RRF (the app's fusion when these dumps were made) over the filtered route lists."""
+    from pipeline.retrieval.fusion import adaptive_bm25_weight, rrf_fuse
+
+    s = engine.settings
+    top = [float(n.score or 0.0) for n in bm25[:2]]
+    w = adaptive_bm25_weight(top, s.bm25_weight) if s.bm25_adaptive and vector else s.bm25_weight
+    return rrf_fuse(bm25, vector, s.rrf_k, w, s.vector_weight)
+
+
+def features_for(engine, question: str, exclude=None) -> tuple[dict, list[NodeWithScore]]:
+    """Gate features of one question; `exclude(node) -> bool` drops results (gold removal)."""
+    from pipeline.retrieval.fusion import FusionOutput
+
+    s = engine.settings
+    _, fusion, _ = engine.components.retrieval.recall(question, s, recall=DEEP_RECALL if exclude else None)
+    bm25, vector = fusion.bm25, fusion.vector
+    if exclude:
+        bm25 = [n for n in bm25 if not exclude(n)][: s.recall_size]
+        vector = [n for n in vector if not exclude(n)][: s.recall_size]
+        fused = _fuse(engine, bm25, vector)
+    else:
+        fused = fusion.fused
+    f = engine.components.retrieval.gate_features(question, FusionOutput(bm25=bm25, vector=vector, fused=fused))
+    return f.to_dict(), fused
+
+
+def _gold_of(q, key_to_doc):
+    return {key_to_doc[k] for k in q.gold_docs if k in key_to_doc}
+
+
+def _hit(node, q, gold_ids) -> bool:
+    if node.node.metadata.get("doc_id") not in gold_ids:
+        return False
+    return not q.answers or any(a in node.node.get_content() for a in q.answers)
+
+
+def _remover(q, key_to_doc):
+    """exclude(node) for the gold-removed variant of question q."""
+    if q.answers:  # SQuAD: the gold passage and every chunk stating an answer
+        gold = _gold_of(q, key_to_doc)
+        return lambda n: (n.node.metadata.get("doc_id") in gold
+                          or any(a in n.node.get_content() for a in q.answers))
+    # DuReader: the whole search result list the question came with ("q12d3p4" → every "q12d…")
+    prefixes = {k.split("d", 1)[0] + "d" for k in q.gold_docs}
+    own = {d for k, d in key_to_doc.items() if any(k.startswith(p) for p in prefixes)}
+    return lambda n: n.node.metadata.get("doc_id") in own
+
+
+def dump_set(name: str, cache: Path, out: Path, per_set: int, questions_of: dict) -> None:
+    from pipeline.retrieval.gate_probes import PROBES
+    from tools.kb_cache import DEV_SETS, open_copy
+
+    rnd = random.Random(SEED)
+    own = questions_of[name]
+    sample = rnd.sample(own, min(per_set, len(own)))
+    removed = rnd.sample(own, min(per_set // 2, len(own)))
+    others = []
+    for other, qs in questions_of.items():
+        if other != name:
+            others += [(other, q) for q in rnd.sample(qs, min(per_set // 4, len(qs)))]
+    t0 = time.perf_counter()
+    with tempfile.TemporaryDirectory(prefix="kbqa-gate-") as tmp:
+        engine, key_to_doc = open_copy(cache, DEV_SETS[name], Path(tmp) / name)
+        engine.wait_idle()
+        with open(out / f"{name}.jsonl.tmp", "w", encoding="utf-8") as f:
+            def write(kind, qset, text, feats, **extra):
+                f.write(json.dumps({"kb": name, "kind": kind, "qset": qset, "q": text, "f": feats, **extra},
+                                   ensure_ascii=False) + "\n")
+
+            for p in PROBES:
+                write("probe", "probe", p, features_for(engine, p)[0])
+            for q in sample:
+                feats, fused = features_for(engine, q.text)
+                gold = _gold_of(q, key_to_doc)
+                write("answerable", name, q.text, feats, hit1=bool(fused) and _hit(fused[0], q, gold),
+                      hit6=any(_hit(n, q, gold) for n in fused[:6]))
+            for other, q in others:
+                feats, fused = features_for(engine, q.text)
+                # an answer string of another set's question may still stand in this KB: flag it (not a clean negative)
+                write("out_of_kb", other, q.text, feats,
+                      answer_here=any(a in n.node.get_content() for n in fused[:6] for a in q.answers))
+            for q in removed:
+                write("gold_removed", name, q.text, features_for(engine, q.text, _remover(q, key_to_doc))[0])
+        engine.close()
+    (out / f"{name}.jsonl.tmp").rename(out / f"{name}.jsonl")
+    print(f"{name}: {len(PROBES)} probes, {len(sample)} answerable, {len(removed)} gold removed, "
+          f"{len(others)} out of KB ({time.perf_counter() - t0:.0f} s)", file=sys.stderr)
+
+
+def main(argv=None) -> int:
+    from tools.cli import add_kb_cache, kb_cache_root
+    from tools.kb_cache import DEV_SETS, load_corpus
+
+    ap = argparse.ArgumentParser(prog="python -m tools.gate_dataset", description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    add_kb_cache(ap)
+    ap.add_argument("--out", required=True, type=Path)
+    ap.add_argument("--per-set", type=int, default=800, help="answerable questions sampled per set")
+    ap.add_argument("names", nargs="*", default=list(DEV_SETS))
+    args = ap.parse_args(argv)
+    root = kb_cache_root(ap, args)
+    args.out.mkdir(parents=True, exist_ok=True)
+    questions_of = {n: load_corpus(DEV_SETS[n]).questions for n in DEV_SETS}
+    for name in args.names:
+        dump_set(name, root, args.out, args.per_set, questions_of)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
