@@ -155,7 +155,7 @@ def build_chat_tab(engine, policy: AccessPolicy | None = None) -> ChatTab:
         return gr.Radio(choices=hist.conversation_choices(items), value=selected)
 
     # ------------------------------------------------------------------ the answer stream
-    run_outputs = view + [send, retry, goto_kb, question, current, history_list]
+    run_outputs = view + [send, retry, goto_kb, question, current, history_list, viewer.group]
 
     def run(q: str, conv_id, turns, use_kb_value, user, retry_flag: bool, kb_value=None) -> Iterator[dict]:
         q = (q or "").strip()
@@ -174,7 +174,8 @@ def build_chat_tab(engine, policy: AccessPolicy | None = None) -> ChatTab:
         yield {chatbot: pending("…"), stage: render_stage("recall"),
                sources: render_sources(None, empty_text="检索中…"), trace: render_trace(None),
                send: gr.Button(interactive=False), retry: gr.Button(visible=False),
-               goto_kb: gr.Button(visible=False), question: "", current: q}
+               goto_kb: gr.Button(visible=False), question: "", current: q,
+               viewer.group: gr.update(visible=False)}  # a new question closes the document viewer
         last = 0.0
         try:
             for e in engine.ask(q, retry=retry_flag, conversation_id=conv_id, user=user, use_kb=bool(use_kb_value),

@@ -64,7 +64,9 @@ element.addEventListener('click', (e) => {
 });
 """
 DRAWER_CSS = """
-.kbv-drawer { position: fixed !important; top: 0; right: 0; width: min(760px, 54vw); height: 100vh; z-index: 1000;
+/* over the right-hand column (sources) only: the question box and 发送 on the left stay usable */
+.kbv-drawer { position: fixed !important; top: 0; right: 0; width: min(720px, 38vw); min-width: 320px; height: 100vh;
+              z-index: 1000;
               overflow-y: auto; padding: 12px 14px !important; background: var(--background-fill-primary) !important;
               box-shadow: -6px 0 24px rgba(0,0,0,.18); border-left: 1px solid var(--border-color-primary); }
 """
