@@ -21,7 +21,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from starlette.concurrency import run_in_threadpool
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from pipeline.access import AccessPolicy, Role
+from pipeline.access import AccessPolicy, Reader, Role
 from pipeline.engine import Engine
 from pipeline.errors import (
     CODE_AUTH,
@@ -111,16 +111,21 @@ class BackupBody(BaseModel):
     dest: str = Field(min_length=1, max_length=1000, description="absolute path on the app's machine; new or empty")
 
 
+READERS_DOC = "user names who may read it (KB admins always may); null = every logged-in user"
+
+
 class KBCreate(BaseModel):
     model_config = ConfigDict(extra="forbid")
     name: str = Field(min_length=1, max_length=50)
     description: str = Field("", max_length=500)
+    readers: list[str] | None = Field(None, max_length=200, description=READERS_DOC)
 
 
 class KBUpdate(BaseModel):
     model_config = ConfigDict(extra="forbid")
     name: str | None = Field(None, min_length=1, max_length=50)
     description: str | None = Field(None, max_length=500)
+    readers: list[str] | None = Field(None, max_length=200, description=READERS_DOC + " (omit: unchanged)")
 
 
 class Envelope(BaseModel):
@@ -203,6 +208,15 @@ def create_api(engine: Engine, policy: AccessPolicy | None = None) -> FastAPI:
     admin_user = role_user(Role.ADMIN)
     kb_admin_user = role_user(Role.KB_ADMIN)
 
+    def reader_of(user: str | None = Depends(current_user)) -> Reader:
+        """Who reads (per-KB readers: a knowledge base they may not read answers 4003)."""
+        return policy.reader(user)
+
+    def check_readers(readers: list[str] | None) -> None:
+        unknown = policy.unknown_users(readers)
+        if unknown:
+            raise ApiError(CODE_VALIDATION, f"readers 中有不存在的用户：{', '.join(unknown)}", {"field": "readers"})
+
     # --- config -------------------------------------------------------------------------------
     @app.get("/api/config", response_model=Envelope, tags=["config"])
     def get_config(_: str | None = Depends(admin_user)):
@@ -228,23 +242,29 @@ def create_api(engine: Engine, policy: AccessPolicy | None = None) -> FastAPI:
 
     # --- knowledge bases ----------------------------------------------------------------------
     @app.get("/api/kbs", response_model=Envelope, tags=["kbs"])
-    def list_kbs(_: str | None = Depends(current_user)):
-        """Every knowledge base: kb_id, name, description, created_at, docs, chunks, is_default."""
-        return ok(engine.list_kbs())
+    def list_kbs(reader: Reader = Depends(reader_of)):
+        """The knowledge bases the caller may read: kb_id, name, description, created_at, docs, chunks,
+        is_default, readers (null = every logged-in user)."""
+        return ok(engine.list_kbs(reader))
 
     @app.post("/api/kbs", response_model=Envelope, tags=["kbs"])
     def create_kb(body: KBCreate, _: str | None = Depends(kb_admin_user)):
-        """Create a knowledge base (its own vector collection and BM25 index). Names are unique."""
-        return ok(engine.create_kb(body.name, body.description))
+        """Create a knowledge base (its own vector collection and BM25 index). Names are unique; `readers`
+        restricts who may read it."""
+        check_readers(body.readers)
+        return ok(engine.create_kb(body.name, body.description, body.readers))
 
     @app.get("/api/kbs/{kb_id}", response_model=Envelope, tags=["kbs"])
-    def get_kb(kb_id: int, _: str | None = Depends(current_user)):
-        return ok(engine.get_kb(kb_id))
+    def get_kb(kb_id: int, reader: Reader = Depends(reader_of)):
+        return ok(engine.get_kb(kb_id, reader))
 
     @app.put("/api/kbs/{kb_id}", response_model=Envelope, tags=["kbs"])
     def update_kb(kb_id: int, body: KBUpdate, _: str | None = Depends(kb_admin_user)):
-        """Rename and/or re-describe a knowledge base."""
-        return ok(engine.update_kb(kb_id, body.name, body.description))
+        """Rename and/or re-describe a knowledge base; `readers` (when sent) sets who may read it, null opens it."""
+        readers = body.readers if "readers" in body.model_fields_set else ...
+        if readers is not ...:
+            check_readers(readers)
+        return ok(engine.update_kb(kb_id, body.name, body.description, readers))
 
     @app.delete("/api/kbs/{kb_id}", response_model=Envelope, tags=["kbs"])
     def delete_kb(kb_id: int, confirm: bool = Query(False, description="must be true"),
@@ -300,47 +320,47 @@ def create_api(engine: Engine, policy: AccessPolicy | None = None) -> FastAPI:
     @app.get("/api/kb/documents", response_model=Envelope, tags=["kb"])
     def list_documents(page: int = Query(1, ge=1), size: int = Query(20, ge=1, le=200),
                        keyword: str = Query("", max_length=200), kb_id: int = Query(DEFAULT_KB_ID, ge=1),
-                       _: str | None = Depends(current_user)):
+                       reader: Reader = Depends(reader_of)):
         """Paged document list of a knowledge base with chunk counts, status, failure reason, version and
         progress: `stage` (queued/parse/ocr/chunk/embed/write), `stage_label`, `done`, `total`, `position`
         (place in the queue), `eta_s`."""
-        return ok(engine.list_documents(page, size, keyword, kb_id))
+        return ok(engine.list_documents(page, size, keyword, kb_id, reader))
 
     @app.get("/api/kb/documents/{doc_id}/chunks", response_model=Envelope, tags=["kb"])
-    def document_chunks(doc_id: int, _: str | None = Depends(current_user)):
+    def document_chunks(doc_id: int, reader: Reader = Depends(reader_of)):
         """Chunk index + text of one document."""
-        return ok(engine.document_chunks(doc_id))
+        return ok(engine.document_chunks(doc_id, reader))
 
     @app.get("/api/kb/documents/{doc_id}/text", response_model=Envelope, tags=["kb"])
     def document_text(doc_id: int, part: int | None = Query(None, ge=1, description="1-based part"),
                       chunk_id: int | None = Query(None, ge=1, description="the part holding this chunk"),
-                      _: str | None = Depends(current_user)):
+                      reader: Reader = Depends(reader_of)):
         """The document's parsed text, one part at a time (a PDF page / sheet, long texts cut into ≤ 20,000
         characters): {text, part, parts, page, source (text|ocr), context, chunks: [{chunk_id, start, end}],
         highlight, version, active, kb_name}. With `chunk_id`: the part that holds it, to highlight."""
-        return ok(engine.document_text(doc_id, part, chunk_id))
+        return ok(engine.document_text(doc_id, part, chunk_id, reader))
 
     @app.get("/api/kb/documents/{doc_id}/file", tags=["kb"], response_class=FileResponse,
              responses={200: {"content": {"application/octet-stream": {}}}})
-    def document_file(doc_id: int, _: str | None = Depends(current_user)):
+    def document_file(doc_id: int, reader: Reader = Depends(reader_of)):
         """The uploaded original (download; needs a login when logins are on)."""
-        path, name = engine.document_file(doc_id)
+        path, name = engine.document_file(doc_id, reader)
         return FileResponse(path, filename=name, media_type=MEDIA_TYPES.get(path.suffix.lstrip("."),
                                                                            "application/octet-stream"))
 
     @app.get("/api/kb/documents/{doc_id}/page", tags=["kb"], response_class=Response,
              responses={200: {"content": {"image/jpeg": {}}}})
     def document_page(doc_id: int, page: int = Query(1, ge=1), chunk_id: int | None = Query(None, ge=1),
-                      _: str | None = Depends(current_user)):
+                      reader: Reader = Depends(reader_of)):
         """A PDF page as JPEG; with `chunk_id` its page, the passage boxed where the text layer allows (header
         X-Passage-Boxed: 1 / 0)."""
-        data, boxed = engine.page_image(doc_id, page, chunk_id)
+        data, boxed = engine.page_image(doc_id, page, chunk_id, reader)
         return Response(data, media_type="image/jpeg", headers={"X-Passage-Boxed": "1" if boxed else "0"})
 
     @app.get("/api/kb/documents/{doc_id}/versions", response_model=Envelope, tags=["kb"])
-    def document_versions(doc_id: int, _: str | None = Depends(current_user)):
+    def document_versions(doc_id: int, reader: Reader = Depends(reader_of)):
         """Every version of the document, newest first: version, active, status, created_at."""
-        return ok(engine.document_versions(doc_id))
+        return ok(engine.document_versions(doc_id, reader))
 
     @app.post("/api/kb/documents/{doc_id}/restore", response_model=Envelope, tags=["kb"])
     def restore_version(doc_id: int, _: str | None = Depends(kb_admin_user)):
@@ -386,9 +406,9 @@ def create_api(engine: Engine, policy: AccessPolicy | None = None) -> FastAPI:
         return ok(engine.backup(body.dest))
 
     @app.post("/api/kb/search", response_model=Envelope, tags=["kb"])
-    def search(body: SearchBody, _: str | None = Depends(current_user)):
+    def search(body: SearchBody, reader: Reader = Depends(reader_of)):
         """Dual-route debug search: {bm25, vector, rrf} as in SRS §7.2."""
-        return ok(engine.search(body.query, body.top_k, body.scope()))
+        return ok(engine.search(body.query, body.top_k, body.scope(), reader))
 
     # --- question answering -------------------------------------------------------------------
     @app.post("/api/qa/ask/sync", response_model=Envelope, tags=["qa"])
@@ -396,7 +416,7 @@ def create_api(engine: Engine, policy: AccessPolicy | None = None) -> FastAPI:
         """{answer, sources, elapsed_ms, trace, conversation_id, turn_id, route, rewritten_query} from the same
         pipeline as the stream; `kb_id` / `kb_ids` pick the knowledge bases (default: the default one)."""
         return ok(engine.ask_sync(body.question, retry=body.retry, conversation_id=body.conversation_id,
-                                  user=user, use_kb=body.use_kb, kb_ids=body.scope()))
+                                  user=user, use_kb=body.use_kb, kb_ids=body.scope(), reader=policy.reader(user)))
 
     @app.post("/api/qa/ask", tags=["qa"], response_class=StreamingResponse,
               responses={200: {"content": {"text/event-stream": {}},
@@ -406,7 +426,7 @@ def create_api(engine: Engine, policy: AccessPolicy | None = None) -> FastAPI:
         stored retrieval of the same question. A client that disconnects stops generation. `done` carries
         conversation_id (created when absent), turn_id, route and rewritten_query."""
         gen = engine.ask(body.question, retry=body.retry, conversation_id=body.conversation_id, user=user,
-                         use_kb=body.use_kb, kb_ids=body.scope())
+                         use_kb=body.use_kb, kb_ids=body.scope(), reader=policy.reader(user))
         sentinel = object()
 
         async def stream():
@@ -440,7 +460,7 @@ def create_api(engine: Engine, policy: AccessPolicy | None = None) -> FastAPI:
     def get_conversation(conv_id: str, user: str | None = Depends(current_user)):
         """One conversation with every turn (question, rewritten query, answer, sources, trace, route …).
         3002 unknown id; 4003 another user's."""
-        return ok(engine.get_conversation(conv_id, user))
+        return ok(engine.get_conversation(conv_id, user, policy.reader(user)))
 
     @app.patch("/api/conversations/{conv_id}", response_model=Envelope, tags=["conversations"])
     def rename_conversation(conv_id: str, body: RenameBody, user: str | None = Depends(current_user)):
@@ -456,7 +476,7 @@ def create_api(engine: Engine, policy: AccessPolicy | None = None) -> FastAPI:
              responses={200: {"content": {"text/markdown": {}}}})
     def export_conversation(conv_id: str, user: str | None = Depends(current_user)):
         """The conversation as Markdown with each answer's citations (a download)."""
-        md = engine.export_conversation(conv_id, user)
+        md = engine.export_conversation(conv_id, user, policy.reader(user))
         return PlainTextResponse(md, media_type="text/markdown; charset=utf-8", headers={
             "Content-Disposition": f'attachment; filename="conversation-{conv_id}.md"'})
 

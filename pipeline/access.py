@@ -4,6 +4,8 @@
 - With `--auth USER:PASS …`, users log in. `--admin USER` marks settings admins (配置 tab, /api/config*),
   `--kb-admin USER` marks knowledge-base admins (知识库 tab, upload/delete/rebuild). Admins are also KB admins.
   Every logged-in user may ask questions and use the debug search.
+- Knowledge bases are open to every logged-in user unless their `readers` list names who may read them; KB
+  admins and admins read every knowledge base. `AccessPolicy.reader(user)` is what the engine checks against.
 """
 from __future__ import annotations
 
@@ -18,6 +20,22 @@ class Role(str, Enum):
     USER = "user"
     KB_ADMIN = "kb_admin"
     ADMIN = "admin"
+
+
+@dataclass(frozen=True)
+class Reader:
+    """Who reads: the engine's one per-KB read check (pipeline.engine). `privileged` = KB admin, admin, or logins
+    off; a knowledge base with `readers` None is open to every logged-in user."""
+
+    user: str | None = None
+    privileged: bool = True
+
+    def may_read(self, kb: dict) -> bool:
+        readers = kb.get("readers")
+        return self.privileged or readers is None or (self.user is not None and self.user in readers)
+
+
+EVERYONE = Reader()  # scripts, tools, the app without logins
 
 
 # The one refusal text per role, shown by the UI and returned by the API (code 4003).
@@ -77,6 +95,13 @@ class AccessPolicy:
     def denial(self, username: str | None, role: Role) -> str | None:
         """None when allowed, else the refusal text for that role."""
         return None if self.allows(username, role) else DENIED_TEXT[role]
+
+    def reader(self, username: str | None) -> Reader:
+        return Reader(username, self.is_kb_admin(username))
+
+    def unknown_users(self, names) -> list[str]:
+        """Names in a readers list that are not users of this app (empty without logins: nothing to check)."""
+        return sorted(set(names or []) - set(self.users)) if self.enabled else []
 
     def gradio_auth(self):
         """Value for Gradio's `auth=` (None when logins are off)."""

@@ -24,6 +24,7 @@ from pipeline.deployment import Deployment
 from pipeline.errors import CODE_ENGINE, CODE_LLM, CODE_NO_DOC, CODE_VALIDATION, EngineError
 from pipeline.ingestion.rebuild import Rebuild
 from pipeline.ingestion.service import IngestBusy, UploadResult
+from pipeline.kb_access import KBAccess, Reader
 from pipeline.models.paths import embedding_model_id, resolve_model_dir
 from pipeline.ops import backup as backup_ops
 from pipeline.ops.audit import KBAuditor, ModelIds
@@ -75,6 +76,7 @@ class Engine:
         self._sync = SharedSync(c.state, on_kb=self._refresh_bm25, on_config=self._reread_settings,
                                 on_engine=self._reload_from_elsewhere)
         self._rebuild = Rebuild(c, lambda: self._settings, on_done=self._after_rebuild)
+        self._access = KBAccess(c.kbs)  # per-KB readers: every read below takes a `reader` (None = everyone)
         vectors = c.kbs.all_vectors  # audit / repair / backup look at every knowledge base
         self.auditor = KBAuditor(c.docs, vectors, c.files, c.tokenizer, self._model_ids,
                                  bm25_ids=vectors.bm25_indexed_ids, has_job=self._has_job, gate=c.gate)
@@ -317,18 +319,21 @@ class Engine:
         }
 
     # ------------------------------------------------------------------ knowledge bases
-    def list_kbs(self) -> list[dict]:
-        """Every knowledge base with its document and chunk counts (the default one first)."""
-        return self.components.kbs.store.list()
+    def list_kbs(self, reader: Reader | None = None) -> list[dict]:
+        """The knowledge bases the reader may read, with document and chunk counts and `readers` (None = open to
+        every logged-in user), the default one first."""
+        return self._access.readable(reader)
 
-    def get_kb(self, kb_id: int) -> dict:
-        return self.components.kbs.store.get(self.components.kbs.check(kb_id))
+    def get_kb(self, kb_id: int, reader: Reader | None = None) -> dict:
+        return self.components.kbs.store.get(self._access.check(kb_id, reader))
 
-    def create_kb(self, name: str, description: str = "") -> dict:
-        return self.components.kbs.create(name, description)
+    def create_kb(self, name: str, description: str = "", readers: list[str] | None = None) -> dict:
+        return self.components.kbs.create(name, description, readers)
 
-    def update_kb(self, kb_id: int, name: str | None = None, description: str | None = None) -> dict:
-        return self.components.kbs.update(kb_id, name, description)
+    def update_kb(self, kb_id: int, name: str | None = None, description: str | None = None,
+                  readers: Any = ...) -> dict:
+        """`readers`: ... unchanged, None = every logged-in user, a list = only these users (and KB admins)."""
+        return self.components.kbs.update(kb_id, name, description, readers)
 
     def delete_kb(self, kb_id: int) -> dict:
         """Delete a knowledge base and everything in it (documents, versions, chunks, vectors, BM25, files).
@@ -351,13 +356,10 @@ class Engine:
         self._recent.clear()
         return {"kb_id": kb_id, "name": kb["name"], "docs_removed": len(docs)}
 
-    def resolve_kbs(self, kb_ids: Any = None) -> list[int]:
-        """The knowledge bases a question searches: the given ids (each checked), or the default one."""
-        if kb_ids is None or kb_ids == []:
-            return [DEFAULT_KB_ID]
-        if isinstance(kb_ids, (int, str)):
-            kb_ids = [kb_ids]
-        return sorted({self.components.kbs.check(k) for k in kb_ids})
+    def resolve_kbs(self, kb_ids: Any = None, reader: Reader | None = None) -> list[int]:
+        """The knowledge bases a question searches: the given ids (each checked to exist and be readable), or the
+        default one (all readable ones when the reader may not read the default one) — pipeline.kb_access."""
+        return self._access.scope(kb_ids, reader)
 
     # ------------------------------------------------------------------ documents
     def upload(self, items: list[tuple[str, Path]], kb_id: int = DEFAULT_KB_ID) -> list[UploadResult]:
@@ -370,10 +372,11 @@ class Engine:
         """Block until every queued document is processed (scripts, tests, benchmarks)."""
         return self.components.ingest.wait_idle(timeout)
 
-    def list_documents(self, page: int = 1, size: int = 20, keyword: str = "", kb_id: int = DEFAULT_KB_ID) -> dict:
+    def list_documents(self, page: int = 1, size: int = 20, keyword: str = "", kb_id: int = DEFAULT_KB_ID,
+                       reader: Reader | None = None) -> dict:
         """Paged documents of a knowledge base; processing ones carry stage / stage_label / done / total /
         position / eta_s; each its version and how many versions it has."""
-        kb_id = self.components.kbs.check(kb_id)
+        kb_id = self._access.check(kb_id, reader)
         items, total = self.components.docs.list(page, size, keyword, kb_id)
         for d in items:
             d.pop("stored_name", None)
@@ -390,15 +393,21 @@ class Engine:
         snap["progress"] = snap.pop("text")  # the text field of the first release, now from the board
         return snap
 
-    def get_document(self, doc_id: int) -> dict:
+    def _readable_doc(self, doc_id: int, reader: Reader | None) -> dict:
+        """The document row (3002 when missing) if the reader may read its knowledge base (else 4003)."""
         d = self.components.docs.get(doc_id)
         if d is None:
             raise EngineError(CODE_NO_DOC, f"文档不存在：{doc_id}")
+        self._access.check(d.get("kb_id") or DEFAULT_KB_ID, reader)
+        return d
+
+    def get_document(self, doc_id: int, reader: Reader | None = None) -> dict:
+        d = self._readable_doc(doc_id, reader)
         d.pop("stored_name", None)
         return d
 
-    def document_chunks(self, doc_id: int) -> list[dict]:
-        self.get_document(doc_id)
+    def document_chunks(self, doc_id: int, reader: Reader | None = None) -> list[dict]:
+        self.get_document(doc_id, reader)
         return self.components.docs.chunks_of(doc_id)
 
     def _refuse_while_rebuilding(self) -> None:
@@ -433,9 +442,9 @@ class Engine:
                 "versions_removed": len(targets)}
 
     # ------------------------------------------------------------------ versions
-    def document_versions(self, doc_id: int) -> list[dict]:
+    def document_versions(self, doc_id: int, reader: Reader | None = None) -> list[dict]:
         """Every version of the document `doc_id` belongs to, newest first (active flag, date, status)."""
-        doc = self.get_document(doc_id)
+        doc = self.get_document(doc_id, reader)
         out = self.components.docs.versions_of(doc["lineage_id"] or doc_id)
         for d in out:
             d.pop("stored_name", None)
@@ -457,15 +466,14 @@ class Engine:
         return {"doc_id": doc_id, "version": doc["version"], "changed": True}
 
     # ------------------------------------------------------------------ viewer
-    def document_text(self, doc_id: int, part: int | None = None, chunk_id: int | None = None) -> dict:
+    def document_text(self, doc_id: int, part: int | None = None, chunk_id: int | None = None,
+                      reader: Reader | None = None) -> dict:
         """One part of a document's parsed text with its chunks' spans (pipeline.document_view); with `chunk_id`
         the part holding that chunk, which is the one to highlight."""
         from pipeline.document_view import document_view
 
         c = self.components
-        doc = c.docs.get(doc_id)
-        if doc is None:
-            raise EngineError(CODE_NO_DOC, f"文档不存在：{doc_id}")
+        doc = self._readable_doc(doc_id, reader)
         view = document_view(c.docs, doc, c.kbs.store.names().get(doc.get("kb_id")), part, chunk_id)
         if doc.get("active") != 1 and doc.get("lineage_id"):
             current = c.docs.find_active_in_lineage(doc["lineage_id"])
@@ -473,11 +481,12 @@ class Engine:
             view["current_doc_id"] = current["doc_id"] if current else None
         return view
 
-    def page_image(self, doc_id: int, page: int, chunk_id: int | None = None) -> tuple[bytes, bool]:
+    def page_image(self, doc_id: int, page: int, chunk_id: int | None = None,
+                   reader: Reader | None = None) -> tuple[bytes, bool]:
         """(JPEG of a PDF page, whether the chunk's passage is boxed on it — only where the text layer allows)."""
         from pipeline.page_image import render_page
 
-        path, _ = self.document_file(doc_id)
+        path, _ = self.document_file(doc_id, reader)
         doc = self.components.docs.get(doc_id)
         if doc["file_type"] != "pdf":
             raise EngineError(CODE_VALIDATION, "只有 PDF 文档有页面图", "doc_id")
@@ -500,12 +509,10 @@ class Engine:
             raise EngineError(CODE_NO_DOC, f"块不存在：{chunk_id}")
         return row["doc_id"]
 
-    def document_file(self, doc_id: int) -> tuple[Path, str]:
+    def document_file(self, doc_id: int, reader: Reader | None = None) -> tuple[Path, str]:
         """(path of the stored original, its display name) for download."""
         c = self.components
-        doc = c.docs.get(doc_id)
-        if doc is None:
-            raise EngineError(CODE_NO_DOC, f"文档不存在：{doc_id}")
+        doc = self._readable_doc(doc_id, reader)
         path = c.files.path_of(doc["stored_name"]) if doc.get("stored_name") else None
         if path is None or not path.exists():
             raise EngineError(CODE_NO_DOC, f"文档 {doc_id} 的原始文件不存在")
@@ -572,19 +579,19 @@ class Engine:
             raise EngineError(CODE_VALIDATION, exc.msg, exc.field) from None
 
     # ------------------------------------------------------------------ retrieval & answers
-    def search(self, query: str, top_k: int = 10, kb_ids: Any = None) -> dict:
+    def search(self, query: str, top_k: int = 10, kb_ids: Any = None, reader: Reader | None = None) -> dict:
         """Dual-route debug search in the given knowledge bases (default: the default one)."""
         self._validate_question(query, "query")
         if not isinstance(top_k, int) or isinstance(top_k, bool) or not 1 <= top_k <= 50:
             raise EngineError(CODE_VALIDATION, "top_k 必须是 1–50 的整数", "top_k")
-        scope = self.resolve_kbs(kb_ids)
         self._sync_check()
+        scope = self.resolve_kbs(kb_ids, reader)
         self._require_ready()
         return self.components.retrieval.debug_search(query.strip(), top_k, self._settings, scope)
 
-    def retrieve(self, question: str, kb_ids: Any = None) -> RetrievalResult:
-        scope = self.resolve_kbs(kb_ids)
+    def retrieve(self, question: str, kb_ids: Any = None, reader: Reader | None = None) -> RetrievalResult:
         self._sync_check()
+        scope = self.resolve_kbs(kb_ids, reader)
         self._require_ready()
         self.retrieval_calls += 1
         return self.components.retrieval.retrieve(question, self._settings, scope)
@@ -598,9 +605,11 @@ class Engine:
 
     # ---- the answer stream; conversations, routing and query rewriting (pipeline/conversation/) ----
     def ask(self, question: str, retry: bool = False, conversation_id: str | None = None,
-            user: str | None = None, use_kb: bool = True, kb_ids: Any = None) -> Iterator[ev.Event]:
+            user: str | None = None, use_kb: bool = True, kb_ids: Any = None,
+            reader: Reader | None = None) -> Iterator[ev.Event]:
         """The one answer event stream: stage → trace → stage → delta* → sources → done (or error).
-        `kb_ids`: the knowledge bases to search (default: the default one).
+        `kb_ids`: the knowledge bases to search (default: the default one); each must be readable by `reader`
+        (4003 otherwise).
 
         `conversation_id` None starts a conversation (its id comes back in `done`); an unknown id is a 3002
         error, another user's a 4003. The router may answer DIRECT (chit-chat, or `use_kb=False`) without
@@ -610,8 +619,8 @@ class Engine:
         c = self.components
         try:
             self._validate_question(question)
-            scope = self.resolve_kbs(kb_ids)
             self._sync_check()
+            scope = self.resolve_kbs(kb_ids, reader)
             self._require_ready()
             conv = c.conversations.resolve(conversation_id, user) if conversation_id is not None else None
         except EngineError as exc:
@@ -698,7 +707,8 @@ class Engine:
                       support=support)
 
     def ask_sync(self, question: str, retry: bool = False, conversation_id: str | None = None,
-                 user: str | None = None, use_kb: bool = True, kb_ids: Any = None) -> dict:
+                 user: str | None = None, use_kb: bool = True, kb_ids: Any = None,
+                 reader: Reader | None = None) -> dict:
         """The synchronous form over the same stream: {answer, sources, elapsed_ms, trace, weak, support,
         conversation_id, turn_id, route, rewritten_query, mode, no_answer} or EngineError."""
         parts: list[str] = []
@@ -706,7 +716,7 @@ class Engine:
         trace = None
         done: dict = {}
         for e in self.ask(question, retry=retry, conversation_id=conversation_id, user=user, use_kb=use_kb,
-                          kb_ids=kb_ids):
+                          kb_ids=kb_ids, reader=reader):
             if e.type is ev.EventType.DELTA:
                 parts.append(e.data["text"])
             elif e.type is ev.EventType.SOURCES:
@@ -728,8 +738,9 @@ class Engine:
     def list_conversations(self, user: str | None, page: int = 1, size: int = 50) -> dict:
         return self.components.conversations.list(user, page, size)
 
-    def get_conversation(self, conv_id: str, user: str | None) -> dict:
-        return self.components.conversations.get(conv_id, user)
+    def get_conversation(self, conv_id: str, user: str | None, reader: Reader | None = None) -> dict:
+        """The conversation with its turns; sources from knowledge bases the reader may not read lose their text."""
+        return self._access.redact_conversation(self.components.conversations.get(conv_id, user), reader)
 
     def rename_conversation(self, conv_id: str, user: str | None, title: str) -> dict:
         return self.components.conversations.rename(conv_id, user, title)
@@ -740,8 +751,10 @@ class Engine:
     def clear_conversations(self, user: str | None) -> dict:
         return self.components.conversations.clear(user)
 
-    def export_conversation(self, conv_id: str, user: str | None) -> str:
-        return self.components.conversations.export_markdown(conv_id, user)
+    def export_conversation(self, conv_id: str, user: str | None, reader: Reader | None = None) -> str:
+        from pipeline.conversation.service import conversation_markdown
+
+        return conversation_markdown(self.get_conversation(conv_id, user, reader))
 
     # ---- feedback and verified Q&A entries (issue 15) ----
     def give_feedback(self, turn_id: int, user: str | None, rating: str, reason: str | None = None,

@@ -50,6 +50,22 @@ def clean_name(name, field: str = "name", limit: int = MAX_NAME, required: bool 
     return name
 
 
+MAX_READERS = 200
+
+
+def clean_readers(readers) -> list[str] | None:
+    """None = open to every logged-in user; else the list of user names (blank names dropped, duplicates too)."""
+    if readers is None:
+        return None
+    if not isinstance(readers, (list, tuple)) or not all(isinstance(r, str) for r in readers):
+        raise EngineError(CODE_VALIDATION, "readers 必须是用户名列表（或 null 表示所有登录用户可读）", "readers")
+    names = sorted({r.strip() for r in readers if r.strip()})
+    if len(names) > MAX_READERS or any(len(n) > MAX_NAME for n in names):
+        raise EngineError(CODE_VALIDATION, f"readers 过长（最多 {MAX_READERS} 个用户名，每个最多 {MAX_NAME} 字）",
+                          "readers")
+    return names
+
+
 class KnowledgeBases:
     def __init__(self, data_dir: Path, store: KBStore, docs: DocumentStore, chroma_url: str | None = None):
         """Collections in `data_dir/chroma` (embedded Chroma), or on the Chroma server at `chroma_url`."""
@@ -100,16 +116,18 @@ class KnowledgeBases:
         return self.get(DEFAULT_KB_ID)
 
     # --- changes -------------------------------------------------------------------------------------------
-    def create(self, name, description="") -> dict:
+    def create(self, name, description="", readers=None) -> dict:
         name = clean_name(name)
         description = clean_name(description or "", "description", MAX_DESCRIPTION, required=False)
+        readers = clean_readers(readers)
         if self.store.find_by_name(name):
             raise EngineError(CODE_VALIDATION, f"已有同名知识库「{name}」", "name")
-        row = self.store.create(name, description)
+        row = self.store.create(name, description, readers)
         self.get(row["kb_id"])  # its collection exists from now on
         return row
 
-    def update(self, kb_id, name=None, description=None) -> dict:
+    def update(self, kb_id, name=None, description=None, readers=...) -> dict:
+        """`readers` ... = unchanged, None = open to everyone, a list = only these users (and KB admins)."""
         kb_id = self.check(kb_id)
         if name is not None:
             name = clean_name(name)
@@ -118,7 +136,9 @@ class KnowledgeBases:
                 raise EngineError(CODE_VALIDATION, f"已有同名知识库「{name}」", "name")
         if description is not None:
             description = clean_name(description, "description", MAX_DESCRIPTION, required=False)
-        return self.store.update(kb_id, name, description)
+        if readers is not ...:
+            readers = clean_readers(readers)
+        return self.store.update(kb_id, name, description, readers)
 
     def drop(self, kb_id: int) -> None:
         """Forget a knowledge base whose documents are gone: its collection, its BM25 folder, its row."""

@@ -285,6 +285,14 @@ MIGRATIONS += [
     ), sqlite_foreign_keys_off=True),
 ]
 
+MIGRATIONS += [
+    # v11: per-KB readers — a JSON list of user names, NULL = open to every logged-in user (what every knowledge
+    # base was before, so nothing changes for existing installs).
+    Migration(11, "knowledge base readers", (
+        "ALTER TABLE kb_base ADD COLUMN readers TEXT",
+    )),
+]
+
 
 def _check_order(migrations: list[Migration]) -> None:
     versions = [m.version for m in migrations]

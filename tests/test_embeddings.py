@@ -177,6 +177,20 @@ def test_onnx_matches_torch(packaged, packaged_torch):
     assert _cos(single, p1[:3]).min() >= 0.995
 
 
+def test_onnx_vector_depends_on_the_text_only(packaged):
+    """The int8 graph quantises activations with one scale per tensor: in a batch a text's vector moved with its
+    neighbours (up to 0.01). Each text runs alone now, so a fixed text set gets the same vectors (1e-6) however
+    it is grouped or ordered, and each equals the text embedded on its own."""
+    loaded, _ = packaged
+    model = loaded.embed_model
+    texts = [p * k for p in PASSAGES for k in (1, 3)]  # mixed lengths: padding was what batching changed
+    together = np.array(model.get_text_embedding_batch(texts))
+    reversed_ = np.array(model.get_text_embedding_batch(texts[::-1]))[::-1]
+    alone = np.array([model.get_text_embedding(t) for t in texts])
+    assert np.abs(together - reversed_).max() < 1e-6
+    assert np.abs(together - alone).max() < 1e-6
+
+
 def test_missing_local_path_falls_back_to_packaged(models_dir, packaged):
     from pipeline.models.embeddings import load_embedding
 

@@ -1,14 +1,16 @@
 """Ingest throughput, end to end through the engine (upload → parse → chunk → tokenize → embed → write).
 
-    python -m tools.bench_ingest [--cmrc N] [--news N] [--compare REV [--rounds R]]
+    python -m tools.bench_ingest [--cmrc N] [--news N] [--compare REV [REV ...] [--rounds R]]
 
 Documents: N CMRC 2018 dev contexts + N CRUD-RAG news articles (../shared/data), each uploaded as a .txt
 file. Prints chunks/s end to end and the share of worker time per stage. Embedding dominates; the rest
 (parse + chunk + tokenize + write) should stay under 15% of the embedding time.
 
-`--compare REV` measures an older release in the same run: `git archive REV` is unpacked in a temp dir (the
-packaged model folder linked in, so nothing is rebuilt) and both trees run this benchmark in their own fresh
-process, alternately, R rounds each (default 2) — old and new see the same machine load.
+`--compare REV …` measures older releases in the same run: `git archive REV` is unpacked in a temp dir (the
+packaged model folder linked in, so nothing is rebuilt, and this file copied in, so every tree is measured the
+same way) and all trees run this benchmark in their own fresh process, alternately, R rounds each (default 2) —
+old and new see the same machine load. Besides wall-clock chunks/s it reports CPU seconds of the process per
+chunk (all threads): on a shared machine other work stretches the wall clock far more than the CPU time.
 """
 from __future__ import annotations
 
@@ -28,7 +30,7 @@ def main(argv=None) -> int:
     ap.add_argument("--cmrc", type=int, default=150, help="CMRC contexts")
     ap.add_argument("--news", type=int, default=50, help="CRUD-RAG news articles")
     ap.add_argument("--json", default=None)
-    ap.add_argument("--compare", default=None, metavar="REV", help="also measure this git revision (old)")
+    ap.add_argument("--compare", nargs="+", default=None, metavar="REV", help="also measure these git revisions")
     ap.add_argument("--rounds", type=int, default=2, help="rounds per tree with --compare")
     args = ap.parse_args(argv)
     if args.compare:
@@ -51,11 +53,11 @@ def main(argv=None) -> int:
             p.write_text(t, encoding="utf-8")
             paths.append((p.name, p))
         engine.components.ingest.timer.reset()
-        t0 = time.perf_counter()
+        t0, c0 = time.perf_counter(), time.process_time()
         for i in range(0, len(paths), 10):
             engine.upload(paths[i:i + 10])
         engine.wait_idle()
-        wall = time.perf_counter() - t0
+        wall, cpu = time.perf_counter() - t0, time.process_time() - c0
         timer = engine.components.ingest.timer
         secs = dict(timer.seconds)
         chunks = timer.chunks
@@ -66,11 +68,13 @@ def main(argv=None) -> int:
     other = sum(v for k, v in secs.items() if k != "embed")
     report = {"docs": len(texts), "chunks": chunks, "ready_docs": c["ready_docs"], "wall_s": round(wall, 1),
               "chunks_per_s": round(chunks / wall, 2), "embedding": label,
+              "cpu_ms_per_chunk": round(cpu * 1000 / max(chunks, 1), 1),
               "stage_s": {k: round(v, 2) for k, v in secs.items()},
               "stage_share": {k: round(v / total_stage, 4) for k, v in secs.items()},
               "non_embed_vs_embed": round(other / max(secs.get("embed", 1e-9), 1e-9), 4)}
     print(f"\nIngest benchmark: {report['docs']} docs → {chunks} chunks in {report['wall_s']} s "
-          f"= {report['chunks_per_s']} chunks/s end to end ({label}, 2 cores)")
+          f"= {report['chunks_per_s']} chunks/s end to end ({label}, 2 cores), "
+          f"{report['cpu_ms_per_chunk']} CPU ms per chunk")
     print("| stage | seconds | share |\n|---|---|---|")
     for k in ("parse", "chunk", "tokenize", "embed", "write"):
         print(f"| {k} | {report['stage_s'].get(k, 0)} | {report['stage_share'].get(k, 0) * 100:.1f}% |")
@@ -82,7 +86,8 @@ def main(argv=None) -> int:
 
 
 def compare(args) -> int:
-    """Old (REV) and new (this tree) alternately, each run in a fresh process; median chunks/s of each."""
+    """Older revisions (REV …) and this tree alternately, each run in a fresh process; per-round numbers, mean and
+    spread (min–max) of chunks/s and of CPU ms per chunk."""
     import io
     import os
     import shutil
@@ -91,40 +96,54 @@ def compare(args) -> int:
     import tarfile
 
     root = Path(__file__).resolve().parents[1]
-    runs: dict[str, list[dict]] = {"old": [], "new": []}
+    trees: dict[str, Path] = {}
+    runs: dict[str, list[dict]] = {}
     with tempfile.TemporaryDirectory(prefix="kbqa-bench-old-") as tmp:
-        old = Path(tmp) / "tree"
-        old.mkdir()
-        blob = subprocess.run(["git", "-C", str(root), "archive", "--format=tar", args.compare], check=True,
-                              capture_output=True).stdout
-        with tarfile.open(fileobj=io.BytesIO(blob)) as tar:
-            tar.extractall(old, filter="data")
-        (old / "models").mkdir(exist_ok=True)
-        for model in (root / "models").iterdir():
-            if model.is_dir() and not (old / "models" / model.name).exists():
-                os.symlink(model, old / "models" / model.name)
-        # the old tree's bench reads ../shared/data relative to itself
-        shared = Path(tmp) / "shared"
-        os.symlink(DATA.parent, shared)
+        for rev in args.compare:
+            old = Path(tmp) / f"tree-{rev}"
+            old.mkdir()
+            blob = subprocess.run(["git", "-C", str(root), "archive", "--format=tar", rev], check=True,
+                                  capture_output=True).stdout
+            with tarfile.open(fileobj=io.BytesIO(blob)) as tar:
+                tar.extractall(old, filter="data")
+            shutil.copy(Path(__file__), old / "tools" / "bench_ingest.py")  # the same measurement everywhere
+            (old / "models").mkdir(exist_ok=True)
+            for model in (root / "models").iterdir():
+                if model.is_dir() and not (old / "models" / model.name).exists():
+                    os.symlink(model, old / "models" / model.name)
+            trees[rev] = old
+        trees["new"] = root
+        runs = {k: [] for k in trees}
+        # the old trees' bench reads ../shared/data relative to themselves
+        os.symlink(DATA.parent, Path(tmp) / "shared")
         for r in range(args.rounds):
-            for name, tree in (("old", old), ("new", root)):
+            for name, tree in trees.items():
                 out = Path(tmp) / f"{name}{r}.json"
                 cmd = [sys.executable, "-m", "tools.bench_ingest", "--cmrc", str(args.cmrc), "--news",
                        str(args.news), "--json", str(out)]
                 subprocess.run(cmd, cwd=tree, env={**os.environ, "PYTHONPATH": str(tree)}, check=True,
                                stdout=subprocess.DEVNULL)
                 runs[name].append(json.loads(out.read_text()))
-                print(f"round {r + 1} {name}: {runs[name][-1]['chunks_per_s']} chunks/s", flush=True)
-        shutil.rmtree(old / "models", ignore_errors=True)
-    med = {k: statistics.median(x["chunks_per_s"] for x in v) for k, v in runs.items()}
-    print(f"\nIngest throughput, {args.compare[:8]} (old) vs this tree (new), {args.rounds} alternating rounds:")
-    print("| tree | chunks | chunks/s per round | median |\n|---|---|---|---|")
-    for k in ("old", "new"):
-        per = ", ".join(str(x["chunks_per_s"]) for x in runs[k])
-        print(f"| {k} | {runs[k][0]['chunks']} | {per} | {med[k]:.2f} |")
-    print(f"- new / old = {med['new'] / med['old']:.3f}")
+                print(f"round {r + 1} {name}: {runs[name][-1]['chunks_per_s']} chunks/s, "
+                      f"{runs[name][-1]['cpu_ms_per_chunk']} CPU ms/chunk", flush=True)
+        for rev in args.compare:
+            shutil.rmtree(trees[rev] / "models", ignore_errors=True)
+    summary = {}
+    print(f"\nIngest throughput, {', '.join(args.compare)} vs this tree (new), {args.rounds} alternating rounds:")
+    print("| tree | chunks | chunks/s per round | mean (min–max) | CPU ms/chunk per round | mean (min–max) |")
+    print("|---|---|---|---|---|---|")
+    for k, rs in runs.items():
+        tput = [x["chunks_per_s"] for x in rs]
+        cpu = [x["cpu_ms_per_chunk"] for x in rs]
+        summary[k] = {"chunks_per_s": statistics.mean(tput), "cpu_ms_per_chunk": statistics.mean(cpu)}
+        print(f"| {k} | {rs[0]['chunks']} | {', '.join(map(str, tput))} | {statistics.mean(tput):.2f} "
+              f"({min(tput)}–{max(tput)}) | {', '.join(map(str, cpu))} | {statistics.mean(cpu):.1f} "
+              f"({min(cpu)}–{max(cpu)}) |")
+    for rev in args.compare:
+        print(f"- new / {rev}: chunks/s x{summary['new']['chunks_per_s'] / summary[rev]['chunks_per_s']:.3f}, "
+              f"CPU per chunk x{summary['new']['cpu_ms_per_chunk'] / summary[rev]['cpu_ms_per_chunk']:.3f}")
     if args.json:
-        Path(args.json).write_text(json.dumps({"rev": args.compare, "runs": runs, "median": med}, indent=2))
+        Path(args.json).write_text(json.dumps({"revs": args.compare, "runs": runs, "mean": summary}, indent=2))
     return 0
 
 

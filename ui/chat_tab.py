@@ -116,7 +116,7 @@ def build_chat_tab(engine, policy: AccessPolicy | None = None) -> ChatTab:
                     confirm_yes = gr.Button("确认清空", size="sm", variant="stop", elem_id="kb-history-clear-yes")
                     confirm_no = gr.Button("取消", size="sm", elem_id="kb-history-clear-no")
 
-    viewer = build_viewer(engine, "kb-viewer")  # a source clicked → its document, the passage highlighted
+    viewer = build_viewer(engine, "kb-viewer", policy)  # a source clicked → its document, the passage highlighted
     viewer.connect(sources, engine)
     viewer.connect(trace, engine)
     current = gr.State(None)         # the question being / last answered (for 重试)
@@ -179,7 +179,8 @@ def build_chat_tab(engine, policy: AccessPolicy | None = None) -> ChatTab:
         last = 0.0
         try:
             for e in engine.ask(q, retry=retry_flag, conversation_id=conv_id, user=user, use_kb=bool(use_kb_value),
-                                kb_ids=scope_ids(engine, kb_value)):
+                                kb_ids=scope_ids(engine, kb_value, policy.reader(user)),
+                                reader=policy.reader(user)):
                 if e.type is ev.EventType.STAGE:
                     yield {stage: render_stage(e.data.get("phase"))}
                 elif e.type is ev.EventType.TRACE:
@@ -244,7 +245,10 @@ def build_chat_tab(engine, policy: AccessPolicy | None = None) -> ChatTab:
           api_name="ask", concurrency_limit=4, concurrency_id="kb-ask", show_progress="hidden")
     retry.click(retry_fn, [use_kb, current, conv_state, turns_state, kbs], run_outputs, api_name="retry",
                 concurrency_limit=4, concurrency_id="kb-ask", show_progress="hidden")
-    gr.on(None, lambda: refresh_scope(engine), None, [kbs], api_name=False, show_progress="hidden")
+    def load_scope(request: gr.Request):  # the knowledge bases this user may read, all picked
+        return refresh_scope(engine, policy.reader(request_user(request)))
+
+    gr.on(None, load_scope, None, [kbs], api_name=False, show_progress="hidden")
 
     # ------------------------------------------------------------------ turns of the open conversation
     def select_turn(idx, turns, conv_id, request: gr.Request):
@@ -266,7 +270,7 @@ def build_chat_tab(engine, policy: AccessPolicy | None = None) -> ChatTab:
     # ------------------------------------------------------------------ history (server side)
     def open_conversation(conv_id, user, note: str = "历史对话") -> dict:
         try:
-            conv = engine.get_conversation(conv_id, user)
+            conv = engine.get_conversation(conv_id, user, policy.reader(user))
         except EngineError as exc:
             gr.Warning(exc.msg)
             return {}
@@ -343,7 +347,7 @@ def build_chat_tab(engine, policy: AccessPolicy | None = None) -> ChatTab:
             gr.Warning("请先选择或打开一个对话")
             return gr.File(visible=False)
         try:
-            md = engine.export_conversation(cid, request_user(request))
+            md = engine.export_conversation(cid, request_user(request), policy.reader(request_user(request)))
         except EngineError as exc:
             gr.Warning(exc.msg)
             return gr.File(visible=False)

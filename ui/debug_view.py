@@ -13,6 +13,7 @@ from typing import Any
 
 import gradio as gr
 
+from . import guard
 from .kb_spaces import refresh_scope, scope_ids, scope_picker
 from .render import esc, fmt_num, fusion_title, snippet
 from .viewer import OPENER_JS
@@ -133,8 +134,8 @@ def _ms_text(ms: dict | None) -> str:
     return " · ".join(parts)
 
 
-def make_search_handler(engine):
-    def debug_search(query: str, top_k: float | int | None, kbs=None):
+def make_search_handler(engine, policy=None):
+    def debug_search(query: str, top_k: float | int | None, kbs=None, request: gr.Request = None):
         """Returns (status markdown, bm25 html, vector html, rrf html). `kbs`: the picked knowledge bases."""
         empty = ("", "", "")
         try:
@@ -142,7 +143,8 @@ def make_search_handler(engine):
         except (TypeError, ValueError):
             return ("⚠️ topK 必须是 1–50 的整数", *empty)
         try:
-            result = engine.search(query or "", k, scope_ids(engine, kbs))
+            reader = guard.reader_of(policy, request)
+            result = engine.search(query or "", k, scope_ids(engine, kbs, reader), reader)
         except Exception as exc:  # EngineError (validation / 2002) or a retrieval failure
             msg = getattr(exc, "msg", None) or str(exc)
             if not getattr(exc, "code", None):
@@ -159,7 +161,7 @@ def make_search_handler(engine):
     return debug_search
 
 
-def build_debug_view(engine) -> dict[str, Any]:
+def build_debug_view(engine, policy=None) -> dict[str, Any]:
     """Query + topK → three columns. Open to every logged-in user (see pipeline.access)."""
     with gr.Row(equal_height=True):
         query = gr.Textbox(label="查询", placeholder="输入问题或关键词，对比两路检索结果", scale=5,
@@ -171,8 +173,11 @@ def build_debug_view(engine) -> dict[str, Any]:
     with gr.Row(equal_height=False, elem_classes=["kbd-root"]):
         cols = [gr.HTML("", css_template=COLUMN_CSS, js_on_load=HOVER_JS + OPENER_JS, elem_classes=["kbd-column"],
                         elem_id=f"kbd-{key}") for key in ("bm25", "vector", "rrf")]
-    handler = make_search_handler(engine)
+    handler = make_search_handler(engine, policy)
     go.click(handler, [query, top_k, kbs], [status, *cols], api_name="debug_search")
     query.submit(handler, [query, top_k, kbs], [status, *cols], api_name=False)
-    gr.on(None, lambda: refresh_scope(engine), None, [kbs], api_name=False, show_progress="hidden")
+    def load_scope(request: gr.Request):
+        return refresh_scope(engine, guard.reader_of(policy, request))
+
+    gr.on(None, load_scope, None, [kbs], api_name=False, show_progress="hidden")
     return {"query": query, "top_k": top_k, "status": status, "columns": cols}

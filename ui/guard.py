@@ -9,7 +9,7 @@ from typing import Any
 
 import gradio as gr
 
-from pipeline.access import AccessPolicy, Role
+from pipeline.access import EVERYONE, AccessPolicy, Reader, Role
 
 log = logging.getLogger(__name__)
 
@@ -17,6 +17,11 @@ log = logging.getLogger(__name__)
 def request_user(request: Any) -> str | None:
     """The logged-in user of a Gradio request (None without logins or outside a request)."""
     return getattr(request, "username", None) if request is not None else None
+
+
+def reader_of(policy: AccessPolicy | None, request: Any) -> Reader:
+    """Who reads, for the engine's per-KB read check (everyone when there is no policy: logins off)."""
+    return policy.reader(request_user(request)) if policy is not None else EVERYONE
 
 
 def require(policy: AccessPolicy, request: Any, role: Role) -> None:

@@ -6,13 +6,14 @@ API names: kb_spaces_save (create or rename), kb_spaces_delete.
 """
 from __future__ import annotations
 
+import re
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
 import gradio as gr
 
-from pipeline.access import AccessPolicy, Role
+from pipeline.access import AccessPolicy, Reader, Role
 from pipeline.knowledge_bases import DEFAULT_KB_ID
 
 from . import guard
@@ -20,8 +21,22 @@ from .confirm import confirm_panel
 from .render import esc
 
 
-def kb_choices(engine) -> list[tuple[str, int]]:
-    return [(k["name"], k["kb_id"]) for k in engine.list_kbs()]
+def kb_choices(engine, reader: Reader | None = None) -> list[tuple[str, int]]:
+    """(name, kb_id) of the knowledge bases the reader may read (None: all)."""
+    return [(k["name"], k["kb_id"]) for k in engine.list_kbs(reader)]
+
+
+def readers_text(kb: dict) -> str:
+    return "、".join(kb["readers"]) if kb.get("readers") is not None else ""
+
+
+def parse_readers(text: str | None) -> list[str] | None:
+    """「可读用户」 field: names split by commas / 、 / spaces; empty = every logged-in user."""
+    names = [n for n in re.split(r"[,，、;；\s]+", text or "") if n]
+    return names or None
+
+
+OPEN_ONLY = Reader(None, privileged=False)  # sees only the knowledge bases open to every logged-in user
 
 
 def kb_summary(engine, kb_id: Any) -> str:
@@ -31,7 +46,9 @@ def kb_summary(engine, kb_id: Any) -> str:
         return ""
     desc = f" · {esc(kb['description'])}" if kb.get("description") else ""
     default = "（默认知识库：未指定知识库的接口都作用于它）" if kb.get("is_default") else ""
-    return f"**{esc(kb['name'])}**{default} · {kb['docs']} 个文档 · {kb['chunks']} 块{desc}"
+    who = (f" · 仅限 {esc(readers_text(kb))} 可读（知识库管理员总可读）" if kb.get("readers") is not None
+           else " · 所有登录用户可读")
+    return f"**{esc(kb['name'])}**{default} · {kb['docs']} 个文档 · {kb['chunks']} 块{who}{desc}"
 
 
 @dataclass
@@ -49,7 +66,7 @@ def build_kb_manager(engine, policy: AccessPolicy) -> KBManager:
     """The selector row (laid out where this is called); `.wire(refresh, refresh_outputs)` connects it once the
     document table exists: `refresh(kb_id, request)` returns the values of `refresh_outputs` for that KB."""
     with gr.Row(equal_height=True, elem_id="kb-spaces"):
-        pick = gr.Dropdown(choices=kb_choices(engine), value=DEFAULT_KB_ID, label="知识库", scale=3,
+        pick = gr.Dropdown(choices=kb_choices(engine, OPEN_ONLY), value=DEFAULT_KB_ID, label="知识库", scale=3,
                            elem_id="kb-pick", interactive=True, filterable=False)
         new_btn = gr.Button("新建知识库", scale=1, min_width=100, elem_id="kb-space-new")
         rename_btn = gr.Button("重命名", scale=1, min_width=80, elem_id="kb-space-rename")
@@ -59,6 +76,8 @@ def build_kb_manager(engine, policy: AccessPolicy) -> KBManager:
     with gr.Group(visible=False) as form:
         name = gr.Textbox(label="名称", max_lines=1, max_length=50, elem_id="kb-space-name")
         desc = gr.Textbox(label="描述（可选）", max_lines=3, max_length=500, elem_id="kb-space-desc")
+        readers = gr.Textbox(label="可读用户（用逗号分隔；留空 = 所有登录用户可读，知识库管理员总可读）", max_lines=2,
+                             elem_id="kb-space-readers")
         with gr.Row():
             save = gr.Button("保存", variant="primary", elem_id="kb-space-save")
             cancel = gr.Button("取消")
@@ -67,32 +86,36 @@ def build_kb_manager(engine, policy: AccessPolicy) -> KBManager:
     msg = gr.Markdown("", elem_id="kb-space-msg")
 
     def wire(refresh: Callable[..., tuple], refresh_outputs: list) -> None:
-        _wire(engine, policy, refresh, refresh_outputs, pick, info, mode, form, name, desc, confirm, confirm_text, msg,
-              new_btn, rename_btn, del_btn, save, cancel, del_yes, del_no)
+        _wire(engine, policy, refresh, refresh_outputs, pick, info, mode, form, name, desc, readers, confirm,
+              confirm_text, msg, new_btn, rename_btn, del_btn, save, cancel, del_yes, del_no)
 
     return KBManager(pick, info, wire)
 
 
-def _wire(engine, policy, refresh, refresh_outputs, pick, info, mode, form, name, desc, confirm, confirm_text, msg,
-          new_btn, rename_btn, del_btn, save, cancel, del_yes, del_no) -> None:
+def _wire(engine, policy, refresh, refresh_outputs, pick, info, mode, form, name, desc, readers, confirm,
+          confirm_text, msg, new_btn, rename_btn, del_btn, save, cancel, del_yes, del_no) -> None:
     def picked(kb_id, request: gr.Request):
         return (kb_summary(engine, kb_id), *refresh(kb_id, request))
 
     def open_new():
-        return gr.update(visible=True), "new", "", ""
+        return gr.update(visible=True), "new", "", "", ""
 
     def open_rename(kb_id):
         kb = engine.get_kb(int(kb_id))
-        return gr.update(visible=True), "rename", kb["name"], kb.get("description") or ""
+        return gr.update(visible=True), "rename", kb["name"], kb.get("description") or "", readers_text(kb)
 
-    def kb_spaces_save(mode_value, name_value, desc_value, kb_id, request: gr.Request):
+    def kb_spaces_save(mode_value, name_value, desc_value, readers_value, kb_id, request: gr.Request):
         guard.require(policy, request, Role.KB_ADMIN)
         try:
+            who = parse_readers(readers_value)
+            unknown = policy.unknown_users(who)
+            if unknown:
+                raise ValueError(f"可读用户中有不存在的用户：{'、'.join(unknown)}")
             if mode_value == "rename":
-                kb = engine.update_kb(int(kb_id), name_value, desc_value)
-                text = f"已重命名为「{esc(kb['name'])}」"
+                kb = engine.update_kb(int(kb_id), name_value, desc_value, who)
+                text = f"已保存「{esc(kb['name'])}」"
             else:
-                kb = engine.create_kb(name_value, desc_value or "")
+                kb = engine.create_kb(name_value, desc_value or "", who)
                 text = f"已新建知识库「{esc(kb['name'])}」"
         except Exception as exc:  # EngineError: empty / duplicate name …
             return (gr.skip(), gr.skip(), f"⚠️ {esc(_err(exc))}", gr.skip(), *(gr.skip(),) * len(refresh_outputs))
@@ -120,10 +143,10 @@ def _wire(engine, policy, refresh, refresh_outputs, pick, info, mode, form, name
                 kb_summary(engine, kb_id), *refresh(kb_id, request))
 
     pick.input(picked, [pick], [info, *refresh_outputs], api_name=False, show_progress="hidden")
-    new_btn.click(open_new, None, [form, mode, name, desc], api_name=False)
-    rename_btn.click(open_rename, [pick], [form, mode, name, desc], api_name=False)
+    new_btn.click(open_new, None, [form, mode, name, desc, readers], api_name=False)
+    rename_btn.click(open_rename, [pick], [form, mode, name, desc, readers], api_name=False)
     cancel.click(lambda: gr.update(visible=False), None, form, api_name=False)
-    save.click(kb_spaces_save, [mode, name, desc, pick], [form, pick, msg, info, *refresh_outputs],
+    save.click(kb_spaces_save, [mode, name, desc, readers, pick], [form, pick, msg, info, *refresh_outputs],
                api_name="kb_spaces_save", concurrency_limit=1)
     del_btn.click(ask_delete, [pick], [confirm, confirm_text, msg], api_name=False)
     del_no.click(lambda: gr.update(visible=False), None, confirm, api_name=False)
@@ -133,19 +156,21 @@ def _wire(engine, policy, refresh, refresh_outputs, pick, info, mode, form, name
 
 # --- scope pickers (问答, 双路检索调试): one or several knowledge bases, all by default ----------------------------
 def scope_picker(engine, elem_id: str, label: str = "检索的知识库") -> gr.Dropdown:
-    choices = kb_choices(engine)
+    """Built before anyone logs in: only the knowledge bases open to every user; refresh_scope fills in the
+    caller's on page load."""
+    choices = kb_choices(engine, OPEN_ONLY)
     return gr.Dropdown(choices=choices, value=[v for _, v in choices], multiselect=True, label=label,
                        elem_id=elem_id, interactive=True, filterable=False)
 
 
-def refresh_scope(engine) -> gr.Dropdown:
-    """On page load: the knowledge bases as they are now (some may have been created since the page was
-    built), all selected."""
-    choices = kb_choices(engine)
+def refresh_scope(engine, reader: Reader | None = None) -> gr.Dropdown:
+    """On page load: the knowledge bases the caller may read as they are now (some may have been created since
+    the page was built), all selected."""
+    choices = kb_choices(engine, reader)
     return gr.Dropdown(choices=choices, value=[v for _, v in choices])
 
 
-def scope_ids(engine, value: Any) -> list[int]:
-    """The picked knowledge bases; none picked = all."""
+def scope_ids(engine, value: Any, reader: Reader | None = None) -> list[int]:
+    """The picked knowledge bases; none picked = all the reader may read."""
     ids = [int(v) for v in (value or []) if str(v).lstrip("-").isdigit()]
-    return ids or [k["kb_id"] for k in engine.list_kbs()]
+    return ids or [k["kb_id"] for k in engine.list_kbs(reader)]

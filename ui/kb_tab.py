@@ -25,7 +25,7 @@ from . import guard
 from .audit_view import AUDIT_CSS, audit_html, repair_html
 from .confirm import confirm_panel
 from .debug_view import build_debug_view
-from .guard import request_user
+from .guard import reader_of, request_user
 from .header import badge_html
 from .kb_spaces import build_kb_manager, kb_choices
 from .render import esc
@@ -311,8 +311,8 @@ def build_kb_tab(engine, badge=None, policy: AccessPolicy | None = None) -> dict
             view_btn = gr.Button("查看块", visible=False)  # the API route of the row action (kb_chunks)
             timer = gr.Timer(REFRESH_SECONDS, active=False)
         with gr.Tab("双路检索调试", id="kb-debug"):
-            debug = build_debug_view(engine)
-    viewer = build_viewer(engine, "kb-viewer-kb")
+            debug = build_debug_view(engine, policy)
+    viewer = build_viewer(engine, "kb-viewer-kb", policy)
     viewer.connect(chunk_view, engine)
     for column in debug["columns"]:
         viewer.connect(column, engine)
@@ -511,7 +511,10 @@ def build_kb_tab(engine, badge=None, policy: AccessPolicy | None = None) -> dict
 
     gr.on(None, kb_load, None, list_outputs, api_name=False, show_progress="hidden")  # page load
     kb = spaces.pick
-    gr.on(None, lambda: gr.Dropdown(choices=kb_choices(engine), value=DEFAULT_KB_ID), None, [kb], api_name=False,
+    def load_kbs(request: gr.Request):  # page load: every user gets it, so only what the caller may read
+        return gr.Dropdown(choices=kb_choices(engine, reader_of(policy, request)), value=DEFAULT_KB_ID)
+
+    gr.on(None, load_kbs, None, [kb], api_name=False,
           show_progress="hidden")
     spaces.wire(lambda kb_id, request: list_values(1, "", request, kb_id), list_outputs)
     refresh_btn.click(kb_list, [page, keyword, kb], list_outputs, api_name="kb_list")

@@ -12,9 +12,11 @@ from __future__ import annotations
 import base64
 import logging
 from dataclasses import dataclass
+from typing import Any
 
 import gradio as gr
 
+from . import guard
 from .render import esc
 
 log = logging.getLogger(__name__)
@@ -124,24 +126,26 @@ class Viewer:
     group: gr.Group
     html: gr.HTML
     outputs: list
+    policy: Any = None  # pipeline.access.AccessPolicy: who may read which knowledge base
 
     def connect(self, component: gr.HTML, engine) -> None:
         """`component`'s trigger('click', {chunk_id} | {doc_id, part}) opens the viewer."""
-        component.click(make_open(engine), None, self.outputs, api_name=False, show_progress="hidden")
+        component.click(make_open(engine, self.policy), None, self.outputs, api_name=False, show_progress="hidden")
 
 
-def make_open(engine):
-    def open_viewer(evt: gr.EventData):
+def make_open(engine, policy=None):
+    def open_viewer(evt: gr.EventData, request: gr.Request):
         data = getattr(evt, "_data", None) or {}
         try:
             page_jpeg, boxed = None, False
+            reader = guard.reader_of(policy, request)  # a source of a KB the caller may not read: 4003
             if data.get("chunk_id"):
                 chunk_id = int(data["chunk_id"])
-                view = engine.document_text(engine.chunk_document(chunk_id), chunk_id=chunk_id)
+                view = engine.document_text(engine.chunk_document(chunk_id), chunk_id=chunk_id, reader=reader)
                 if view["file_type"] == "pdf" and view.get("page"):
-                    page_jpeg, boxed = engine.page_image(view["doc_id"], view["page"], chunk_id)
+                    page_jpeg, boxed = engine.page_image(view["doc_id"], view["page"], chunk_id, reader)
             elif data.get("doc_id"):
-                view = engine.document_text(int(data["doc_id"]), part=int(data.get("part") or 1))
+                view = engine.document_text(int(data["doc_id"]), part=int(data.get("part") or 1), reader=reader)
             else:
                 return gr.skip(), gr.skip()
         except Exception as exc:  # EngineError: the document was deleted meanwhile, …
@@ -154,7 +158,7 @@ def make_open(engine):
     return open_viewer
 
 
-def build_viewer(engine, elem_id: str) -> Viewer:
+def build_viewer(engine, elem_id: str, policy=None) -> Viewer:
     """The drawer (hidden until a source is clicked). Place it anywhere in the tab; it floats on the right."""
     with gr.Group(visible=False, elem_classes=["kbv-drawer"], elem_id=f"{elem_id}-drawer") as group:
         with gr.Row(equal_height=True):
@@ -162,6 +166,6 @@ def build_viewer(engine, elem_id: str) -> Viewer:
             close = gr.Button("关闭", size="sm", scale=0, min_width=70, elem_id=f"{elem_id}-close")
         html = gr.HTML("", css_template=VIEWER_CSS, js_on_load=VIEWER_JS, elem_id=elem_id)
     close.click(lambda: gr.update(visible=False), None, group, api_name=False, queue=False)
-    viewer = Viewer(group, html, [group, html])
+    viewer = Viewer(group, html, [group, html], policy)
     viewer.connect(html, engine)  # its own 上一部分 / 下一部分
     return viewer

@@ -25,7 +25,7 @@ logger = logging.getLogger(__name__)
 BGE_ZH_QUERY_INSTRUCTION = "为这个句子生成表示以用于检索相关文章："
 BACKEND_ENV = "RAG_EMBED_BACKEND"  # auto (default) | onnx | torch — for the packaged model
 LOCAL_BATCH_SIZE = 32   # sentence-transformers sorts each call's texts by length itself
-ONNX_BATCH_SIZE = 64    # texts per LlamaIndex call; sorted by length, run 16 at a time
+ONNX_BATCH_SIZE = 64    # texts per LlamaIndex call (the ONNX runner embeds them one by one)
 
 
 class EmbeddingLoadError(RuntimeError):

@@ -34,7 +34,6 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-
 from llama_index.core.base.embeddings.base import BaseEmbedding
 from llama_index.core.bridge.pydantic import Field, PrivateAttr  # noqa: E402
 
@@ -348,10 +347,18 @@ def _word_embedding_memmap(model_dir: Path) -> np.ndarray:
 
 
 class _Runner:
-    """Tokenizer + word-embedding gather + ORT session; embeds already-prefixed texts."""
+    """Tokenizer + word-embedding gather + ORT session; embeds already-prefixed texts, one text per run.
+
+    Why one text per run: the int8 graph quantises its activations dynamically with ONE scale per tensor, so
+    in a batch a text's vector depended on the other texts in it (and on their padding): the same 64 chunks
+    embedded in reverse order moved vectors by up to 0.01 (cosine down to 0.998). Run alone, a text's vector
+    is a function of the text only (documents get the vector their text gets as a query would: alone), and
+    there is no padding — length-sorted batches of 16 still carried ~20 % padding tokens on 300-character
+    chunks; alone, the same chunks cost ~27 % less CPU (docs/benchmarks.md, tools.bench_ingest).
+    """
 
     def __init__(self, model_dir: Path, onnx_path: Path, num_threads: int | None = None,
-                 max_length: int = 512, batch_size: int = 16):
+                 max_length: int = 512):
         import onnxruntime as ort
         from tokenizers import Tokenizer
 
@@ -359,11 +366,6 @@ class _Runner:
         self.tokenizer.no_padding()
         self.tokenizer.enable_truncation(max_length=max_length)
         self.word = _word_embedding_memmap(model_dir)
-        pad = self.tokenizer.token_to_id("<pad>")
-        if pad is None:
-            pad = self.tokenizer.token_to_id("[PAD]")
-        self.pad_id = 0 if pad is None else pad
-        self.batch_size = batch_size
         opts = ort.SessionOptions()
         opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
         opts.log_severity_level = 3
@@ -375,22 +377,11 @@ class _Runner:
 
     def embed(self, texts: list[str]) -> np.ndarray:
         out = np.zeros((len(texts), self.dim), dtype=np.float32)
-        if not texts:
-            return out
-        encs = self.tokenizer.encode_batch(list(texts))
-        lengths = np.array([len(e.ids) for e in encs])
-        order = np.argsort(lengths, kind="stable")  # length-sorted batches: little padding
-        for start in range(0, len(texts), self.batch_size):
-            idx = order[start:start + self.batch_size]
-            width = int(lengths[idx].max())
-            ids = np.full((len(idx), width), self.pad_id, dtype=np.int64)
-            mask = np.zeros((len(idx), width), dtype=np.int64)
-            for row, j in enumerate(idx):
-                n = lengths[j]
-                ids[row, :n] = encs[j].ids
-                mask[row, :n] = 1
-            feeds = {"inputs_embeds": np.ascontiguousarray(self.word[ids]), "attention_mask": mask}
-            out[idx] = self.session.run(None, feeds)[0]
+        for row, enc in enumerate(self.tokenizer.encode_batch(list(texts)) if texts else []):
+            ids = np.asarray(enc.ids, dtype=np.int64)[None, :]
+            feeds = {"inputs_embeds": np.ascontiguousarray(self.word[ids]),
+                     "attention_mask": np.ones_like(ids)}
+            out[row] = self.session.run(None, feeds)[0][0]
         return out
 
 
@@ -410,7 +401,7 @@ class OnnxEmbedding(BaseEmbedding):
     _runner: _Runner = PrivateAttr()
 
     def __init__(self, model_dir: str | Path, query_instruction: str = "", text_instruction: str = "",
-                 embed_batch_size: int = 64, onnx_batch_size: int = 16, num_threads: int | None = None,
+                 embed_batch_size: int = 64, num_threads: int | None = None,
                  quantize: bool = True, model_name: str | None = None, **kwargs: Any):
         model_dir = Path(model_dir)
         onnx_path, info = ensure_onnx_encoder(model_dir, quantize=quantize)
@@ -419,8 +410,7 @@ class OnnxEmbedding(BaseEmbedding):
                          query_instruction=query_instruction, text_instruction=text_instruction,
                          model_dir=str(model_dir), variant=info.get("variant", ""), max_length=max_length,
                          **kwargs)
-        self._runner = _Runner(model_dir, onnx_path, num_threads=num_threads, max_length=max_length,
-                               batch_size=onnx_batch_size)
+        self._runner = _Runner(model_dir, onnx_path, num_threads=num_threads, max_length=max_length)
 
     @classmethod
     def from_folder(cls, model_dir: str | Path, **kwargs: Any) -> "OnnxEmbedding":

@@ -1,0 +1,77 @@
+"""Per-KB read permission: which knowledge bases a reader (pipeline.access.Reader) may read, the one 4003
+refusal, and what of a stored conversation a reader may see again.
+
+A knowledge base's `readers` (store.knowledge_bases) is None = open to every logged-in user (the default, and
+what every knowledge base of an older install is), or the list of users who may read it; KB admins and admins
+read every one. The engine calls these wherever a knowledge base is read: the KB list, scope resolution of
+questions / search, documents (list, chunks, text, file, page image, versions) and conversation replay.
+"""
+from __future__ import annotations
+
+from typing import Any
+
+from pipeline.access import EVERYONE, Reader
+from pipeline.errors import CODE_FORBIDDEN, EngineError
+from pipeline.knowledge_bases import KnowledgeBases
+from store.migrations import DEFAULT_KB_ID
+
+RESTRICTED_TEXT = "（无权查看：该来源所在的知识库只对指定用户开放）"
+
+
+def denied(name: str) -> EngineError:
+    return EngineError(CODE_FORBIDDEN, f"无权访问知识库「{name}」：它只对指定用户开放，请联系知识库管理员", "kb_id")
+
+
+class KBAccess:
+    def __init__(self, kbs: KnowledgeBases):
+        self.kbs = kbs
+
+    def readable(self, reader: Reader | None) -> list[dict]:
+        """The knowledge base rows the reader may read (with counts), in kb_id order."""
+        reader = reader or EVERYONE
+        return [kb for kb in self.kbs.store.list() if reader.may_read(kb)]
+
+    def check(self, kb_id: Any, reader: Reader | None) -> int:
+        """kb_id checked to exist (3002) and to be readable (4003)."""
+        kb_id = self.kbs.check(kb_id)
+        reader = reader or EVERYONE
+        if not reader.privileged:
+            kb = self.kbs.store.get(kb_id)
+            if kb is not None and not reader.may_read(kb):
+                raise denied(kb["name"])
+        return kb_id
+
+    def scope(self, kb_ids: Any, reader: Reader | None) -> list[int]:
+        """The knowledge bases a question searches. Given ids: each must be readable (4003 names the first that
+        is not). None: the default knowledge base (SRS §7 clients), or — when the reader may not read it — every
+        knowledge base the reader may read."""
+        if kb_ids is None or kb_ids == []:
+            try:
+                return [self.check(DEFAULT_KB_ID, reader)]
+            except EngineError:
+                ids = [kb["kb_id"] for kb in self.readable(reader)]
+                if not ids:
+                    raise EngineError(CODE_FORBIDDEN, "没有可以访问的知识库：请联系知识库管理员开通", "kb_id") from None
+                return ids
+        if isinstance(kb_ids, (int, str)):
+            kb_ids = [kb_ids]
+        return sorted({self.check(k, reader) for k in kb_ids})
+
+    def redact_conversation(self, conv: dict, reader: Reader | None) -> dict:
+        """A replayed conversation: sources from knowledge bases the reader may no longer read lose their text
+        (marked `restricted`), and such a turn's retrieval trace is dropped (it quotes the same chunks)."""
+        reader = reader or EVERYONE
+        if reader.privileged:
+            return conv
+        closed = {kb["kb_id"] for kb in self.kbs.store.list() if not reader.may_read(kb)}
+        if not closed:
+            return conv
+        turns = []
+        for t in conv.get("turns") or []:
+            sources = t.get("sources") or []
+            if any((s.get("kb_id") or DEFAULT_KB_ID) in closed for s in sources):  # no kb_id: before KBs existed
+                sources = [({**s, "text": RESTRICTED_TEXT, "context": None, "restricted": True}
+                            if (s.get("kb_id") or DEFAULT_KB_ID) in closed else s) for s in sources]
+                t = {**t, "sources": sources, "trace": None}
+            turns.append(t)
+        return {**conv, "turns": turns}
