@@ -260,8 +260,15 @@ class Engine:
         self._sync.refresh_kb()
 
     def _refresh_bm25(self) -> None:
-        """Another process changed what is 就绪 (or this one did): every knowledge base's BM25 follows."""
+        """Another process changed what is 就绪 (or this one did): every knowledge base's BM25 follows. Knowledge
+        bases another process deleted lose their handles and what retrieval built over them."""
         c = self.components
+        gone = c.kbs.forget_missing()
+        for kb_id in gone:
+            if c.retrieval is not None:
+                c.retrieval.forget(kb_id)
+        if gone:
+            self._recent.clear()
         for kb in c.kbs.all():
             kb.vectors.reopen()  # another process may have re-created the collection (model change)
         m = c.models
@@ -354,6 +361,7 @@ class Engine:
         if c.retrieval is not None:
             c.retrieval.forget(kb_id)
         self._recent.clear()
+        self._sync.bump(KB_GENERATION)  # other processes drop their handles of it (_refresh_bm25)
         return {"kb_id": kb_id, "name": kb["name"], "docs_removed": len(docs)}
 
     def resolve_kbs(self, kb_ids: Any = None, reader: Reader | None = None) -> list[int]:
@@ -363,6 +371,7 @@ class Engine:
 
     # ------------------------------------------------------------------ documents
     def upload(self, items: list[tuple[str, Path]], kb_id: int = DEFAULT_KB_ID) -> list[UploadResult]:
+        self.components.kbs.check(kb_id, fresh=True)  # deleted by another process meanwhile: 3002
         try:
             return self.components.ingest.upload(items, kb_id)
         except IngestBusy as exc:

@@ -33,7 +33,7 @@ class KBAccess:
 
     def check(self, kb_id: Any, reader: Reader | None) -> int:
         """kb_id checked to exist (3002) and to be readable (4003)."""
-        kb_id = self.kbs.check(kb_id)
+        kb_id = self.kbs.check(kb_id, fresh=True)  # deleted by another process: 3002 here too
         reader = reader or EVERYONE
         if not reader.privileged:
             kb = self.kbs.store.get(kb_id)

@@ -96,14 +96,27 @@ class KnowledgeBases:
                 kb = self._open[kb_id] = self._make(kb_id)
             return kb
 
-    def check(self, kb_id) -> int:
+    def check(self, kb_id, fresh: bool = False) -> int:
+        """kb_id as an int (1001), of a knowledge base that exists (3002). An open handle counts as existing
+        unless `fresh`: then the database says (another process may have deleted it; its handle goes)."""
         try:
             kb_id = int(kb_id)
         except (TypeError, ValueError):
             raise EngineError(CODE_VALIDATION, "kb_id 必须是整数", "kb_id") from None
-        if kb_id not in self._open and self.store.get(kb_id) is None:
+        if (fresh or kb_id not in self._open) and not self.store.exists(kb_id):
+            with self._lock:
+                self._open.pop(kb_id, None)
             raise EngineError(CODE_NO_DOC, f"知识库不存在：{kb_id}", "kb_id")
         return kb_id
+
+    def forget_missing(self) -> list[int]:
+        """Drop the handles of knowledge bases no longer in the database (deleted by another process); their ids."""
+        ids = set(self.store.ids())
+        with self._lock:
+            gone = [k for k in self._open if k not in ids]
+            for k in gone:
+                self._open.pop(k)
+        return gone
 
     def ids(self) -> list[int]:
         return self.store.ids()

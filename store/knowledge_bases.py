@@ -45,6 +45,10 @@ class KBStore:
             row = conn.execute(_COUNTS + " WHERE b.kb_id = ?", (int(kb_id),)).fetchone()
         return _kb_dict(row) if row else None
 
+    def exists(self, kb_id: int) -> bool:
+        with self.db.connect() as conn:
+            return conn.execute("SELECT 1 FROM kb_base WHERE kb_id = ?", (int(kb_id),)).fetchone() is not None
+
     def ids(self) -> list[int]:
         with self.db.connect() as conn:
             return [r[0] for r in conn.execute("SELECT kb_id FROM kb_base ORDER BY kb_id")]
