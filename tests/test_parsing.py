@@ -108,7 +108,7 @@ CASES: dict[str, Case] = {
     "mineru/zh_scanned_book_2p.pdf": Case("pdf", NO_TEXT, Ok(("使用价值", "商品"), (1, 2), ("ocr", "ocr"))),
     "mineru/zh_scanned_book_8p.pdf": Case("pdf", NO_TEXT, Ok(("使用价值", "交换价值"), tuple(range(1, 9)), ("ocr",) * 8),
                                           on_slow=True),
-    "mineru/zh_union_rules_table_1p.pdf": Case("pdf", Ok(("工会经费审查委员会", "党委【2017】010 号"), (1,), ("text",))),
+    "mineru/zh_union_rules_table_1p.pdf": Case("pdf", Ok(("工会经费审查委员会", "党委【2017】010", "工会主席 | 1 | 全面负责工会工作"), (1,), ("text",))),
     # rapidocrpdf (English)
     "rapidocrpdf/direct_and_image.pdf": Case(
         "pdf", Ok(("ABCNet", "Bezier"), (1,), ("text",)), Ok(("ABCNet",), (1, 2), ("text", "ocr")), on_slow=True),

@@ -191,6 +191,44 @@ def test_docx_tables_rows_whole(name):
     assert_rows_whole(page, [pc for _, pc in pieces])
 
 
+# --- PDF (pdfplumber finds ruled tables on text-layer pages) --------------------------------------------------
+def test_pdf_ruled_table_rows_whole_header_repeated():
+    """A real text-layer PDF with a ruled 3-column table: its rows become a TableBlock; cut at a small chunk
+    size, every chunk starts with the header row and holds only whole rows."""
+    doc, pieces = pieces_of(DOCS / "mineru" / "zh_union_rules_table_1p.pdf", "pdf", size=70)
+    page = doc.pages[0]
+    assert len(page.tables) == 1 and len(page.tables[0].rows) == 8
+    rows = [page.text[s:e] for s, e in page.tables[0].rows]
+    assert rows[0] == "职位 | 人数 | 工作职责" and rows[1] == "工会主席 | 1 | 全面负责工会工作"
+    table_pieces = [pc for _, pc in pieces if page.tables[0].start <= pc.start < page.tables[0].end]
+    assert len(table_pieces) >= 3  # small chunks: the header really is repeated, not just present once
+    assert_rows_whole(page, [pc for _, pc in pieces], size=70)
+    assert any("第一条" in pc.text or "工会" in pc.text for _, pc in pieces if pc not in table_pieces)  # prose kept
+
+
+def test_pdf_merged_cells_and_layout_frames():
+    """A rating table whose row labels span several rows repeats the label on each row; the page frames of a
+    research report (boxes drawn around text blocks) are not tables, and a page without rulings keeps pdfium's
+    text exactly."""
+    doc = parse_file(DOCS / "mineru" / "zh_broker_research_report_tables_4p.pdf", "pdf")
+    tables = {p.page: p for p in doc.pages if p.tables}
+    assert set(tables) == {4}
+    rows = [tables[4].text[s:e] for s, e in tables[4].tables[0].rows]
+    assert rows[:3] == ["类别 | 评级", "股票投资评级 | 买入", "股票投资评级 | 增持"]
+    import pypdfium2 as pdfium
+
+    from pipeline.ingestion.parsing.pdf import probe_page
+    from pipeline.ingestion.parsing.pdf_tables import MIN_RULE_PATHS
+
+    path = DOCS / "rapidocrpdf" / "direct_extract.pdf"
+    pdf = pdfium.PdfDocument(str(path))
+    probe = probe_page(pdf[0], 1)
+    pdf.close()
+    plain = parse_file(path, "pdf")
+    assert probe.rule_paths < MIN_RULE_PATHS and not plain.pages[0].tables
+    assert plain.pages[0].text == probe.text  # pdfium's text layer, untouched
+
+
 # --- through the engine -------------------------------------------------------------------------------------
 @pytest.fixture(scope="module")
 def engine(tmp_path_factory):

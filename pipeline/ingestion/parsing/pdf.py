@@ -17,7 +17,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from . import ocr
+from . import ocr, pdf_tables
 from .document import ParsedPage, Progress
 from .errors import ParseError
 from .normalize import normalize_text
@@ -40,6 +40,7 @@ class PageProbe:
     verdict: str  # "ok" | "scan" | "garbled" | "empty"
     image_coverage: float  # -1 when not measured (pages with a usable text layer)
     needs_cjk_font: bool
+    rule_paths: int = 0  # path objects (ruling lines, cell borders) on a usable text page: tables are looked for
 
 
 # --- cheap page tests -----------------------------------------------------------------------------
@@ -151,7 +152,21 @@ def probe_page(page, number: int) -> PageProbe:
         needs_font = _uses_non_embedded_font(page)
     elif verdict == "garbled":
         needs_font = _uses_non_embedded_font(page)
-    return PageProbe(number, text, verdict, coverage, needs_font)
+    rules = _path_objects(page) if verdict == "ok" else 0
+    return PageProbe(number, text, verdict, coverage, needs_font, rules)
+
+
+def _path_objects(page, stop_at: int = pdf_tables.MIN_RULE_PATHS) -> int:
+    """How many path objects the page draws (counting stops at `stop_at`: only the threshold matters)."""
+    import pypdfium2.raw as pdfium_c
+
+    n = 0
+    for obj in page.get_objects(max_depth=3):
+        if obj.type == pdfium_c.FPDF_PAGEOBJ_PATH:
+            n += 1
+            if n >= stop_at:
+                break
+    return n
 
 
 # --- header / footer ---------------------------------------------------------------------------------
@@ -289,7 +304,14 @@ def parse_pdf(
         with PDFIUM_LOCK:
             pdf.close()
 
+    # ruled tables on text pages (pipeline.ingestion.parsing.pdf_tables): those pages' text comes from pdfplumber
+    ruled = [p.number for p in probes if p.rule_paths >= pdf_tables.MIN_RULE_PATHS and p.number in results]
+    with_tables = pdf_tables.find_tables(path, ruled)
+    for n, (text, _) in with_tables.items():
+        results[n] = (text, "text")
     numbers = sorted(results)
     texts = strip_repeated_lines([results[n][0] for n in numbers])
-    pages = [ParsedPage(text=t, page=n, source=results[n][1]) for n, t in zip(numbers, texts) if t.strip()]
+    pages = [ParsedPage(text=t, page=n, source=results[n][1],
+                        tables=pdf_tables.table_blocks(t, with_tables[n][1]) if n in with_tables else [])
+             for n, t in zip(numbers, texts) if t.strip()]
     return pages, ocr_count
