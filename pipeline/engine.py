@@ -22,6 +22,7 @@ from pipeline.conversation.router import DIRECT, Route
 from pipeline.conversation.service import TurnRecorder
 from pipeline.deployment import Deployment
 from pipeline.errors import CODE_ENGINE, CODE_LLM, CODE_NO_DOC, CODE_VALIDATION, EngineError
+from pipeline.ingestion.progress import shared_snapshot
 from pipeline.ingestion.rebuild import Rebuild
 from pipeline.ingestion.service import IngestBusy, UploadResult
 from pipeline.kb_access import KBAccess, Reader
@@ -387,9 +388,14 @@ class Engine:
         position / eta_s; each its version and how many versions it has."""
         kb_id = self._access.check(kb_id, reader)
         items, total = self.components.docs.list(page, size, keyword, kb_id)
+        elsewhere: dict | None = None  # what the queue in the database says (one read, only when needed)
         for d in items:
             d.pop("stored_name", None)
-            d.update(self._progress_of(d))
+            p = self._progress_of(d)
+            if d["status"] == "processing" and p["position"] is None and p["stage"] in ("queued", None):
+                elsewhere = self.components.jobs.progress() if elsewhere is None else elsewhere
+                p = shared_snapshot(elsewhere.get(d["doc_id"])) or p  # another process's document or place
+            d.update(p)
         return {"items": items, "total": total, "page": page, "size": size, "kb_id": kb_id}
 
     def _progress_of(self, doc: dict) -> dict:

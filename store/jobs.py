@@ -129,6 +129,31 @@ class JobStore:
         with self.db.connect() as conn:
             return int(conn.execute("SELECT COUNT(*) FROM ingest_job").fetchone()[0])
 
+    def set_stage(self, doc_id: int, owner: str, stage: str, done: int, total: int, eta_s: float | None) -> None:
+        """The holder's progress on a job, for the other processes' document lists."""
+        with self.db.transaction() as conn:
+            conn.execute("UPDATE ingest_job SET stage = ?, stage_done = ?, stage_total = ?, stage_eta = ?"
+                         " WHERE doc_id = ? AND owner = ?", (stage, int(done), int(total), eta_s, doc_id, owner))
+
+    def progress(self) -> dict[int, dict]:
+        """Every job: {doc_id: {stage, done, total, eta_s, position}}. A job nobody holds (or whose lease ran out)
+        is queued, `position` = its place among those in the order workers claim them; a held one shows the stage
+        its worker last wrote."""
+        with self.db.connect() as conn:
+            rows = conn.execute(f"SELECT doc_id, owner IS NOT NULL AND lease_until >= {self._now}, stage,"
+                                " stage_done, stage_total, stage_eta FROM ingest_job ORDER BY doc_id").fetchall()
+        out: dict[int, dict] = {}
+        place = 0
+        for doc_id, held, stage, done, total, eta in rows:
+            if held and stage:
+                out[int(doc_id)] = {"stage": stage, "done": done or 0, "total": total or 0, "eta_s": eta,
+                                    "position": None}
+            else:
+                place += 0 if held else 1
+                out[int(doc_id)] = {"stage": "queued", "done": 0, "total": 0, "eta_s": None,
+                                    "position": None if held else place}
+        return out
+
     def claimable(self) -> int:
         with self.db.connect() as conn:
             return int(conn.execute(f"SELECT COUNT(*) FROM ingest_job WHERE owner IS NULL"

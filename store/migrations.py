@@ -291,6 +291,14 @@ MIGRATIONS += [
     Migration(11, "knowledge base readers", (
         "ALTER TABLE kb_base ADD COLUMN readers TEXT",
     )),
+    # v12: ingest progress every process can show — the worker holding a job writes its stage there (at most about
+    # once a second per document); the row goes with the job, so nothing stale stays behind.
+    Migration(12, "ingest progress on the job", (
+        "ALTER TABLE ingest_job ADD COLUMN stage TEXT",
+        "ALTER TABLE ingest_job ADD COLUMN stage_done INTEGER",
+        "ALTER TABLE ingest_job ADD COLUMN stage_total INTEGER",
+        "ALTER TABLE ingest_job ADD COLUMN stage_eta REAL",
+    )),
 ]
 
 

@@ -127,3 +127,37 @@ def test_long_document_shows_moving_progress(tmp_path):
     assert etas and etas[-1] < etas[0], etas
     assert queued, "no document showed its place in line"  # small docs waited behind the long one
     assert any("排队" in b for b in badges)
+
+
+def test_queue_progress_in_the_database(tmp_path):
+    """What another process's document list reads (store.jobs.JobStore.progress over a real SQLite database):
+    the holder's last written stage, and for jobs nobody holds their place in the claim order."""
+    from pipeline.ingestion.progress import shared_snapshot
+    from store.db import Database
+    from store.documents import DocumentStore
+    from store.jobs import JobStore
+    from store.migrations import migrate
+
+    db = Database(tmp_path / "app.db")
+    migrate(db)
+    docs, jobs = DocumentStore(db), JobStore(db)
+    ids = []
+    with db.transaction() as conn:
+        for i in range(4):
+            ids.append(conn.execute(
+                "INSERT INTO kb_document(file_name, file_type, file_size, content_md5, status, created_at)"
+                " VALUES (?, 'txt', 10, ?, 'processing', '2026-01-01') RETURNING doc_id", (f"d{i}.txt", f"m{i}")
+            ).fetchone()[0])
+    for d in ids:
+        jobs.add(d)
+    assert [j.doc_id for j in jobs.claim("worker-a", 60, 1)] == [ids[0]]
+    jobs.set_stage(ids[0], "worker-a", "embed", 64, 230, 12.5)
+    jobs.set_stage(ids[1], "worker-a", "embed", 1, 2, None)  # not its job: nothing written
+    got = jobs.progress()
+    assert got[ids[0]] == {"stage": "embed", "done": 64, "total": 230, "eta_s": 12.5, "position": None}
+    assert [got[d]["position"] for d in ids[1:]] == [1, 2, 3] and got[ids[1]]["stage"] == "queued"
+    snap = shared_snapshot(got[ids[0]])
+    assert snap["stage_label"] == "向量化" and "64/230" in snap["progress"] and snap["eta_s"] == 12.5
+    assert "排队" in shared_snapshot(got[ids[2]])["progress"] and shared_snapshot(got[ids[2]])["position"] == 2
+    assert docs.get(ids[0])["status"] == "processing"
+    db.close()

@@ -183,6 +183,56 @@ def test_delete_through_b_is_never_cited_by_a(team):
     assert not (team.dep.files_dir / f"{hashlib.md5(GONE_TEXT.encode()).hexdigest()}.txt").exists()
 
 
+def test_kb_deleted_through_a_is_gone_in_b(team):
+    """B opened the knowledge base (a scoped question) before A deleted it: B's next question and upload into it
+    answer 3002, B's list no longer has it (no restart)."""
+    with team.a.http() as a:
+        kb = a.post("/api/kbs", json={"name": "临时知识库"}).json()["data"]
+        r = a.post("/api/kb/documents", params={"kb_id": kb["kb_id"]},
+                   files=[("file", ("临时书院.txt", ("临时" + GONE_TEXT).encode()))]).json()["data"][0]
+    deadline = time.time() + 300
+    with team.a.http() as a:
+        while a.get("/api/kb/documents", params={"kb_id": kb["kb_id"]}).json()["data"]["items"][0]["status"] != "ready":
+            assert time.time() < deadline
+            time.sleep(0.3)
+    team.llm.reply = "院长是欧阳明远教授[1]。"
+    with team.b.http() as b:
+        res = b.post("/api/qa/ask/sync", json={"question": "紫藤书院的院长是谁？", "kb_id": kb["kb_id"]}).json()
+        assert res["data"]["sources"][0]["doc_id"] == r["doc_id"]
+    with team.a.http() as a:
+        assert a.delete(f"/api/kbs/{kb['kb_id']}", params={"confirm": True}).json()["code"] == 0
+    with team.b.http() as b:
+        res = b.post("/api/qa/ask/sync", json={"question": "紫藤书院的院长是谁？", "kb_id": kb["kb_id"]}).json()
+        assert res["code"] == 3002, res
+        up = b.post("/api/kb/documents", params={"kb_id": kb["kb_id"]}, files=[("file", ("x.txt", b"abc"))]).json()
+        assert up["code"] == 3002, up
+        assert kb["kb_id"] not in [k["kb_id"] for k in b.get("/api/kbs").json()["data"]]
+
+
+def test_progress_of_a_document_shows_in_both_processes(team):
+    """Whichever process ingests it, both lists show the long document's stage and moving counts (the holder
+    from its board, the other from the job row the holder writes about once a second)."""
+    text = (DOCS / "gbk" / "sanguoyanyi_gbk.txt").read_bytes().decode("gb18030")[:50_000]
+    rec = upload(team.a, "三国演义节选-进度.txt", text.encode("utf-8"))
+    seen: dict[str, set] = {"A": set(), "B": set()}
+    deadline = time.time() + 600
+    done = False
+    while not done and time.time() < deadline:
+        for name, app in team.apps.items():
+            with app.http() as c:
+                items = c.get("/api/kb/documents", params={"size": 200}).json()["data"]["items"]
+            doc = next(x for x in items if x["doc_id"] == rec["doc_id"])
+            if doc["status"] != "processing":
+                done = True
+            elif doc["stage"] not in (None, "queued"):
+                seen[name].add((doc["stage"], doc["done"], doc["total"]))
+        time.sleep(0.2)
+    assert done
+    for name in ("A", "B"):
+        assert len(seen[name]) >= 2, seen  # at least two different progress values in each process
+        assert any(st == "embed" and total > 100 for st, _, total in seen[name]), seen
+
+
 def test_concurrent_uploads_through_both_never_duplicate(team):
     files = [(f"并发{i}.txt", f"并发上传测试文档 {i}：编号 {i * 7919} 的设备保修期为 {i + 1} 年。".encode())
              for i in range(6)]

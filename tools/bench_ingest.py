@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 import tempfile
 import time
@@ -89,7 +90,6 @@ def compare(args) -> int:
     """Older revisions (REV …) and this tree alternately, each run in a fresh process; per-round numbers, mean and
     spread (min–max) of chunks/s and of CPU ms per chunk."""
     import io
-    import os
     import shutil
     import statistics
     import subprocess
@@ -148,4 +148,8 @@ def compare(args) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    code = main()
+    sys.stdout.flush()
+    # No interpreter shutdown: a background thread still inside onnxruntime then (the gate background's refresh
+    # after the last ingest) aborts the process ("terminate called without an active exception").
+    os._exit(code)

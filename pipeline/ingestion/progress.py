@@ -62,6 +62,18 @@ def stage_text(stage: str, done: int = 0, total: int = 0, position: int | None =
     return label
 
 
+def shared_snapshot(row: dict | None) -> dict | None:
+    """The board's snapshot shape from a job's progress in the database (store.jobs.JobStore.progress): how a
+    document another process works on, or waits for, shows here."""
+    if row is None:
+        return None
+    stage, done, total, position = row["stage"], row["done"], row["total"], row["position"]
+    eta = row.get("eta_s")
+    return {"stage": stage, "stage_label": STAGE_LABELS.get(stage, stage), "done": done, "total": total,
+            "position": position, "eta_s": None if eta is None else round(float(eta), 1),
+            "progress": stage_text(stage, done, total, position)}
+
+
 class ProgressBoard:
     def __init__(self, clock: Callable[[], float] = time.monotonic):
         self._clock = clock

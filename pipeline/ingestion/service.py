@@ -57,6 +57,7 @@ QA_FILE_TYPE = "qa"  # pipeline.conversation.verified: one question + answer, ne
 EMBED_BATCH = 32
 WRITE_BATCH = 128  # vectors per Chroma add
 GROUP_DOCS = 16  # documents taken from the queue together
+SHARED_PROGRESS_S = 1.0  # at most one progress write per document per second (other processes' lists)
 MAX_ATTEMPTS = 3  # a job whose worker died this many times (e.g. a file that kills the process) is 失败
 
 
@@ -127,6 +128,7 @@ class IngestService:
         self._held: set[int] = set()   # doc_ids whose job this worker holds (the heartbeat renews them)
         self._lost: set[int] = set()   # leases that ran out under us: another worker owns those now
         self._attempts: dict[int, int] = {}
+        self._shared_at: dict[int, float] = {}  # doc_id → when its progress was last written to the job row
         self._busy = False             # claimed work not yet finished (including the post-ingest refresh)
         self._wake = threading.Event()
         self._stop = threading.Event()
@@ -284,6 +286,7 @@ class IngestService:
             self._held.discard(d)
             self._lost.discard(d)
             self._attempts.pop(d, None)
+            self._shared_at.pop(d, None)
 
     def _heartbeat(self) -> None:
         while not self._stop.wait(self.lease_s / 3):
@@ -478,8 +481,19 @@ class IngestService:
                 self._cleanup(p.doc_id)
 
     def _stage(self, doc_id: int, stage: str, done: int = 0, total: int = 0) -> None:
-        """Structured progress, in memory only (the list reads it from the board: no SQL write per step)."""
+        """Structured progress on the board (this process's list reads it there), and on the job row for the
+        other processes — at most every SHARED_PROGRESS_S per document (a small document passes all its stages
+        in less: the others see its first one, then 就绪)."""
         self.progress.stage(doc_id, stage, done, total)
+        now = time.monotonic()
+        if now - self._shared_at.get(doc_id, -SHARED_PROGRESS_S) < SHARED_PROGRESS_S:
+            return
+        self._shared_at[doc_id] = now
+        snap = self.progress.snapshot(doc_id)
+        try:
+            self.jobs.set_stage(doc_id, self.owner, stage, done, total, snap["eta_s"] if snap else None)
+        except Exception:  # progress is best effort: never fail a document over it
+            log.exception("writing ingest progress failed")
 
     def _finish(self, p: "_Prepared") -> None:
         p.done = True
