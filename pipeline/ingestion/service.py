@@ -486,7 +486,8 @@ class IngestService:
         in less: the others see its first one, then 就绪)."""
         self.progress.stage(doc_id, stage, done, total)
         now = time.monotonic()
-        if now - self._shared_at.get(doc_id, -SHARED_PROGRESS_S) < SHARED_PROGRESS_S:
+        last = self._shared_at.get(doc_id)
+        if last is not None and now - last < SHARED_PROGRESS_S:
             return
         self._shared_at[doc_id] = now
         snap = self.progress.snapshot(doc_id)
