@@ -130,6 +130,39 @@ def print_study(res: dict) -> None:
           f"{a['stage2']['mrr@10']}/{a['stage2']['hit@1']}/{a['stage2']['hit@5']} | | | |")
 
 
+def latency(kb_dir: Path, qs: list[cv.Q], questions: list[str], n_q: int = 30, n: int = TOP_N) -> dict:
+    """What the second stage would cost at query time without stored sentence vectors: embed the sentences of
+    the top-n chunks (stage-1 order at the shipped α) per question, beside embedding the question itself
+    (which retrieval does anyway), same process, same model, p50 over n_q questions."""
+    import sqlite3
+    import time
+
+    from pipeline.models.e5_convert import PASSAGE_PREFIX, QUERY_PREFIX
+    from pipeline.models.embeddings import load_embedding
+    from pipeline.retrieval.fusion import AUTO_WEIGHTS, auto_weight
+    from tools.sentence_cache import REPO, chunk_sentences
+
+    emb = load_embedding("", REPO, REPO / "models").embed_model
+    con = sqlite3.connect(f"file:{kb_dir / 'app.db'}?mode=ro", uri=True)
+    q_ms, s_ms, counts = [], [], []
+    for q, text in list(zip(qs, questions))[:n_q]:
+        s1 = stage1(q, auto_weight(q.f, AUTO_WEIGHTS["minmax"]) if q.f else 0.25)
+        top = [int(q.ids[i]) for i in np.lexsort((q.ids, -s1))[:n]]
+        sents = [PASSAGE_PREFIX + x for cid in top for x in chunk_sentences(
+            con.execute("SELECT text FROM kb_chunk WHERE chunk_id = ?", (cid,)).fetchone()[0])]
+        t0 = time.perf_counter()
+        emb.embed_raw([QUERY_PREFIX + text])
+        t1 = time.perf_counter()
+        emb.embed_raw(sents)
+        q_ms.append((t1 - t0) * 1000)
+        s_ms.append((time.perf_counter() - t1) * 1000)
+        counts.append(len(sents))
+    con.close()
+    return {"questions": len(q_ms), "query_embed_p50_ms": round(float(np.median(q_ms)), 1),
+            "stage2_embed_p50_ms": round(float(np.median(s_ms)), 1),
+            "sentences_p50": int(np.median(counts))}
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(prog="python -m tools.fusion_stage2", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -139,12 +172,20 @@ def main(argv=None) -> int:
     ap.add_argument("--top-n", type=int, default=TOP_N)
     ap.add_argument("--windows", action="store_true", help="also two-sentence windows")
     ap.add_argument("--json", default=None)
+    ap.add_argument("--latency", default=None, metavar="SET",
+                    help="also time embedding the top-N chunks' sentences per question on SET (needs --kb-cache)")
+    ap.add_argument("--kb-cache", default=None)
     args = ap.parse_args(argv)
     names = args.sets.split(",")
     data = {s: cv.load_dump(Path(args.dump_dir) / f"{s}.jsonl") for s in names}
     ss = {s: best_sentence_cos(data[s], Path(args.sent_dir) / f"{s}.npz", args.windows) for s in names}
     res = study(data, ss, args.top_n)
     print_study(res)
+    if args.latency:
+        qtext = [json.loads(line)["q"] for line in open(Path(args.dump_dir) / f"{args.latency}.jsonl",
+                                                         encoding="utf-8")]
+        res["latency"] = latency(Path(args.kb_cache) / args.latency, data[args.latency], qtext, n=args.top_n)
+        print(f"latency on {args.latency}: {res['latency']}")
     if args.json:
         Path(args.json).write_text(json.dumps(res, indent=2), encoding="utf-8")
     return 0
