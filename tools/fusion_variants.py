@@ -18,6 +18,9 @@ the table there can be re-run. Variants:
               (median of its optimal grid α; weight = how much its utility varies over α; each set weighs 1)
   bag8        bagging: the logits of 8 fits on bootstrap resamples of the training questions, averaged
   topk        normalisation anchored on each route's own top 10: (x − x₍₁₀₎)/(x₍₁₎ − x₍₁₀₎), auto α
+  bgnorm      a label-free floor per route instead of the union's minimum: BM25 / its max, and
+              (cosine − m) / (max cosine − m) with m = the KB's probe-background median cosine (the cosine an
+              unrelated question gets in this KB), auto α
 """
 from __future__ import annotations
 
@@ -45,13 +48,7 @@ def add_scale_free(q: cv.Q) -> None:
 
 
 def add_kb_relative(qs: list[cv.Q], gate_dump: Path) -> None:
-    from pipeline.retrieval.gate_background import summarize
-    from pipeline.retrieval.gate_features import GateFeatures
-
-    keys = GateFeatures.__dataclass_fields__
-    probes = [GateFeatures(**{k: v for k, v in r["f"].items() if k in keys})
-              for r in map(json.loads, open(gate_dump, encoding="utf-8")) if r["kind"] == "probe"]
-    bg = summarize(probes)
+    bg = kb_background(gate_dump)
     for q in qs:
         if q.f:
             q.f["cos1_kb"] = (q.f["cos1"] - bg.sim_median) / bg.sim_scale
@@ -64,6 +61,27 @@ def topk_norm(x: np.ndarray, k: int = 10) -> np.ndarray:
     s = np.sort(x)[::-1]
     hi, lo = s[0], s[min(k, len(s)) - 1]
     return (x - lo) / (hi - lo) if hi > lo else np.zeros_like(x)
+
+
+def maxnorm(x: np.ndarray) -> np.ndarray:
+    x = np.asarray(x, dtype=np.float64)
+    if x.size == 0:
+        return x
+    hi = float(x.max())
+    return x / hi if hi > 0 else np.zeros_like(x)
+
+
+def kb_background(gate_dump: Path):
+    from pipeline.retrieval.gate_background import summarize
+    from pipeline.retrieval.gate_features import GateFeatures
+
+    keys = GateFeatures.__dataclass_fields__
+    return summarize([GateFeatures(**{k: v for k, v in r["f"].items() if k in keys})
+                      for r in map(json.loads, open(gate_dump, encoding="utf-8")) if r["kind"] == "probe"])
+
+
+def shifted_by_background(qs: list[cv.Q], median: float) -> list[cv.Q]:
+    return [cv.Q(q.ids, q.rb, q.rv, q.sb, q.sc - median, q.hit, q.f) for q in qs]
 
 
 def oracle_targets(r: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -117,22 +135,33 @@ def alphas_of(variant: str, held: str, data: dict, grids: dict) -> np.ndarray:
     raise ValueError(variant)
 
 
-VARIANTS = ["shipped", "nocos5", "scalefree8", "kbrel8", "smooth0.05", "smooth0.1", "oraclereg", "bag8", "topk"]
+VARIANTS = ["shipped", "nocos5", "scalefree8", "kbrel8", "smooth0.05", "smooth0.1", "oraclereg", "bag8", "topk",
+            "bgnorm"]
 
 
-def run(data: dict, variants: list[str]) -> dict:
-    NORMS.setdefault("topk", topk_norm)  # study-only normalisation (the engine has minmax / zscore)
+def run(data: dict, variants: list[str], data_bg: dict | None = None) -> dict:
+    """data_bg: the same questions with cosines shifted by their KB's background median (bgnorm)."""
+    NORMS.setdefault("topk", topk_norm)  # study-only normalisations (the engine has minmax / zscore)
+    NORMS.setdefault("maxnorm", maxnorm)
     grids = {n: cv.prepare(data, n) for n in ("minmax", "topk")}
+    if data_bg is not None:
+        grids["maxnorm"] = cv.prepare(data_bg, "maxnorm")
     out = {}
     for v in variants:
         out[v] = {}
         for held in data:
-            norm = "topk" if v == "topk" else "minmax"
-            a = (cv.fit("convex_auto", {s: grids[norm][s] for s in data if s != held}, data, norm).alphas(data[held])
-                 if v == "shipped" else alphas_of(v, held, data, grids[norm]))
-            ones = [np.ones(len(q.ids), dtype=bool) for q in data[held]]
+            norm = {"topk": "topk", "bgnorm": "maxnorm"}.get(v, "minmax")
+            if v == "bgnorm":
+                a = cv.fit("convex_auto", {s: grids[norm][s] for s in data if s != held}, data_bg,
+                           norm).alphas(data_bg[held])
+            elif v == "shipped":
+                a = cv.fit("convex_auto", {s: grids[norm][s] for s in data if s != held}, data, norm).alphas(data[held])
+            else:
+                a = alphas_of(v, held, data, grids[norm])
+            qs = data_bg[held] if v == "bgnorm" else data[held]
+            ones = [np.ones(len(q.ids), dtype=bool) for q in qs]
             ranks = [cv.first_hit_rank(x * cv.normed(q.sb, m, norm) + (1 - x) * cv.normed(q.sc, m, norm), q)
-                     for q, x, m in zip(data[held], a, ones)]
+                     for q, x, m in zip(qs, a, ones)]
             r = cv.summarize(ranks)
             best = cv.best_route(data[held])
             out[v][held] = {**r, "d_mrr": round(r["mrr@10"] - best[0], 4), "d_hit1": round(r["hit@1"] - best[1], 4),
@@ -145,7 +174,7 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(prog="python -m tools.fusion_variants", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--dump-dir", required=True)
-    ap.add_argument("--gate-dir", default=None, help="gate dumps with probe rows (needed by kbrel8)")
+    ap.add_argument("--gate-dir", default=None, help="gate dumps with probe rows (needed by kbrel8, bgnorm)")
     ap.add_argument("--variants", default=",".join(VARIANTS))
     ap.add_argument("--json", default=None)
     args = ap.parse_args(argv)
@@ -157,7 +186,9 @@ def main(argv=None) -> int:
                 add_scale_free(q)
         if "kbrel8" in variants:
             add_kb_relative(qs, Path(args.gate_dir) / f"{s}.jsonl")
-    res = run(data, variants)
+    data_bg = ({s: shifted_by_background(qs, kb_background(Path(args.gate_dir) / f"{s}.jsonl").sim_median)
+                for s, qs in data.items()} if "bgnorm" in variants else None)
+    res = run(data, variants, data_bg)
     print("| variant | " + " | ".join(SETS) + " | average |\n|---|" + "---|" * (len(SETS) + 1))
     for v, r in res.items():
         cells = [f"{r[s]['mrr@10']:.4f} ({r[s]['d_mrr']:+.4f}) / {r[s]['hit@1']:.4f} ({r[s]['d_hit1']:+.4f})"
