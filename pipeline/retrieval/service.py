@@ -160,8 +160,9 @@ class RetrievalService:
         res.ms = {"embed": embed_ms, **fusion.ms}
         # Gate (F3-4): refuse (no LLM call downstream) / weak evidence / answer — pipeline/retrieval/gate.py
         t_g = time.perf_counter()
-        bg = self.background(self.scope(kb_ids)) if s.adaptive_gate else None
-        decision = decide(self.gate_features(query, fusion, kb_ids), bg, s.min_similarity, bool(fusion.fused),
+        scope = self.scope(kb_ids)
+        bg = self.background(scope) if s.adaptive_gate else None
+        decision = decide(self.gate_features(query, fusion, scope), bg, s.min_similarity, bool(fusion.fused),
                           adaptive=s.adaptive_gate)
         res.gate, res.hit = decision.trace(), decision.hit  # plain data: stored for 重试 with the rest
         res.ms["gate"] = (time.perf_counter() - t_g) * 1000
