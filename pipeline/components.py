@@ -189,11 +189,9 @@ def load_models(c: Components, s: Settings) -> Models:
         embedding_model=emb.model_id, background=lambda kb_ids: c.gate_background.current(kb_ids))
     # One background per knowledge base, its probes scored over that knowledge base alone with the settings of
     # this load (recall size / fusion barely move their best cosine).
-    c.gate_background = GateBackgrounds(
-        lambda kb_id: GateBackground(c.gate_stats, lambda: emb.model_id,
-                                     lambda q: c.retrieval.measure_gate(q, s, (kb_id,)),
-                                     lambda: c.kbs.get(kb_id).bm25.snapshot, kb_id=kb_id),
-        c.kbs.ids)
+    c.gate_background = GateBackgrounds(c.gate_stats, lambda kb_id: GateBackground(
+        c.gate_stats, lambda: emb.model_id, lambda q: c.retrieval.measure_gate(q, s, (kb_id,)),
+        lambda: c.kbs.get(kb_id).bm25.snapshot, kb_id=kb_id), c.kbs.ids)
     weights = lambda: weights_for(c.bm25.snapshot.bm25)  # noqa: E731 — the live IDF table, read per question
     background = lambda: c.gate_background.current()  # noqa: E731
     c.picker = ExtractivePicker(c.tokenizer, emb.embed_model, weights, background=background)

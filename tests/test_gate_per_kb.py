@@ -14,6 +14,7 @@ from store.config_store import ConfigStore
 from store.db import Database
 from store.migrations import MIGRATIONS, migrate
 from tests.live import engine_with_texts
+from tests.test_kb_migration_dialects import target  # noqa: F401, F811 — the fixture: SQLite file or PostgreSQL db
 from tests.test_support import DOCS as SHOP_DOCS
 
 NOVEL = {
@@ -56,17 +57,10 @@ def test_idf_over_several_kbs_is_the_idf_of_their_union():
 
 
 # --- migrations 11 and 12 on both dialects ----------------------------------------------------------------------
-@pytest.fixture(params=["sqlite", "postgresql"])
-def target(request, tmp_path):
-    if request.param == "sqlite":
-        return tmp_path / "app.db"
-    return request.getfixturevalue("pg_server").create_database()
-
-
-def _release_db(target, min_similarity: float, admin_set: bool) -> None:
+def _release_db(db_target, min_similarity: float, admin_set: bool) -> None:
     """A database at schema 10 as the release before wrote it: every default stored at first start with one
     timestamp (ConfigStore.write_defaults), later admin edits with their own (ConfigStore.save), one gate row."""
-    old = Database(target, migrate=False)
+    old = Database(db_target, migrate=False)
     assert migrate(old, MIGRATIONS[:10]) == list(range(1, 11))
     cfg = ConfigStore(old)
     cfg.write_defaults({"min_similarity": 0.88 if not admin_set else 0.5, "chunk_size": 300, "rrf_k": 60})
@@ -80,7 +74,7 @@ def _release_db(target, min_similarity: float, admin_set: bool) -> None:
 
 
 @pytest.mark.parametrize("admin_set, expected", [(False, 0.82), (True, 0.88)])
-def test_old_min_similarity_default_moves_unless_an_admin_set_it(target, admin_set, expected):
+def test_old_min_similarity_default_moves_unless_an_admin_set_it(target, admin_set, expected):  # noqa: F811
     _release_db(target, 0.88, admin_set)
     db = Database(target)
     try:

@@ -168,7 +168,9 @@ class GateBackgrounds:
     """One GateBackground per knowledge base (made on first use), the combination for a question's scope, and
     the debounced refresh after knowledge-base changes. `make(kb_id)` builds the one of a knowledge base."""
 
-    def __init__(self, make: Callable[[int], GateBackground], kb_ids: Callable[[], Sequence[int]]):
+    def __init__(self, store: GateStatsStore, make: Callable[[int], GateBackground],
+                 kb_ids: Callable[[], Sequence[int]]):
+        self.store = store
         self._make = make
         self._kb_ids = kb_ids
         self._of: dict[int, GateBackground] = {}
@@ -196,8 +198,8 @@ class GateBackgrounds:
     def forget(self, kb_id: int) -> None:
         """A knowledge base was deleted: its background goes with it."""
         with self._lock:
-            gb = self._of.pop(kb_id, None)
-        (gb.store if gb is not None else self.of(DEFAULT_KB_ID).store).delete(kb_id)
+            self._of.pop(kb_id, None)
+        self.store.delete(kb_id)
 
     def refresh_soon(self, delay: float = REFRESH_DELAY_S) -> None:
         """Once the knowledge bases have been quiet for `delay` seconds, measure every one whose content changed
