@@ -5,6 +5,8 @@ The engine part runs the real packaged embedding model over two real-text knowle
 """
 from __future__ import annotations
 
+import time
+
 import numpy as np
 import pytest
 
@@ -161,15 +163,19 @@ def test_a_question_scoped_to_kb_b_is_gated_with_b_background(two_kbs):
 def test_a_change_in_one_kb_remeasures_that_kb_only(two_kbs, tmp_path):
     e, kb = two_kbs
     c = e.components
+    c.gate_background.of(1).current(), c.gate_background.of(kb).current()  # both measured and stored
     before_a, before_b = c.gate_stats.load(1), c.gate_stats.load(kb)
     p = tmp_path / "华容道.txt"
     p.write_text("曹操败走华容道，关羽念及旧恩，放走了曹操。", encoding="utf-8")
     assert e.upload([(p.name, p)], kb)[0].ok and e.wait_idle(300)
-    for kb_id in (1, kb):  # what the debounced post-change refresh does, without waiting for its timer
-        c.gate_background.of(kb_id).refresh_if_changed()
-    assert c.gate_stats.load(1) == before_a
+    # the engine's post-change hook (debounced REFRESH_DELAY_S after the ingest queue drains) re-measures KB B
+    deadline = time.monotonic() + 120
+    while c.gate_stats.load(kb)[0] == before_b[0] and time.monotonic() < deadline:
+        time.sleep(0.5)
     after_b = c.gate_stats.load(kb)
     assert after_b[0] != before_b[0] and after_b[1]["probes"] == 64
+    assert after_b[0] == c.gate_background.of(kb).fingerprint()
+    assert c.gate_stats.load(1) == before_a  # KB A did not change: its row is not measured again
     # deleting the knowledge base deletes its background row
     e.delete_kb(kb)
     assert c.gate_stats.load(kb) is None and c.gate_stats.load(1) == before_a
