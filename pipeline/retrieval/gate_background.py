@@ -125,12 +125,15 @@ class GateBackground:
     def refresh_if_changed(self) -> Background | None:
         """Measure again only when the stored row does not match the knowledge base as it is now."""
         with self._lock:
-            stored = self.store.load(self.kb_id)
-            if stored is not None and stored[0] == self.fingerprint():
-                bg = Background.from_dict(stored[1])
-                self._cached = (self.snapshot(), bg)
-                return bg
-            return self._refresh_locked()
+            return self._stored_or_measured(self.snapshot())
+
+    def _stored_or_measured(self, snap) -> Background | None:
+        stored = self.store.load(self.kb_id)
+        if stored is not None and stored[0] == self.fingerprint():
+            bg = Background.from_dict(stored[1])
+            self._cached = (snap, bg)
+            return bg
+        return self._refresh_locked()
 
     def _refresh_locked(self) -> Background | None:
         snap = self.snapshot()
@@ -156,12 +159,7 @@ class GateBackground:
             cached = self._cached
             if cached is not None and cached[0] is snap:
                 return cached[1]
-            stored = self.store.load(self.kb_id)
-            if stored is not None and stored[0] == self.fingerprint():
-                bg = Background.from_dict(stored[1])
-                self._cached = (snap, bg)
-                return bg
-            return self._refresh_locked()
+            return self._stored_or_measured(snap)
 
 
 class GateBackgrounds:
