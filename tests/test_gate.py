@@ -9,6 +9,7 @@ import sqlite3
 from pathlib import Path
 
 import bm25s
+import numpy as np
 import pytest
 from llama_index.core.schema import NodeWithScore, TextNode
 
@@ -170,9 +171,14 @@ def test_features_of_one_retrieval(tokenizer):
     assert f.max_similarity == 0.91 and abs(f.similarity_gap - 0.05) < 1e-9
     assert f.coverage == 1.0 and f.coverage_vector == 1.0 and f.phrase_coverage > 0.5
     assert f.agreement == 0.4 and f.bm25_top == 7.0
-    assert f.top_agreement == 1.0  # the fused top chunk "1" leads both routes
-    other = measure(tokenizer(q), tokenizer.segments(q), TermWeights.uniform(), bm, vec, [vec[5]])
+    big = TermWeights({}, np.zeros(0, dtype=np.int64), 300)  # a knowledge base of 300 chunks
+    f = measure(tokenizer(q), tokenizer.segments(q), big, bm, vec, vec[:3])
+    assert f.top_agreement == pytest.approx(1.0, abs=1e-3)  # the fused top chunk "1" leads both routes
+    other = measure(tokenizer(q), tokenizer.segments(q), big, bm, vec, [vec[5]])
     assert other.top_agreement == 0.0  # fused top outside BM25's top-3
+    tiny = measure(tokenizer(q), tokenizer.segments(q), TermWeights({}, np.zeros(0, dtype=np.int64), 3), bm, vec,
+                   vec[:3])
+    assert tiny.top_agreement == 0.0  # 3 chunks: every chunk is in both top-3s, agreement says nothing
     empty = measure(tokenizer(q), tokenizer.segments(q), TermWeights.uniform(), [], [], [])
     assert empty.max_similarity == 0.0 and empty.coverage == 0.0
 
