@@ -37,6 +37,10 @@ L2 = 1e-2
 def load(dumps: Path) -> tuple[list[dict], dict[str, Background]]:
     rows = [json.loads(line) for f in sorted(Path(dumps).glob("*.jsonl")) for line in open(f, encoding="utf-8")]
     for r in rows:
+        missing = [k for k in GateFeatures.__dataclass_fields__ if k not in r["f"]]
+        if missing:
+            raise SystemExit(f"{dumps}: dump rows lack {', '.join(missing)} — made by an older tools.gate_dataset; "
+                             "run it again")
         r["feat"] = GateFeatures(**{k: r["f"][k] for k in GateFeatures.__dataclass_fields__})
     kbs = sorted({r["kb"] for r in rows})
     bg = {kb: summarize([r["feat"] for r in rows if r["kb"] == kb and r["kind"] == "probe"]) for kb in kbs}
