@@ -218,3 +218,17 @@ def test_gate_can_be_switched_to_the_floor_alone(engine):
         assert r["trace"]["gate"]["hit"] is True and r["trace"]["gate"].get("score") is None
     finally:
         engine.update_settings({"adaptive_gate": True, "min_similarity": engine.default_settings().min_similarity})
+
+
+def test_results_removed_before_the_fusion_for_gold_removed_negatives(engine):
+    """tools/gate_dataset's gold-removed negatives: hits dropped from both routes, then the app's own fusion."""
+    rs, s = engine.components.retrieval, engine.settings
+    _, plain, _ = rs.recall("退货期限是几天？", s, kb_ids=(1,))
+    _, same, _ = rs.recall("退货期限是几天？", s, kb_ids=(1,), keep=lambda n: True)
+    assert [n.node.node_id for n in same.fused] == [n.node.node_id for n in plain.fused]
+    top = plain.fused[0].node.node_id
+    _, cut, _ = rs.recall("退货期限是几天？", s, kb_ids=(1,), keep=lambda n: n.node.node_id != top)
+    for lst in (cut.bm25, cut.vector, cut.fused):
+        assert top not in [n.node.node_id for n in lst]
+    # the rest is fused again (the order may change: min-max spans and the per-query weight see other lists)
+    assert {n.node.node_id for n in cut.fused} == {n.node.node_id for n in plain.fused} - {top}
