@@ -70,6 +70,7 @@ def test_the_same_cosine_means_different_things_in_different_kbs():
 def test_trace_payload_names_the_evidence():
     t = decide(feats(0.88, 0.9, 0.8, 1), BG, 0.5, model=MODEL).trace()
     assert t["outcome"] == "answer" and t["hit"] is True and t["weak"] is False and t["top_agreement"] == 1.0
+    assert t["routes_agree"] is False  # hand-made features: the plain fact was not set
     assert t["similarity_z"] == 3.0 and t["background_median"] == 0.85 and t["coverage"] == 0.9
     assert 0.9 < t["confidence"] < 1
 
@@ -178,7 +179,7 @@ def test_features_of_one_retrieval(tokenizer):
     assert other.top_agreement == 0.0  # fused top outside BM25's top-3
     tiny = measure(tokenizer(q), tokenizer.segments(q), TermWeights({}, np.zeros(0, dtype=np.int64), 3), bm, vec,
                    vec[:3])
-    assert tiny.top_agreement == 0.0  # 3 chunks: every chunk is in both top-3s, agreement says nothing
+    assert tiny.top_agreement == 0.0 and tiny.routes_agree  # 3 chunks: every chunk is in both top-3s, says nothing
     empty = measure(tokenizer(q), tokenizer.segments(q), TermWeights.uniform(), [], [], [])
     assert empty.max_similarity == 0.0 and empty.coverage == 0.0
 
@@ -232,3 +233,11 @@ def test_results_removed_before_the_fusion_for_gold_removed_negatives(engine):
         assert top not in [n.node.node_id for n in lst]
     # the rest is fused again (the order may change: min-max spans and the per-query weight see other lists)
     assert {n.node.node_id for n in cut.fused} == {n.node.node_id for n in plain.fused} - {top}
+
+
+def test_gate_line_in_the_trace_names_route_agreement():
+    from ui.render import render_gate
+
+    agreed = decide(feats(0.88, 0.9, 0.8, 1), BG, 0.5, model=MODEL).trace() | {"routes_agree": True}
+    assert "两路首选一致" in render_gate(agreed) and "不一致" not in render_gate(agreed)
+    assert "两路首选不一致" in render_gate(agreed | {"routes_agree": False})

@@ -77,7 +77,7 @@ class GateDecision:
             "similarity_z": _r(bg.sim_z(f.max_similarity), 2) if bg else None,
             "background_median": _r(bg.sim_median) if bg else None,
             "coverage": _r(f.coverage, 3), "phrase_coverage": _r(f.phrase_coverage, 3),
-            "agreement": _r(f.agreement, 2), "top_agreement": f.top_agreement,
+            "agreement": _r(f.agreement, 2), "top_agreement": _r(f.top_agreement, 3), "routes_agree": f.routes_agree,
             "score": _r(self.score, 3), "confidence": _r(self.confidence, 3),
         }
 

@@ -31,6 +31,7 @@ class GateFeatures:
     top_agreement: float     # ~1 when the fused top chunk is in the top-3 of BOTH routes: words and meaning agree
     bm25_top: float          # BM25 score of the best lexical hit (0 when BM25 found nothing)
     n_terms: int             # content words in the question
+    routes_agree: bool = False  # the plain fact behind top_agreement (shown in 检索过程; not a model input)
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -64,4 +65,4 @@ def measure(question_tokens: list[str], question_segments: list[str], weights: T
         max_similarity=top, similarity_gap=top - tenth, similarity_gap50=top - (sims[-1] if sims else 0.0),
         coverage=cov, phrase_coverage=phrase, coverage_vector=cov_vec, coverage_mass=mass, unseen=weights.unseen_share(terms),
         agreement=agree, top_agreement=top_agree, bm25_top=float(bm25[0].score or 0.0) if bm25 else 0.0,
-        n_terms=len(terms))
+        n_terms=len(terms), routes_agree=agreed)
