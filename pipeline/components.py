@@ -28,7 +28,7 @@ from pipeline.ingestion.service import IngestService
 from pipeline.knowledge_bases import KnowledgeBases
 from pipeline.models.paths import resolve_model_dir
 from pipeline.retrieval.bm25 import BM25Index
-from pipeline.retrieval.gate_background import GateBackground
+from pipeline.retrieval.gate_background import GateBackground, GateBackgrounds
 from pipeline.retrieval.lexical import weights_for
 from pipeline.retrieval.rerank import CrossEncoder, load_cross_encoder
 from pipeline.retrieval.service import RetrievalService
@@ -102,7 +102,7 @@ class Components:
     models: Models | None = None
     retrieval: RetrievalService | None = None
     # built with the embedding model by load_models: the gate's background, extractive picker, support check
-    gate_background: GateBackground | None = None
+    gate_background: GateBackgrounds | None = None  # one per knowledge base
     picker: ExtractivePicker | None = None
     support: SupportChecker | None = None
 
@@ -186,10 +186,12 @@ def load_models(c: Components, s: Settings) -> Models:
     c.retrieval = RetrievalService(
         c.docs, c.kbs, c.tokenizer, emb.embed_model, models.cross_encoder,
         pending_vectors=c.docs.pending_chunk_count, vector_enabled=lambda: models.model_warning is None,
-        embedding_model=emb.model_id, background=lambda: c.gate_background.current())
-    # Probes are scored with the settings of this load (recall size / fusion barely move their best cosine).
-    c.gate_background = GateBackground(c.gate_stats, lambda: emb.model_id, lambda q: c.retrieval.measure_gate(q, s),
-                                       lambda: c.bm25.snapshot)
+        embedding_model=emb.model_id, background=lambda kb_ids: c.gate_background.current(kb_ids))
+    # One background per knowledge base, its probes scored over that knowledge base alone with the settings of
+    # this load (recall size / fusion barely move their best cosine).
+    c.gate_background = GateBackgrounds(c.gate_stats, lambda kb_id: GateBackground(
+        c.gate_stats, lambda: emb.model_id, lambda q: c.retrieval.measure_gate(q, s, (kb_id,)),
+        lambda: c.kbs.get(kb_id).bm25.snapshot, kb_id=kb_id), c.kbs.ids)
     weights = lambda: weights_for(c.bm25.snapshot.bm25)  # noqa: E731 — the live IDF table, read per question
     background = lambda: c.gate_background.current()  # noqa: E731
     c.picker = ExtractivePicker(c.tokenizer, emb.embed_model, weights, background=background)

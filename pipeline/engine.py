@@ -284,7 +284,8 @@ class Engine:
         self._refresh_gate_background()
 
     def _refresh_gate_background(self) -> None:
-        """The knowledge base changed: score the gate's probe questions against it soon, not at the next question."""
+        """A knowledge base changed: score the gate's probe questions against it soon, not at the next question
+        (every knowledge base whose ready chunks changed; the others keep their stored background)."""
         if self.state == "ready" and self.components.gate_background is not None:
             self.components.gate_background.refresh_soon()
 
@@ -361,6 +362,8 @@ class Engine:
         c.kbs.drop(kb_id)
         if c.retrieval is not None:
             c.retrieval.forget(kb_id)
+        if c.gate_background is not None:
+            c.gate_background.forget(kb_id)
         self._recent.clear()
         self._sync.bump(KB_GENERATION)  # other processes drop their handles of it (_refresh_bm25)
         return {"kb_id": kb_id, "name": kb["name"], "docs_removed": len(docs)}

@@ -302,6 +302,34 @@ MIGRATIONS += [
 ]
 
 
+# --- issue 14 (session 2) -------------------------------------------------------------------------------------
+# The min_similarity an e5 data dir got as its default before the adaptive gate (issue 14 calibrated 0.82).
+OLD_E5_MIN_SIMILARITY, NEW_E5_MIN_SIMILARITY = "0.88", "0.82"
+
+MIGRATIONS += [
+    # v11: the gate's background per knowledge base (was one row for the whole data dir, measured over every
+    # knowledge base with the default one's term statistics). The rows are a cache measured again when missing,
+    # so the old row is dropped rather than guessed into a knowledge base.
+    Migration(11, "gate background per knowledge base", (
+        "DROP TABLE kb_gate_background",
+        """CREATE TABLE kb_gate_background (
+            kb_id        INTEGER PRIMARY KEY,
+            fingerprint  TEXT NOT NULL,
+            stats        TEXT NOT NULL,
+            updated_at   TEXT NOT NULL
+        )""",
+    )),
+    # v12: a min_similarity still at the old e5 default (0.88) that no admin ever changed moves to the new default.
+    # "Never changed": ConfigStore.save moves a key's updated_at only when its value really changes, and the first
+    # start writes every default with one timestamp — so the key still carries the oldest timestamp of the table.
+    # A value an admin set (even to 0.88) has a later one and stays.
+    Migration(12, "min_similarity: old e5 default to the calibrated one", (
+        f"UPDATE sys_config SET value = '{NEW_E5_MIN_SIMILARITY}' WHERE key = 'min_similarity'"
+        f" AND value = '{OLD_E5_MIN_SIMILARITY}'"
+        " AND updated_at = (SELECT MIN(updated_at) FROM sys_config)",
+    )),
+]
+
 def _check_order(migrations: list[Migration]) -> None:
     versions = [m.version for m in migrations]
     if versions != list(range(1, len(versions) + 1)):

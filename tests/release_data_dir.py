@@ -37,6 +37,7 @@ def main(data_dir: str, models_dir: str, docs_dir: str, out: str) -> int:
         "search": {q: [r["chunk_id"] for r in e.search(q, 5)["rrf"]] for q in ("监督程序", "ChatGPT 是什么")},
         "answer_chunks": [s["chunk_id"] for s in e.ask_sync("人民检察院如何对行政诉讼实行法律监督")["sources"]],
         "settings": {"chunk_size": e.settings.chunk_size, "bm25_weight": e.settings.bm25_weight},
+        "min_similarity": e.settings.min_similarity,  # that release's default for the packaged e5 (0.88)
     }
     e.close()
     Path(out).write_text(json.dumps(expected, ensure_ascii=False), encoding="utf-8")

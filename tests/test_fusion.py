@@ -302,3 +302,39 @@ def test_cv_never_fits_on_the_left_out_set():
     assert w["cos1"] < 0  # "vector kind" questions get a smaller BM25 share
     alpha = {s: res["sets"][s]["routes"]["convex_auto/minmax"]["mean_alpha"] for s in data}
     assert max(alpha["b"], alpha["d"]) < min(alpha["a"], alpha["c"])  # learnt without seeing the scored set
+
+
+def test_paired_bootstrap_and_smoothed_gain_exact():
+    """The noise report (paired differences, their standard error) and the smoothed training objective, by hand."""
+    from tools import fusion_cv
+
+    b = fusion_cv.paired_bootstrap([1.0, 0.5, 0.0, 1.0], [0.5, 0.5, 0.5, 0.5])
+    d = np.array([0.5, 0.0, -0.5, 0.5])  # mean 0.125, sample sd sqrt(0.546875/3)
+    assert b["diff"] == 0.125 and b["se"] == round(float(d.std(ddof=1) / 2), 4)
+    assert b["ci95"][0] <= b["diff"] <= b["ci95"][1] and -0.5 <= b["ci95"][0] and b["ci95"][1] <= 0.5
+    v = fusion_cv.versus([1, 2, 11], [2, 2, 1])  # RR 1, .5, 0 vs .5, .5, 1; Hit@1 1, 0, 0 vs 0, 0, 1
+    assert v["mrr@10"]["diff"] == round((0.5 + 0 - 1) / 3, 4) and v["hit@1"]["diff"] == 0.0
+    # one question, ranks over the α grid: hit at rank 1 for α ≤ .5, rank 2 above
+    ranks = np.where(fusion_cv.ALPHAS <= 0.5, 1.0, 2.0)[None, :]
+    assert fusion_cv.set_gain(ranks, np.array([0.5]), None, 0.0) == 1.0  # nearest grid point
+    w = np.exp(-0.5 * ((fusion_cv.ALPHAS - 0.5) / 0.1) ** 2)
+    want = float((w * np.where(fusion_cv.ALPHAS <= 0.5, 1.0, 0.5)).sum() / w.sum())
+    assert fusion_cv.set_gain(ranks, np.array([0.5]), None, 0.0, smooth=0.1) == pytest.approx(want)
+    # against the better route (MRR .75, Hit@1 .5): ½(ΔMRR + ΔHit@1)
+    assert fusion_cv.set_gain(ranks, np.array([0.5]), (0.75, 0.5), 0.0) == pytest.approx(0.5 * (0.25 + 0.5))
+
+
+def test_stage2_rescoring_exact():
+    """Second stage: the top n of stage 1 are re-ordered by (1 − γ)·minmax(fused) + γ·minmax(sentence cosine)
+    over those n, and stay above the rest, whose order is stage 1's."""
+    from tools.fusion_stage2 import stage2_scores
+
+    s1 = np.array([0.9, 0.8, 0.7, 0.1, 0.0])
+    ss = np.array([0.80, 0.90, 0.85, 0.99, 0.10])
+    ids = np.array([5, 4, 3, 2, 1])
+    out = stage2_scores(s1, ss, ids, gamma=0.5, n=3)
+    # top 3 by s1: 0.9, 0.8, 0.7 → minmax 1, .5, 0 ; ss 0.80, 0.90, 0.85 → 0, 1, .5
+    assert out[:3] == pytest.approx([2 + 0.5, 2 + 0.25 + 0.5, 2 + 0.25])
+    assert out[3] == pytest.approx(0.1 / 0.9) and out[4] == 0.0  # the rest: stage 1 (minmax), below 2
+    assert list(np.argsort(-out, kind="stable")) == [1, 0, 2, 3, 4]
+    assert list(np.argsort(-stage2_scores(s1, ss, ids, 0.0, 3), kind="stable")) == [0, 1, 2, 3, 4]  # γ = 0: stage 1

@@ -9,6 +9,7 @@ import sqlite3
 from pathlib import Path
 
 import bm25s
+import numpy as np
 import pytest
 from llama_index.core.schema import NodeWithScore, TextNode
 
@@ -22,25 +23,25 @@ from tests.live import engine_with_texts
 from tests.test_support import DOCS
 
 BG = Background(probes=64, sim_median=0.85, sim_scale=0.01, cov_median=0.1, cov_scale=0.1)
-MODEL = GateModel(coef=(1.0, 4.0, 3.0), bias=-6.0, refuse_below=-2.0, answer_at=0.5)
+MODEL = GateModel(coef=(1.0, 5.0, 2.0), bias=-6.0, refuse_below=-2.0, answer_at=0.5)
 
 
-def feats(sim: float, cov: float = 0.0, phrase: float = 0.0) -> GateFeatures:
+def feats(sim: float, cov: float = 0.0, phrase: float = 0.0, top_agree: float = 0.0) -> GateFeatures:
     return GateFeatures(max_similarity=sim, similarity_gap=0.0, similarity_gap50=0.0, coverage=cov,
                         phrase_coverage=phrase, coverage_vector=cov, coverage_mass=0.0, unseen=0.0, agreement=0.0,
-                        bm25_top=0.0, n_terms=3)
+                        top_agreement=top_agree, bm25_top=0.0, n_terms=3)
 
 
 # --- the decision ------------------------------------------------------------------------------------------------
 def test_three_outcomes_from_the_score():
-    # score = -6 + z + 4·cov + 3·phrase, z = (sim - 0.85) / 0.01
-    assert decide(feats(0.88, 0.9, 0.8), BG, 0.5, model=MODEL).outcome == ANSWER     # -6+3+3.6+2.4 = 3.0
-    assert decide(feats(0.86, 0.5, 0.2), BG, 0.5, model=MODEL).outcome == REFUSE     # -6+1+2+0.6 = -2.4
-    d = decide(feats(0.865, 0.5, 0.2), BG, 0.5, model=MODEL)                        # -6+1.5+2+0.6 = -1.9
+    # score = -6 + z + 5·coverage·phrase + 2·top_agreement, z = (sim - 0.85) / 0.01
+    assert decide(feats(0.88, 0.9, 0.8, 1), BG, 0.5, model=MODEL).outcome == ANSWER  # -6+3+3.6+2 = 2.6
+    assert decide(feats(0.86, 0.5, 0.2), BG, 0.5, model=MODEL).outcome == REFUSE     # -6+1+0.5 = -4.5
+    d = decide(feats(0.87, 0.6, 0.5, 1), BG, 0.5, model=MODEL)                       # -6+2+1.5+2 = -0.5
     assert d.outcome == WEAK and d.weak and d.hit and d.reason == "资料相关度较低，请核对原文"
-    d = decide(feats(0.85, 0.1, 0.0), BG, 0.5, model=MODEL)                          # -6+0+0.4 = -5.6
+    d = decide(feats(0.85, 0.1, 0.0), BG, 0.5, model=MODEL)                          # -6+0+0 = -6
     assert d.outcome == REFUSE and not d.hit
-    assert pytest.approx(d.score) == -5.6
+    assert pytest.approx(d.score) == -6.0
 
 
 def test_hard_floor_refuses_whatever_the_score():
@@ -61,14 +62,15 @@ def test_no_results_or_no_background():
 def test_the_same_cosine_means_different_things_in_different_kbs():
     # a legal corpus: every question looks similar (background median 0.91); an encyclopedia: 0.85
     legal, wiki = Background(64, 0.91, 0.01, 0.1, 0.1), Background(64, 0.85, 0.01, 0.1, 0.1)
-    f = feats(0.90, 0.4, 0.3)
+    f = feats(0.90, 0.6, 0.5, 1)
     assert decide(f, legal, 0.5, model=MODEL).outcome == REFUSE
     assert decide(f, wiki, 0.5, model=MODEL).outcome == ANSWER
 
 
 def test_trace_payload_names_the_evidence():
-    t = decide(feats(0.88, 0.9, 0.8), BG, 0.5, model=MODEL).trace()
-    assert t["outcome"] == "answer" and t["hit"] is True and t["weak"] is False
+    t = decide(feats(0.88, 0.9, 0.8, 1), BG, 0.5, model=MODEL).trace()
+    assert t["outcome"] == "answer" and t["hit"] is True and t["weak"] is False and t["top_agreement"] == 1.0
+    assert t["routes_agree"] is False  # hand-made features: the plain fact was not set
     assert t["similarity_z"] == 3.0 and t["background_median"] == 0.85 and t["coverage"] == 0.9
     assert 0.9 < t["confidence"] < 1
 
@@ -104,7 +106,8 @@ def test_background_is_stored_and_refreshed_when_the_kb_changes(tmp_path):
     bg = GateBackground(GateStatsStore(db), lambda: "model-a", probe, lambda: snapshot[0], probes=["甲", "乙", "丙"])
     first = bg.current()
     assert len(calls) == 3 and first.probes == 3
-    row = sqlite3.connect(tmp_path / "app.db").execute("SELECT fingerprint, stats FROM kb_gate_background").fetchone()
+    row = sqlite3.connect(tmp_path / "app.db").execute(
+        "SELECT fingerprint, stats FROM kb_gate_background WHERE kb_id = 1").fetchone()
     assert row[0] == "model-a|3|3|3" and '"sim_median"' in row[1]
     assert bg.current() is first and len(calls) == 3  # same snapshot: no probe is scored again
     # a restart over the same data: read from SQLite, not measured again
@@ -169,6 +172,14 @@ def test_features_of_one_retrieval(tokenizer):
     assert f.max_similarity == 0.91 and abs(f.similarity_gap - 0.05) < 1e-9
     assert f.coverage == 1.0 and f.coverage_vector == 1.0 and f.phrase_coverage > 0.5
     assert f.agreement == 0.4 and f.bm25_top == 7.0
+    big = TermWeights({}, np.zeros(0, dtype=np.int64), 300)  # a knowledge base of 300 chunks
+    f = measure(tokenizer(q), tokenizer.segments(q), big, bm, vec, vec[:3])
+    assert f.top_agreement == pytest.approx(1.0, abs=1e-3)  # the fused top chunk "1" leads both routes
+    other = measure(tokenizer(q), tokenizer.segments(q), big, bm, vec, [vec[5]])
+    assert other.top_agreement == 0.0  # fused top outside BM25's top-3
+    tiny = measure(tokenizer(q), tokenizer.segments(q), TermWeights({}, np.zeros(0, dtype=np.int64), 3), bm, vec,
+                   vec[:3])
+    assert tiny.top_agreement == 0.0 and tiny.routes_agree  # 3 chunks: every chunk is in both top-3s, says nothing
     empty = measure(tokenizer(q), tokenizer.segments(q), TermWeights.uniform(), [], [], [])
     assert empty.max_similarity == 0.0 and empty.coverage == 0.0
 
@@ -182,10 +193,10 @@ def engine(tmp_path_factory):
 
 
 def test_background_measured_at_ingest_and_stored(engine):
-    gb = engine.components.gate_background
+    gb = engine.components.gate_background.of(1)
     bg = gb.current()
-    assert bg is not None and bg.probes == len(gb.probes)
-    stored = engine.components.gate_stats.load()
+    assert bg is not None and bg.probes == len(gb.probes) == len(bg.probe_sims)
+    stored = engine.components.gate_stats.load(1)
     assert stored is not None and stored[0] == gb.fingerprint()
 
 
@@ -208,3 +219,25 @@ def test_gate_can_be_switched_to_the_floor_alone(engine):
         assert r["trace"]["gate"]["hit"] is True and r["trace"]["gate"].get("score") is None
     finally:
         engine.update_settings({"adaptive_gate": True, "min_similarity": engine.default_settings().min_similarity})
+
+
+def test_results_removed_before_the_fusion_for_gold_removed_negatives(engine):
+    """tools/gate_dataset's gold-removed negatives: hits dropped from both routes, then the app's own fusion."""
+    rs, s = engine.components.retrieval, engine.settings
+    _, plain, _ = rs.recall("退货期限是几天？", s, kb_ids=(1,))
+    _, same, _ = rs.recall("退货期限是几天？", s, kb_ids=(1,), keep=lambda n: True)
+    assert [n.node.node_id for n in same.fused] == [n.node.node_id for n in plain.fused]
+    top = plain.fused[0].node.node_id
+    _, cut, _ = rs.recall("退货期限是几天？", s, kb_ids=(1,), keep=lambda n: n.node.node_id != top)
+    for lst in (cut.bm25, cut.vector, cut.fused):
+        assert top not in [n.node.node_id for n in lst]
+    # the rest is fused again (the order may change: min-max spans and the per-query weight see other lists)
+    assert {n.node.node_id for n in cut.fused} == {n.node.node_id for n in plain.fused} - {top}
+
+
+def test_gate_line_in_the_trace_names_route_agreement():
+    from ui.render import render_gate
+
+    agreed = decide(feats(0.88, 0.9, 0.8, 1), BG, 0.5, model=MODEL).trace() | {"routes_agree": True}
+    assert "两路首选一致" in render_gate(agreed) and "不一致" not in render_gate(agreed)
+    assert "两路首选不一致" in render_gate(agreed | {"routes_agree": False})

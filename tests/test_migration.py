@@ -74,6 +74,8 @@ def test_release_data_dir_opens_in_the_default_kb(old_dir):
         assert [s["chunk_id"] for s in e.ask_sync("人民检察院如何对行政诉讼实行法律监督")["sources"]] == \
             exp["answer_chunks"]
         assert {"chunk_size": e.settings.chunk_size, "bm25_weight": e.settings.bm25_weight} == exp["settings"]
+        # min_similarity was never set by an admin there: its old e5 default moves to today's calibrated one
+        assert exp["min_similarity"] == 0.88 and e.settings.min_similarity == e.default_settings().min_similarity == 0.82
         # the viewer shows documents of the old release too (their text rebuilt from the chunks)
         for d in exp["docs"]:
             chunks = c.docs.chunks_of(d["doc_id"])

@@ -20,7 +20,9 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import resource
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -29,6 +31,7 @@ from pathlib import Path
 
 import numpy as np
 
+from pipeline.models.unigram_tokenizer import BACKEND_ENV
 from tools.kb_cache import shared_data_dir
 
 
@@ -144,10 +147,20 @@ def main(argv=None) -> int:
     ap.add_argument("--chroma-url", default=None, help="also measure on this Chroma server (http://host:port/db)")
     ap.add_argument("--database-url", default=None, help="with --chroma-url: metadata on this PostgreSQL")
     ap.add_argument("--json", default=None)
+    ap.add_argument("--data", default=None, help="measure only the serving state over (a copy of) this data dir")
     ap.add_argument("--serve", default=None, help=argparse.SUPPRESS)  # internal: measure a built data dir
     args = ap.parse_args(argv)
     if args.serve:
         Path(args.json).write_text(json.dumps(serve(Path(args.serve), args.queries, args.reranker)))
+        return 0
+    if args.data:  # serving state only, over a copy of an existing data dir (no 50k build)
+        with tempfile.TemporaryDirectory(prefix="kbqa-bench-") as tmp:
+            shutil.copytree(args.data, Path(tmp) / "data")
+            report = serve_both(Path(tmp) / "data", args)
+        print(f"\nServing benchmark over a copy of {args.data}, {args.queries} CMRC questions")
+        print_serving(report)
+        if args.json:
+            Path(args.json).write_text(json.dumps(report, ensure_ascii=False, indent=2))
         return 0
 
     from pipeline.engine import Engine
@@ -186,12 +199,7 @@ def main(argv=None) -> int:
         engine.close()
         # The serving state is measured in a fresh process over the built data dir: this one carries the
         # benchmark's own build-time allocations (50k texts, token lists, Chroma insert buffers).
-        out = Path(tmp) / "serve.json"
-        cmd = [sys.executable, "-m", "tools.bench_retrieval", "--serve", str(Path(tmp) / "data"),
-               "--queries", str(args.queries), "--json", str(out)] + (["--reranker", args.reranker] if args.reranker
-                                                                       else [])
-        subprocess.run(cmd, check=True)
-        report |= json.loads(out.read_text())
+        report |= serve_both(Path(tmp) / "data", args)
 
     print(f"\nRetrieval benchmark: {args.chunks} chunks ({args.base} embedded for real), "
           f"{args.queries} CMRC questions, 2 cores")
@@ -259,6 +267,24 @@ def serve(data: Path, n_queries: int, reranker: str | None) -> dict:
     return {"latency_ms": latency, "rerank": rerank, "rss_steps": rows, "peak_rss_mb": rss_mb()[1]}
 
 
+def serve_both(data: Path, args) -> dict:
+    """The serving state measured in fresh processes over a built data dir (the benchmark's own process carries
+    its build-time allocations): once as shipped, once with the `tokenizers` library's own Unigram for e5
+    (KBQA_EMBED_TOKENIZER=tokenizers) — the old and the new tokenizer memory in the same run."""
+    out = {}
+    for name, env in (("lean", {}), ("tokenizers", {BACKEND_ENV: "tokenizers"})):
+        path = data.parent / f"serve-{name}.json"
+        cmd = [sys.executable, "-m", "tools.bench_retrieval", "--serve", str(data), "--queries", str(args.queries),
+               "--json", str(path)] + (["--reranker", args.reranker] if args.reranker else [])
+        subprocess.run(cmd, check=True, env={**os.environ, **env})
+        out[name] = json.loads(path.read_text())
+    report = dict(out["lean"])
+    report["tokenizer_compare"] = {n: {"steps_added_mb": [a for _, _, a in r["rss_steps"]],
+                                       "after_questions_mb": r["rss_steps"][-1][1], "peak_rss_mb": r["peak_rss_mb"]}
+                                   for n, r in out.items()}
+    return report
+
+
 def print_serving(report: dict) -> None:
     modes = list(report["latency_ms"])
     print("| stage | " + " | ".join(f"{m} p50 / p95 ms" for m in modes) + " |")
@@ -272,6 +298,13 @@ def print_serving(report: dict) -> None:
     for name, mb, added in report["rss_steps"]:
         print(f"| {name} | {mb} | {added:+} |")
     print(f"- peak RSS of the serving process: {report['peak_rss_mb']} MB")
+    if "tokenizer_compare" in report:
+        print("\ne5 tokenizer, same run, fresh process each (lean Unigram search vs the tokenizers library's):")
+        print("| tokenizer | added per component, in the order above (MB) | RSS after the questions (MB) | peak (MB) |"
+              "\n|---|---|---|---|")
+        for n, r in report["tokenizer_compare"].items():
+            steps = " / ".join(f"{a:+}" for a in r["steps_added_mb"])
+            print(f"| {n} | {steps} | {r['after_questions_mb']} | {r['peak_rss_mb']} |")
 
 
 if __name__ == "__main__":

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import collections
+import dataclasses
 import json
 import sys
 from pathlib import Path
@@ -37,7 +38,12 @@ L2 = 1e-2
 def load(dumps: Path) -> tuple[list[dict], dict[str, Background]]:
     rows = [json.loads(line) for f in sorted(Path(dumps).glob("*.jsonl")) for line in open(f, encoding="utf-8")]
     for r in rows:
-        r["feat"] = GateFeatures(**{k: r["f"][k] for k in GateFeatures.__dataclass_fields__})
+        missing = [k for k, fl in GateFeatures.__dataclass_fields__.items()
+                   if k not in r["f"] and fl.default is dataclasses.MISSING]
+        if missing:
+            raise SystemExit(f"{dumps}: dump rows lack {', '.join(missing)} — made by an older tools.gate_dataset; "
+                             "run it again")
+        r["feat"] = GateFeatures(**{k: r["f"][k] for k in GateFeatures.__dataclass_fields__ if k in r["f"]})
     kbs = sorted({r["kb"] for r in rows})
     bg = {kb: summarize([r["feat"] for r in rows if r["kb"] == kb and r["kind"] == "probe"]) for kb in kbs}
     return [r for r in rows if r["kind"] != "probe" and not r.get("answer_here")], bg

@@ -27,31 +27,48 @@ SEED = 14
 DEEP_RECALL = 80  # recall deeper when results are removed, so the routes still hold recall_size candidates
 
 
-def _fuse(engine, bm25, vector):
-    """Weighted RRF (the app's fusion when these dumps were made) over the filtered route lists."""
-    from pipeline.retrieval.fusion import adaptive_bm25_weight, rrf_fuse
-
-    s = engine.settings
-    top = [float(n.score or 0.0) for n in bm25[:2]]
-    w = adaptive_bm25_weight(top, s.bm25_weight) if s.bm25_adaptive and vector else s.bm25_weight
-    return rrf_fuse(bm25, vector, s.rrf_k, w, s.vector_weight)
-
-
 def features_for(engine, question: str, exclude=None) -> tuple[dict, list[NodeWithScore]]:
     """Gate features of one question; `exclude(node) -> bool` drops results (gold removal)."""
-    from pipeline.retrieval.fusion import FusionOutput
+    feats, fusion = _measured(engine, question, exclude)
+    return feats, fusion.fused
 
-    s = engine.settings
-    _, fusion, _ = engine.components.retrieval.recall(question, s, recall=DEEP_RECALL if exclude else None)
-    bm25, vector = fusion.bm25, fusion.vector
-    if exclude:
-        bm25 = [n for n in bm25 if not exclude(n)][: s.recall_size]
-        vector = [n for n in vector if not exclude(n)][: s.recall_size]
-        fused = _fuse(engine, bm25, vector)
-    else:
-        fused = fusion.fused
-    f = engine.components.retrieval.gate_features(question, FusionOutput(bm25=bm25, vector=vector, fused=fused))
-    return f.to_dict(), fused
+
+def _measured(engine, question: str, exclude=None):
+    """(gate features, FusionOutput). Gold removal drops the results before the app's own fusion
+    (HybridRetriever.run's `keep`), so the negatives are fused exactly as the app fuses."""
+    rs = engine.components.retrieval
+    keep = (lambda n: not exclude(n)) if exclude else None
+    _, fusion, _ = rs.recall(question, engine.settings, recall=DEEP_RECALL if exclude else None, keep=keep)
+    return rs.gate_features(question, fusion).to_dict(), fusion
+
+
+def _with_raw(engine, question: str, exclude=None) -> tuple[dict, list[NodeWithScore], dict]:
+    feats, fusion = _measured(engine, question, exclude)
+    return feats, fusion.fused, _raw(engine, question, fusion)
+
+
+RAW_TOP = 6
+
+
+def _raw(engine, question: str, fusion) -> dict:
+    """Route scores, top chunk texts and the KB's document frequency of every question token (offline features)."""
+    from pipeline.retrieval.lexical import normalize, weights_for
+
+    rs = engine.components.retrieval
+    tw = weights_for(rs.kbs.default.bm25.snapshot.bm25)
+    tok = rs.tokenizer
+    words = list(dict.fromkeys(tok(question) + tok.segments(question)))
+    texts: dict[str, str] = {}
+    for lst in (fusion.fused, fusion.vector, fusion.bm25):
+        for n in lst[:RAW_TOP]:
+            texts.setdefault(n.node.node_id, normalize(n.node.get_content()))
+    return {
+        "n_docs": tw.n, "df": {w: tw.df_of(w) for w in words}, "tokens": tok(question), "segments": tok.segments(question),
+        "fused": [n.node.node_id for n in fusion.fused[:RAW_TOP]],
+        "vector": [[n.node.node_id, round(float(n.score or 0), 5)] for n in fusion.vector[:10]],
+        "bm25": [[n.node.node_id, round(float(n.score or 0), 4)] for n in fusion.bm25[:10]],
+        "alpha": round(float(fusion.bm25_weight), 4), "texts": texts,
+    }
 
 
 def _gold_of(q, key_to_doc):
@@ -92,27 +109,30 @@ def dump_set(name: str, cache: Path, out: Path, per_set: int, questions_of: dict
     with tempfile.TemporaryDirectory(prefix="kbqa-gate-") as tmp:
         engine, key_to_doc = open_copy(cache, DEV_SETS[name], Path(tmp) / name)
         engine.wait_idle()
-        with open(out / f"{name}.jsonl.tmp", "w", encoding="utf-8") as f:
-            def write(kind, qset, text, feats, **extra):
-                f.write(json.dumps({"kb": name, "kind": kind, "qset": qset, "q": text, "f": feats, **extra},
+        with open(out / f"{name}.jsonl.tmp", "w", encoding="utf-8") as f, \
+                open(out / f"{name}.raw.tmp", "w", encoding="utf-8") as raw:
+            def write(kind, qset, text, got, **extra):
+                f.write(json.dumps({"kb": name, "kind": kind, "qset": qset, "q": text, "f": got[0], **extra},
                                    ensure_ascii=False) + "\n")
+                raw.write(json.dumps({"kind": kind, "q": text, **got[2]}, ensure_ascii=False) + "\n")
 
             for p in PROBES:
-                write("probe", "probe", p, features_for(engine, p)[0])
+                write("probe", "probe", p, _with_raw(engine, p))
             for q in sample:
-                feats, fused = features_for(engine, q.text)
+                got = _with_raw(engine, q.text)
                 gold = _gold_of(q, key_to_doc)
-                write("answerable", name, q.text, feats, hit1=bool(fused) and _hit(fused[0], q, gold),
-                      hit6=any(_hit(n, q, gold) for n in fused[:6]))
+                write("answerable", name, q.text, got, hit1=bool(got[1]) and _hit(got[1][0], q, gold),
+                      hit6=any(_hit(n, q, gold) for n in got[1][:6]))
             for other, q in others:
-                feats, fused = features_for(engine, q.text)
+                got = _with_raw(engine, q.text)
                 # an answer string of another set's question may still stand in this KB: flag it (not a clean negative)
-                write("out_of_kb", other, q.text, feats,
-                      answer_here=any(a in n.node.get_content() for n in fused[:6] for a in q.answers))
+                write("out_of_kb", other, q.text, got,
+                      answer_here=any(a in n.node.get_content() for n in got[1][:6] for a in q.answers))
             for q in removed:
-                write("gold_removed", name, q.text, features_for(engine, q.text, _remover(q, key_to_doc))[0])
+                write("gold_removed", name, q.text, _with_raw(engine, q.text, _remover(q, key_to_doc)))
         engine.close()
     (out / f"{name}.jsonl.tmp").rename(out / f"{name}.jsonl")
+    (out / f"{name}.raw.tmp").rename(out / f"{name}.raw")
     print(f"{name}: {len(PROBES)} probes, {len(sample)} answerable, {len(removed)} gold removed, "
           f"{len(others)} out of KB ({time.perf_counter() - t0:.0f} s)", file=sys.stderr)
 

@@ -275,6 +275,8 @@ def render_gate(gate: dict) -> str:
                  f'{fmt_num(gate.get("background_median"), 3)}）')
     if gate.get("coverage") is not None:
         line += f' · 关键词覆盖 {fmt_num(gate.get("coverage"), 2)} · 短语覆盖 {fmt_num(gate.get("phrase_coverage"), 2)}'
+    if gate.get("routes_agree") is not None:
+        line += " · 两路首选一致" if gate["routes_agree"] else " · 两路首选不一致"
     if gate.get("reason") and outcome == "refuse":
         line += f' · {gate["reason"]}'
     return (f'<div class="kb-gate" data-hit="{str(ok).lower()}" data-outcome="{esc(outcome)}">'

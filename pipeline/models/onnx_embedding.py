@@ -360,9 +360,10 @@ class _Runner:
     def __init__(self, model_dir: Path, onnx_path: Path, num_threads: int | None = None,
                  max_length: int = 512):
         import onnxruntime as ort
-        from tokenizers import Tokenizer
+        from pipeline.models.unigram_tokenizer import load_tokenizer
 
-        self.tokenizer = Tokenizer.from_file(str(model_dir / "tokenizer.json"))
+        # e5's Unigram: the lean search (−200 MB resident, same ids); any other tokenizer: tokenizers itself
+        self.tokenizer = load_tokenizer(model_dir / "tokenizer.json")
         self.tokenizer.no_padding()
         self.tokenizer.enable_truncation(max_length=max_length)
         self.word = _word_embedding_memmap(model_dir)

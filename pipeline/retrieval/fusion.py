@@ -313,7 +313,10 @@ class HybridRetriever(BaseRetriever):
         self.params = params
         super().__init__()
 
-    def run(self, query_bundle: QueryBundle) -> FusionOutput:
+    def run(self, query_bundle: QueryBundle, keep: Callable[[NodeWithScore], bool] | None = None,
+            limit: int | None = None) -> FusionOutput:
+        """`keep` (evaluation only: tools/gate_dataset's gold-removed negatives) drops hits from both route lists
+        before the fusion, each list then cut to `limit` — the rest is exactly the app's fusion."""
         out = FusionOutput(mode=self.params.mode)
         with timing.collect() as ms:
             with timing.stage("bm25"):
@@ -322,6 +325,9 @@ class HybridRetriever(BaseRetriever):
                 out.bm25 = inner.hits(scores) if inner is not None else []
             with timing.stage("vector"):
                 out.vector = self.vector_retriever.retrieve(query_bundle) if self.vector_retriever else []
+            if keep is not None:
+                out.bm25 = [n for n in out.bm25 if keep(n)][:limit]
+                out.vector = [n for n in out.vector if keep(n)][:limit]
             with timing.stage("fusion"):
                 cands = self.complete(query_bundle, out.bm25, out.vector, inner, scores)
                 out.features = self.features(query_bundle.query_str, inner, out.bm25, out.vector)

@@ -3,8 +3,11 @@
 Inputs (pipeline/retrieval/gate_features.py, measured on this query's retrieval):
   * the best cosine as a z-score against THIS knowledge base's background (probe questions unrelated to it,
     pipeline/retrieval/gate_background.py) — e5 cosines sit high and shift by domain, the z-score does not;
-  * lexical coverage: the IDF-weighted share of the question's content words in the best fused top-3 chunk;
-  * phrase coverage: the share of the question's character bigrams (inside runs of content words) there.
+  * lexical evidence: the IDF-weighted share of the question's content words in the best fused top-3 chunk
+    times the share of its character bigrams there (both high only when the chunk shares the question's words
+    AND their order; each alone is high for generic questions whose common words stand anywhere);
+  * route agreement: whether the fused top chunk is in the top-3 of both routes (words and meaning point at the
+    same passage — an off-topic question's best cosine and best BM25 hit usually name different chunks).
 A logistic score of these decides: ≥ answer_at → answer, ≥ refuse_below → weak evidence (answered, shown with
 「资料相关度较低，请核对原文」), else refuse (fixed text, no LLM call). `min_similarity` stays the admin's hard
 floor: below it the gate refuses whatever the score. Coefficients and thresholds are fitted by
@@ -20,7 +23,7 @@ from pipeline.retrieval.gate_features import GateFeatures
 
 ANSWER, WEAK, REFUSE = "answer", "weak", "refuse"
 WEAK_BANNER = "资料相关度较低，请核对原文"
-INPUTS = ("similarity_z", "coverage", "phrase_coverage")
+INPUTS = ("similarity_z", "coverage×phrase_coverage", "top_agreement")
 
 
 @dataclass(frozen=True)
@@ -38,11 +41,11 @@ class GateModel:
 
 def gate_inputs(f: GateFeatures, bg: Background) -> tuple[float, ...]:
     """The model's inputs, in INPUTS order."""
-    return (bg.sim_z(f.max_similarity), f.coverage, f.phrase_coverage)
+    return (bg.sim_z(f.max_similarity), f.coverage * f.phrase_coverage, f.top_agreement)
 
 
 # Fitted on all five dev sets by tools/calibrate_gate.py (leave-one-set-out numbers in docs/retrieval-eval.md).
-SHIPPED = GateModel(coef=(1.0918, 4.1123, 3.3717), bias=-5.6048, refuse_below=-1.3879, answer_at=0.3996)
+SHIPPED = GateModel(coef=(1.1723, 6.4433, 0.8689), bias=-4.4710, refuse_below=-1.1198, answer_at=0.3399)
 
 
 @dataclass(frozen=True)
@@ -74,7 +77,8 @@ class GateDecision:
             "similarity_z": _r(bg.sim_z(f.max_similarity), 2) if bg else None,
             "background_median": _r(bg.sim_median) if bg else None,
             "coverage": _r(f.coverage, 3), "phrase_coverage": _r(f.phrase_coverage, 3),
-            "agreement": _r(f.agreement, 2), "score": _r(self.score, 3), "confidence": _r(self.confidence, 3),
+            "agreement": _r(f.agreement, 2), "top_agreement": _r(f.top_agreement, 3), "routes_agree": f.routes_agree,
+            "score": _r(self.score, 3), "confidence": _r(self.confidence, 3),
         }
 
 

@@ -2,9 +2,16 @@
 
 A raw cosine means little across knowledge bases (e5 puts every question near 0.9 in a legal corpus); the same
 cosine measured against what unrelated questions get in this very knowledge base does. `GateBackground` scores
-the probes, keeps robust statistics (median, MAD-scale) in SQLite (store/gate_stats.py) and hands them to the
-gate. It is refreshed after every ingest / delete / rebuild (the engine's post-change hook); a question that finds
-it stale (first start of an old data dir) refreshes it once.
+the probes against ONE knowledge base (its own chunks and term statistics), keeps robust statistics (median,
+MAD-scale) and the probes' own best cosines in SQLite / PostgreSQL (store/gate_stats.py, one row per kb_id) and
+hands them to the gate. `GateBackgrounds` holds one per knowledge base; after every ingest / delete / rebuild
+(the engine's post-change hook) each one whose knowledge base changed measures again; a question that finds one
+stale (first start of an old data dir) refreshes it once.
+
+A question over several knowledge bases gets `combine`: per probe the BEST cosine over those knowledge bases,
+then the same robust statistics — exactly the background the probes would give if they were asked over the
+union (the question's own best cosine is the best over the union too), without scoring the probes for every
+combination of knowledge bases a user may pick.
 """
 from __future__ import annotations
 
@@ -19,6 +26,7 @@ import numpy as np
 from pipeline.retrieval.gate_features import GateFeatures
 from pipeline.retrieval.gate_probes import PROBES
 from store.gate_stats import GateStatsStore
+from store.migrations import DEFAULT_KB_ID
 
 log = logging.getLogger(__name__)
 
@@ -36,13 +44,18 @@ class Background:
     cov_median: float
     cov_scale: float
     measured_ms: float = 0.0
+    probe_sims: tuple[float, ...] = ()  # each probe's best cosine, in PROBES order (what `combine` merges)
+    probe_covs: tuple[float, ...] = ()
 
     def to_dict(self) -> dict:
         return asdict(self)
 
     @classmethod
     def from_dict(cls, d: dict) -> "Background":
-        return cls(**{k: d[k] for k in cls.__dataclass_fields__ if k in d})
+        got = {k: d[k] for k in cls.__dataclass_fields__ if k in d}
+        for k in ("probe_sims", "probe_covs"):
+            got[k] = tuple(float(x) for x in got.get(k, ()))
+        return cls(**got)
 
     def sim_z(self, sim: float) -> float:
         return (sim - self.sim_median) / self.sim_scale
@@ -58,28 +71,50 @@ def _robust(values: Sequence[float], floor: float) -> tuple[float, float]:
 
 
 def summarize(feats: Sequence[GateFeatures], measured_ms: float = 0.0) -> Background:
-    sim_med, sim_scale = _robust([f.max_similarity for f in feats], MIN_SIM_SCALE)
-    cov_med, cov_scale = _robust([f.coverage for f in feats], MIN_COV_SCALE)
-    return Background(len(feats), sim_med, sim_scale, cov_med, cov_scale, round(measured_ms, 1))
+    return _from_values([f.max_similarity for f in feats], [f.coverage for f in feats], measured_ms)
+
+
+def _from_values(sims: Sequence[float], covs: Sequence[float], measured_ms: float = 0.0) -> Background:
+    sim_med, sim_scale = _robust(sims, MIN_SIM_SCALE)
+    cov_med, cov_scale = _robust(covs, MIN_COV_SCALE)
+    return Background(len(sims), sim_med, sim_scale, cov_med, cov_scale, round(measured_ms, 1),
+                      tuple(round(float(x), 5) for x in sims), tuple(round(float(x), 4) for x in covs))
+
+
+def combine(backgrounds: Sequence[Background | None]) -> Background | None:
+    """The background of a question asked over several knowledge bases (module doc): per probe the best cosine
+    (and coverage) over them. Knowledge bases without one (empty) add nothing. Backgrounds whose probe lists
+    differ (a row stored before probe values were kept) cannot be merged per probe: the strictest one — the
+    highest median, so the smallest z for any cosine — stands for all."""
+    got = [b for b in backgrounds if b is not None]
+    if len(got) <= 1:
+        return got[0] if got else None
+    n = len(got[0].probe_sims)
+    if n == 0 or any(len(b.probe_sims) != n or len(b.probe_covs) != n for b in got):
+        return max(got, key=lambda b: b.sim_median)
+    sims = np.max([b.probe_sims for b in got], axis=0)
+    covs = np.max([b.probe_covs for b in got], axis=0)
+    return _from_values(sims, covs, sum(b.measured_ms for b in got))
 
 
 class GateBackground:
-    """Measure / store / serve the background. `measure_probe(q)` runs one question through retrieval."""
+    """Measure / store / serve the background of one knowledge base. `measure_probe(q)` runs one question
+    through retrieval scoped to that knowledge base."""
 
     def __init__(self, store: GateStatsStore, model_id: Callable[[], str],
                  measure_probe: Callable[[str], GateFeatures], snapshot: Callable[[], object],
-                 probes: Sequence[str] = PROBES):
+                 probes: Sequence[str] = PROBES, kb_id: int = DEFAULT_KB_ID):
         self.store = store
+        self.kb_id = kb_id
         self.model_id = model_id
         self.measure_probe = measure_probe
-        self.snapshot = snapshot    # the BM25 snapshot object: replaced on every knowledge-base change
+        self.snapshot = snapshot    # the KB's BM25 snapshot object: replaced on every change of that KB
         self.probes = tuple(probes)
         self._cached: tuple[object, Background | None] | None = None
         self._lock = threading.Lock()
-        self._timer: threading.Timer | None = None
 
     def fingerprint(self) -> str:
-        count, max_id = self.store.ready_fingerprint_parts()
+        count, max_id = self.store.ready_fingerprint_parts(self.kb_id)
         return f"{self.model_id()}|{count}|{max_id}|{len(self.probes)}"
 
     def refresh(self) -> Background | None:
@@ -87,24 +122,18 @@ class GateBackground:
         with self._lock:
             return self._refresh_locked()
 
-    def refresh_soon(self, delay: float = REFRESH_DELAY_S) -> None:
-        """Refresh once the knowledge base has been quiet for `delay` seconds (a bulk upload drains the ingest
-        queue many times; scoring the probes after each would cost ~1 s each time)."""
-        if self._timer is not None:
-            self._timer.cancel()
-        self._timer = threading.Timer(delay, self._refresh_quietly)
-        self._timer.daemon = True
-        self._timer.start()
+    def refresh_if_changed(self) -> Background | None:
+        """Measure again only when the stored row does not match the knowledge base as it is now."""
+        with self._lock:
+            return self._stored_or_measured(self.snapshot())
 
-    def cancel(self) -> None:
-        if self._timer is not None:
-            self._timer.cancel()
-
-    def _refresh_quietly(self) -> None:
-        try:
-            self.refresh()
-        except Exception:  # noqa: BLE001 — a failed refresh is retried by the next question (current())
-            log.exception("gate background refresh failed")
+    def _stored_or_measured(self, snap) -> Background | None:
+        stored = self.store.load(self.kb_id)
+        if stored is not None and stored[0] == self.fingerprint():
+            bg = Background.from_dict(stored[1])
+            self._cached = (snap, bg)
+            return bg
+        return self._refresh_locked()
 
     def _refresh_locked(self) -> Background | None:
         snap = self.snapshot()
@@ -114,10 +143,10 @@ class GateBackground:
             return None
         t0 = time.perf_counter()
         bg = summarize([self.measure_probe(q) for q in self.probes], (time.perf_counter() - t0) * 1000)
-        self.store.save(fp, bg.to_dict())
+        self.store.save(self.kb_id, fp, bg.to_dict())
         self._cached = (snap, bg)
-        log.info("gate background: %d probes, similarity median %.4f scale %.4f (%.0f ms)", bg.probes,
-                 bg.sim_median, bg.sim_scale, bg.measured_ms)
+        log.info("gate background of kb %d: %d probes, similarity median %.4f scale %.4f (%.0f ms)", self.kb_id,
+                 bg.probes, bg.sim_median, bg.sim_scale, bg.measured_ms)
         return bg
 
     def current(self) -> Background | None:
@@ -130,9 +159,63 @@ class GateBackground:
             cached = self._cached
             if cached is not None and cached[0] is snap:
                 return cached[1]
-            stored = self.store.load()
-            if stored is not None and stored[0] == self.fingerprint():
-                bg = Background.from_dict(stored[1])
-                self._cached = (snap, bg)
-                return bg
-            return self._refresh_locked()
+            return self._stored_or_measured(snap)
+
+
+class GateBackgrounds:
+    """One GateBackground per knowledge base (made on first use), the combination for a question's scope, and
+    the debounced refresh after knowledge-base changes. `make(kb_id)` builds the one of a knowledge base."""
+
+    def __init__(self, store: GateStatsStore, make: Callable[[int], GateBackground],
+                 kb_ids: Callable[[], Sequence[int]]):
+        self.store = store
+        self._make = make
+        self._kb_ids = kb_ids
+        self._of: dict[int, GateBackground] = {}
+        self._lock = threading.Lock()
+        self._timer: threading.Timer | None = None
+
+    def of(self, kb_id: int) -> GateBackground:
+        with self._lock:
+            gb = self._of.get(kb_id)
+            if gb is None:
+                gb = self._of[kb_id] = self._make(kb_id)
+            return gb
+
+    @property
+    def probes(self) -> tuple[str, ...]:
+        return self.of(DEFAULT_KB_ID).probes
+
+    def current(self, kb_ids: Sequence[int] | None = None) -> Background | None:
+        """The background for a question over these knowledge bases (None: the default one, as Engine.ask)."""
+        ids = sorted(set(kb_ids)) if kb_ids else [DEFAULT_KB_ID]
+        if len(ids) == 1:
+            return self.of(ids[0]).current()
+        return combine([self.of(k).current() for k in ids])
+
+    def forget(self, kb_id: int) -> None:
+        """A knowledge base was deleted: its background goes with it."""
+        with self._lock:
+            self._of.pop(kb_id, None)
+        self.store.delete(kb_id)
+
+    def refresh_soon(self, delay: float = REFRESH_DELAY_S) -> None:
+        """Once the knowledge bases have been quiet for `delay` seconds, measure every one whose content changed
+        (a bulk upload drains the ingest queue many times; scoring the probes after each would cost ~1 s each
+        time; the fingerprint tells the changed knowledge bases from the others)."""
+        if self._timer is not None:
+            self._timer.cancel()
+        self._timer = threading.Timer(delay, self._refresh_quietly)
+        self._timer.daemon = True
+        self._timer.start()
+
+    def cancel(self) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
+
+    def _refresh_quietly(self) -> None:
+        for kb_id in list(self._kb_ids()):
+            try:
+                self.of(kb_id).refresh_if_changed()
+            except Exception:  # noqa: BLE001 — a failed refresh is retried by the next question (current())
+                log.exception("gate background refresh of kb %s failed", kb_id)

@@ -117,6 +117,25 @@ class TermWeights:
         return cls({}, np.zeros(0, dtype=np.int64), 1)
 
 
+class MergedWeights(TermWeights):
+    """The IDF of several knowledge bases' chunks taken together (a question scoped to several of them): a
+    token's document frequency is the sum of its frequencies, N the sum of the chunk counts — the statistics
+    of the union corpus the question searches, summed per token at question time (a few tokens) instead of
+    merging vocabularies."""
+
+    def __init__(self, parts: list[TermWeights]):
+        self.parts = parts
+        self.n = max(sum(p.n for p in parts), 1)
+        self.max_idf = self._idf(0)
+
+    def df_of(self, token: str) -> int:
+        return sum(p.df_of(token) for p in self.parts)
+
+
+def merged_weights(parts: list[TermWeights]) -> TermWeights:
+    return parts[0] if len(parts) == 1 else MergedWeights(parts)
+
+
 _cache: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
 _cache_lock = threading.Lock()
 

@@ -22,7 +22,7 @@ from pipeline.retrieval.fusion import FusionOutput, FusionParams, HybridRetrieve
 from pipeline.retrieval.gate import decide
 from pipeline.retrieval.gate_background import Background
 from pipeline.retrieval.gate_features import GateFeatures, measure
-from pipeline.retrieval.lexical import weights_for
+from pipeline.retrieval.lexical import TermWeights, merged_weights, weights_for
 from pipeline.retrieval.rerank import CrossEncoder, SafeRerank, rerank_status
 from pipeline.retrieval.result import RetrievalResult, fused_row, fusion_info
 from pipeline.retrieval.scope import scoped, scoped_bm25
@@ -62,8 +62,10 @@ class RetrievalService:
     def __init__(self, docs: DocumentStore, kbs: KnowledgeBases,
                  tokenizer: ChineseTokenizer, embed_model, cross_encoder: CrossEncoder | None,
                  pending_vectors: Callable[[], int] = lambda: 0, vector_enabled: Callable[[], bool] = lambda: True,
-                 embedding_model: str | None = None, background: Callable[[], Background | None] = lambda: None):
-        self.background = background  # the gate's background of this KB (pipeline/retrieval/gate_background.py)
+                 embedding_model: str | None = None,
+                 background: Callable[[tuple[int, ...]], Background | None] = lambda kb_ids: None):
+        # the gate's background of the knowledge bases a question searches (pipeline/retrieval/gate_background.py)
+        self.background = background
         self.docs = docs
         self.kbs = kbs
         self.tokenizer = tokenizer
@@ -127,13 +129,14 @@ class RetrievalService:
             self._stages = {k: v for k, v in self._stages.items() if kb_id not in k[-1]}
 
     def recall(self, query: str, s: Settings, recall: int | None = None,
-               kb_ids=None) -> tuple[QueryBundle, FusionOutput, float]:
-        """Embed the query, run both routes and the fusion. Returns (bundle, routes + fused + ms, embed ms)."""
+               kb_ids=None, keep=None) -> tuple[QueryBundle, FusionOutput, float]:
+        """Embed the query, run both routes and the fusion. Returns (bundle, routes + fused + ms, embed ms).
+        `keep` (evaluation tools only): drop hits before the fusion, route lists then cut to recall_size."""
         t0 = time.perf_counter()
         emb = self.embed_model.get_query_embedding(query) if self.vector_enabled() else None
         embed_ms = (time.perf_counter() - t0) * 1000
         bundle = QueryBundle(query_str=query, embedding=emb)
-        return bundle, self.stages(s, recall, kb_ids).fusion.run(bundle), embed_ms
+        return bundle, self.stages(s, recall, kb_ids).fusion.run(bundle, keep, s.recall_size), embed_ms
 
     def _stored_cosines(self, query_embedding, chunk_ids: list[str], kbs=None) -> dict[str, float]:
         """Cosines of the query with stored vectors, from the collections of the knowledge bases in scope."""
@@ -157,23 +160,27 @@ class RetrievalService:
         res.ms = {"embed": embed_ms, **fusion.ms}
         # Gate (F3-4): refuse (no LLM call downstream) / weak evidence / answer — pipeline/retrieval/gate.py
         t_g = time.perf_counter()
-        bg = self.background() if s.adaptive_gate else None
-        decision = decide(self.gate_features(query, fusion, kb_ids), bg, s.min_similarity, bool(fusion.fused),
+        scope = self.scope(kb_ids)
+        bg = self.background(scope) if s.adaptive_gate else None
+        decision = decide(self.gate_features(query, fusion, scope), bg, s.min_similarity, bool(fusion.fused),
                           adaptive=s.adaptive_gate)
         res.gate, res.hit = decision.trace(), decision.hit  # plain data: stored for 重试 with the rest
         res.ms["gate"] = (time.perf_counter() - t_g) * 1000
         return res
 
-    def gate_features(self, query: str, fusion: FusionOutput, kb_ids=None) -> GateFeatures:
-        # IDF weights of the first knowledge base asked (the default one when none is named)
-        kb = self.kbs.get(next(iter(kb_ids))) if kb_ids else self.kbs.default
-        return measure(self.tokenizer(query), self.tokenizer.segments(query),
-                       weights_for(kb.bm25.snapshot.bm25), fusion.bm25, fusion.vector, fusion.fused)
+    def term_weights(self, kb_ids=None) -> TermWeights:
+        """IDF over the chunks of the knowledge bases in scope (one: its own table; several: their union's)."""
+        indexes = [self.kbs.get(k).bm25.snapshot.bm25 for k in self.scope(kb_ids)]
+        return merged_weights([weights_for(b) for b in indexes if b is not None] or [weights_for(None)])
 
-    def measure_gate(self, query: str, s: Settings) -> GateFeatures:
-        """Gate features of one query without a decision (how the background probes are scored)."""
-        _, fusion, _ = self.recall(query, s)
-        return self.gate_features(query, fusion)
+    def gate_features(self, query: str, fusion: FusionOutput, kb_ids=None) -> GateFeatures:
+        return measure(self.tokenizer(query), self.tokenizer.segments(query), self.term_weights(kb_ids),
+                       fusion.bm25, fusion.vector, fusion.fused)
+
+    def measure_gate(self, query: str, s: Settings, kb_ids=None) -> GateFeatures:
+        """Gate features of one query without a decision (how the background probes are scored, one KB each)."""
+        _, fusion, _ = self.recall(query, s, kb_ids=kb_ids)
+        return self.gate_features(query, fusion, kb_ids)
 
     def rerank_stage(self, res: RetrievalResult, s: Settings) -> RetrievalResult:
         """Cross-encoder (or its skip/fallback) over the fused candidates → the final, numbered sources."""
