@@ -285,22 +285,6 @@ MIGRATIONS += [
     ), sqlite_foreign_keys_off=True),
 ]
 
-MIGRATIONS += [
-    # v11: per-KB readers — a JSON list of user names, NULL = open to every logged-in user (what every knowledge
-    # base was before, so nothing changes for existing installs).
-    Migration(11, "knowledge base readers", (
-        "ALTER TABLE kb_base ADD COLUMN readers TEXT",
-    )),
-    # v12: ingest progress every process can show — the worker holding a job writes its stage there (at most about
-    # once a second per document); the row goes with the job, so nothing stale stays behind.
-    Migration(12, "ingest progress on the job", (
-        "ALTER TABLE ingest_job ADD COLUMN stage TEXT",
-        "ALTER TABLE ingest_job ADD COLUMN stage_done INTEGER",
-        "ALTER TABLE ingest_job ADD COLUMN stage_total INTEGER",
-        "ALTER TABLE ingest_job ADD COLUMN stage_eta REAL",
-    )),
-]
-
 
 # --- issue 14 (session 2) -------------------------------------------------------------------------------------
 # The min_similarity an e5 data dir got as its default before the adaptive gate (issue 14 calibrated 0.82).
@@ -329,6 +313,24 @@ MIGRATIONS += [
         " AND updated_at = (SELECT MIN(updated_at) FROM sys_config)",
     )),
 ]
+
+# --- issue 16 (session 2) -------------------------------------------------------------------------------------
+MIGRATIONS += [
+    # v13: per-KB readers — a JSON list of user names, NULL = open to every logged-in user (what every knowledge
+    # base was before, so nothing changes for existing installs).
+    Migration(13, "knowledge base readers", (
+        "ALTER TABLE kb_base ADD COLUMN readers TEXT",
+    )),
+    # v14: ingest progress every process can show — the worker holding a job writes its stage there (at most about
+    # once a second per document); the row goes with the job, so nothing stale stays behind.
+    Migration(14, "ingest progress on the job", (
+        "ALTER TABLE ingest_job ADD COLUMN stage TEXT",
+        "ALTER TABLE ingest_job ADD COLUMN stage_done INTEGER",
+        "ALTER TABLE ingest_job ADD COLUMN stage_total INTEGER",
+        "ALTER TABLE ingest_job ADD COLUMN stage_eta REAL",
+    )),
+]
+
 
 def _check_order(migrations: list[Migration]) -> None:
     versions = [m.version for m in migrations]
