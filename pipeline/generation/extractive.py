@@ -130,6 +130,21 @@ class ExtractivePicker:
     def candidates(self, question: str, nodes: Sequence[Any], query_embedding=None) -> list[Candidate]:
         """Statements of the top sources with their lexical scores, and cosines for the PREFILTER best."""
         terms = content_terms(self.tokenizer(question))
+        out = self.lexical_candidates(question, nodes)
+        if self.embed_model is None or not out:
+            return out
+        order = sorted(range(len(out)), key=lambda i: (-out[i].prefilter_key(), out[i].source, i))
+        chosen = order[:self.prefilter]
+        q = _unit(query_embedding if query_embedding is not None else self.embed_model.get_query_embedding(question))
+        sims = self._embed([self._window(out[i].piece.text, terms, self.weights_of()) for i in chosen]) @ q
+        for i, s in zip(chosen, sims):
+            out[i] = replace(out[i], cosine=float(s))
+        return [c for c in out if c.cosine is not None]
+
+    def lexical_candidates(self, question: str, nodes: Sequence[Any]) -> list[Candidate]:
+        """Every statement of the top MAX_CHUNKS sources (chunk overlap repeats sentences: once each) with its
+        lexical features; no cosine yet."""
+        terms = content_terms(self.tokenizer(question))
         segments = self.tokenizer.segments(question)
         grams = content_bigrams(segments)
         focus = focus_terms(segments)
@@ -142,7 +157,7 @@ class ExtractivePicker:
                 text = normalize(piece.text)
                 here = {t for t in terms if t in text}
                 key = re.sub(r"\s+", "", piece.text)
-                if key not in seen and is_statement(piece):  # chunk overlap repeats sentences
+                if key not in seen and is_statement(piece):
                     seen.add(key)
                     phrase = sum(g in text for g in grams) / len(grams) if grams else 0.0
                     carried = [t for t in earlier - here]
@@ -150,15 +165,7 @@ class ExtractivePicker:
                                          context=coverage(terms, weights, " ".join(carried)) if carried else 0.0,
                                          focus=float(any(f in text for f in focus))))
                 earlier |= here
-        if self.embed_model is None or not out:
-            return out
-        order = sorted(range(len(out)), key=lambda i: (-out[i].prefilter_key(), out[i].source, i))
-        chosen = order[:self.prefilter]
-        q = _unit(query_embedding if query_embedding is not None else self.embed_model.get_query_embedding(question))
-        sims = self._embed([self._window(out[i].piece.text, terms, weights) for i in chosen]) @ q
-        for i, s in zip(chosen, sims):
-            out[i] = replace(out[i], cosine=float(s))
-        return [c for c in out if c.cosine is not None]
+        return out
 
     @staticmethod
     def _window(text: str, terms: list[str], weights: TermWeights) -> str:

@@ -1,0 +1,157 @@
+"""Raw per-question material of the extractive picker on the dev-set KBs: every statement of the top sources with
+its cosine, so picker variants (features, prefilter, windows) are compared offline without re-embedding.
+
+    python -m tools.extractive_raw --kb-cache /work/cache/kb --out DIR [--per-set 240] [--emb-cache DIR] [NAME ...]
+
+OUT/<name>.jsonl, one line per question (kind "answerable" / "gold_removed", sampled as tools/extractive_dataset):
+  terms, weights        the question's content words and their IDF weights (the live BM25 snapshot)
+  grams, focus          its content bigrams and focus terms (pipeline.retrieval.lexical)
+  chunks                per top source (the app's current fusion; gold removed: the fused list of a deeper
+                        recall with the gold chunks dropped): its sentences, each with statement (is_statement),
+                        here (indices of the terms it contains), phrase (bigram share), focus, has_answer and,
+                        for statements, cos (the app's 96-char window embedding) and cos_pair (the sentence with
+                        the one before it, when there is one)
+  top1                  the first source holds a gold answer (the ceiling of answer-hit)
+Embeddings of windows are cached in --emb-cache (one .npy + index per set) so a rerun costs seconds.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import random
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+
+from tools.extractive_dataset import dureader_spans, holds_answer
+from tools.gate_dataset import DEEP_RECALL, SEED, _remover
+
+
+class EmbCache:
+    """passage-window text → unit vector, persisted as <dir>/<name>.npz."""
+
+    def __init__(self, path: Path | None, embed):
+        self.path, self.embed = path, embed
+        self.vecs: dict[str, np.ndarray] = {}
+        if path is not None and path.exists():
+            z = np.load(path, allow_pickle=False)
+            self.vecs = dict(zip(z["keys"].tolist(), z["vecs"]))
+
+    def get(self, texts: list[str]) -> np.ndarray:
+        missing = list(dict.fromkeys(t for t in texts if t not in self.vecs))
+        for i in range(0, len(missing), 32):
+            part = missing[i:i + 32]
+            v = np.asarray(self.embed(part), dtype=np.float32)
+            v /= np.linalg.norm(v, axis=1, keepdims=True) + 1e-9
+            self.vecs.update(zip(part, v))
+        return np.stack([self.vecs[t] for t in texts]) if texts else np.zeros((0, 1), np.float32)
+
+    def save(self) -> None:
+        if self.path is not None and self.vecs:
+            keys = list(self.vecs)
+            np.savez(self.path, keys=np.array(keys), vecs=np.stack([self.vecs[k] for k in keys]))
+
+
+def question_row(picker, cache: EmbCache, q_text: str, q_emb, nodes, answers, spans) -> dict:
+    from pipeline.generation.sentences import is_statement, split_sentences
+    from pipeline.retrieval.lexical import content_bigrams, content_terms, focus_terms, normalize
+    from pipeline.retrieval.nodes import node_text
+
+    tok = picker.tokenizer
+    terms = content_terms(tok(q_text))
+    segs = tok.segments(q_text)
+    grams, focus = content_bigrams(segs), focus_terms(segs)
+    weights = picker.weights_of()
+    chunks, windows, where = [], [], []
+    for ci, nws in enumerate(nodes):
+        sents = []
+        for piece in split_sentences(node_text(nws)):
+            text = normalize(piece.text)
+            s = {"text": piece.text, "punct": piece.punct, "statement": is_statement(piece),
+                 "here": [i for i, t in enumerate(terms) if t in text],
+                 "phrase": round(sum(g in text for g in grams) / len(grams), 4) if grams else 0.0,
+                 "focus": float(any(f in text for f in focus)),
+                 "has_answer": holds_answer(piece.text, answers, spans)}
+            if s["statement"]:
+                windows.append(picker._window(piece.text, terms, weights))
+                where.append((ci, len(sents), "cos"))
+                if sents:
+                    windows.append(picker._window(sents[-1]["text"] + "。" + piece.text, terms, weights))
+                    where.append((ci, len(sents), "cos_pair"))
+            sents.append(s)
+        chunks.append(sents)
+    if windows:
+        sims = cache.get(windows) @ q_emb
+        for (ci, si, key), v in zip(where, sims):
+            chunks[ci][si][key] = round(float(v), 5)
+    return {"q": q_text, "terms": terms, "weights": [round(float(weights.idf(t)), 4) for t in terms],
+            "grams": grams, "focus": focus, "chunks": chunks,
+            "top1": bool(nodes) and holds_answer(nodes[0].node.get_content(), answers, spans)}
+
+
+def dump_set(name: str, root: Path, out: Path, per_set: int, emb_dir: Path | None) -> None:
+    from pipeline.generation.extractive import ExtractivePicker
+    from pipeline.retrieval.lexical import weights_for
+    from tools.kb_cache import DEV_SETS, load_corpus, open_copy, shared_data_dir
+
+    ds = DEV_SETS[name]
+    corpus = load_corpus(ds)
+    spans = dureader_spans(shared_data_dir() / ds.path) if ds.kind == "dureader" else {}
+    rnd = random.Random(SEED)
+    sample = rnd.sample(corpus.questions, min(per_set, len(corpus.questions)))
+    removed = rnd.sample(corpus.questions, min(per_set * 3 // 8, len(corpus.questions)))
+    t0 = time.perf_counter()
+    with tempfile.TemporaryDirectory(prefix="kbqa-extraw-") as tmp:
+        engine, key_to_doc = open_copy(root, ds, Path(tmp) / name)
+        engine.wait_idle()
+        s = engine.settings
+        emb = engine.components.models.embedding.embed_model
+        picker = ExtractivePicker(engine.components.tokenizer, emb,
+                                  lambda: weights_for(engine.components.bm25.snapshot.bm25))
+        cache = EmbCache(emb_dir / f"{name}.npz" if emb_dir else None, emb.get_text_embedding_batch)
+        bg_median = engine.components.gate_background.current().sim_median
+        with open(out / f"{name}.jsonl.tmp", "w", encoding="utf-8") as f:
+            for kind, questions in (("answerable", sample), ("gold_removed", removed)):
+                for q in questions:
+                    exclude = _remover(q, key_to_doc) if kind == "gold_removed" else None
+                    bundle, fusion, _ = engine.components.retrieval.recall(
+                        q.text, s, recall=DEEP_RECALL if exclude else None)
+                    fused = [n for n in fusion.fused if not (exclude and exclude(n))][:s.final_top_k]
+                    row = question_row(picker, cache, q.text, np.asarray(bundle.embedding, dtype=np.float32)
+                                       / (np.linalg.norm(bundle.embedding) + 1e-9),
+                                       fused[:picker.max_chunks], q.answers, spans.get(q.text, []))
+                    f.write(json.dumps({"set": name, "kind": kind, "bg_median": bg_median,
+                                        "n_sources": len(fused)} | row, ensure_ascii=False) + "\n")
+        cache.save()
+        engine.close()
+    (out / f"{name}.jsonl.tmp").rename(out / f"{name}.jsonl")
+    print(f"{name}: {len(sample)} answerable, {len(removed)} gold removed ({time.perf_counter() - t0:.0f} s)",
+          file=sys.stderr)
+
+
+def main(argv=None) -> int:
+    from tools.cli import add_kb_cache, kb_cache_root
+    from tools.kb_cache import DEV_SETS
+
+    ap = argparse.ArgumentParser(prog="python -m tools.extractive_raw", description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    add_kb_cache(ap)
+    ap.add_argument("--out", required=True, type=Path)
+    ap.add_argument("--per-set", type=int, default=240)
+    ap.add_argument("--emb-cache", type=Path, default=None)
+    ap.add_argument("names", nargs="*", default=list(DEV_SETS))
+    args = ap.parse_args(argv)
+    root = kb_cache_root(ap, args)
+    args.out.mkdir(parents=True, exist_ok=True)
+    if args.emb_cache:
+        args.emb_cache.mkdir(parents=True, exist_ok=True)
+    for name in args.names:
+        dump_set(name, root, args.out, args.per_set, args.emb_cache)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
