@@ -88,6 +88,16 @@ def test_real_document_answers_the_question(engines, name):
 
 
 @pytest.mark.slow
+def test_contract_quotes_the_clause_of_the_party_asked_about(engines):
+    # the 乙方 penalty clause, not the 甲方 one that sits under 「1、甲方违约责任」 in the next chunk: the heading
+    # words of 「2、乙方违约责任」 must not carry over into the other party's section
+    r = engines["contract"].ask_sync(CASES["contract"][1])
+    lines = [_body(line) for line in r["answer"].split("\n")[1:]]
+    assert any("乙方不能交付货物或逾期交付货物" in line and "违约金" in line for line in lines), r["answer"]
+    assert not any(line.lstrip("- （(0123456789)） ").startswith("甲方逾期支付货款") for line in lines), r["answer"]
+
+
+@pytest.mark.slow
 def test_no_heading_or_label_is_quoted(engines):
     r = engines["contract"].ask_sync(CASES["contract"][1])
     for line in r["answer"].split("\n")[1:]:

@@ -7,12 +7,12 @@ The candidates are rebuilt from the dump exactly as the app builds them (pipelin
 measure → assemble, the fixed PREFILTER order; the answer-kind cue of pipeline.generation.answer_type for the
 prefiltered ones). For every dev set in turn, on the OTHER sets only:
   * the weights (w_cov, w_phrase, w_rank, w_context, w_focus, w_fpart, w_type; w_cos fixed at 10 — only ratios
-    matter) and the margin for extra
-    sentences are the grid point with the best mean answer-hit (each set weighs the same) among those whose
-    answers hold at most MAX_MEAN_SENTENCES sentences on average (the brief: best 1–3 sentences);
-  * not_found_below is the lowest, over the training sets, NOT_FOUND_QUANTILE-quantile of the best score (above
-    w_cos × the KB background's median cosine) of the answerable questions whose sources hold the answer (at most that share of answers that are there are
-    replaced by 「资料中未找到…」).
+    matter) and the margin for extra sentences are the grid point with the best mean answer-hit (each set weighs
+    the same) among those whose answers hold at most MAX_MEAN_SENTENCES sentences on average (the brief: best
+    1–3 sentences) — over the training sets whose top-1-source-hit reaches MIN_CEILING (see fit());
+  * not_found_below is the lowest, over all training sets, NOT_FOUND_QUANTILE-quantile of the best score (above
+    w_cos × the KB background's median cosine) of the answerable questions whose sources hold the answer (at
+    most that share of answers that are there are replaced by 「资料中未找到…」).
 Then the left-out set is scored: answer-hit (an answer sentence holds a gold answer), top-1-source-hit (its
 ceiling), sentences per answer, 「未找到」 on answerable and on gold-removed questions. The fit on all sets
 gives the shipped PickerParams.
@@ -44,6 +44,7 @@ GRID = {
 }
 MAX_MEAN_SENTENCES = 1.8
 NOT_FOUND_QUANTILE = 0.02
+MIN_CEILING = 0.5   # weights are fitted on the training sets whose top-1-source-hit reaches this (see fit)
 FEATURES = ("cos", "coverage", "phrase", "context", "focus", "focus_part", "offers")
 
 
@@ -152,11 +153,17 @@ def metrics(d: SetData, p: PickerParams) -> dict:
 
 def fit(train: list[SetData]) -> PickerParams:
     best_key, best = None, None
+    # the weights are chosen on the sets where quoting can succeed: where the top-1 source rarely holds the
+    # answer (DuReader's long opinion passages, top-1-source-hit ≈ 0.1) answer-hit sits at 0.1–0.2 whatever the
+    # weights and its 12-character overlap labels are noise that pulled the fit away from the other sets (all
+    # five sets: CMRC dev 0.838, XQuAD 0.858 left out; docs/retrieval-eval.md). The not-found floor still uses
+    # every training set.
+    scored = [d for d in train if d.top1[d.kind].mean() >= MIN_CEILING] or train
     for values in itertools.product(*GRID.values()):
         p = PickerParams(w_cos=W_COS, not_found_below=-np.inf, **dict(zip(GRID, values)))
-        runs = [run(d, p) for d in train]
-        hit = np.mean([r["hit"][d.kind].mean() for d, r in zip(train, runs)])
-        n = np.mean([r["n"][d.kind].mean() for d, r in zip(train, runs)])
+        runs = [run(d, p) for d in scored]
+        hit = np.mean([r["hit"][d.kind].mean() for d, r in zip(scored, runs)])
+        n = np.mean([r["n"][d.kind].mean() for d, r in zip(scored, runs)])
         if n > MAX_MEAN_SENTENCES:
             continue
         key = (round(float(hit), 6), -n)

@@ -9,14 +9,17 @@ words do not carry past 「1、甲方违约责任」 into the other party's clau
 """
 from __future__ import annotations
 
+import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 
 from pipeline.generation.answer_type import expected_kind
-from pipeline.generation.sentences import Piece, is_heading, is_statement
+from pipeline.generation.sentences import Piece, is_heading, is_statement, strip_label
 from pipeline.retrieval.lexical import TermWeights, content_bigrams, content_terms, focus_terms, normalize
 
 PREFILTER_RANK_COST = 0.1
+# The parties of contracts and agreements: a clause is about the party it starts with (「甲方逾期支付货款的，…」).
+_PARTY = re.compile(r"(?:[甲乙丙丁]|买|卖|供|需|出租|承租|出卖|买受|委托|受托|发包|承包|借款|贷款|出借|转让|受让)方")
 
 
 @dataclass(frozen=True)
@@ -79,9 +82,19 @@ class Candidate:
     focus: float = 0.0        # 1 when it contains a focus term of the question
     focus_part: float = 0.0   # Evidence.focus_part
     offers: float = 0.0       # 1 when it holds an answer of the kind asked that the question lacks (answer_type)
+    other_party: bool = False  # it is a clause about another party than the one the question asks about
 
     def prefilter_key(self) -> float:
         return self.coverage + self.phrase - PREFILTER_RANK_COST * (self.source - 1)
+
+
+def other_party(text: str, question: str) -> bool:
+    """「这份采购合同中，乙方逾期交货要承担什么违约责任？」 asks about 乙方: 「（2）甲方逾期支付货款的，…违约金」
+    shares every word but is the other party's duty. True when the question names a party, the clause starts
+    with one, and the question does not name that one."""
+    asked = set(_PARTY.findall(question))
+    m = _PARTY.match(strip_label(text))
+    return bool(asked) and m is not None and m.group(0) not in asked
 
 
 def assemble(chunks: Sequence[Sequence[Evidence]], cues: Cues) -> list[Candidate]:
@@ -97,6 +110,7 @@ def assemble(chunks: Sequence[Sequence[Evidence]], cues: Cues) -> list[Candidate
                 carried = earlier - ev.here
                 out.append(Candidate(ev.piece, rank, cues.share(ev.here), ev.phrase,
                                      context=cues.share(carried) if carried else 0.0, focus=ev.focus,
-                                     focus_part=ev.focus_part))
+                                     focus_part=ev.focus_part,
+                                     other_party=other_party(ev.piece.text, cues.question)))
             earlier = set(ev.here) if is_heading(ev.piece) else earlier | ev.here
     return out
