@@ -63,15 +63,8 @@ def _body(answer: str) -> str:
     return re.sub(r"\*\*|\[\d+\]", "", answer.split("\n", 1)[1] if "\n" in answer else answer)
 
 
-NOVEL_RETRIEVAL = ("retrieval, not the answer step: no passage that answers reaches the novel's top-6 — BM25 ranks "
-                   "「吾受刘皇叔三顾之恩…茅庐三顾」 3rd, the e5 vector route misses it, and the fusion (main's adaptive "
-                   "RRF; issue 13's convex fusion checked too) keeps the vector route's picks — so the gate refuses or "
-                   "the answer says 「资料中未找到…」. strict: the mark must go when retrieval finds it")
-
-
 @pytest.mark.slow
-@pytest.mark.parametrize("name", ["contract", "report",
-                                  pytest.param("novel", marks=pytest.mark.xfail(strict=False, reason=NOVEL_RETRIEVAL))])
+@pytest.mark.parametrize("name", ["contract", "report", "novel"])
 def test_real_document_answers_the_question(engines, name):
     _, question, keys = CASES[name]
     r = engines[name].ask_sync(question)

@@ -17,7 +17,9 @@ _KINDS: list[tuple[str, re.Pattern]] = [
     ("place", re.compile(r"哪里|哪儿|何处|何地|什么地方|哪个?(?:国家|城市|省|地区|州|县|市|国)|在哪")),
     ("number", re.compile(r"多少|几[个次年天岁种位名人家条项倍]|多大|多长|多高|多重|多远|多久|多深|多宽|百分之几|几成")),
 ]
-_NUMBER = re.compile(r"\d|[一二三四五六七八九十百千万亿两〇零]+(?:[个次年天岁种位名人家条项倍米公里吨元%％]|分之)")
+# a lone 一 before a measure word is mostly the article (「一个种」), not a quantity
+_NUMBER = re.compile(r"\d|(?:[二三四五六七八九十百千万亿两〇零]|[一二三四五六七八九十百千万亿两〇零]{2,})"
+                     r"(?:[个次年天岁种位名人家条项倍米公里吨元%％]|分之)")
 _TIME = re.compile(r"\d{2,4}\s*年|\d{1,2}\s*月|\d{1,2}\s*日|世纪|年代|[一二三四五六七八九十〇零]{2,4}年|朝|时期|春|秋")
 _POS = {"person": ("nr",), "place": ("ns",)}
 
