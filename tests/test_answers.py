@@ -87,7 +87,7 @@ def test_contract_quotes_the_clause_of_the_party_asked_about(engines):
     r = engines["contract"].ask_sync(CASES["contract"][1])
     lines = [_body(line) for line in r["answer"].split("\n")[1:]]
     assert any("乙方不能交付货物或逾期交付货物" in line and "违约金" in line for line in lines), r["answer"]
-    assert not any(line.lstrip("- （(0123456789)） ").startswith("甲方逾期支付货款") for line in lines), r["answer"]
+    assert not any(re.sub(r"^[-\s（(\d)）]+", "", line).startswith("甲方逾期支付货款") for line in lines), r["answer"]
 
 
 @pytest.mark.slow
