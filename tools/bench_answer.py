@@ -21,6 +21,8 @@ from pathlib import Path
 
 import numpy as np
 
+from pipeline.retrieval.nodes import kb_ids_of
+
 
 def _p(xs: list[float]) -> str:
     return f"{np.percentile(xs, 50):8.1f} {np.percentile(xs, 95):8.1f}"
@@ -64,7 +66,7 @@ def main(argv=None) -> int:
             t1 = time.perf_counter()
             pick = c.picker.pick(q, final, res.query_embedding)
             new.append((time.perf_counter() - t1) * 1000)
-            cues = Cues.of(q, c.tokenizer, c.picker.weights_of())
+            cues = Cues.of(q, c.tokenizer, c.picker.weights_of(kb_ids_of(final)))
             texts = [x.piece.text for x in c.picker.candidates(q, final, res.query_embedding)] if pick else []
             t1 = time.perf_counter()
             for text in texts:

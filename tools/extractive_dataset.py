@@ -92,9 +92,9 @@ def holds_answer(text: str, answers: list[str], spans: list[str]) -> bool:
 def question_row(picker, cache: EmbCache, q_text: str, q_emb, nodes, answers, spans) -> dict:
     from pipeline.generation.candidates import Cues, measure
     from pipeline.generation.sentences import split_sentences
-    from pipeline.retrieval.nodes import node_text
+    from pipeline.retrieval.nodes import kb_ids_of, node_text
 
-    cues = Cues.of(q_text, picker.tokenizer, picker.weights_of())
+    cues = Cues.of(q_text, picker.tokenizer, picker.weights_of(kb_ids_of(nodes)))
     chunks, windows, where = [], [], []
     for ci, nws in enumerate(nodes):
         sents = []
@@ -133,7 +133,7 @@ def dump_set(name: str, root: Path, out: Path, per_set: int, emb_dir: Path | Non
         s = engine.settings
         emb = engine.components.models.embedding.embed_model
         picker = ExtractivePicker(engine.components.tokenizer, emb,
-                                  lambda: weights_for(engine.components.bm25.snapshot.bm25))
+                                  lambda kb_ids: weights_for(engine.components.bm25.snapshot.bm25))
         cache = EmbCache(emb_dir / f"{name}.npz" if emb_dir else None, emb.get_text_embedding_batch)
         bg_median = engine.components.gate_background.current().sim_median
         with open(out / f"{name}.jsonl.tmp", "w", encoding="utf-8") as f:

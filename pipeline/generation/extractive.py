@@ -43,7 +43,7 @@ from pipeline.generation.answer_type import offers
 from pipeline.generation.candidates import Candidate, Cues, assemble, measure
 from pipeline.generation.sentences import clauses, split_sentences
 from pipeline.retrieval.lexical import TermWeights, content_bigrams, content_terms, coverage, normalize
-from pipeline.retrieval.nodes import node_text
+from pipeline.retrieval.nodes import kb_ids_of, node_text
 
 VERIFIED_LABEL = "未配置大模型，以下为已核实问答"
 MAX_CHUNKS = 6           # the sources the answer may quote (w_rank prefers the better-ranked ones)
@@ -101,14 +101,23 @@ def _unit(v) -> np.ndarray:
     return a / (np.linalg.norm(a, axis=-1, keepdims=True) + 1e-9)
 
 
+def _uniform(kb_ids: Sequence[int]) -> TermWeights:
+    return TermWeights.uniform()
+
+
+def _no_background(kb_ids: Sequence[int]) -> None:
+    return None
+
+
 class ExtractivePicker:
-    """Scores and picks answer sentences. `weights_of()` gives the live IDF table (pipeline.retrieval.lexical)."""
+    """Scores and picks answer sentences. `weights_of(kb_ids)` gives the live IDF table of the knowledge bases the
+    sources come from (pipeline.retrieval.lexical), `background(kb_ids)` the gate's background of those."""
 
     def __init__(self, tokenizer: Any, embed_model: Any = None,
-                 weights_of: Callable[[], TermWeights] = TermWeights.uniform, params: PickerParams = SHIPPED,
+                 weights_of: Callable[[Sequence[int]], TermWeights] = _uniform, params: PickerParams = SHIPPED,
                  prefilter: int = PREFILTER, max_chunks: int = MAX_CHUNKS,
-                 background: Callable[[], Any] = lambda: None):
-        self.background = background  # the gate's Background of this KB (None: no "not found" from scores)
+                 background: Callable[[Sequence[int]], Any] = _no_background):
+        self.background = background  # None from it: no "not found" from scores
         self.prefilter = prefilter  # calibration dumps embed every candidate
         self.max_chunks = max_chunks
         self.embed_model = embed_model
@@ -122,7 +131,7 @@ class ExtractivePicker:
     def candidates(self, question: str, nodes: Sequence[Any], query_embedding=None) -> list[Candidate]:
         """Statements of the top sources with their lexical scores; cosines and the answer-kind cue for the
         PREFILTER best (only those can win: the cosine term dominates)."""
-        cues = Cues.of(question, self.tokenizer, self.weights_of())
+        cues = Cues.of(question, self.tokenizer, self.weights_of(kb_ids_of(nodes)))
         out = assemble([[measure(piece, cues) for piece in split_sentences(node_text(nws))]
                         for nws in list(nodes)[:self.max_chunks]], cues)
         if self.embed_model is None or not out:
@@ -176,14 +185,15 @@ class ExtractivePicker:
 
     def pick(self, question: str, nodes: Sequence[Any], query_embedding=None) -> Pick:
         nodes = list(nodes)
-        bg = self.background()
+        scope = kb_ids_of(nodes)
+        bg = self.background(scope)
         result = self.select(self.candidates(question, nodes, query_embedding), len(nodes),
                              bg.sim_median if bg is not None else None)
         if result.found and result.best is not None:
-            result = replace(result, bold=self._bold_span(question, result.best, query_embedding))
+            result = replace(result, bold=self._bold_span(question, result.best, self.weights_of(scope)))
         return result
 
-    def _bold_span(self, question: str, best: Candidate, query_embedding) -> tuple[int, int] | None:
+    def _bold_span(self, question: str, best: Candidate, weights: TermWeights) -> tuple[int, int] | None:
         """The clause of the best sentence that shares most of the question's words and phrases (the whole
         sentence when it has one clause). Lexical, not embedded: a second embedding batch would cost ~10–40 ms."""
         text = best.piece.text
@@ -192,7 +202,6 @@ class ExtractivePicker:
             return (0, len(text)) if text else None
         terms = content_terms(self.tokenizer(question))
         grams = content_bigrams(self.tokenizer.segments(question))
-        weights = self.weights_of()
 
         def score(span):
             part = normalize(text[span[0]:span[1]])
