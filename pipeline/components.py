@@ -29,7 +29,7 @@ from pipeline.knowledge_bases import KnowledgeBases
 from pipeline.models.paths import resolve_model_dir
 from pipeline.retrieval.bm25 import BM25Index
 from pipeline.retrieval.gate_background import GateBackground, GateBackgrounds
-from pipeline.retrieval.lexical import weights_for
+from pipeline.retrieval.nodes import kb_ids_of, node_meta
 from pipeline.retrieval.rerank import CrossEncoder, load_cross_encoder
 from pipeline.retrieval.service import RetrievalService
 from pipeline.settings import Settings
@@ -46,6 +46,7 @@ from store.gate_stats import GateStatsStore
 from store.jobs import JobStore
 from store.knowledge_bases import KBStore
 from store.leases import LeaseStore
+from store.migrations import DEFAULT_KB_ID
 from store.retrievals import RetrievalStore
 from store.shared_state import SharedState
 from store.vectors import VectorStore
@@ -192,8 +193,9 @@ def load_models(c: Components, s: Settings) -> Models:
     c.gate_background = GateBackgrounds(c.gate_stats, lambda kb_id: GateBackground(
         c.gate_stats, lambda: emb.model_id, lambda q: c.retrieval.measure_gate(q, s, (kb_id,)),
         lambda: c.kbs.get(kb_id).bm25.snapshot, kb_id=kb_id), c.kbs.ids)
-    weights = lambda: weights_for(c.bm25.snapshot.bm25)  # noqa: E731 — the live IDF table, read per question
-    background = lambda: c.gate_background.current()  # noqa: E731
+    # the live IDF table and the background of the knowledge bases the sources come from, read per question
+    weights = c.retrieval.term_weights
+    background = c.gate_background.current
     c.picker = ExtractivePicker(c.tokenizer, emb.embed_model, weights, background=background)
     c.support = SupportChecker(emb.embed_model, c.tokenizer, weights, source_vectors=lambda nodes: _stored(c, nodes),
                                background=background)
@@ -201,8 +203,12 @@ def load_models(c: Components, s: Settings) -> Models:
 
 
 def _stored(c: Components, nodes) -> list | None:
-    """The stored vectors of the source nodes, in order (None for a node without one)."""
-    by_id = c.vectors.embeddings_of([int(n.node.node_id) for n in nodes])
+    """The stored vectors of the source nodes, in order (None for a node without one), each read from the
+    collection of its own knowledge base."""
+    by_id: dict[int, list] = {}
+    for kb_id in kb_ids_of(nodes):
+        ids = [int(n.node.node_id) for n in nodes if (node_meta(n).get("kb_id") or DEFAULT_KB_ID) == kb_id]
+        by_id.update(c.kbs.get(kb_id).vectors.embeddings_of(ids))
     return [by_id.get(int(n.node.node_id)) for n in nodes]
 
 

@@ -745,8 +745,7 @@ class Engine:
                 done = e.data
             elif e.type is ev.EventType.ERROR:
                 raise EngineError(e.data["code"], e.data["msg"])
-        if trace is not None and "support_summary" in done:  # 检索过程 counts unsupported citations
-            trace = {**trace, "support": done["support_summary"]}
+        trace = ev.trace_with_support(trace, done)  # 检索过程 counts unsupported citations
         return {"answer": "".join(parts), "sources": sources, "elapsed_ms": done.get("elapsed_ms"), "trace": trace,
                 "weak": bool(done.get("weak")), "support": done.get("support"),
                 **{k: done.get(k) for k in ("conversation_id", "turn_id", "route", "rewritten_query", "mode",

@@ -233,6 +233,14 @@ def done(elapsed_ms: float, no_answer: bool, mode: str | None = None, rewritten_
     return Event(EventType.DONE, payload)
 
 
+def trace_with_support(trace: dict | None, done_payload: dict) -> dict | None:
+    """The trace with the citation check of `done` folded in — `support` (the counts 检索过程 shows) and
+    `support_sentences` (the per-sentence marks) — as the chat shows it live and a stored turn replays it."""
+    if trace is None or "support_summary" not in done_payload:
+        return trace
+    return {**trace, "support": done_payload["support_summary"], "support_sentences": done_payload.get("support")}
+
+
 def _r(x: Any, nd: int = 4) -> float | None:
     return None if x is None else round(float(x), nd)
 

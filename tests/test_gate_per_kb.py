@@ -160,6 +160,31 @@ def test_a_question_scoped_to_kb_b_is_gated_with_b_background(two_kbs):
     assert e.ask_sync("刘备第三次去隆中见到了谁？", kb_ids=[1])["trace"]["gate"]["outcome"] == "refuse"
 
 
+def test_extractive_picker_and_support_check_read_the_sources_kb(two_kbs):
+    """The picker's 「未找到」 level and the citation check read the background, IDF and stored vectors of the
+    knowledge base the sources come from — not the default one's (whose collection does not hold KB B's chunks)."""
+    e, kb = two_kbs
+    c = e.components
+    final = e.retrieve("刘备第三次去隆中见到了谁？", kb_ids=[kb]).final
+    assert final and {n.node.metadata["kb_id"] for n in final} == {kb}
+    seen = []
+    picker_bg, support_bg = c.picker.background, c.support.background
+    c.picker.background = lambda ids: seen.append(("picker", tuple(ids))) or picker_bg(ids)
+    c.support.background = lambda ids: seen.append(("support", tuple(ids))) or support_bg(ids)
+    try:
+        assert c.picker.pick("刘备第三次去隆中见到了谁？", final).found
+        vecs = c.support.source_vectors(final)
+        assert all(v is not None for v in vecs)  # read from KB B's own collection
+        stored = c.kbs.get(kb).vectors.embeddings_of([int(final[0].node.node_id)])
+        assert np.allclose(vecs[0], stored[int(final[0].node.node_id)])
+        report = c.support.check("第三次刘备终于见到了诸葛亮[1]。", final)
+        assert report.sentences and not report.sentences[0].unsupported
+    finally:
+        c.picker.background, c.support.background = picker_bg, support_bg
+    assert ("picker", (kb,)) in seen and ("support", (kb,)) in seen
+    assert c.picker.weights_of([kb]).df_of("诸葛亮") > 0  # B's IDF table, where 诸葛亮 is a known word
+
+
 def test_a_change_in_one_kb_remeasures_that_kb_only(two_kbs, tmp_path):
     e, kb = two_kbs
     c = e.components

@@ -425,6 +425,43 @@ def test_extractive_dedupes_overlapping_chunks(tokenizer):
     assert result.text.count("退货期限为 7 天") == 1
 
 
+def test_answer_kind_cue(tokenizer):
+    from pipeline.generation.answer_type import expected_kind, offers
+
+    assert expected_kind("谁在第 50 届超级碗上演唱了国歌？") == "person"
+    assert expected_kind("华沙证券交易所是什么时候恢复运营的？") == "time"
+    assert expected_kind("王江泾镇内有多少人口？") == "number"
+    assert expected_kind("隐面龙属被发现的地点在哪里?") == "place"
+    assert expected_kind("叶绿体被什么包裹着？") is None
+    q = "谁在第 50 届超级碗上演唱了国歌？"
+    assert offers("person", "女神卡卡献唱了国歌，玛丽·麦特琳担任了手语翻译", q, tokenizer.tagged)
+    assert not offers("person", "第 50 届超级碗的国歌演唱备受关注", q, tokenizer.tagged)  # restates the question
+    assert offers("number", "体长可达52公分", "前肛鳗的体长是多少？", tokenizer.tagged)
+    assert not offers("number", "前肛鳗为鳗鲡目的一个种", "前肛鳗的体长是多少？", tokenizer.tagged)
+
+
+def test_carry_over_stops_at_a_heading_and_other_party_is_not_quoted(tokenizer):
+    from pipeline.generation.candidates import Cues, assemble, measure
+    from pipeline.generation.sentences import split_sentences
+    from pipeline.retrieval.lexical import TermWeights
+
+    q = "乙方逾期交货要承担什么违约责任？"
+    cues = Cues.of(q, tokenizer, TermWeights.uniform())
+    text = ("2、乙方违约责任\n（1）乙方交付的货物质量不符合约定的，应支付违约金。\n"
+            "1、甲方违约责任\n（2）甲方逾期支付货款的，应偿付违约金。")
+
+    def by_start(t):
+        return {c.piece.text[:6]: c for c in assemble([[measure(p, cues) for p in split_sentences(t)]], cues)}
+
+    cands = by_start(text)
+    theirs = cands["（2）甲方逾"]
+    # 「乙方违约责任」's 乙方 does not carry into 甲方's section; without that heading line it would
+    assert theirs.context < by_start(text.replace("1、甲方违约责任\n", ""))["（2）甲方逾"].context
+    assert theirs.other_party and not cands["（1）乙方交"].other_party
+    _, result = run(stream_answer(q, [mk_node(text)], None, 0.3, tokenizer=tokenizer))
+    assert "乙方交付的货物" in result.text and "甲方逾期支付" not in result.text
+
+
 def test_extractive_default_tokenizer():
     _, result = run(stream_answer("退货期限是多久？", NODES, None, 0.3))
     assert result.text.startswith(EXTRACTIVE_LABEL)

@@ -9,6 +9,7 @@ import pytest
 from pipeline.generation.support import SupportChecker, SupportParams, claims
 from tests.live import LiveApp, engine_with_texts
 from tests.test_api import sse_events
+from ui.history import messages
 from ui.render import answer_markdown, render_sources, render_trace
 
 DOCS = {
@@ -84,6 +85,14 @@ def test_wrong_citation_marked_end_to_end(live, fake_llm):
         assert "⚠ 引用与内容不符" in render_sources(sources)
         trace = dict(next(d for e, d in events if e == "trace"), support=done["support_summary"])
         assert "1 处与所引来源不符" in render_trace(trace)
+        # reloaded from the server (another browser, after a restart): the stored turn replays the marks
+        conv = http.get(f"/api/conversations/{done['conversation_id']}").json()["data"]
+        stored = conv["turns"][-1]
+        assert stored["trace"]["support"] == {"checked": 2, "unsupported": 1}
+        assert [s["unsupported"] for s in stored["trace"]["support_sentences"]] == [[], [wrong]]
+        replay = messages(conv["turns"], active=len(conv["turns"]) - 1)[-1]["content"]
+        assert replay.count("kb-cite-unsupported") == 1 and f'data-cite="{wrong}" data-supported="false"' in replay
+        assert "1 处与所引来源不符" in render_trace(stored["trace"])
         # a correct answer: nothing marked
         fake_llm.reply = f"退货期限为签收后 7 天[{right}]。"
         ok = http.post("/api/qa/ask/sync", json={"question": QUESTION + "请简答"}).json()["data"]

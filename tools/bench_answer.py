@@ -5,8 +5,10 @@
 Per question (the set's own questions, on its cached knowledge base): retrieval = embed + both routes + fusion +
 rerank stage (recall_stage without the gate, plus rerank_stage); gate = the adaptive gate's features + decision
 (ms["gate"]: measured inside recall_stage) beside the old fixed-threshold comparison; extractive = choosing the
-answer sentences, the new picker (embedding + lexical; embeds ≤ PREFILTER sentences) beside the old lexical-only
-picker. Prints p50 / p95 ms of each.
+answer sentences, the picker (embedding + lexical + the answer-kind cue; embeds and tags ≤ PREFILTER sentences)
+beside the old lexical-only picker, and the share of it spent on the answer-kind cue (part-of-speech tagging of
+the prefiltered sentences, added in session 2: the picker without it is the row minus that). Prints p50 / p95
+ms of each.
 """
 from __future__ import annotations
 
@@ -19,12 +21,15 @@ from pathlib import Path
 
 import numpy as np
 
+from pipeline.retrieval.nodes import kb_ids_of
+
 
 def _p(xs: list[float]) -> str:
     return f"{np.percentile(xs, 50):8.1f} {np.percentile(xs, 95):8.1f}"
 
 
 def main(argv=None) -> int:
+    from pipeline.generation.candidates import Cues
     from pipeline.generation.extractive import ExtractivePicker
     from tools.cli import add_kb_cache, kb_cache_root
     from tools.kb_cache import DEV_SETS, load_corpus, open_copy
@@ -48,7 +53,7 @@ def main(argv=None) -> int:
         bg_ms = (time.perf_counter() - t0) * 1000
         for q in qs[:5]:  # warm up
             engine.ask_sync(q)
-        ret, gate, floor, new, old, n_chunks = [], [], [], [], [], c.docs.counts()["chunks"]
+        ret, gate, floor, new, old, cue, n_chunks = [], [], [], [], [], [], c.docs.counts()["chunks"]
         for q in qs:
             res = c.retrieval.recall_stage(q, s)
             res = c.retrieval.rerank_stage(res, s)
@@ -59,8 +64,14 @@ def main(argv=None) -> int:
             floor.append((time.perf_counter() - t1) * 1000)
             final = res.final or res.fused[: s.final_top_k]
             t1 = time.perf_counter()
-            c.picker.pick(q, final, res.query_embedding)
+            pick = c.picker.pick(q, final, res.query_embedding)
             new.append((time.perf_counter() - t1) * 1000)
+            cues = Cues.of(q, c.tokenizer, c.picker.weights_of(kb_ids_of(final)))
+            texts = [x.piece.text for x in c.picker.candidates(q, final, res.query_embedding)] if pick else []
+            t1 = time.perf_counter()
+            for text in texts:
+                c.picker.offers(cues, text)
+            cue.append((time.perf_counter() - t1) * 1000)
             t1 = time.perf_counter()
             old_picker.pick(q, final)
             old.append((time.perf_counter() - t1) * 1000)
@@ -71,7 +82,8 @@ def main(argv=None) -> int:
     print(f"{'retrieval (embed+routes+fusion+rerank)':42s} {_p(ret)}")
     print(f"{'gate: adaptive (features + decision)':42s} {_p(gate)}")
     print(f"{'gate: old fixed min_similarity':42s} {_p(floor)}")
-    print(f"{'extractive: new (embedding + lexical)':42s} {_p(new)}")
+    print(f"{'extractive: new (embedding + lexical + kind)':42s} {_p(new)}")
+    print(f"{'  of which the answer-kind cue (POS tags)':42s} {_p(cue)}")
     print(f"{'extractive: old (lexical only)':42s} {_p(old)}")
     return 0
 

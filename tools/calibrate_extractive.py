@@ -3,13 +3,16 @@
     python -m tools.extractive_dataset --kb-cache DIR --out EXT_DIR     # candidates per question (minutes, once)
     python -m tools.calibrate_extractive --dumps EXT_DIR [--json OUT]   # grid + left-out table (seconds)
 
-For every dev set in turn, on the OTHER sets only:
-  * the weights (w_cov, w_phrase, w_rank; w_cos fixed at 10 — only ratios matter) and the margin for extra
-    sentences are the grid point with the best mean answer-hit (each set weighs the same) among those whose
-    answers hold at most MAX_MEAN_SENTENCES sentences on average (the brief: best 1–3 sentences);
-  * not_found_below is the lowest, over the training sets, NOT_FOUND_QUANTILE-quantile of the best score (above
-    w_cos × the KB background's median cosine) of the answerable questions whose sources hold the answer (at most that share of answers that are there are
-    replaced by 「资料中未找到…」).
+The candidates are rebuilt from the dump exactly as the app builds them (pipeline.generation.candidates:
+measure → assemble, the fixed PREFILTER order; the answer-kind cue of pipeline.generation.answer_type for the
+prefiltered ones). For every dev set in turn, on the OTHER sets only:
+  * the weights (w_cov, w_phrase, w_rank, w_context, w_focus, w_fpart, w_type; w_cos fixed at 10 — only ratios
+    matter) and the margin for extra sentences are the grid point with the best mean answer-hit (each set weighs
+    the same) among those whose answers hold at most MAX_MEAN_SENTENCES sentences on average (the brief: best
+    1–3 sentences) — over the training sets whose top-1-source-hit reaches MIN_CEILING (see fit());
+  * not_found_below is the lowest, over all training sets, NOT_FOUND_QUANTILE-quantile of the best score (above
+    w_cos × the KB background's median cosine) of the answerable questions whose sources hold the answer (at
+    most that share of answers that are there are replaced by 「资料中未找到…」).
 Then the left-out set is scored: answer-hit (an answer sentence holds a gold answer), top-1-source-hit (its
 ceiling), sentences per answer, 「未找到」 on answerable and on gold-removed questions. The fit on all sets
 gives the shipped PickerParams.
@@ -20,7 +23,7 @@ import argparse
 import itertools
 import json
 import sys
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import numpy as np
@@ -30,64 +33,100 @@ from tools.cli import print_md_table, report_fit
 
 W_COS = 10.0
 GRID = {
-    "w_cov": (0.5, 1.0, 2.0, 3.0, 5.0, 8.0),
-    "w_phrase": (0.0, 0.5, 1.0, 2.0, 3.0),
+    "w_cov": (1.0, 2.0, 3.0, 5.0),
+    "w_phrase": (0.0, 1.0),
     "w_rank": (0.0, 0.1, 0.2),
-    "margin": (0.2, 0.3, 0.5),
-    "w_context": (0.0, 0.5, 1.0, 2.0),
-    "w_focus": (0.0, 0.25, 0.5, 1.0),
+    "margin": (0.3, 0.5),
+    "w_context": (1.0, 2.0, 3.0),
+    "w_focus": (0.0, 0.25, 0.5),
+    "w_fpart": (0.0, 0.25, 0.5),
+    "w_type": (0.0, 0.25, 0.5),
 }
 MAX_MEAN_SENTENCES = 1.8
 NOT_FOUND_QUANTILE = 0.02
+MIN_CEILING = 0.5   # weights are fitted on the training sets whose top-1-source-hit reaches this (see fit)
+FEATURES = ("cos", "coverage", "phrase", "context", "focus", "focus_part", "offers")
 
 
 @dataclass
 class SetData:
-    """Candidates of one set's questions as padded arrays [questions, candidates]."""
+    """Prefiltered candidates of one set's questions as padded arrays [questions, candidates]."""
 
     name: str
     kind: np.ndarray      # 1 answerable, 0 gold removed
     top1: np.ndarray
-    valid: np.ndarray     # candidate exists
-    cos: np.ndarray
-    cov: np.ndarray
-    context: np.ndarray
-    focus: np.ndarray
-    phrase: np.ndarray
+    valid: np.ndarray     # candidate exists (and is among the PREFILTER embedded ones, as in the app)
+    f: dict[str, np.ndarray]  # FEATURES
     source: np.ndarray
     position: np.ndarray
     answer: np.ndarray
     bg_median: np.ndarray  # the KB background's median cosine, per question (the same KB: one value)
 
 
+def candidates_of(row: dict, tagged) -> tuple[list, list[bool]]:
+    """The app's prefiltered candidates of one dumped question (with cosine and answer-kind cue) and which of
+    them hold a gold answer."""
+    from pipeline.generation.answer_type import expected_kind, offers
+    from pipeline.generation.candidates import Cues, Evidence, assemble, focus_part
+    from pipeline.generation.extractive import PREFILTER
+    from pipeline.generation.sentences import Piece
+    from pipeline.retrieval.lexical import normalize
+
+    cues = Cues(row["q"], row["terms"], row["weights"], row["grams"], row["focus"], expected_kind(row["q"]))
+    chunks, info = [], {}
+    for ci, sents in enumerate(row["chunks"]):
+        evs = []
+        for si, x in enumerate(sents):
+            piece = Piece(x["text"], x["punct"], si)
+            evs.append(Evidence(piece, frozenset(x["here"]), x["phrase"], x["focus"],
+                                focus_part(normalize(x["text"]), cues.focus), x["statement"]))
+            info[(ci + 1, si)] = x
+        chunks.append(evs)
+    cands = assemble(chunks, cues)
+    order = sorted(range(len(cands)), key=lambda i: (-cands[i].prefilter_key(), cands[i].source, i))[:PREFILTER]
+    out = []
+    for i in sorted(order):
+        c, x = cands[i], info[(cands[i].source, cands[i].piece.position)]
+        out.append(replace(c, cosine=x["cos"], offers=float(offers(cues.kind, c.piece.text, cues.question, tagged))
+                           if cues.kind else 0.0))
+    return out, [info[(c.source, c.piece.position)]["has_answer"] for c in out]
+
+
 def load(dumps: Path) -> dict[str, SetData]:
+    from functools import lru_cache
+
+    from pipeline.tokenize_zh import ChineseTokenizer
+
+    tagged = lru_cache(maxsize=None)(ChineseTokenizer().tagged)
     out = {}
     for f in sorted(Path(dumps).glob("*.jsonl")):
         rows = [json.loads(line) for line in open(f, encoding="utf-8")]
-        width = max((len(r["cands"]) for r in rows), default=1) or 1
-
-        def pad(key, fill=0.0, rows=rows, width=width):
-            a = np.full((len(rows), width), fill, dtype=np.float64)
-            for i, r in enumerate(rows):
-                for j, c in enumerate(r["cands"]):
-                    a[i, j] = c.get(key, 0.0) if key != "valid" else 1.0
-            return a
-
-        out[f.stem] = SetData(
-            f.stem, np.array([r["kind"] == "answerable" for r in rows]), np.array([r["top1"] for r in rows]),
-            pad("valid") > 0, pad("cosine"), pad("coverage"), pad("context"), pad("focus"), pad("phrase"), pad("source", 99),
-            pad("position", 999),
-            pad("has_answer") > 0, np.array([r["bg_median"] for r in rows]))
+        built = [candidates_of(r, tagged) for r in rows]
+        width = max((len(c) for c, _ in built), default=1) or 1
+        shape = (len(rows), width)
+        feats = {k: np.zeros(shape) for k in FEATURES}
+        source, position = np.full(shape, 99.0), np.full(shape, 999.0)
+        valid, answer = np.zeros(shape, bool), np.zeros(shape, bool)
+        for i, (cands, hits) in enumerate(built):
+            for j, (c, h) in enumerate(zip(cands, hits)):
+                for k in FEATURES:
+                    feats[k][i, j] = getattr(c, "cosine" if k == "cos" else k)
+                source[i, j], position[i, j], valid[i, j], answer[i, j] = c.source, c.piece.position, True, h
+        out[f.stem] = SetData(f.stem, np.array([r["kind"] == "answerable" for r in rows]),
+                              np.array([r["top1"] for r in rows]), valid, feats, source, position, answer,
+                              np.array([r["bg_median"] for r in rows]))
     return out
 
 
 def run(d: SetData, p: PickerParams) -> dict[str, np.ndarray]:
     """What the picker does with these candidates (same rules as ExtractivePicker.select): per question the
     best score, whether an answer was given, whether it holds a gold answer, how many sentences."""
-    lexical = (p.w_cov * d.cov + p.w_phrase * d.phrase + p.w_context * d.context + p.w_focus * d.focus
+    f = d.f
+    lexical = (p.w_cov * f["coverage"] + p.w_phrase * f["phrase"] + p.w_context * f["context"]
+               + p.w_focus * f["focus"] + p.w_fpart * f["focus_part"] + p.w_type * f["offers"]
                - p.w_rank * (d.source - 1))
-    keep = d.valid  # the dump holds the embedded candidates only (the app's fixed prefilter)
-    score = np.where(keep, lexical + p.w_cos * d.cos, -np.inf)
+    keep = d.valid  # the prefiltered (embedded) candidates only, as in the app
+    score = np.where(keep, lexical + p.w_cos * f["cos"], -np.inf)
     best = score.max(axis=1)
     ranked = np.lexsort((d.position, d.source, -score), axis=1)[:, :MAX_SENTENCES]
     top_scores = np.take_along_axis(score, ranked, axis=1)
@@ -114,11 +153,17 @@ def metrics(d: SetData, p: PickerParams) -> dict:
 
 def fit(train: list[SetData]) -> PickerParams:
     best_key, best = None, None
-    for w_cov, w_phrase, w_rank, margin, w_context, w_focus in itertools.product(*GRID.values()):
-        p = PickerParams(W_COS, w_cov, w_phrase, w_rank, margin, -np.inf, w_context, w_focus)
-        runs = [run(d, p) for d in train]
-        hit = np.mean([r["hit"][d.kind].mean() for d, r in zip(train, runs)])
-        n = np.mean([r["n"][d.kind].mean() for d, r in zip(train, runs)])
+    # the weights are chosen on the sets where quoting can succeed: where the top-1 source rarely holds the
+    # answer (DuReader's long opinion passages, top-1-source-hit ≈ 0.1) answer-hit sits at 0.1–0.2 whatever the
+    # weights and its 12-character overlap labels are noise that pulled the fit away from the other sets (all
+    # five sets: CMRC dev 0.838, XQuAD 0.858 left out; docs/retrieval-eval.md). The not-found floor still uses
+    # every training set.
+    scored = [d for d in train if d.top1[d.kind].mean() >= MIN_CEILING] or train
+    for values in itertools.product(*GRID.values()):
+        p = PickerParams(w_cos=W_COS, not_found_below=-np.inf, **dict(zip(GRID, values)))
+        runs = [run(d, p) for d in scored]
+        hit = np.mean([r["hit"][d.kind].mean() for d, r in zip(scored, runs)])
+        n = np.mean([r["n"][d.kind].mean() for d, r in zip(scored, runs)])
         if n > MAX_MEAN_SENTENCES:
             continue
         key = (round(float(hit), 6), -n)
@@ -131,8 +176,7 @@ def fit(train: list[SetData]) -> PickerParams:
         there = d.kind & r["addressable"]
         if there.any():
             floors.append(float(np.quantile(r["best"][there], NOT_FOUND_QUANTILE)))
-    return PickerParams(W_COS, best.w_cov, best.w_phrase, best.w_rank, best.margin, min(floors), best.w_context,
-                        best.w_focus)
+    return replace(best, not_found_below=min(floors))
 
 
 def print_table(rows: dict[str, dict]) -> None:

@@ -195,8 +195,7 @@ def build_chat_tab(engine, policy: AccessPolicy | None = None) -> ChatTab:
                 elif e.type is ev.EventType.SOURCES:
                     sources_list = e.data.get("sources") or []
                 elif e.type is ev.EventType.DONE:
-                    if trace_data is not None and "support_summary" in e.data:  # 检索过程 counts unsupported cites
-                        trace_data.update(support=e.data["support_summary"], support_sentences=e.data.get("support"))
+                    trace_data = ev.trace_with_support(trace_data, e.data)  # 检索过程 counts unsupported cites
                     rec = hist.turn_record(q, answer, sources_list, trace_data, e.data)
                     turns2 = turns + [rec]
                     cid = e.data.get("conversation_id")

@@ -10,6 +10,7 @@ import re
 from typing import Any
 
 from pipeline.errors import CODE_FORBIDDEN, CODE_NO_DOC, CODE_VALIDATION, EngineError
+from pipeline.events import trace_with_support
 from store.conversations import ConversationStore, title_from
 
 HISTORY_TURNS = 3  # turns handed to the rewrite and to the answer prompt (the last few, not the whole chat)
@@ -146,7 +147,7 @@ class TurnRecorder:
         rewritten = done.get("rewritten_query")
         saved = self.service.record(
             self.conv_id, self.user, self.question, "".join(self.parts), rewritten=rewritten,
-            sources=self.sources, trace=self.trace, mode=done.get("mode"), route=route,
+            sources=self.sources, trace=trace_with_support(self.trace, done), mode=done.get("mode"), route=route,
             no_answer=bool(done.get("no_answer")), elapsed_ms=done.get("elapsed_ms"))
         return {**done, "conversation_id": saved["conversation_id"], "turn_id": saved["turn_id"],
                 "route": route, "rewritten_query": rewritten}

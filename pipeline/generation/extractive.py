@@ -1,25 +1,33 @@
 """Extractive answers for when no LLM is configured: the sentences of the top sources that answer the question.
 
 Candidates are the statements (pipeline/generation/sentences.py: no headings, list labels, title fragments,
-table debris) of the top MAX_CHUNKS sources. Each is scored by
+table debris) of the top MAX_CHUNKS sources, with their lexical evidence (pipeline/generation/candidates.py).
+Each is scored by
     w_cos · cos(question, sentence)          the loaded embedding model (e5: "query:" vs "passage:")
   + w_cov · coverage                         IDF-weighted share of the question's content words in it
   + w_phrase · phrase coverage               share of the question's character bigrams in it
   + w_focus · focus                          it names what the question asks about (lexical.focus_terms: 体长 in
                                              「前鼻丝鳗的体长是多少？」)
+  + w_fpart · partial focus                  the best share of a focus term's characters in it (「什么颜色」 →
+                                             「主要呈深褐色」)
   + w_context · context coverage             IDF share of the question's words it lacks but earlier sentences of
-                                             its chunk have: Chinese drops the topic once established
+                                             its section have: Chinese drops the topic once established
                                              (「前鼻丝鳗，……的一个种。体长可达46.5公分。」 answers 「前鼻丝鳗的体长是多少？」)
+  + w_type · offers                          it holds an answer of the kind asked that the question lacks (a
+                                             person for 谁, a number for 多少 …; pipeline/generation/answer_type.py):
+                                             a sentence that only restates the question does not answer it
   − w_rank · (source number − 1)             a mild preference for the better-ranked source
 Only the PREFILTER best candidates by a fixed cheap order (coverage + phrase coverage − 0.1 per source rank;
-not fitted) are embedded (time budget: ≈ 7 ms a sentence on 2 cores). The answer is the best
+not fitted; on the dev sets the best-scoring sentence is inside it) are embedded (≈ 7 ms a sentence on 2
+cores) and part-of-speech tagged (≈ 0.4 ms). The answer is the best
 sentence plus up to two more within `margin` of it, in source order, each cited [n]; the clause of the best
 sentence closest to the question is bold. When even the best sentence scores below `not_found_below` — measured
 above this knowledge base's background (w_cos × the median best cosine of the gate's probe questions,
-pipeline/retrieval/gate_background.py), since e5 cosines shift by domain — no sentence addresses the question: the answer says 「资料中未找到直接回答该问题的内容」 and points at the
-closest sources instead of quoting unrelated sentences. Weights and thresholds are fitted with
-`python -m tools.calibrate_extractive` (leave-one-set-out; docs/retrieval-eval.md). Without an embedding model
-(unit tests) the lexical part alone decides and "not found" means no content word matches at all.
+pipeline/retrieval/gate_background.py), since e5 cosines shift by domain — no sentence addresses the question:
+the answer says 「资料中未找到直接回答该问题的内容」 and points at the closest sources instead of quoting unrelated
+sentences. Weights and thresholds are fitted with `python -m tools.calibrate_extractive` (leave-one-set-out;
+docs/retrieval-eval.md). Without an embedding model (unit tests) the lexical part alone decides and "not found"
+means no content word matches at all.
 """
 from __future__ import annotations
 
@@ -31,16 +39,11 @@ from typing import Any
 import numpy as np
 
 from pipeline.events import EXTRACTIVE_LABEL
-from pipeline.generation.sentences import Piece, clauses, is_statement, split_sentences
-from pipeline.retrieval.lexical import (
-    TermWeights,
-    content_bigrams,
-    content_terms,
-    coverage,
-    focus_terms,
-    normalize,
-)
-from pipeline.retrieval.nodes import node_text
+from pipeline.generation.answer_type import offers
+from pipeline.generation.candidates import Candidate, Cues, assemble, measure
+from pipeline.generation.sentences import clauses, split_sentences
+from pipeline.retrieval.lexical import TermWeights, content_bigrams, content_terms, coverage, normalize
+from pipeline.retrieval.nodes import kb_ids_of, node_text
 
 VERIFIED_LABEL = "未配置大模型，以下为已核实问答"
 MAX_CHUNKS = 6           # the sources the answer may quote (w_rank prefers the better-ranked ones)
@@ -49,7 +52,6 @@ MAX_SENTENCE_CHARS = 200
 PREFILTER = 10           # candidates embedded per question
 EMBED_CHARS = 96         # a longer sentence is embedded by its window of clauses that best covers the question:
                          # attention cost grows with the longest text of the batch (12 × 200 chars ≈ 7 × 12 × 40)
-PREFILTER_RANK_COST = 0.1
 NOT_FOUND_TEXT = "资料中未找到直接回答该问题的内容"
 _PRIVATE_USE = re.compile(r"[\uf000-\uf8ff]")
 
@@ -64,34 +66,24 @@ class PickerParams:
     not_found_below: float  # best score − w_cos·background median below this → 「资料中未找到直接回答该问题的内容」
     w_context: float = 0.0
     w_focus: float = 0.0
+    w_fpart: float = 0.0    # partial focus (candidates.focus_part)
+    w_type: float = 0.0     # offers an answer of the kind asked (answer_type)
 
 
 # Fitted by tools/calibrate_extractive.py on all dev sets (left-out numbers in docs/retrieval-eval.md).
-SHIPPED = PickerParams(w_cos=10.0, w_cov=3.0, w_phrase=0.0, w_rank=0.1, margin=0.5, not_found_below=1.1529,
-                       w_context=2.0, w_focus=0.25)
+SHIPPED = PickerParams(w_cos=10.0, w_cov=2.0, w_phrase=0.0, w_rank=0.1, margin=0.5, not_found_below=0.8305,
+                       w_context=2.0, w_focus=0.25, w_fpart=0.25, w_type=0.5)
 # No embedding model: lexical only; "not found" = not one content word of the question in any candidate.
 LEXICAL = PickerParams(w_cos=0.0, w_cov=1.0, w_phrase=1.0, w_rank=0.1, margin=0.3, not_found_below=1e-9)
 
 
-@dataclass(frozen=True)
-class Candidate:
-    piece: Piece
-    source: int               # 1-based material number
-    coverage: float
-    phrase: float
-    cosine: float | None = None
-    context: float = 0.0      # IDF share of question words absent here but present earlier in the chunk
-    focus: float = 0.0        # 1 when it contains a focus term of the question
+def _lexical(c: Candidate, p: PickerParams) -> float:
+    return (p.w_cov * c.coverage + p.w_phrase * c.phrase + p.w_context * c.context + p.w_focus * c.focus
+            + p.w_fpart * c.focus_part + p.w_type * c.offers - p.w_rank * (c.source - 1))
 
-    def prefilter_key(self) -> float:
-        return self.coverage + self.phrase - PREFILTER_RANK_COST * (self.source - 1)
 
-    def lexical(self, p: PickerParams) -> float:
-        return (p.w_cov * self.coverage + p.w_phrase * self.phrase + p.w_context * self.context
-                + p.w_focus * self.focus - p.w_rank * (self.source - 1))
-
-    def score(self, p: PickerParams) -> float:
-        return self.lexical(p) + (p.w_cos * self.cosine if self.cosine is not None else 0.0)
+def score(c: Candidate, p: PickerParams) -> float:
+    return _lexical(c, p) + (p.w_cos * c.cosine if c.cosine is not None else 0.0)
 
 
 @dataclass(frozen=True)
@@ -109,14 +101,23 @@ def _unit(v) -> np.ndarray:
     return a / (np.linalg.norm(a, axis=-1, keepdims=True) + 1e-9)
 
 
+def _uniform(kb_ids: Sequence[int]) -> TermWeights:
+    return TermWeights.uniform()
+
+
+def _no_background(kb_ids: Sequence[int]) -> None:
+    return None
+
+
 class ExtractivePicker:
-    """Scores and picks answer sentences. `weights_of()` gives the live IDF table (pipeline.retrieval.lexical)."""
+    """Scores and picks answer sentences. `weights_of(kb_ids)` gives the live IDF table of the knowledge bases the
+    sources come from (pipeline.retrieval.lexical), `background(kb_ids)` the gate's background of those."""
 
     def __init__(self, tokenizer: Any, embed_model: Any = None,
-                 weights_of: Callable[[], TermWeights] = TermWeights.uniform, params: PickerParams = SHIPPED,
+                 weights_of: Callable[[Sequence[int]], TermWeights] = _uniform, params: PickerParams = SHIPPED,
                  prefilter: int = PREFILTER, max_chunks: int = MAX_CHUNKS,
-                 background: Callable[[], Any] = lambda: None):
-        self.background = background  # the gate's Background of this KB (None: no "not found" from scores)
+                 background: Callable[[Sequence[int]], Any] = _no_background):
+        self.background = background  # None from it: no "not found" from scores
         self.prefilter = prefilter  # calibration dumps embed every candidate
         self.max_chunks = max_chunks
         self.embed_model = embed_model
@@ -128,40 +129,26 @@ class ExtractivePicker:
         return _unit(self.embed_model.get_text_embedding_batch(texts))
 
     def candidates(self, question: str, nodes: Sequence[Any], query_embedding=None) -> list[Candidate]:
-        """Statements of the top sources with their lexical scores, and cosines for the PREFILTER best."""
-        terms = content_terms(self.tokenizer(question))
-        segments = self.tokenizer.segments(question)
-        grams = content_bigrams(segments)
-        focus = focus_terms(segments)
-        weights = self.weights_of()
-        out: list[Candidate] = []
-        seen: set[str] = set()
-        for rank, nws in enumerate(list(nodes)[:self.max_chunks], start=1):
-            earlier: set[str] = set()  # question words met in the chunk so far (headings included)
-            for piece in split_sentences(node_text(nws)):
-                text = normalize(piece.text)
-                here = {t for t in terms if t in text}
-                key = re.sub(r"\s+", "", piece.text)
-                if key not in seen and is_statement(piece):  # chunk overlap repeats sentences
-                    seen.add(key)
-                    phrase = sum(g in text for g in grams) / len(grams) if grams else 0.0
-                    carried = [t for t in earlier - here]
-                    out.append(Candidate(piece, rank, coverage(terms, weights, text), phrase,
-                                         context=coverage(terms, weights, " ".join(carried)) if carried else 0.0,
-                                         focus=float(any(f in text for f in focus))))
-                earlier |= here
+        """Statements of the top sources with their lexical scores; cosines and the answer-kind cue for the
+        PREFILTER best (only those can win: the cosine term dominates)."""
+        cues = Cues.of(question, self.tokenizer, self.weights_of(kb_ids_of(nodes)))
+        out = assemble([[measure(piece, cues) for piece in split_sentences(node_text(nws))]
+                        for nws in list(nodes)[:self.max_chunks]], cues)
         if self.embed_model is None or not out:
             return out
         order = sorted(range(len(out)), key=lambda i: (-out[i].prefilter_key(), out[i].source, i))
         chosen = order[:self.prefilter]
         q = _unit(query_embedding if query_embedding is not None else self.embed_model.get_query_embedding(question))
-        sims = self._embed([self._window(out[i].piece.text, terms, weights) for i in chosen]) @ q
+        sims = self._embed([self._window(out[i].piece.text, cues) for i in chosen]) @ q
         for i, s in zip(chosen, sims):
-            out[i] = replace(out[i], cosine=float(s))
+            out[i] = replace(out[i], cosine=float(s), offers=self.offers(cues, out[i].piece.text))
         return [c for c in out if c.cosine is not None]
 
+    def offers(self, cues: Cues, text: str) -> float:
+        return float(offers(cues.kind, text, cues.question, self.tokenizer.tagged)) if cues.kind else 0.0
+
     @staticmethod
-    def _window(text: str, terms: list[str], weights: TermWeights) -> str:
+    def _window(text: str, cues: Cues) -> str:
         """≤ EMBED_CHARS of the sentence: the run of whole clauses covering most of the question's words."""
         if len(text) <= EMBED_CHARS:
             return text
@@ -172,7 +159,7 @@ class ExtractivePicker:
             while j + 1 < len(spans) and spans[j + 1][1] - spans[i][0] <= EMBED_CHARS:
                 j += 1
             piece = text[spans[i][0]:min(spans[j][1], spans[i][0] + EMBED_CHARS)]
-            cov = coverage(terms, weights, normalize(piece))
+            cov = cues.share({i for i, t in enumerate(cues.terms) if t in normalize(piece)})
             if cov > best_cov:
                 best, best_cov = piece, cov
         return best
@@ -184,26 +171,29 @@ class ExtractivePicker:
         closest = list(range(1, min(n_sources, 3) + 1))
         if not cands:
             return Pick([], None, None, False, None, closest)
-        ranked = sorted(cands, key=lambda c: (-c.score(p), c.source, c.piece.position))
+        # a clause about another party than the one asked about is no answer while one about that party is there
+        cands = [c for c in cands if not c.other_party] or cands
+        ranked = sorted(cands, key=lambda c: (-score(c, p), c.source, c.piece.position))
         best = ranked[0]
-        top = best.score(p)
+        top = score(best, p)
         offset = p.w_cos * bg_median if bg_median is not None else 0.0
         if (bg_median is not None or p.w_cos == 0) and top - offset < p.not_found_below:
             return Pick([], best, None, False, top, closest)
-        picked = [c for c in ranked[:MAX_SENTENCES] if c.score(p) >= top - p.margin]
+        picked = [c for c in ranked[:MAX_SENTENCES] if score(c, p) >= top - p.margin]
         picked.sort(key=lambda c: (c.source, c.piece.position))
         return Pick(picked, best, None, True, top, closest)
 
     def pick(self, question: str, nodes: Sequence[Any], query_embedding=None) -> Pick:
         nodes = list(nodes)
-        bg = self.background()
+        scope = kb_ids_of(nodes)
+        bg = self.background(scope)
         result = self.select(self.candidates(question, nodes, query_embedding), len(nodes),
                              bg.sim_median if bg is not None else None)
         if result.found and result.best is not None:
-            result = replace(result, bold=self._bold_span(question, result.best, query_embedding))
+            result = replace(result, bold=self._bold_span(question, result.best, self.weights_of(scope)))
         return result
 
-    def _bold_span(self, question: str, best: Candidate, query_embedding) -> tuple[int, int] | None:
+    def _bold_span(self, question: str, best: Candidate, weights: TermWeights) -> tuple[int, int] | None:
         """The clause of the best sentence that shares most of the question's words and phrases (the whole
         sentence when it has one clause). Lexical, not embedded: a second embedding batch would cost ~10–40 ms."""
         text = best.piece.text
@@ -212,7 +202,6 @@ class ExtractivePicker:
             return (0, len(text)) if text else None
         terms = content_terms(self.tokenizer(question))
         grams = content_bigrams(self.tokenizer.segments(question))
-        weights = self.weights_of()
 
         def score(span):
             part = normalize(text[span[0]:span[1]])

@@ -77,6 +77,16 @@ def strip_label(text: str) -> str:
     return _LABEL.sub("", text, count=1).strip()
 
 
+def is_heading(p: Piece) -> bool:
+    """A line of its own that titles what follows (「2、乙方违约责任」, 「第三十七回　…」): a new topic starts."""
+    body = strip_label(p.text)
+    if p.punct:
+        return False
+    if len(body) <= HEADING_MAX_CHARS and not _CLAUSE.search(body):
+        return True
+    return bool(_LABEL.match(p.text)) and p.text.lstrip()[:1] == "第" and len(body) <= 2 * HEADING_MAX_CHARS
+
+
 def is_statement(p: Piece) -> bool:
     """Can this sentence answer a question? False for headings, labels, fragments, tables."""
     if p.cut and not p.text.endswith(tuple(_END)):
@@ -98,10 +108,8 @@ def is_statement(p: Piece) -> bool:
         return False  # a layout tag line, or a label waiting for its value (「法定代表人（授权代表）：」)
     if sum(len(m) for m in _BLANK.findall(body)) > 0.3 * len(body):
         return False  # a form with blank fields
-    if not p.punct and len(body) <= HEADING_MAX_CHARS and not _CLAUSE.search(body):
+    if is_heading(p):
         return False  # a line of its own, short, no clause break: a heading or a title fragment
-    if _LABEL.match(p.text) and p.text.lstrip()[:1] == "第" and not p.punct and len(body) <= 2 * HEADING_MAX_CHARS:
-        return False  # 「第三十七回　司马徽再荐名士　刘玄德三顾草庐」
     return True
 
 

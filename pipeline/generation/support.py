@@ -22,7 +22,7 @@ from typing import Any
 import numpy as np
 
 from pipeline.retrieval.lexical import TermWeights, content_bigrams, content_terms, coverage, normalize
-from pipeline.retrieval.nodes import node_text
+from pipeline.retrieval.nodes import kb_ids_of, node_text
 
 _CITES = re.compile(r"\[(\d{1,3})\]")
 _SENT = re.compile(r"[^。！？!?\n]+(?:[。！？!?]+|\n|$)")
@@ -113,25 +113,29 @@ def _unit(v) -> np.ndarray:
 
 
 class SupportChecker:
-    """`source_vectors(nodes)` gives the stored embedding of each source (None → embed the texts)."""
+    """`source_vectors(nodes)` gives the stored embedding of each source (None → embed the texts);
+    `weights_of(kb_ids)` / `background(kb_ids)`: the IDF table and the gate's background of the knowledge bases
+    the sources come from (a None background: scores taken as they are)."""
 
-    def __init__(self, embed_model: Any, tokenizer: Any, weights_of: Callable[[], TermWeights] = TermWeights.uniform,
+    def __init__(self, embed_model: Any, tokenizer: Any,
+                 weights_of: Callable[[Sequence[int]], TermWeights] = lambda kb_ids: TermWeights.uniform(),
                  source_vectors: Callable[[Sequence[Any]], list | None] | None = None,
-                 params: SupportParams = SHIPPED, background: Callable[[], Any] = lambda: None):
-        self.background = background  # the gate's Background of this KB (None: scores taken as they are)
+                 params: SupportParams = SHIPPED, background: Callable[[Sequence[int]], Any] = lambda kb_ids: None):
+        self.background = background
         self.embed_model = embed_model
         self.tokenizer = tokenizer
         self.weights_of = weights_of
         self.source_vectors = source_vectors
         self.params = params
 
-    def scores(self, claim: str, texts: list[str], vectors: np.ndarray) -> dict[int, float]:
+    def scores(self, claim: str, texts: list[str], vectors: np.ndarray,
+               kb_ids: Sequence[int] = ()) -> dict[int, float]:
         p = self.params
         terms = content_terms(self.tokenizer(claim))
         grams = content_bigrams(self.tokenizer.segments(claim))
-        weights = self.weights_of()
+        weights = self.weights_of(kb_ids)
         cos = vectors @ _unit(self.embed_model.get_query_embedding(claim))
-        bg = self.background()
+        bg = self.background(kb_ids)
         offset = p.w_cos * bg.sim_median if bg is not None else 0.0
         out = {}
         for i, t in enumerate(texts, start=1):
@@ -170,7 +174,7 @@ class SupportChecker:
             cited = [n for n in cited if 1 <= n <= len(nodes)]
             if not cited:
                 continue
-            sc = self.scores(text, texts, vectors)
+            sc = self.scores(text, texts, vectors, kb_ids_of(nodes))
             bad, better = self.judge(sc, cited)
             out.append(SentenceSupport(text, cited, sc, bad, better))
         return SupportReport(out)

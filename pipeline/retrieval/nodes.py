@@ -43,6 +43,13 @@ def node_meta(nws: Any) -> dict:
     return dict(getattr(node, "metadata", None) or {})
 
 
+def kb_ids_of(nodes: Any) -> list[int]:
+    """The knowledge bases the nodes come from (sorted; a node without a kb_id is the default one's)."""
+    from store.migrations import DEFAULT_KB_ID
+
+    return sorted({node_meta(n).get("kb_id") or DEFAULT_KB_ID for n in nodes})
+
+
 def page_of(meta: dict) -> Any:
     for key in ("page", "page_label", "page_number"):
         v = meta.get(key)
