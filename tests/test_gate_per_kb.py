@@ -204,3 +204,34 @@ def test_a_change_in_one_kb_remeasures_that_kb_only(two_kbs, tmp_path):
     # deleting the knowledge base deletes its background row
     e.delete_kb(kb)
     assert c.gate_stats.load(kb) is None and c.gate_stats.load(1) == before_a
+
+
+def test_closing_waits_for_a_running_background_refresh_and_stops_the_rest():
+    """Components.close → GateBackgrounds.cancel: a refresh already inside the model is waited for (a daemon
+    thread still in onnxruntime at interpreter exit crashes the process), the next knowledge base is not started,
+    and nothing is scheduled after close."""
+    import threading
+
+    from pipeline.retrieval.gate_background import GateBackgrounds
+
+    started, finished = [], []
+    inside = threading.Event()
+
+    class SlowRefresh:
+        def __init__(self, kb_id):
+            self.kb_id = kb_id
+
+        def refresh_if_changed(self):
+            started.append(self.kb_id)
+            inside.set()
+            time.sleep(0.5)
+            finished.append(self.kb_id)
+
+    bgs = GateBackgrounds(None, SlowRefresh, lambda: [1, 2, 3])
+    bgs.refresh_soon(delay=0)
+    assert inside.wait(10)
+    bgs.cancel()
+    assert started == [1] and finished == [1]  # waited for KB 1, KB 2 and 3 never started
+    bgs.refresh_soon(delay=0)
+    time.sleep(0.2)
+    assert started == [1]

@@ -174,6 +174,7 @@ class GateBackgrounds:
         self._of: dict[int, GateBackground] = {}
         self._lock = threading.Lock()
         self._timer: threading.Timer | None = None
+        self._closed = False  # set by cancel(): the engine is closing, no refresh may start or go on
 
     def of(self, kb_id: int) -> GateBackground:
         with self._lock:
@@ -203,18 +204,29 @@ class GateBackgrounds:
         """Once the knowledge bases have been quiet for `delay` seconds, measure every one whose content changed
         (a bulk upload drains the ingest queue many times; scoring the probes after each would cost ~1 s each
         time; the fingerprint tells the changed knowledge bases from the others)."""
+        if self._closed:
+            return
         if self._timer is not None:
             self._timer.cancel()
         self._timer = threading.Timer(delay, self._refresh_quietly)
         self._timer.daemon = True
         self._timer.start()
 
-    def cancel(self) -> None:
-        if self._timer is not None:
-            self._timer.cancel()
+    def cancel(self, wait: float = 30.0) -> None:
+        """Stop: a pending refresh never starts, one that runs stops after its current knowledge base and is
+        waited for — it embeds probes in onnxruntime, and a daemon thread still inside it when the interpreter
+        exits crashes the process (seen as rc 134/139 after a passing test run)."""
+        self._closed = True
+        timer = self._timer
+        if timer is not None:
+            timer.cancel()
+            if timer.is_alive() and timer is not threading.current_thread():
+                timer.join(wait)
 
     def _refresh_quietly(self) -> None:
         for kb_id in list(self._kb_ids()):
+            if self._closed:
+                return
             try:
                 self.of(kb_id).refresh_if_changed()
             except Exception:  # noqa: BLE001 — a failed refresh is retried by the next question (current())
