@@ -27,6 +27,8 @@ from pipeline.generation.support import SupportChecker
 from pipeline.ingestion.service import IngestService
 from pipeline.knowledge_bases import KnowledgeBases
 from pipeline.models.paths import resolve_model_dir
+from pipeline.ops.audit import KBAuditor
+from pipeline.ops.repair import KBRepairer, RepairHooks
 from pipeline.retrieval.bm25 import BM25Index
 from pipeline.retrieval.gate_background import GateBackground, GateBackgrounds
 from pipeline.retrieval.nodes import kb_ids_of, node_meta
@@ -169,6 +171,20 @@ def build_components(data_dir: Path | str, *, project_root: Path | None = None, 
                        DeterministicRewriter(), jobs, SharedState(db), RetrievalStore(db), LeaseStore(db), dep, kbs,
                        GateStatsStore(db))
     return comps
+
+
+def build_ops(c: Components, *, model_ids: Callable[[], Any], has_job: Callable[[int], bool],
+              rebuild_bm25: Callable[[], None], on_model_fixed: Callable[[], None]) -> tuple[KBAuditor, KBRepairer]:
+    """The knowledge-base audit and its repairer over every knowledge base of the data dir. The engine hands in
+    what only it knows (the expected model ids, whether a document has a live job, its post-change hooks)."""
+    vectors = c.kbs.all_vectors  # audit / repair / backup look at every knowledge base
+    auditor = KBAuditor(c.docs, vectors, c.files, c.tokenizer, model_ids,
+                        bm25_ids=vectors.bm25_indexed_ids, has_job=has_job, gate=c.gate)
+    repairer = KBRepairer(auditor, c.docs, vectors, c.files, c.tokenizer, c.gate, RepairHooks(
+        embed=lambda texts: c.models.embedding.embed_model.get_text_embedding_batch(texts),
+        model=lambda: (c.models.embedding.model_id, c.models.embedding.dim),
+        requeue=c.ingest.enqueue, rebuild_bm25=rebuild_bm25, on_model_fixed=on_model_fixed))
+    return auditor, repairer
 
 
 def load_models(c: Components, s: Settings) -> Models:

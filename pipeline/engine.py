@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from pipeline import events as ev
-from pipeline.components import Components, build_components, load_models
+from pipeline.components import Components, build_components, build_ops, load_models
 from pipeline.conversation.direct import direct_reply
 from pipeline.conversation.rewrite import Rewrite
 from pipeline.conversation.router import DIRECT, Route
@@ -28,8 +28,7 @@ from pipeline.ingestion.service import IngestBusy, UploadResult
 from pipeline.kb_access import KBAccess, Reader
 from pipeline.models.paths import embedding_model_id, resolve_model_dir
 from pipeline.ops import backup as backup_ops
-from pipeline.ops.audit import KBAuditor, ModelIds
-from pipeline.ops.repair import KBRepairer, RepairHooks
+from pipeline.ops.audit import ModelIds
 from pipeline.retrieval.result import RetrievalResult
 from pipeline.retrieval.service import default_min_similarity
 from pipeline.retry_cache import StoredRetrievals
@@ -78,13 +77,9 @@ class Engine:
                                 on_engine=self._reload_from_elsewhere)
         self._rebuild = Rebuild(c, lambda: self._settings, on_done=self._after_rebuild)
         self._access = KBAccess(c.kbs)  # per-KB readers: every read below takes a `reader` (None = everyone)
-        vectors = c.kbs.all_vectors  # audit / repair / backup look at every knowledge base
-        self.auditor = KBAuditor(c.docs, vectors, c.files, c.tokenizer, self._model_ids,
-                                 bm25_ids=vectors.bm25_indexed_ids, has_job=self._has_job, gate=c.gate)
-        self.repairer = KBRepairer(self.auditor, c.docs, vectors, c.files, c.tokenizer, c.gate, RepairHooks(
-            embed=lambda texts: c.models.embedding.embed_model.get_text_embedding_batch(texts),
-            model=lambda: (c.models.embedding.model_id, c.models.embedding.dim),
-            requeue=c.ingest.enqueue, rebuild_bm25=self._after_ingest, on_model_fixed=self._refresh_model_warning))
+        self.auditor, self.repairer = build_ops(c, model_ids=self._model_ids, has_job=self._has_job,
+                                                rebuild_bm25=self._after_ingest,
+                                                on_model_fixed=self._refresh_model_warning)
         self._lock = threading.RLock()
         if load_async:
             threading.Thread(target=self._load_guarded, name="engine-load", daemon=True).start()
