@@ -31,7 +31,7 @@ from pipeline.ops.audit import KBAuditor
 from pipeline.ops.repair import KBRepairer, RepairHooks
 from pipeline.retrieval.bm25 import BM25Index
 from pipeline.retrieval.gate_background import GateBackground, GateBackgrounds
-from pipeline.retrieval.nodes import kb_ids_of, node_meta
+from pipeline.retrieval.nodes import kb_id_of, kb_ids_of
 from pipeline.retrieval.rerank import CrossEncoder, load_cross_encoder
 from pipeline.retrieval.service import RetrievalService
 from pipeline.settings import Settings
@@ -48,7 +48,6 @@ from store.gate_stats import GateStatsStore
 from store.jobs import JobStore
 from store.knowledge_bases import KBStore
 from store.leases import LeaseStore
-from store.migrations import DEFAULT_KB_ID
 from store.retrievals import RetrievalStore
 from store.shared_state import SharedState
 from store.vectors import VectorStore
@@ -223,7 +222,7 @@ def _stored(c: Components, nodes) -> list | None:
     collection of its own knowledge base."""
     by_id: dict[int, list] = {}
     for kb_id in kb_ids_of(nodes):
-        ids = [int(n.node.node_id) for n in nodes if (node_meta(n).get("kb_id") or DEFAULT_KB_ID) == kb_id]
+        ids = [int(n.node.node_id) for n in nodes if kb_id_of(n) == kb_id]
         by_id.update(c.kbs.get(kb_id).vectors.embeddings_of(ids))
     return [by_id.get(int(n.node.node_id)) for n in nodes]
 

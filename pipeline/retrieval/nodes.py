@@ -11,6 +11,8 @@ from typing import Any
 
 from llama_index.core.schema import MetadataMode, TextNode
 
+from store.migrations import DEFAULT_KB_ID
+
 # chunk_ids → {chunk_id: row dict} (store.documents.DocumentStore.get_chunks)
 ChunkLookup = Callable[[list[int]], dict[int, dict]]
 
@@ -43,11 +45,14 @@ def node_meta(nws: Any) -> dict:
     return dict(getattr(node, "metadata", None) or {})
 
 
-def kb_ids_of(nodes: Any) -> list[int]:
-    """The knowledge bases the nodes come from (sorted; a node without a kb_id is the default one's)."""
-    from store.migrations import DEFAULT_KB_ID
+def kb_id_of(nws: Any) -> int:
+    """The knowledge base a node comes from (a node without a kb_id is the default one's)."""
+    return node_meta(nws).get("kb_id") or DEFAULT_KB_ID
 
-    return sorted({node_meta(n).get("kb_id") or DEFAULT_KB_ID for n in nodes})
+
+def kb_ids_of(nodes: Any) -> list[int]:
+    """The knowledge bases the nodes come from, sorted."""
+    return sorted({kb_id_of(n) for n in nodes})
 
 
 def page_of(meta: dict) -> Any:
