@@ -27,7 +27,8 @@ from tools.extractive_dataset import dureader_spans, holds_answer
 _MARKS = re.compile(r"\*\*|\[\d{1,3}\]")
 
 
-def answer_metrics(engine, questions, spans: dict[str, list[str]] | None = None) -> dict:
+def answer_metrics(engine, questions, spans: dict[str, list[str]] | None = None, keep_rows: bool = False) -> dict:
+    """The metrics below over `questions`; keep_rows adds each question's row (outcome flags, gate score)."""
     spans = spans or {}
     rows = []
     for q in questions:
@@ -41,7 +42,8 @@ def answer_metrics(engine, questions, spans: dict[str, list[str]] | None = None)
         hit = not refused and not not_found and any(holds_answer(ln, q.answers, sp) for ln in lines if ln)
         top1 = bool(r["sources"]) and holds_answer(r["sources"][0]["text"], q.answers, sp)
         rows.append({"q": q.text, "hit": hit, "top1": top1, "refused": refused, "weak": bool(r.get("weak")),
-                     "not_found": not_found, "sentences": 0 if refused or not_found else len(lines), "ms": ms})
+                     "not_found": not_found, "sentences": 0 if refused or not_found else len(lines), "ms": ms,
+                     "score": ((r.get("trace") or {}).get("gate") or {}).get("score")})
     n = max(len(rows), 1)
     answered = [x for x in rows if not x["refused"] and not x["not_found"]]
     return {
@@ -54,7 +56,7 @@ def answer_metrics(engine, questions, spans: dict[str, list[str]] | None = None)
         "sentences": round(float(np.mean([x["sentences"] for x in answered])), 2) if answered else 0.0,
         "p50_ms": round(float(np.percentile([x["ms"] for x in rows], 50)), 1) if rows else None,
         "p95_ms": round(float(np.percentile([x["ms"] for x in rows], 95)), 1) if rows else None,
-    }
+    } | ({"rows": rows} if keep_rows else {})
 
 
 def print_answers(name: str, m: dict) -> None:

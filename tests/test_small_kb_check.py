@@ -1,0 +1,56 @@
+"""tools/small_kb_check.py: whole-article knowledge bases, the outcome counts and the per-KB oracle curve."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from tools import small_kb_check as sk
+
+DATA = Path(__file__).resolve().parents[1].parent / "shared" / "data"
+XQUAD = DATA / "xquad" / "xquad.zh.json"
+
+
+def test_whole_articles_become_one_document_each_and_negatives_come_from_the_others():
+    corpus, others = sk.articles_corpus(XQUAD, 3, seed=5)
+    data = json.loads(XQUAD.read_text(encoding="utf-8"))["data"]
+    assert len(corpus.docs) == 3
+    by_key = {f"article{i}": a for i, a in enumerate(data)}
+    for key, text in corpus.docs.items():
+        paragraphs = [p["context"] for p in by_key[key]["paragraphs"]]
+        assert text == "\n\n".join(paragraphs)  # the article whole, not one passage
+    inside_q = {q.text for q in corpus.questions}
+    assert all(next(iter(q.gold_docs)) in corpus.docs for q in corpus.questions)
+    assert inside_q and others and not inside_q & {q.text for q in others}
+    assert len(corpus.questions) + len(others) == sum(1 for a in data for _ in sk._qas(a))
+    again, _ = sk.articles_corpus(XQUAD, 3, seed=5)
+    assert list(again.docs) == list(corpus.docs)  # the seed decides the draw
+
+
+def test_outcomes_and_oracle_curve_arithmetic():
+    assert sk.outcome({"sources": [], "answer": "根据现有资料无法回答", "trace": {"gate": {"score": -3.0}}}) \
+        == ("refused", -3.0)
+    assert sk.outcome({"sources": [{"text": "x"}], "answer": "资料中未找到直接回答该问题的内容", "trace": None})[0] \
+        == "not_found"
+    assert sk.outcome({"sources": [{"text": "x"}], "answer": "a [1]", "weak": True})[0] == "weak"
+    rows = [{"outcome": k} for k in ("refused", "refused", "weak", "answered")]
+    assert sk.shares(rows) == {"refused": 0.5, "weak": 0.25, "not_found": 0.0, "answered": 0.25}
+    answerable = [{"score": float(s)} for s in range(100)]  # quantiles 1% 0.99, 2% 1.98, 3% 2.97, 5% 4.95
+    negatives = [{"score": s} for s in (0.5, 1.5, 3.0, 4.0, 10.0)]
+    assert sk.oracle_curve(answerable, negatives) == {"1%": 0.2, "2%": 0.4, "3%": 0.4, "5%": 0.8}
+    assert sk.oracle_curve([], negatives) == {}
+
+
+@pytest.mark.slow
+def test_small_kb_run_end_to_end(tmp_path):
+    out = tmp_path / "small.json"
+    assert sk.main(["--squad", str(XQUAD), "--articles", "2", "--seed", "1", "--questions", "12",
+                    "--negatives", "8", "--search", "", "--json", str(out)]) == 0
+    m = json.loads(out.read_text(encoding="utf-8"))
+    assert m["articles"] == 2 and m["chunks"] > 2
+    assert m["answers"]["questions"] == 12
+    assert m["routes"]["fused"]["hit@5"] >= 0.75  # two articles: the answer's chunk is near the top
+    assert sum(m["answerable"].values()) == pytest.approx(1.0, abs=1e-3)
+    assert m["out_of_kb_same_style"]["n"] <= 8 and m["out_of_kb_search"]["n"] == 0
+    assert set(m["oracle_same_style"]) <= {"1%", "2%", "3%", "5%"}
