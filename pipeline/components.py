@@ -33,6 +33,7 @@ from pipeline.retrieval.bm25 import BM25Index
 from pipeline.retrieval.gate_background import GateBackground, GateBackgrounds
 from pipeline.retrieval.nodes import kb_id_of, kb_ids_of
 from pipeline.retrieval.rerank import CrossEncoder, load_cross_encoder
+from pipeline.retrieval.sentence_evidence import SentenceEvidence
 from pipeline.retrieval.service import RetrievalService
 from pipeline.settings import Settings
 from pipeline.tokenize_zh import ChineseTokenizer
@@ -202,7 +203,8 @@ def load_models(c: Components, s: Settings) -> Models:
     c.retrieval = RetrievalService(
         c.docs, c.kbs, c.tokenizer, emb.embed_model, models.cross_encoder,
         pending_vectors=c.docs.pending_chunk_count, vector_enabled=lambda: models.model_warning is None,
-        embedding_model=emb.model_id, background=lambda kb_ids: c.gate_background.current(kb_ids))
+        embedding_model=emb.model_id, background=lambda kb_ids: c.gate_background.current(kb_ids),
+        sentences=SentenceEvidence(emb.embed_model))
     # One background per knowledge base, its probes scored over that knowledge base alone with the settings of
     # this load (recall size / fusion barely move their best cosine).
     c.gate_background = GateBackgrounds(c.gate_stats, lambda kb_id: GateBackground(

@@ -93,7 +93,11 @@ class GateInfo(TypedDict):
     weak: NotRequired[bool]
     reason: NotRequired[str]
     similarity_z: NotRequired[float | None]
+    similarity_above: NotRequired[float | None]     # best cosine above the KB's background median, ×100
     background_median: NotRequired[float | None]
+    best_sentence: NotRequired[float | None]        # second stage only (stage == "full")
+    sentence_above: NotRequired[float | None]
+    stage: NotRequired[Literal["quick", "full"] | None]
     coverage: NotRequired[float]
     phrase_coverage: NotRequired[float]
     agreement: NotRequired[float]

@@ -22,8 +22,12 @@ from store.gate_stats import GateStatsStore
 from tests.live import engine_with_texts
 from tests.test_support import DOCS
 
-BG = Background(probes=64, sim_median=0.85, sim_scale=0.01, cov_median=0.1, cov_scale=0.1)
-MODEL = GateModel(coef=(1.0, 5.0, 2.0), bias=-6.0, refuse_below=-2.0, answer_at=0.5)
+BG = Background(probes=64, sim_median=0.85, sim_scale=0.01, cov_median=0.1, cov_scale=0.1, sent_median=0.84)
+# quick = -6 + 100·(sim − 0.85) + 5·coverage·phrase + 2·top_agreement;
+# full  = -6 + 100·(sim − 0.85) + 100·(best sentence − 0.84) + 5·coverage·phrase + 2·top_agreement
+MODEL = GateModel(coef=(1.0, 1.0, 5.0, 2.0), bias=-6.0, refuse_below=-2.0, answer_at=0.5,
+                  quick_coef=(1.0, 5.0, 2.0), quick_bias=-6.0, quick_refuse_below=-2.5, quick_answer_at=0.0,
+                  sure_refuse=-4.0, sure_answer=2.0)
 
 
 def feats(sim: float, cov: float = 0.0, phrase: float = 0.0, top_agree: float = 0.0) -> GateFeatures:
@@ -32,16 +36,48 @@ def feats(sim: float, cov: float = 0.0, phrase: float = 0.0, top_agree: float = 
                         top_agreement=top_agree, bm25_top=0.0, n_terms=3)
 
 
+class Sentence:
+    """The sentence-evidence callback, counting its calls."""
+
+    def __init__(self, value):
+        self.value, self.calls = value, 0
+
+    def __call__(self):
+        self.calls += 1
+        return self.value
+
+
 # --- the decision ------------------------------------------------------------------------------------------------
-def test_three_outcomes_from_the_score():
-    # score = -6 + z + 5·coverage·phrase + 2·top_agreement, z = (sim - 0.85) / 0.01
-    assert decide(feats(0.88, 0.9, 0.8, 1), BG, 0.5, model=MODEL).outcome == ANSWER  # -6+3+3.6+2 = 2.6
-    assert decide(feats(0.86, 0.5, 0.2), BG, 0.5, model=MODEL).outcome == REFUSE     # -6+1+0.5 = -4.5
-    d = decide(feats(0.87, 0.6, 0.5, 1), BG, 0.5, model=MODEL)                       # -6+2+1.5+2 = -0.5
-    assert d.outcome == WEAK and d.weak and d.hit and d.reason == "资料相关度较低，请核对原文"
-    d = decide(feats(0.85, 0.1, 0.0), BG, 0.5, model=MODEL)                          # -6+0+0 = -6
-    assert d.outcome == REFUSE and not d.hit
-    assert pytest.approx(d.score) == -6.0
+def test_quick_score_decides_clear_cases_without_the_sentence_evidence():
+    sent = Sentence(0.99)
+    d = decide(feats(0.88, 0.9, 0.8, 1), BG, 0.5, model=MODEL, sentence=sent)  # quick -6+3+3.6+2 = 2.6 ≥ 2
+    assert d.outcome == ANSWER and d.stage == "quick" and pytest.approx(d.score) == 2.6
+    d = decide(feats(0.85, 0.1, 0.0), BG, 0.5, model=MODEL, sentence=sent)     # quick -6 < -4
+    assert d.outcome == REFUSE and not d.hit and d.stage == "quick" and pytest.approx(d.score) == -6.0
+    assert sent.calls == 0  # neither paid for embedding sentences
+    assert d.trace()["stage"] == "quick" and d.trace()["best_sentence"] is None
+
+
+def test_open_band_is_decided_by_the_full_model_with_the_sentence_evidence():
+    f = feats(0.87, 0.6, 0.5, 1)  # quick -6+2+1.5+2 = -0.5: between sure_refuse and sure_answer
+    for best, outcome, score in ((0.87, ANSWER, 2.5), (0.83, WEAK, -1.5), (0.80, REFUSE, -4.5)):
+        sent = Sentence(best)
+        d = decide(f, BG, 0.5, model=MODEL, sentence=sent)  # full = -0.5 + 100·(best − 0.84)
+        assert (d.outcome, d.stage) == (outcome, "full") and pytest.approx(d.score) == score and sent.calls == 1
+        t = d.trace()
+        assert t["best_sentence"] == pytest.approx(best) and t["sentence_above"] == pytest.approx((best - 0.84) * 100)
+    d = decide(feats(0.87, 0.6, 0.5, 1), BG, 0.5, model=MODEL, sentence=Sentence(0.83))
+    assert d.weak and d.hit and d.reason == "资料相关度较低，请核对原文"
+
+
+def test_without_sentence_evidence_the_quick_score_keeps_its_own_thresholds():
+    f = feats(0.87, 0.6, 0.5, 1)  # quick -0.5: ≥ quick_refuse_below -2.5, < quick_answer_at 0 → weak
+    assert decide(f, BG, 0.5, model=MODEL, sentence=Sentence(None)).outcome == WEAK
+    assert decide(f, BG, 0.5, model=MODEL).stage == "quick"  # no callback (no embedding model)
+    old_row = Background(probes=64, sim_median=0.85, sim_scale=0.01, cov_median=0.1, cov_scale=0.1)
+    sent = Sentence(0.99)
+    d = decide(f, old_row, 0.5, model=MODEL, sentence=sent)  # a background measured without sentence values
+    assert d.outcome == WEAK and d.stage == "quick" and sent.calls == 0
 
 
 def test_hard_floor_refuses_whatever_the_score():
@@ -108,7 +144,7 @@ def test_background_is_stored_and_refreshed_when_the_kb_changes(tmp_path):
     assert len(calls) == 3 and first.probes == 3
     row = sqlite3.connect(tmp_path / "app.db").execute(
         "SELECT fingerprint, stats FROM kb_gate_background WHERE kb_id = 1").fetchone()
-    assert row[0] == "model-a|3|3|3" and '"sim_median"' in row[1]
+    assert row[0] == "model-a|3|3|3|s" and '"sim_median"' in row[1]
     assert bg.current() is first and len(calls) == 3  # same snapshot: no probe is scored again
     # a restart over the same data: read from SQLite, not measured again
     again = GateBackground(GateStatsStore(db), lambda: "model-a", probe, lambda: snapshot[0], probes=["甲", "乙", "丙"])
@@ -241,3 +277,56 @@ def test_gate_line_in_the_trace_names_route_agreement():
     agreed = decide(feats(0.88, 0.9, 0.8, 1), BG, 0.5, model=MODEL).trace() | {"routes_agree": True}
     assert "两路首选一致" in render_gate(agreed) and "不一致" not in render_gate(agreed)
     assert "两路首选不一致" in render_gate(agreed | {"routes_agree": False})
+
+
+# --- the second stage: sentence evidence -----------------------------------------------------------------------
+class CountingEmbedder:
+    """A deterministic stand-in for the embedding model that records what it was asked to embed."""
+
+    def __init__(self):
+        self.embedded: list[str] = []
+
+    def get_text_embedding_batch(self, texts):
+        self.embedded += texts
+        return [[float(len(t)), float(t.count("退")), 1.0] for t in texts]
+
+
+def test_sentence_evidence_is_the_best_sentence_and_embeds_each_sentence_once():
+    from pipeline.retrieval.sentence_evidence import SentenceEvidence
+
+    emb = CountingEmbedder()
+    ev = SentenceEvidence(emb, top=2, cache_size=3)
+    nodes = [NodeWithScore(node=TextNode(text="商品七天内可退货。退款三日到账。"), score=0.9),
+             NodeWithScore(node=TextNode(text="运费由买家承担。"), score=0.8),
+             NodeWithScore(node=TextNode(text="第三块不读。"), score=0.7)]
+    q = [0.0, 1.0, 0.0]  # points at sentences mentioning 退: cosine = count / norm
+    best = ev.best(q, nodes)
+    vecs = {s: np.array([len(s), s.count("退"), 1.0]) for s in ("商品七天内可退货。", "退款三日到账。", "运费由买家承担。")}
+    assert best == pytest.approx(max(v[1] / np.linalg.norm(v) for v in vecs.values()), abs=1e-6)
+    assert sorted(emb.embedded) == sorted(vecs)  # the top-2 chunks' sentences, the third chunk untouched
+    assert ev.best(q, nodes) == pytest.approx(best) and len(emb.embedded) == 3  # cached: nothing embedded again
+    ev.best(q, [NodeWithScore(node=TextNode(text="另一句。"), score=0.5)])
+    assert len(ev._cache) == 3  # bounded: the oldest went
+    assert ev.best(None, nodes) is None and ev.best(q, []) is None
+
+
+def test_engine_measures_the_sentence_evidence_in_the_open_band_only(engine):
+    c = engine.components
+    bg = c.gate_background.current()
+    assert bg.sent_median is not None and len(bg.probe_sents) == bg.probes  # probes measured with it
+    f = c.retrieval.measure_gate("退货期限是几天？", engine.settings)
+    assert f.best_sentence is not None and f.best_sentence >= f.max_similarity - 0.05
+    seen = []
+    real = c.retrieval.sentences.best
+    c.retrieval.sentences.best = lambda q, nodes: seen.append(1) or real(q, nodes)
+    try:
+        stages = []
+        for q in ("退货期限是几天？", "梅西在哪一年获得了世界杯冠军？", "运费谁承担？", "发票怎么开？", "会员积分能换什么？"):
+            gate = c.retrieval.retrieve(q, engine.settings).gate
+            assert gate["stage"] in (None, "quick", "full")  # None: the hard floor decided before the model
+            assert (gate["best_sentence"] is not None) == (gate["stage"] == "full")
+            stages.append(gate["stage"])
+        assert len(seen) == stages.count("full")  # embedded sentences only for the questions the quick score left open
+        assert "quick" in stages and "full" in stages, stages  # both stages occur on these five
+    finally:
+        c.retrieval.sentences.best = real

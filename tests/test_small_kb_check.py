@@ -54,3 +54,24 @@ def test_small_kb_run_end_to_end(tmp_path):
     assert sum(m["answerable"].values()) == pytest.approx(1.0, abs=1e-3)
     assert m["out_of_kb_same_style"]["n"] <= 8 and m["out_of_kb_search"]["n"] == 0
     assert set(m["oracle_same_style"]) <= {"1%", "2%", "3%", "5%"}
+
+
+@pytest.mark.slow
+def test_a_negative_whose_answer_stands_in_the_kb_is_dropped_even_when_refused(tmp_path):
+    from pipeline.engine import Engine
+    from tools.evaluate import Question, build_kb
+
+    corpus, _ = sk.articles_corpus(XQUAD, 1, seed=3)
+    engine = Engine(tmp_path / "data")
+    try:
+        build_kb(engine, corpus, tmp_path)
+        engine.wait_idle()
+        inside = corpus.questions[0]
+        assert sk.answer_here(engine, inside)  # its answer is in this KB: not a clean negative
+        off_topic = Question("红烧肉怎么做才好吃？", set(), ["冰糖"])
+        assert not sk.answer_here(engine, off_topic)
+        # the drop is decided before asking: the answer's sources (empty when refused) play no part
+        kept = sk.ask_all(engine, [inside, off_topic], skip_if_answer_here=True)
+        assert [r["q"] for r in kept] == [off_topic.text]
+    finally:
+        engine.close()

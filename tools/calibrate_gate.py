@@ -3,13 +3,17 @@
     python -m tools.gate_dataset --kb-cache DIR --out GATE_DIR      # per-question features (minutes, once)
     python -m tools.calibrate_gate --dumps GATE_DIR [--json OUT]     # fit + left-out table (seconds)
 
-For every dev set in turn: fit the gate's logistic model on the OTHER sets only — positives their answerable
-questions, negatives questions of further sets (out of that KB) and their own questions with the gold removed;
-the left-out set's questions appear nowhere in training — choose the thresholds on those training sets
-(refuse_below: the lowest FR_QUANTILE-quantile of answerable scores over the training sets; answer_at: the
-lowest WEAK_QUANTILE-quantile), then score the left-out set's knowledge base: false refusals and weak share
-of its answerable questions, refusals of out-of-KB questions (those whose answer string stands in this KB's
-top-6 are not counted as negatives), refusals of its gold-removed questions.
+For every dev set in turn: fit the gate's two logistic models on the OTHER sets only — positives their
+answerable questions, negatives questions of further sets (out of that KB) and their own questions with the gold
+removed; the left-out set's questions appear nowhere in training. The quick model reads the cheap inputs, the
+full model adds the sentence evidence. Thresholds come from those training sets: refuse_below (each model) the
+lowest FR_QUANTILE-quantile of answerable scores over the training sets, answer_at the lowest WEAK_QUANTILE one;
+the quick score's open band is [sure_refuse, sure_answer): below the lowest SURE_REFUSE_QUANTILE-quantile of
+answerable quick scores a question is refused without the sentence evidence, at or above the highest
+SURE_ANSWER_QUANTILE-quantile of a training KB's negatives it is answered without it. The left-out set's
+knowledge base is then scored by gate.decide itself: false refusals and weak share of its answerable questions,
+refusals of out-of-KB questions (those whose answer string stands in this KB's top-6 are not counted as
+negatives), refusals of its gold-removed questions, and how many questions needed the sentence evidence.
 Last, the same fit on all sets gives the shipped model (printed as a GateModel line for gate.py) and the
 calibrated hard floor min_similarity for the embedding model the dumps were made with.
 """
@@ -24,7 +28,7 @@ from pathlib import Path
 
 import numpy as np
 
-from pipeline.retrieval.gate import INPUTS, GateModel, gate_inputs
+from pipeline.retrieval.gate import INPUTS, REFUSE, WEAK, GateModel, decide, gate_inputs, quick_inputs
 from pipeline.retrieval.gate_background import Background, summarize
 from pipeline.retrieval.gate_features import GateFeatures
 from tools.cli import print_md_table
@@ -32,6 +36,8 @@ from tools.cli import print_md_table
 FR_QUANTILE = 0.025    # refuse below the 2.5% quantile of answerable scores (the lowest over training sets)
 WEAK_QUANTILE = 0.08   # weak below the 8% quantile
 FLOOR_QUANTILE = 0.002  # hard floor: under the 0.2% quantile of answerable cosines of every set
+SURE_REFUSE_QUANTILE = 0.005  # quick score below the lowest 0.5% quantile of answerable ones: refuse at once
+SURE_ANSWER_QUANTILE = 0.99   # at/above the highest 99% quantile of a training KB's negatives: answer at once
 L2 = 1e-2
 
 
@@ -43,6 +49,9 @@ def load(dumps: Path) -> tuple[list[dict], dict[str, Background]]:
         if missing:
             raise SystemExit(f"{dumps}: dump rows lack {', '.join(missing)} — made by an older tools.gate_dataset; "
                              "run it again")
+        if r["f"].get("best_sentence") is None:
+            raise SystemExit(f"{dumps}: dump rows lack the sentence evidence (best_sentence) — made by an older "
+                             "tools.gate_dataset; run it again")
         r["feat"] = GateFeatures(**{k: r["f"][k] for k in GateFeatures.__dataclass_fields__ if k in r["f"]})
     kbs = sorted({r["kb"] for r in rows})
     bg = {kb: summarize([r["feat"] for r in rows if r["kb"] == kb and r["kind"] == "probe"]) for kb in kbs}
@@ -67,35 +76,60 @@ def fit_logistic(x: np.ndarray, y: np.ndarray, w: np.ndarray, iters: int = 50) -
     return coef, float(beta[-1] - (coef * mu).sum())
 
 
-def fit(train: list[dict], bg: dict[str, Background]) -> GateModel:
-    x = np.array([gate_inputs(r["feat"], bg[r["kb"]]) for r in train])
+def _logistic(train: list[dict], bg: dict[str, Background], inputs) -> tuple[np.ndarray, float, dict]:
+    """Fit one model (each KB and class weighing alike); returns coef, bias and each training KB's scores."""
+    x = np.array([inputs(r["feat"], bg[r["kb"]]) for r in train])
     y = np.array([r["kind"] == "answerable" for r in train], dtype=float)
     count = collections.Counter((r["kb"], r["kind"] == "answerable") for r in train)
-    w = np.array([1.0 / count[(r["kb"], r["kind"] == "answerable")] for r in train])  # each KB and class alike
+    w = np.array([1.0 / count[(r["kb"], r["kind"] == "answerable")] for r in train])
     coef, bias = fit_logistic(x, y, w)
-    model = GateModel(tuple(float(c) for c in coef), bias, 0.0, 0.0)
-    per_kb = collections.defaultdict(list)
-    for r in train:
-        if r["kind"] == "answerable":
-            per_kb[r["kb"]].append(model.score(r["feat"], bg[r["kb"]]))
-    refuse = min(float(np.quantile(v, FR_QUANTILE)) for v in per_kb.values())
-    answer = max(refuse, min(float(np.quantile(v, WEAK_QUANTILE)) for v in per_kb.values()))
-    return GateModel(model.coef, model.bias, refuse, answer)
+    scores: dict = collections.defaultdict(lambda: {"answerable": [], "negative": []})
+    for r, s in zip(train, x @ coef + bias):
+        scores[r["kb"]]["answerable" if r["kind"] == "answerable" else "negative"].append(float(s))
+    return coef, bias, scores
+
+
+def _lowest(scores: dict, q: float) -> float:
+    return min(float(np.quantile(v["answerable"], q)) for v in scores.values())
+
+
+def fit(train: list[dict], bg: dict[str, Background]) -> GateModel:
+    qc, qb, qs = _logistic(train, bg, quick_inputs)
+    fc, fb, fs = _logistic(train, bg, gate_inputs)
+    refuse, quick_refuse = _lowest(fs, FR_QUANTILE), _lowest(qs, FR_QUANTILE)
+    sure_answer = max(float(np.quantile(v["negative"], SURE_ANSWER_QUANTILE)) for v in qs.values() if v["negative"])
+    return GateModel(coef=tuple(float(c) for c in fc), bias=fb, refuse_below=refuse,
+                     answer_at=max(refuse, _lowest(fs, WEAK_QUANTILE)),
+                     quick_coef=tuple(float(c) for c in qc), quick_bias=qb, quick_refuse_below=quick_refuse,
+                     quick_answer_at=max(quick_refuse, _lowest(qs, WEAK_QUANTILE)),
+                     sure_refuse=min(_lowest(qs, SURE_REFUSE_QUANTILE), quick_refuse),
+                     sure_answer=max(sure_answer, _lowest(qs, WEAK_QUANTILE)))
 
 
 def score_set(model: GateModel, rows: list[dict], bg: Background) -> dict:
-    def scores(kind):
-        return np.array([model.score(r["feat"], bg) for r in rows if r["kind"] == kind])
+    """The left-out KB's outcomes as the app decides them (gate.decide; the dumps carry the sentence evidence)."""
+    got = {k: [] for k in ("answerable", "out_of_kb", "gold_removed")}
+    for r in rows:
+        d = decide(r["feat"], bg, 0.0, True, model)
+        got[r["kind"]].append((d.outcome, d.stage == "full"))
 
-    a, o, g = scores("answerable"), scores("out_of_kb"), scores("gold_removed")
+    def share(kind, *outcomes):
+        return _share(np.array([o in outcomes for o, _ in got[kind]]))
+
     return {
-        "answerable": len(a), "false_refusals": _share(a < model.refuse_below),
-        "weak": _share((a >= model.refuse_below) & (a < model.answer_at)),
-        "out_of_kb": len(o), "out_of_kb_refused": _share(o < model.refuse_below),
-        "out_of_kb_weak": _share((o >= model.refuse_below) & (o < model.answer_at)),
-        "gold_removed": len(g), "gold_removed_refused": _share(g < model.refuse_below),
-        "gold_removed_weak": _share((g >= model.refuse_below) & (g < model.answer_at)),
+        "answerable": len(got["answerable"]), "false_refusals": share("answerable", REFUSE),
+        "weak": share("answerable", WEAK),
+        "out_of_kb": len(got["out_of_kb"]), "out_of_kb_refused": share("out_of_kb", REFUSE),
+        "out_of_kb_weak": share("out_of_kb", WEAK),
+        "gold_removed": len(got["gold_removed"]), "gold_removed_refused": share("gold_removed", REFUSE),
+        "gold_removed_weak": share("gold_removed", WEAK),
+        "sentence_stage_answerable": _share(np.array([f for _, f in got["answerable"]])),
+        "sentence_stage_out_of_kb": _share(np.array([f for _, f in got["out_of_kb"]])),
     }
+
+
+def _fmt(v) -> str:
+    return f"({', '.join(f'{c:.4f}' for c in v)})" if isinstance(v, tuple) else f"{v:.4f}"
 
 
 def _share(mask: np.ndarray) -> float:
@@ -122,10 +156,12 @@ def hard_floor(rows: list[dict]) -> float:
 
 def print_table(result: dict[str, dict]) -> None:
     print_md_table(["left-out set", "answerable", "false refusals", "weak", "out-of-KB", "out-of-KB refused (weak)",
-                    "gold removed", "gold removed refused (weak)"],
+                    "gold removed", "gold removed refused (weak)", "sentence stage: answerable / out-of-KB"],
                    [[name, m["answerable"], f"{m['false_refusals']:.1%}", f"{m['weak']:.1%}", m["out_of_kb"],
                      f"{m['out_of_kb_refused']:.1%} ({m['out_of_kb_weak']:.1%})", m["gold_removed"],
-                     f"{m['gold_removed_refused']:.1%} ({m['gold_removed_weak']:.1%})"] for name, m in result.items()])
+                     f"{m['gold_removed_refused']:.1%} ({m['gold_removed_weak']:.1%})",
+                     f"{m['sentence_stage_answerable']:.0%} / {m['sentence_stage_out_of_kb']:.0%}"]
+                    for name, m in result.items()])
 
 
 def main(argv=None) -> int:
@@ -139,12 +175,12 @@ def main(argv=None) -> int:
         ap.error("leave-one-set-out needs the dumps of at least two sets")
     result = leave_one_set_out(rows, bg)
     print(f"inputs: {', '.join(INPUTS)}; backgrounds: " +
-          ", ".join(f"{k} median {b.sim_median:.4f} scale {b.sim_scale:.4f}" for k, b in bg.items()))
+          ", ".join(f"{k} median {b.sim_median:.4f} sentence median {b.sent_median:.4f}" for k, b in bg.items()))
     print_table(result)
     shipped = fit(rows, bg)
     floor = hard_floor(rows)
-    print(f"\nall sets → SHIPPED = GateModel(coef=({', '.join(f'{c:.4f}' for c in shipped.coef)}), "
-          f"bias={shipped.bias:.4f}, refuse_below={shipped.refuse_below:.4f}, answer_at={shipped.answer_at:.4f})")
+    fields = ", ".join(f"{k}={_fmt(v)}" for k, v in dataclasses.asdict(shipped).items())
+    print(f"\nall sets → SHIPPED = GateModel({fields})")
     print(f"hard floor (min_similarity) for this embedding model: {floor:.2f}")
     print("\nshipped model on each set (in-sample):")
     print_table({k: score_set(shipped, [r for r in rows if r["kb"] == k], bg[k]) for k in sorted(bg)})

@@ -9,7 +9,8 @@ For each dev-set knowledge base (tools/kb_cache.py) writes OUT/<name>.jsonl, one
                         results) — unanswerable questions about the same documents;
          "out_of_kb"    questions of the other dev sets (their passages are not in this knowledge base);
          "probe"        the background probes (pipeline/retrieval/gate_probes.py), as the app measures them.
-Features are pipeline.retrieval.gate_features.measure over the same retrieval the app runs.
+Features are pipeline.retrieval.gate_features.measure over the same retrieval the app runs, with the sentence
+evidence (pipeline/retrieval/sentence_evidence.py) measured for every row.
 """
 from __future__ import annotations
 
@@ -38,8 +39,10 @@ def _measured(engine, question: str, exclude=None):
     (HybridRetriever.run's `keep`), so the negatives are fused exactly as the app fuses."""
     rs = engine.components.retrieval
     keep = (lambda n: not exclude(n)) if exclude else None
-    _, fusion, _ = rs.recall(question, engine.settings, recall=DEEP_RECALL if exclude else None, keep=keep)
-    return rs.gate_features(question, fusion).to_dict(), fusion
+    bundle, fusion, _ = rs.recall(question, engine.settings, recall=DEEP_RECALL if exclude else None, keep=keep)
+    # every row gets the sentence evidence (the app measures it only inside the quick score's open band; the
+    # calibration needs it for all rows to fit the full model and to place that band)
+    return rs.gate_features(question, fusion, query_embedding=bundle.embedding).to_dict(), fusion
 
 
 def _with_raw(engine, question: str, exclude=None) -> tuple[dict, list[NodeWithScore], dict]:

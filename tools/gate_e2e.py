@@ -30,10 +30,10 @@ def _picker_found(engine, question: str) -> bool:
 
 
 def run_set(name: str, rows: list[dict], model, root: Path, answerable: int) -> dict:
-    from pipeline.retrieval.gate import GateModel
+    from pipeline.retrieval.gate import REFUSE, GateModel, decide
     from tools.kb_cache import DEV_SETS, open_copy
 
-    m = GateModel(**model)
+    m = GateModel(**{k: tuple(v) if isinstance(v, list) else v for k, v in model.items()})
     bg = rows[0]["bg"]
     ook = [r for r in rows if r["kind"] == "out_of_kb"]
     ans = [r for r in rows if r["kind"] == "answerable"]
@@ -45,7 +45,7 @@ def run_set(name: str, rows: list[dict], model, root: Path, answerable: int) -> 
         for kind, group in (("ook", ook), ("ans", ans)):
             refused = not_found = 0
             for r in group:
-                if m.score(r["feat"], bg) < m.refuse_below:
+                if decide(r["feat"], bg, 0.0, True, m).outcome == REFUSE:
                     refused += 1
                 elif not _picker_found(engine, r["q"]):
                     not_found += 1

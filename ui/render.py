@@ -270,9 +270,12 @@ def render_gate(gate: dict) -> str:
     outcome = gate.get("outcome") or ("answer" if ok else "refuse")
     line = (f'相关性判定：{_GATE_LABELS.get(outcome, outcome)} · 最高相似度 {fmt_num(gate.get("max_similarity"), 3)}'
             f'（硬门槛 {fmt_num(gate.get("min_similarity"), 2)}）')
-    if gate.get("similarity_z") is not None:
-        line += (f' · 相对本库背景 z={fmt_num(gate.get("similarity_z"), 2)}（背景中位 '
-                 f'{fmt_num(gate.get("background_median"), 3)}）')
+    if gate.get("similarity_above") is not None:
+        line += (f' · 高出本库背景 {fmt_num(gate.get("similarity_above"), 1)}（背景中位 '
+                 f'{fmt_num(gate.get("background_median"), 3)}，单位 0.01）')
+    if gate.get("best_sentence") is not None:
+        line += (f' · 最佳句子相似度 {fmt_num(gate.get("best_sentence"), 3)}'
+                 f'（高出背景 {fmt_num(gate.get("sentence_above"), 1)}）')
     if gate.get("coverage") is not None:
         line += f' · 关键词覆盖 {fmt_num(gate.get("coverage"), 2)} · 短语覆盖 {fmt_num(gate.get("phrase_coverage"), 2)}'
     if gate.get("routes_agree") is not None:

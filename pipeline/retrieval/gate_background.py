@@ -46,6 +46,8 @@ class Background:
     measured_ms: float = 0.0
     probe_sims: tuple[float, ...] = ()  # each probe's best cosine, in PROBES order (what `combine` merges)
     probe_covs: tuple[float, ...] = ()
+    sent_median: float | None = None    # the probes' median best-sentence cosine (None: not measured)
+    probe_sents: tuple[float, ...] = ()
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -53,12 +55,21 @@ class Background:
     @classmethod
     def from_dict(cls, d: dict) -> "Background":
         got = {k: d[k] for k in cls.__dataclass_fields__ if k in d}
-        for k in ("probe_sims", "probe_covs"):
+        for k in ("probe_sims", "probe_covs", "probe_sents"):
             got[k] = tuple(float(x) for x in got.get(k, ()))
         return cls(**got)
 
     def sim_z(self, sim: float) -> float:
         return (sim - self.sim_median) / self.sim_scale
+
+    def sim_above(self, sim: float) -> float:
+        """How far a cosine stands above this KB's background median, in hundredths of cosine. The raw
+        difference, not a z: the MAD of 64 probes is a noisy scale that shrinks with the knowledge base, and
+        dividing by it moved every score of a small knowledge base up (docs/retrieval-eval.md)."""
+        return (sim - self.sim_median) * 100.0
+
+    def sent_above(self, sent: float) -> float | None:
+        return None if self.sent_median is None else (sent - self.sent_median) * 100.0
 
     def cov_z(self, cov: float) -> float:
         return (cov - self.cov_median) / self.cov_scale
@@ -71,14 +82,18 @@ def _robust(values: Sequence[float], floor: float) -> tuple[float, float]:
 
 
 def summarize(feats: Sequence[GateFeatures], measured_ms: float = 0.0) -> Background:
-    return _from_values([f.max_similarity for f in feats], [f.coverage for f in feats], measured_ms)
+    sents = [f.best_sentence for f in feats]
+    return _from_values([f.max_similarity for f in feats], [f.coverage for f in feats], measured_ms,
+                        sents if sents and all(x is not None for x in sents) else ())
 
 
-def _from_values(sims: Sequence[float], covs: Sequence[float], measured_ms: float = 0.0) -> Background:
+def _from_values(sims: Sequence[float], covs: Sequence[float], measured_ms: float = 0.0,
+                 sents: Sequence[float] = ()) -> Background:
     sim_med, sim_scale = _robust(sims, MIN_SIM_SCALE)
     cov_med, cov_scale = _robust(covs, MIN_COV_SCALE)
     return Background(len(sims), sim_med, sim_scale, cov_med, cov_scale, round(measured_ms, 1),
-                      tuple(round(float(x), 5) for x in sims), tuple(round(float(x), 4) for x in covs))
+                      tuple(round(float(x), 5) for x in sims), tuple(round(float(x), 4) for x in covs),
+                      float(np.median(sents)) if len(sents) else None, tuple(round(float(x), 5) for x in sents))
 
 
 def combine(backgrounds: Sequence[Background | None]) -> Background | None:
@@ -94,7 +109,8 @@ def combine(backgrounds: Sequence[Background | None]) -> Background | None:
         return max(got, key=lambda b: b.sim_median)
     sims = np.max([b.probe_sims for b in got], axis=0)
     covs = np.max([b.probe_covs for b in got], axis=0)
-    return _from_values(sims, covs, sum(b.measured_ms for b in got))
+    sents = np.max([b.probe_sents for b in got], axis=0) if all(len(b.probe_sents) == n for b in got) else ()
+    return _from_values(sims, covs, sum(b.measured_ms for b in got), sents)
 
 
 class GateBackground:
@@ -115,7 +131,8 @@ class GateBackground:
 
     def fingerprint(self) -> str:
         count, max_id = self.store.ready_fingerprint_parts(self.kb_id)
-        return f"{self.model_id()}|{count}|{max_id}|{len(self.probes)}"
+        # "s": rows measured with the probes' best-sentence cosine; an older row is measured again once
+        return f"{self.model_id()}|{count}|{max_id}|{len(self.probes)}|s"
 
     def refresh(self) -> Background | None:
         """Score the probes now and store the result (None for an empty knowledge base)."""

@@ -32,6 +32,9 @@ class GateFeatures:
     bm25_top: float          # BM25 score of the best lexical hit (0 when BM25 found nothing)
     n_terms: int             # content words in the question
     routes_agree: bool = False  # the plain fact behind top_agreement (shown in 检索过程; not a model input)
+    # best cosine of the question against single sentences of the fused top-3 chunks (sentence_evidence.py);
+    # None until measured: the gate asks for it only when the cheap inputs leave the outcome open
+    best_sentence: float | None = None
 
     def to_dict(self) -> dict:
         return asdict(self)

@@ -8,6 +8,7 @@ pipeline.events renders it.
 """
 from __future__ import annotations
 
+import dataclasses
 import logging
 import threading
 import time
@@ -26,6 +27,7 @@ from pipeline.retrieval.lexical import TermWeights, merged_weights, weights_for
 from pipeline.retrieval.rerank import CrossEncoder, SafeRerank, rerank_status
 from pipeline.retrieval.result import RetrievalResult, fused_row, fusion_info
 from pipeline.retrieval.scope import scoped, scoped_bm25
+from pipeline.retrieval.sentence_evidence import SentenceEvidence
 from pipeline.retrieval.vector import ReadyVectorRetriever, chroma_index, stored_cosines
 from pipeline.settings import Settings
 from pipeline.tokenize_zh import ChineseTokenizer
@@ -63,9 +65,11 @@ class RetrievalService:
                  tokenizer: ChineseTokenizer, embed_model, cross_encoder: CrossEncoder | None,
                  pending_vectors: Callable[[], int] = lambda: 0, vector_enabled: Callable[[], bool] = lambda: True,
                  embedding_model: str | None = None,
-                 background: Callable[[tuple[int, ...]], Background | None] = lambda kb_ids: None):
+                 background: Callable[[tuple[int, ...]], Background | None] = lambda kb_ids: None,
+                 sentences: SentenceEvidence | None = None):
         # the gate's background of the knowledge bases a question searches (pipeline/retrieval/gate_background.py)
         self.background = background
+        self.sentences = sentences  # the gate's second-stage evidence (None: the quick score decides alone)
         self.docs = docs
         self.kbs = kbs
         self.tokenizer = tokenizer
@@ -163,7 +167,7 @@ class RetrievalService:
         scope = self.scope(kb_ids)
         bg = self.background(scope) if s.adaptive_gate else None
         decision = decide(self.gate_features(query, fusion, scope), bg, s.min_similarity, bool(fusion.fused),
-                          adaptive=s.adaptive_gate)
+                          adaptive=s.adaptive_gate, sentence=lambda: self.best_sentence(bundle.embedding, fusion))
         res.gate, res.hit = decision.trace(), decision.hit  # plain data: stored for 重试 with the rest
         res.ms["gate"] = (time.perf_counter() - t_g) * 1000
         return res
@@ -173,14 +177,23 @@ class RetrievalService:
         indexes = [self.kbs.get(k).bm25.snapshot.bm25 for k in self.scope(kb_ids)]
         return merged_weights([weights_for(b) for b in indexes if b is not None] or [weights_for(None)])
 
-    def gate_features(self, query: str, fusion: FusionOutput, kb_ids=None) -> GateFeatures:
-        return measure(self.tokenizer(query), self.tokenizer.segments(query), self.term_weights(kb_ids),
-                       fusion.bm25, fusion.vector, fusion.fused)
+    def gate_features(self, query: str, fusion: FusionOutput, kb_ids=None,
+                      query_embedding=None) -> GateFeatures:
+        """The gate's cheap features; with query_embedding also the sentence evidence (embeds sentences)."""
+        f = measure(self.tokenizer(query), self.tokenizer.segments(query), self.term_weights(kb_ids),
+                    fusion.bm25, fusion.vector, fusion.fused)
+        if query_embedding is not None:
+            f = dataclasses.replace(f, best_sentence=self.best_sentence(query_embedding, fusion))
+        return f
+
+    def best_sentence(self, query_embedding, fusion: FusionOutput) -> float | None:
+        return self.sentences.best(query_embedding, fusion.fused) if self.sentences is not None else None
 
     def measure_gate(self, query: str, s: Settings, kb_ids=None) -> GateFeatures:
-        """Gate features of one query without a decision (how the background probes are scored, one KB each)."""
-        _, fusion, _ = self.recall(query, s, kb_ids=kb_ids)
-        return self.gate_features(query, fusion, kb_ids)
+        """Gate features of one query without a decision, the sentence evidence included (how the background
+        probes are scored, one KB each: the background needs both)."""
+        bundle, fusion, _ = self.recall(query, s, kb_ids=kb_ids)
+        return self.gate_features(query, fusion, kb_ids, bundle.embedding)
 
     def rerank_stage(self, res: RetrievalResult, s: Settings) -> RetrievalResult:
         """Cross-encoder (or its skip/fallback) over the fused candidates → the final, numbered sources."""
