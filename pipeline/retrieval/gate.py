@@ -76,9 +76,9 @@ def gate_inputs(f: GateFeatures, bg: Background) -> tuple[float, ...] | None:
 
 
 # Fitted on all five dev sets by tools/calibrate_gate.py (leave-one-set-out numbers in docs/retrieval-eval.md).
-SHIPPED = GateModel(coef=(0.4512, 0.5451, 5.5897, 0.5715), bias=-4.7503, refuse_below=-0.8962, answer_at=0.4008,
-                    quick_coef=(0.9069, 6.2733, 0.8736), quick_bias=-4.5198, quick_refuse_below=-1.2393,
-                    quick_answer_at=0.3329, sure_refuse=-2.9450, sure_answer=3.7498)
+SHIPPED = GateModel(coef=(0.4365, 0.5646, 5.5302, 0.5993), bias=-4.7288, refuse_below=-0.8430, answer_at=0.5940,
+                    quick_coef=(0.9070, 6.2739, 0.8730), quick_bias=-4.5196, quick_refuse_below=-1.2388,
+                    quick_answer_at=0.3328, sure_refuse=-2.9453, sure_answer=3.7498)
 
 
 @dataclass(frozen=True)
