@@ -330,3 +330,16 @@ def test_engine_measures_the_sentence_evidence_in_the_open_band_only(engine):
         assert "quick" in stages and "full" in stages, stages  # both stages occur on these five
     finally:
         c.retrieval.sentences.best = real
+
+
+def test_other_embedding_models_get_the_scale_free_one_stage_model():
+    from pipeline.retrieval.gate import SCALE_FREE, SHIPPED, model_for
+
+    assert model_for("packaged:multilingual-e5-small") is SHIPPED and model_for(None) is SHIPPED
+    assert model_for("/models/bge-small-zh") is SCALE_FREE and not SCALE_FREE.two_stage
+    sent = Sentence(0.99)
+    wide = Background(probes=64, sim_median=0.30, sim_scale=0.08, cov_median=0.1, cov_scale=0.1, sent_median=0.3)
+    d = decide(feats(0.62, 0.8, 0.8, 1), wide, 0.3, model=SCALE_FREE, sentence=sent)
+    # z = (0.62 − 0.30) / 0.08 = 4: the score reads the z, not a difference on e5's scale (which would be 32)
+    assert d.stage == "quick" and sent.calls == 0
+    assert d.score == pytest.approx(-4.4710 + 1.1723 * 4 + 6.4433 * 0.64 + 0.8689)

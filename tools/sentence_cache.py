@@ -20,15 +20,10 @@ from pathlib import Path
 
 import numpy as np
 
-from pipeline.generation.sentences import split_sentences
 from pipeline.models.e5_convert import PASSAGE_PREFIX, QUERY_PREFIX
+from pipeline.retrieval.sentence_evidence import chunk_sentences  # the gate's own split: one definition
 
 REPO = Path(__file__).resolve().parents[1]
-
-
-def chunk_sentences(text: str) -> list[str]:
-    """The sentences of a chunk with their closing punctuation (all of them: headings can match too)."""
-    return [p.text + p.punct for p in split_sentences(text)] or [text.strip() or " "]
 
 
 def dump_chunk_ids(dump: Path) -> tuple[list[int], list[str]]:

@@ -53,18 +53,24 @@ class GateModel:
     quick_answer_at: float
     sure_refuse: float
     sure_answer: float
+    similarity: str = "above"  # first input: "above" = 100·(cos − median) (model-scaled) | "z" (scale-free)
+
+    @property
+    def two_stage(self) -> bool:
+        return bool(self.coef)
 
     def quick(self, f: GateFeatures, bg: Background) -> float:
-        return self.quick_bias + sum(c * x for c, x in zip(self.quick_coef, quick_inputs(f, bg)))
+        return self.quick_bias + sum(c * x for c, x in zip(self.quick_coef, quick_inputs(f, bg, self.similarity)))
 
     def full(self, f: GateFeatures, bg: Background) -> float | None:
-        x = gate_inputs(f, bg)
+        x = gate_inputs(f, bg) if self.two_stage else None
         return None if x is None else self.bias + sum(c * v for c, v in zip(self.coef, x))
 
 
-def quick_inputs(f: GateFeatures, bg: Background) -> tuple[float, ...]:
-    """The quick model's inputs, in QUICK_INPUTS order."""
-    return (bg.sim_above(f.max_similarity), f.coverage * f.phrase_coverage, f.top_agreement)
+def quick_inputs(f: GateFeatures, bg: Background, similarity: str = "above") -> tuple[float, ...]:
+    """The quick model's inputs, in QUICK_INPUTS order (the first as a z-score for the scale-free model)."""
+    sim = bg.sim_z(f.max_similarity) if similarity == "z" else bg.sim_above(f.max_similarity)
+    return (sim, f.coverage * f.phrase_coverage, f.top_agreement)
 
 
 def gate_inputs(f: GateFeatures, bg: Background) -> tuple[float, ...] | None:
@@ -75,10 +81,22 @@ def gate_inputs(f: GateFeatures, bg: Background) -> tuple[float, ...] | None:
     return (bg.sim_above(f.max_similarity), sent, f.coverage * f.phrase_coverage, f.top_agreement)
 
 
-# Fitted on all five dev sets by tools/calibrate_gate.py (leave-one-set-out numbers in docs/retrieval-eval.md).
+# Fitted on all five dev sets by tools/calibrate_gate.py (leave-one-set-out numbers in docs/retrieval-eval.md)
+# with the packaged multilingual-e5-small: its inputs are differences on that model's cosine scale.
 SHIPPED = GateModel(coef=(0.4365, 0.5646, 5.5302, 0.5993), bias=-4.7288, refuse_below=-0.8430, answer_at=0.5940,
                     quick_coef=(0.9070, 6.2739, 0.8730), quick_bias=-4.5196, quick_refuse_below=-1.2388,
                     quick_answer_at=0.3328, sure_refuse=-2.9453, sure_answer=3.7498)
+SHIPPED_FOR = "packaged:multilingual-e5-small"
+# Any other embedding model: the session-2 model, one stage, its cosine input a z-score against the KB's probes
+# (scale-free, so it carries over to another model's cosine range better than a difference fitted on e5's).
+SCALE_FREE = GateModel(coef=(), bias=0.0, refuse_below=0.0, answer_at=0.0,
+                       quick_coef=(1.1723, 6.4433, 0.8689), quick_bias=-4.4710, quick_refuse_below=-1.1198,
+                       quick_answer_at=0.3399, sure_refuse=-math.inf, sure_answer=math.inf, similarity="z")
+
+
+def model_for(embedding_model: str | None) -> GateModel:
+    """The gate model fitted for this embedding model (None: the packaged one), else the scale-free one."""
+    return SHIPPED if embedding_model in (None, SHIPPED_FOR) else SCALE_FREE
 
 
 @dataclass(frozen=True)
@@ -146,7 +164,7 @@ def decide(f: GateFeatures, bg: Background | None, min_similarity: float, has_re
         return _by_score(q, math.inf, math.inf, f, bg, min_similarity, "quick")
     if q >= model.sure_answer:
         return _by_score(q, -math.inf, -math.inf, f, bg, min_similarity, "quick")
-    if f.best_sentence is None and sentence is not None and bg.sent_median is not None:
+    if model.two_stage and f.best_sentence is None and sentence is not None and bg.sent_median is not None:
         f = dataclasses.replace(f, best_sentence=sentence())
     full = model.full(f, bg)
     if full is None:  # no sentence evidence to be had: the quick score against its own thresholds

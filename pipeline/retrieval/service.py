@@ -21,6 +21,7 @@ from llama_index.core.schema import NodeWithScore, QueryBundle
 from pipeline.retrieval.bm25 import LiveBM25Retriever
 from pipeline.retrieval.fusion import FusionOutput, FusionParams, HybridRetriever
 from pipeline.retrieval.gate import decide
+from pipeline.retrieval.gate import model_for as gate_model_for
 from pipeline.retrieval.gate_background import Background
 from pipeline.retrieval.gate_features import GateFeatures, measure
 from pipeline.retrieval.lexical import TermWeights, merged_weights, weights_for
@@ -70,6 +71,7 @@ class RetrievalService:
         # the gate's background of the knowledge bases a question searches (pipeline/retrieval/gate_background.py)
         self.background = background
         self.sentences = sentences  # the gate's second-stage evidence (None: the quick score decides alone)
+        self.gate_model = gate_model_for(embedding_model)  # coefficients fitted on this model's cosine scale
         self.docs = docs
         self.kbs = kbs
         self.tokenizer = tokenizer
@@ -167,7 +169,8 @@ class RetrievalService:
         scope = self.scope(kb_ids)
         bg = self.background(scope) if s.adaptive_gate else None
         decision = decide(self.gate_features(query, fusion, scope), bg, s.min_similarity, bool(fusion.fused),
-                          adaptive=s.adaptive_gate, sentence=lambda: self.best_sentence(bundle.embedding, fusion))
+                          model=self.gate_model, adaptive=s.adaptive_gate,
+                          sentence=lambda: self.best_sentence(bundle.embedding, fusion))
         res.gate, res.hit = decision.trace(), decision.hit  # plain data: stored for 重试 with the rest
         res.ms["gate"] = (time.perf_counter() - t_g) * 1000
         return res
@@ -193,7 +196,8 @@ class RetrievalService:
         """Gate features of one query without a decision, the sentence evidence included (how the background
         probes are scored, one KB each: the background needs both)."""
         bundle, fusion, _ = self.recall(query, s, kb_ids=kb_ids)
-        return self.gate_features(query, fusion, kb_ids, bundle.embedding)
+        # the sentence evidence only where this model's gate reads it (the background probes pay for it)
+        return self.gate_features(query, fusion, kb_ids, bundle.embedding if self.gate_model.two_stage else None)
 
     def rerank_stage(self, res: RetrievalResult, s: Settings) -> RetrievalResult:
         """Cross-encoder (or its skip/fallback) over the fused candidates → the final, numbered sources."""
