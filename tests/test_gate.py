@@ -277,6 +277,9 @@ def test_gate_line_in_the_trace_names_route_agreement():
     agreed = decide(feats(0.88, 0.9, 0.8, 1), BG, 0.5, model=MODEL).trace() | {"routes_agree": True}
     assert "两路首选一致" in render_gate(agreed) and "不一致" not in render_gate(agreed)
     assert "两路首选不一致" in render_gate(agreed | {"routes_agree": False})
+    assert "高出本库背景 3.0" in render_gate(agreed) and "最佳句子" not in render_gate(agreed)  # quick stage
+    full = decide(feats(0.87, 0.6, 0.5, 1), BG, 0.5, model=MODEL, sentence=Sentence(0.83)).trace()
+    assert "最佳句子相似度 0.830（高出背景 -1.0）" in render_gate(full)
 
 
 # --- the second stage: sentence evidence -----------------------------------------------------------------------

@@ -48,6 +48,17 @@ def test_a_question_over_several_kbs_gets_the_probes_best_over_them():
     assert combine([a, old]) is old
 
 
+def test_the_probes_sentence_cosines_combine_per_probe_too():
+    a = Background(3, 0.8, 0.01, 0.0, 0.05, 0.0, (0.80, 0.81, 0.90), (0.0,) * 3, 0.85, (0.85, 0.70, 0.92))
+    b = Background(3, 0.8, 0.01, 0.0, 0.05, 0.0, (0.86, 0.70, 0.71), (0.0,) * 3, 0.80, (0.80, 0.88, 0.60))
+    both = combine([a, b])
+    assert both.probe_sents == (0.85, 0.88, 0.92) and both.sent_median == 0.88  # per probe: the best sentence
+    # a KB measured before sentence values were kept: the union has none (the gate falls back to its quick score)
+    plain = Background(3, 0.8, 0.01, 0.0, 0.05, 0.0, (0.80, 0.81, 0.90), (0.0,) * 3)
+    merged = combine([a, plain])
+    assert merged.sent_median is None and merged.probe_sims == (0.80, 0.81, 0.90)
+
+
 def test_idf_over_several_kbs_is_the_idf_of_their_union():
     a = TermWeights({"违约金": 0, "合同": 1}, np.array([1, 9]), 10)
     b = TermWeights({"诸葛亮": 0, "合同": 1}, np.array([5, 1]), 20)
