@@ -231,6 +231,9 @@ class Engine:
                 self.state = "error"
                 raise EngineError(CODE_ENGINE, f"引擎加载失败：{self.load_error}") from exc
         self.last_reload_ms = (time.perf_counter() - t0) * 1000
+        # a background stored by an older release (or for other settings) is stale: re-measure it now, off the
+        # request path, rather than in the first question (each knowledge base whose row matches is skipped)
+        self._refresh_gate_background()
         m = self.components.models
         log.info("engine ready in %.0f ms (embedding: %s, rerank: %s, llm: %s)", self.last_reload_ms,
                  m.embedding.label, self.components.retrieval.rerank_label or "无", self._settings.llm_model or "未配置")

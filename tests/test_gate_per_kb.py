@@ -246,3 +246,36 @@ def test_closing_waits_for_a_running_background_refresh_and_stops_the_rest():
     bgs.refresh_soon(delay=0)
     time.sleep(0.2)
     assert started == [1]
+
+
+def test_a_stale_background_from_an_older_release_is_remeasured_after_start_without_a_question(tmp_path):
+    import sqlite3
+    import time
+
+    from pipeline.engine import Engine
+    from tests.live import engine_with_texts
+    from tests.test_support import DOCS
+
+    e = engine_with_texts(tmp_path, DOCS)
+    e.components.gate_background.current()  # measured and stored
+    e.close()
+    db = sqlite3.connect(tmp_path / "data" / "app.db")
+    fp = db.execute("SELECT fingerprint FROM kb_gate_background WHERE kb_id = 1").fetchone()[0]
+    assert fp.endswith("|s")
+    old = fp[: -len("|s")]  # the row as the previous release stored it (no probe sentence values)
+    db.execute("UPDATE kb_gate_background SET fingerprint = ? WHERE kb_id = 1", (old,))
+    db.commit()
+    e2 = Engine(tmp_path / "data")
+    try:
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline:
+            now = db.execute("SELECT fingerprint FROM kb_gate_background WHERE kb_id = 1").fetchone()[0]
+            if now == fp:
+                break
+            time.sleep(0.5)
+        assert now == fp  # re-measured in the background after the load, no question asked
+        stats = e2.components.gate_stats.load(1)[1]
+        assert stats["sent_median"] is not None and len(stats["probe_sents"]) == stats["probes"]
+    finally:
+        e2.close()
+        db.close()
