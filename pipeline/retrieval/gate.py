@@ -11,7 +11,7 @@ Inputs (pipeline/retrieval/gate_features.py, measured on this query's retrieval)
   * sentence evidence: the question's best cosine against single sentences of the fused top-3 chunks, above the
     probes' own best-sentence median (pipeline/retrieval/sentence_evidence.py). It costs embedding those
     sentences, so it is a second stage: the first three inputs give a quick score, and only a question whose
-    quick score lies between `sure_refuse` and `sure_answer` (about a fifth of answerable questions on the dev
+    quick score lies between `sure_refuse` and `sure_answer` (a quarter to two fifths of answerable questions on the dev
     sets) is scored by the full model with the sentence evidence.
 A logistic score decides: ≥ answer_at → answer, ≥ refuse_below → weak evidence (answered, shown with
 「资料相关度较低，请核对原文」), else refuse (fixed text, no LLM call). `min_similarity` stays the admin's hard
