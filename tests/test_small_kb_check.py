@@ -29,11 +29,11 @@ def test_whole_articles_become_one_document_each_and_negatives_come_from_the_oth
 
 
 def test_outcomes_and_oracle_curve_arithmetic():
-    assert sk.outcome({"sources": [], "answer": "根据现有资料无法回答", "trace": {"gate": {"score": -3.0}}}) \
-        == ("refused", -3.0)
-    assert sk.outcome({"sources": [{"text": "x"}], "answer": "资料中未找到直接回答该问题的内容", "trace": None})[0] \
-        == "not_found"
-    assert sk.outcome({"sources": [{"text": "x"}], "answer": "a [1]", "weak": True})[0] == "weak"
+    flags = {"refused": False, "not_found": False, "weak": False}
+    assert sk.outcomes([{"q": "a", "score": -3.0, **flags, "refused": True}]) == \
+        [{"q": "a", "outcome": "refused", "score": -3.0}]
+    assert sk.outcome(flags | {"not_found": True}) == "not_found"
+    assert sk.outcome(flags | {"weak": True}) == "weak" and sk.outcome(flags) == "answered"
     rows = [{"outcome": k} for k in ("refused", "refused", "weak", "answered")]
     assert sk.shares(rows) == {"refused": 0.5, "weak": 0.25, "not_found": 0.0, "answered": 0.25}
     answerable = [{"score": float(s)} for s in range(100)]  # quantiles 1% 0.99, 2% 1.98, 3% 2.97, 5% 4.95
@@ -71,7 +71,7 @@ def test_a_negative_whose_answer_stands_in_the_kb_is_dropped_even_when_refused(t
         off_topic = Question("红烧肉怎么做才好吃？", set(), ["冰糖"])
         assert not sk.answer_here(engine, off_topic)
         # the drop is decided before asking: the answer's sources (empty when refused) play no part
-        kept = sk.ask_all(engine, [inside, off_topic], skip_if_answer_here=True)
+        kept = sk.asked(engine, sk.clean_negatives(engine, [inside, off_topic]))
         assert [r["q"] for r in kept] == [off_topic.text]
     finally:
         engine.close()

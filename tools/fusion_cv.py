@@ -21,6 +21,7 @@ from pathlib import Path
 
 import numpy as np
 
+from pipeline.models.paths import PACKAGED_MODEL_ID
 from pipeline.retrieval.fusion import AUTO_FEATURES, NORMS, query_features
 
 K = 10
@@ -255,7 +256,7 @@ def best_route(qs: list[Q]) -> tuple[float, float]:
 
 # ------------------------------------------------------------------------------------------ the protocol
 CHOSEN = ("convex_auto", "minmax")  # what the app ships (fusion_mode=convex, auto weight, convex_norm=minmax)
-PACKAGED_E5 = "packaged:multilingual-e5-small"
+PACKAGED_E5 = PACKAGED_MODEL_ID
 L2 = 1e-3
 SMOOTH = 0.0  # σ of the expected-gain objective (set_gain); 0: the value at the nearest grid α
 

@@ -57,35 +57,33 @@ def _qas(article: dict):
                 yield qa, answers
 
 
-def outcome(r: dict) -> tuple[str, float | None]:
-    """refused / weak / not_found / answered, and the gate's score, of one ask_sync result."""
-    from pipeline.generation.extractive import NOT_FOUND_TEXT
-
-    gate = ((r.get("trace") or {}).get("gate") or {})
-    if not r["sources"]:
-        return "refused", gate.get("score")
-    if NOT_FOUND_TEXT in r["answer"]:
-        return "not_found", gate.get("score")
-    return ("weak" if r.get("weak") else "answered"), gate.get("score")
+def outcome(row: dict) -> str:
+    """refused / not_found / weak / answered, from one tools.answer_eval row's flags."""
+    return ("refused" if row["refused"] else "not_found" if row["not_found"] else "weak" if row["weak"]
+            else "answered")
 
 
 def answer_here(engine, q: Question) -> bool:
     """One of the question's answer strings stands in the fused top 6 of this KB (not a clean negative). Read
     from the retrieval itself, not from the answer's sources: a refused answer has none, and dropping only the
     negatives the gate let through would count the refused ones as right."""
-    res = engine.components.retrieval.retrieve(q.text, engine.settings)
-    return any(a in n.node.get_content() for n in res.fused[:6] for a in q.answers)
+    _, fusion, _ = engine.components.retrieval.recall(q.text, engine.settings)
+    return any(a in n.node.get_content() for n in fusion.fused[:6] for a in q.answers)
 
 
-def ask_all(engine, questions: list[Question], skip_if_answer_here: bool = False) -> list[dict]:
-    out = []
-    for q in questions:
-        if skip_if_answer_here and answer_here(engine, q):
-            continue
-        r = engine.ask_sync(q.text)
-        kind, score = outcome(r)
-        out.append({"q": q.text, "outcome": kind, "score": score})
-    return out
+def clean_negatives(engine, questions: list[Question]) -> list[Question]:
+    return [q for q in questions if not answer_here(engine, q)]
+
+
+def outcomes(rows: list[dict]) -> list[dict]:
+    """Each asked question's outcome and gate score (tools.answer_eval rows)."""
+    return [{"q": r["q"], "outcome": outcome(r), "score": r["score"]} for r in rows]
+
+
+def asked(engine, questions: list[Question]) -> list[dict]:
+    from tools.answer_eval import answer_metrics
+
+    return outcomes(answer_metrics(engine, questions, keep_rows=True)["rows"])
 
 
 def shares(rows: list[dict]) -> dict[str, float]:
@@ -119,11 +117,9 @@ def run(squad: Path, articles: int, seed: int, search: Path | None, questions: i
         engine.wait_idle()
         retrieval = evaluate(engine, corpus, key_to_doc)
         answers = answer_metrics(engine, corpus.questions, keep_rows=True)
-        answerable = [{"q": r["q"], "score": r["score"],
-                       "outcome": "refused" if r["refused"] else "not_found" if r["not_found"]
-                       else "weak" if r["weak"] else "answered"} for r in answers.pop("rows")]
-        same_style = ask_all(engine, others, skip_if_answer_here=True)
-        searched = ask_all(engine, search_qs)
+        answerable = outcomes(answers.pop("rows"))
+        same_style = asked(engine, clean_negatives(engine, others))
+        searched = asked(engine, search_qs)
         chunks = sum(len(engine.components.docs.chunks_of(d)) for d in set(key_to_doc.values()))
         engine.close()
     return {"set": Path(squad).name, "articles": articles, "seed": seed, "chunks": chunks,

@@ -42,6 +42,7 @@ from pipeline.events import EXTRACTIVE_LABEL
 from pipeline.generation.answer_type import offers
 from pipeline.generation.candidates import Candidate, Cues, assemble, measure
 from pipeline.generation.sentences import clauses, split_sentences
+from pipeline.models.vectors import unit
 from pipeline.retrieval.lexical import TermWeights, content_bigrams, content_terms, coverage, normalize
 from pipeline.retrieval.nodes import kb_ids_of, node_text
 
@@ -96,11 +97,6 @@ class Pick:
     closest: list[int]               # sources to point at when nothing was found
 
 
-def _unit(v) -> np.ndarray:
-    a = np.asarray(v, dtype=np.float32)
-    return a / (np.linalg.norm(a, axis=-1, keepdims=True) + 1e-9)
-
-
 def _uniform(kb_ids: Sequence[int]) -> TermWeights:
     return TermWeights.uniform()
 
@@ -126,7 +122,7 @@ class ExtractivePicker:
         self.params = params if embed_model is not None else LEXICAL
 
     def _embed(self, texts: list[str]) -> np.ndarray:
-        return _unit(self.embed_model.get_text_embedding_batch(texts))
+        return unit(self.embed_model.get_text_embedding_batch(texts))
 
     def candidates(self, question: str, nodes: Sequence[Any], query_embedding=None) -> list[Candidate]:
         """Statements of the top sources with their lexical scores; cosines and the answer-kind cue for the
@@ -138,7 +134,7 @@ class ExtractivePicker:
             return out
         order = sorted(range(len(out)), key=lambda i: (-out[i].prefilter_key(), out[i].source, i))
         chosen = order[:self.prefilter]
-        q = _unit(query_embedding if query_embedding is not None else self.embed_model.get_query_embedding(question))
+        q = unit(query_embedding if query_embedding is not None else self.embed_model.get_query_embedding(question))
         sims = self._embed([self._window(out[i].piece.text, cues) for i in chosen]) @ q
         for i, s in zip(chosen, sims):
             out[i] = replace(out[i], cosine=float(s), offers=self.offers(cues, out[i].piece.text))

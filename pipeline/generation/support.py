@@ -21,6 +21,7 @@ from typing import Any
 
 import numpy as np
 
+from pipeline.models.vectors import unit
 from pipeline.retrieval.lexical import TermWeights, content_bigrams, content_terms, coverage, normalize
 from pipeline.retrieval.nodes import kb_ids_of, node_text
 
@@ -107,11 +108,6 @@ def claims(answer: str) -> list[tuple[str, list[int]]]:
     return out
 
 
-def _unit(v) -> np.ndarray:
-    a = np.asarray(v, dtype=np.float32)
-    return a / (np.linalg.norm(a, axis=-1, keepdims=True) + 1e-9)
-
-
 class SupportChecker:
     """`source_vectors(nodes)` gives the stored embedding of each source (None → embed the texts);
     `weights_of(kb_ids)` / `background(kb_ids)`: the IDF table and the gate's background of the knowledge bases
@@ -134,7 +130,7 @@ class SupportChecker:
         terms = content_terms(self.tokenizer(claim))
         grams = content_bigrams(self.tokenizer.segments(claim))
         weights = self.weights_of(kb_ids)
-        cos = vectors @ _unit(self.embed_model.get_query_embedding(claim))
+        cos = vectors @ unit(self.embed_model.get_query_embedding(claim))
         bg = self.background(kb_ids)
         offset = p.w_cos * bg.sim_median if bg is not None else 0.0
         out = {}
@@ -168,7 +164,7 @@ class SupportChecker:
         vecs = self.source_vectors(nodes) if self.source_vectors else None
         if vecs is None or any(v is None for v in vecs):
             vecs = self.embed_model.get_text_embedding_batch([node_text(n) for n in nodes])
-        vectors = _unit(vecs)
+        vectors = unit(vecs)
         out = []
         for text, cited in found:
             cited = [n for n in cited if 1 <= n <= len(nodes)]

@@ -25,6 +25,7 @@ import math
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from pipeline.models.paths import PACKAGED_MODEL_ID
 from pipeline.retrieval.gate_background import Background
 from pipeline.retrieval.gate_features import GateFeatures
 
@@ -86,7 +87,7 @@ def gate_inputs(f: GateFeatures, bg: Background) -> tuple[float, ...] | None:
 SHIPPED = GateModel(coef=(0.4365, 0.5646, 5.5302, 0.5993), bias=-4.7288, refuse_below=-0.8430, answer_at=0.5940,
                     quick_coef=(0.9070, 6.2739, 0.8730), quick_bias=-4.5196, quick_refuse_below=-1.2388,
                     quick_answer_at=0.3328, sure_refuse=-2.9453, sure_answer=3.7498)
-SHIPPED_FOR = "packaged:multilingual-e5-small"
+SHIPPED_FOR = PACKAGED_MODEL_ID
 # Any other embedding model: the session-2 model, one stage, its cosine input a z-score against the KB's probes
 # (scale-free, so it carries over to another model's cosine range better than a difference fitted on e5's).
 SCALE_FREE = GateModel(coef=(), bias=0.0, refuse_below=0.0, answer_at=0.0,

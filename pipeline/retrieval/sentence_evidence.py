@@ -18,6 +18,7 @@ from typing import Any
 import numpy as np
 
 from pipeline.generation.sentences import split_sentences
+from pipeline.models.vectors import unit
 
 TOP_CHUNKS = 3  # the fused top-3, the same chunks the gate's lexical coverage reads
 
@@ -41,31 +42,21 @@ class SentenceEvidence:
         if query_embedding is None or not nodes:
             return None
         sentences = [s for n in list(nodes)[: self.top] for s in chunk_sentences(n.node.get_content())]
-        if not sentences:
-            return None
-        q = np.asarray(query_embedding, dtype=np.float32)
-        q = q / (np.linalg.norm(q) + 1e-9)
-        return float((self._vectors(sentences) @ q).max())
+        return float((self._vectors(sentences) @ unit(query_embedding)).max()) if sentences else None
 
     def _vectors(self, sentences: list[str]) -> np.ndarray:
+        """Unit vectors of the sentences, in order: cached ones as they are, the rest embedded in one batch."""
+        wanted = list(dict.fromkeys(sentences))
         with self._lock:
-            missing = list(dict.fromkeys(s for s in sentences if s not in self._cache))
+            have = {s: self._cache[s] for s in wanted if s in self._cache}
+            for s in have:
+                self._cache.move_to_end(s)
+        missing = [s for s in wanted if s not in have]
         if missing:
-            got = np.asarray(self.embed_model.get_text_embedding_batch(missing), dtype=np.float32)
-            got /= np.linalg.norm(got, axis=1, keepdims=True) + 1e-9
+            have.update(zip(missing, unit(self.embed_model.get_text_embedding_batch(missing))))
             with self._lock:
-                for s, v in zip(missing, got):
-                    self._cache[s] = v
+                for s in missing:
+                    self._cache[s] = have[s]
                 while len(self._cache) > self.cache_size:
                     self._cache.popitem(last=False)
-        with self._lock:
-            out = []
-            for s in sentences:
-                v = self._cache.get(s)
-                if v is None:  # evicted between the two steps by another thread's batch: embed it alone
-                    v = np.asarray(self.embed_model.get_text_embedding_batch([s])[0], dtype=np.float32)
-                    v = v / (np.linalg.norm(v) + 1e-9)
-                else:
-                    self._cache.move_to_end(s)
-                out.append(v)
-        return np.vstack(out)
+        return np.vstack([have[s] for s in sentences])

@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING
 
 from llama_index.core.schema import NodeWithScore, QueryBundle
 
+from pipeline.models.paths import PACKAGED_MODEL_ID
 from pipeline.retrieval.bm25 import LiveBM25Retriever
 from pipeline.retrieval.fusion import FusionOutput, FusionParams, HybridRetriever
 from pipeline.retrieval.gate import decide
@@ -43,7 +44,7 @@ log = logging.getLogger(__name__)
 # of the answerable questions' best cosine on every dev set (tools/calibrate_gate.py, docs/retrieval-eval.md).
 # The SRS's 0.3 suits bge-small-zh; e5's cosines sit high.
 CALIBRATED_MIN_SIMILARITY = {
-    "packaged:multilingual-e5-small": 0.82,
+    PACKAGED_MODEL_ID: 0.82,
 }
 SRS_MIN_SIMILARITY = 0.3
 NOT_HIT_STATUS = {"status": "skipped", "msg": "未命中相关资料，跳过精排"}
