@@ -70,6 +70,7 @@ class FusedRow(TraceRow):
     bm25_score: float | None
     vector_rank: int | None
     similarity: float | None
+    length_prior: float | None  # the fragment prior's term in fused_score (None: off, or rrf mode)
 
 
 class RerankRow(TraceRow):

@@ -55,12 +55,13 @@ def test_rescore_dump(tmp_path):
     from pipeline.settings import Settings
 
     d = tmp_path / "d.jsonl"
-    # cands: [chunk_id, bm25_rank, vector_rank, bm25_score, cosine, hit] — every chunk has both real scores
+    # cands: [chunk_id, bm25_rank, vector_rank, bm25_score, cosine, hit, length] — every chunk has both real
+    # scores; equal lengths, so the fragment prior adds the same to every candidate and changes no order here
     rows = [{"q": "a", "n_rel": 1, "features": {"coverage": 1.0},
-             "cands": [["1", 1, None, 5.0, 0.70, False], ["2", 2, 1, 1.0, 0.90, True]]},
+             "cands": [["1", 1, None, 5.0, 0.70, False, 300], ["2", 2, 1, 1.0, 0.90, True, 300]]},
             {"q": "b", "n_rel": 1, "features": {"coverage": 0.5},
-             "cands": [["3", 1, None, 1.0, 0.60, False], ["4", 2, None, 0.99, 0.50, False],
-                       ["5", None, 1, 0.0, 0.90, True], ["6", None, 2, 0.0, 0.80, False]]}]
+             "cands": [["3", 1, None, 1.0, 0.60, False, 300], ["4", 2, None, 0.99, 0.50, False, 300],
+                       ["5", None, 1, 0.0, 0.90, True, 300], ["6", None, 2, 0.0, 0.80, False, 300]]}]
     d.write_text("\n".join(json.dumps(r) for r in rows))
     res = evaluate.rescore_dump(d, Settings())
     r = res["routes"]

@@ -15,17 +15,21 @@ from pipeline.retrieval.fusion import (
     FusionParams,
     auto_weight,
     convex_scores,
+    fragment_length,
     fuse,
+    length_prior,
     minmax,
     query_features,
 )
 
 
-def _cands(rows):
-    """rows: (chunk_id, bm25_rank, vector_rank, bm25_score, cosine)."""
+def _cands(rows, texts=None):
+    """rows: (chunk_id, bm25_rank, vector_rank, bm25_score, cosine); texts: chunk id → text (default "t<id>")."""
     c = Candidates()
     c.ids = [r[0] for r in rows]
-    c.nodes = [NodeWithScore(node=TextNode(id_=r[0], text=f"t{r[0]}"), score=None) for r in rows]
+    c.nodes = [NodeWithScore(node=TextNode(id_=r[0], text=(texts or {}).get(r[0], f"t{r[0]}")), score=None)
+               for r in rows]
+    c.lengths = [fragment_length(n) for n in c.nodes]
     c.bm25_rank = [r[1] for r in rows]
     c.vector_rank = [r[2] for r in rows]
     c.bm25_score = np.array([r[3] for r in rows], dtype=float)
@@ -61,6 +65,51 @@ def test_convex_mode_exact():
         ["20", "40", "10", "30"]
     assert list(minmax(np.array([2.0, 2.0]))) == [0.0, 0.0]  # no spread → no preference
     assert convex_scores(np.array([3.0, 1.0]), np.array([0.5, 0.9]), 0.5) == pytest.approx([0.5, 0.5])
+
+
+def test_length_prior_exact():
+    """The fragment prior: β·min(1, log(1 + len)/log(1 + cap)) added to the convex score, per candidate; a
+    verified Q&A entry counts as full length; RRF and a prior of β = 0 are unchanged."""
+    texts = {"10": "x" * 200, "20": "y" * 9, "30": "z" * 99, "40": "w" * 500}
+    c = _cands(HAND, texts)
+    assert c.lengths == [200.0, 9.0, 99.0, 500.0]
+    beta, cap = 1.0, 99
+    fused, _ = fuse(c, FusionParams(convex_bm25_weight=0.25, prior_beta=beta, prior_cap=cap))
+    base = {"10": 0.25 * 1 + 0.75 * 0.5, "20": 0.25 * 5 / 9 + 0.75 * 1.0, "30": 0.25 / 9, "40": 0.75 * 0.75}
+    prior = {"10": beta, "20": beta * math.log(10) / math.log(100), "30": beta, "40": beta}  # 9 chars: ½ of cap
+    assert {n.node.node_id: n.score for n in fused} == pytest.approx({k: base[k] + prior[k] for k in base})
+    # the 9-character fragment that led the vector route (and the plain convex order) falls to third
+    assert [n.node.node_id for n in fused] == ["10", "40", "20", "30"]
+    assert {n.node.node_id: n.node.metadata["length_prior"] for n in fused} == pytest.approx(prior)
+    assert list(length_prior([0, 5, 1000], 1.0, 400)) == pytest.approx([0.0, math.log(6) / math.log(401), 1.0])
+    assert not length_prior([3, 4], 0.0, 400).any()
+    # a verified Q&A entry is curated, never a fragment: full prior however short
+    qa = TextNode(id_="9", text="问：年假？\n答：五天", metadata={"verified": True})
+    assert fragment_length(qa) == math.inf and length_prior([fragment_length(qa)], 0.5, 400)[0] == 0.5
+    # off: exactly the plain convex scores, no prior in the metadata; RRF ignores it
+    off, _ = fuse(_cands(HAND, texts), FusionParams(convex_bm25_weight=0.25))
+    assert {n.node.node_id: n.score for n in off} == pytest.approx(base)
+    assert all(n.node.metadata["length_prior"] is None for n in off)
+    rrf, _ = fuse(_cands(HAND, texts), FusionParams(mode="rrf", bm25_adaptive=False, prior_beta=beta, prior_cap=cap))
+    assert [n.node.node_id for n in rrf] == ["10", "20", "30", "40"]
+
+
+def test_length_prior_comes_from_the_fitted_weights_and_its_setting(tmp_path):
+    from pipeline.retrieval import fusion
+    from pipeline.settings import Settings
+
+    w = tmp_path / "w.json"
+    w.write_text(json.dumps({"embedding_model": "m", "minmax": {"bias": 0.0}, "zscore": {"bias": 0.0},
+                             "length_prior": {"minmax": {"cap": 200, "beta": 0.3}}}))
+    got = fusion.load_auto_weights(w)
+    assert got["length_prior"] == {"minmax": {"beta": 0.3, "cap": 200}, "zscore": fusion.NO_PRIOR}
+    w.write_text(json.dumps({"embedding_model": "m", "minmax": {"bias": 0.0}, "zscore": {"bias": 0.0}}))
+    assert fusion.load_auto_weights(w)["length_prior"]["minmax"] == fusion.NO_PRIOR  # a file from before the prior
+    shipped = fusion.AUTO_WEIGHTS["length_prior"]["minmax"]
+    on = FusionParams.from_settings(Settings())
+    assert (on.prior_beta, on.prior_cap) == (shipped["beta"], shipped["cap"])
+    off = FusionParams.from_settings(Settings(convex_length_prior=False))
+    assert off.prior_beta == 0.0
 
 
 def test_auto_weight_and_features_exact():
@@ -186,7 +235,15 @@ def test_trace_shows_fused_and_both_routes(engine):
     assert tr["fusion"]["mode"] == engine.settings.fusion_mode
     assert 0.0 <= tr["fusion"]["bm25_weight"] <= 1.0 and set(tr["fusion"]["features"]) >= {"bm25_ratio"}
     row = tr["rrf"][0]
-    assert {"fused_score", "bm25_rank", "bm25_score", "vector_rank", "similarity"} <= set(row)
+    assert {"fused_score", "bm25_rank", "bm25_score", "vector_rank", "similarity", "length_prior"} <= set(row)
+    # the fragment prior's term, from the chunk's real length and the shipped β / cap
+    from pipeline.retrieval.fusion import AUTO_WEIGHTS
+
+    lp = AUTO_WEIGHTS["length_prior"]["minmax"]
+    res = engine.retrieve(QUESTION)
+    for n in res.fused:
+        want = length_prior([len(n.node.text)], lp["beta"], lp["cap"])[0]
+        assert n.node.metadata["length_prior"] == pytest.approx(want)
     dbg = engine.search(QUESTION, 5)
     assert dbg["fusion"]["mode"] == engine.settings.fusion_mode
     assert all(r["bm25_score"] is not None and r["similarity"] is not None for r in dbg["rrf"])
@@ -203,14 +260,18 @@ def test_mode_switch_takes_effect_without_reload(engine):
             m = n.node.metadata
             want = sum(1 / (60 + r) for r in (m["bm25_rank"], m["vector_rank"]) if r is not None)
             assert n.score == pytest.approx(want)
-        engine.update_settings({"fusion_mode": "convex", "convex_auto_weight": False, "convex_bm25_weight": 1.0})
+        engine.update_settings({"fusion_mode": "convex", "convex_auto_weight": False, "convex_bm25_weight": 1.0,
+                                "convex_length_prior": False})
         res = engine.retrieve(QUESTION)
         assert res.fusion_mode == "convex" and res.bm25_weight == 1.0
         bm25_order = [n.node.node_id for n in res.bm25]
         assert [n.node.node_id for n in res.fused][:len(bm25_order)] == bm25_order  # α = 1 → BM25's order
+        assert all(n.node.metadata["length_prior"] is None for n in res.fused)
+        engine.update_settings({"convex_length_prior": True})  # the prior back on: in the very next question
+        assert all(n.node.metadata["length_prior"] is not None for n in engine.retrieve(QUESTION).fused)
     finally:
         engine.update_settings({"fusion_mode": "convex", "convex_auto_weight": True, "bm25_adaptive": True,
-                                "convex_bm25_weight": 0.25})
+                                "convex_bm25_weight": 0.25, "convex_length_prior": True})
     assert engine.last_reload_ms == reload_ms and engine.components.models.embedding is emb  # no reload
 
 
@@ -242,7 +303,8 @@ def test_cv_arithmetic_matches_the_engine(tmp_path):
             if b is None and v is None:
                 continue
             cands.append([str(ids[j]), b, v, round(float(rng.uniform(0, 9)), 4),
-                          round(float(rng.uniform(.85, .95)), 6), bool(rng.random() < 0.15)])
+                          round(float(rng.uniform(.85, .95)), 6), bool(rng.random() < 0.15),
+                          None if j == 0 else int(rng.integers(1, 500))])  # None: a verified entry
         rows.append({"q": "问题" * (qi % 7 + 1), "n_rel": 1, "features": {"coverage": float(rng.uniform())},
                      "cands": cands})
     path = tmp_path / "d.jsonl"
@@ -252,16 +314,28 @@ def test_cv_arithmetic_matches_the_engine(tmp_path):
 
     for norm in ("minmax", "zscore"):
         for alpha in (0.0, 0.3, 1.0, None):  # None: the per-query auto weight (features recomputed from the row)
-            s = Settings(convex_norm=norm, convex_auto_weight=alpha is None, convex_bm25_weight=alpha or 0.0)
-            engine_side = evaluate.rescore_dump(path, s)["routes"]["fused"]
-            fitted = fusion_cv.Fitted("c", alpha_const=alpha, coefs=None if alpha is not None else AUTO_WEIGHTS[norm],
-                                      norm=norm)
-            cv_side = fusion_cv.score_fitted(fitted, qs)
-            assert (engine_side["mrr@10"], engine_side["hit@1"]) == (cv_side["mrr@10"], cv_side["hit@1"]), (norm, alpha)
+            for prior_on in (False, True):
+                s = Settings(convex_norm=norm, convex_auto_weight=alpha is None, convex_bm25_weight=alpha or 0.0,
+                             convex_length_prior=prior_on)
+                engine_side = evaluate.rescore_dump(path, s)["routes"]["fused"]
+                lp = AUTO_WEIGHTS["length_prior"][norm]
+                fitted = fusion_cv.Fitted("c", alpha_const=alpha,
+                                          coefs=None if alpha is not None else AUTO_WEIGHTS[norm], norm=norm,
+                                          prior=(lp["cap"], lp["beta"]) if prior_on else fusion_cv.NO_PRIOR)
+                cv_side = fusion_cv.score_fitted(fitted, qs)
+                assert (engine_side["mrr@10"], engine_side["hit@1"]) == (cv_side["mrr@10"], cv_side["hit@1"]), \
+                    (norm, alpha, prior_on)
+    # with a strong prior on these random lengths the ranking really changes (the comparison above is not idle)
+    strong = fusion_cv.Fitted("c", alpha_const=0.3, norm="minmax", prior=(400, 1.0))
+    assert fusion_cv.fitted_ranks(strong, qs) != fusion_cv.fitted_ranks(fusion_cv.Fitted("c", alpha_const=0.3), qs)
     base = fusion_cv.baselines(qs)
     engine_side = evaluate.rescore_dump(path, Settings())
     for r in ("bm25", "vector", "rrf", "adaptive_rrf"):
         assert engine_side["routes"][r]["mrr@10"] == base[r]["mrr@10"], r
+    rows[0]["cands"] = [r[:6] for r in rows[0]["cands"]]  # a dump from before the prior is refused, clearly
+    path.write_text("\n".join(json.dumps(r) for r in rows))
+    with pytest.raises(ValueError, match="before the length prior"):
+        fusion_cv.load_dump(path)
 
 
 def _synthetic_set(rng, n_q: int, vector_better: bool) -> list:
@@ -302,6 +376,48 @@ def test_cv_never_fits_on_the_left_out_set():
     assert w["cos1"] < 0  # "vector kind" questions get a smaller BM25 share
     alpha = {s: res["sets"][s]["routes"]["convex_auto/minmax"]["mean_alpha"] for s in data}
     assert max(alpha["b"], alpha["d"]) < min(alpha["a"], alpha["c"])  # learnt without seeing the scored set
+
+
+def _fragment_set(rng, n_q: int, fragments: bool) -> list:
+    """Questions whose vector top-1 is (fragments=True) a short non-hit fragment echoing the question, with the
+    hit a long chunk just below it; without fragments every chunk is long and the hit leads the vector route."""
+    from tools.fusion_cv import Q
+
+    out = []
+    for _ in range(n_q):
+        n = 12
+        ids = rng.choice(10_000, n, replace=False).astype(np.int64)
+        rb, rv = rng.permutation(n) + 1.0, np.arange(1, n + 1, dtype=float)
+        sb = np.sort(rng.uniform(1, 9, n))[::-1][(rb - 1).astype(int)]
+        sc = np.linspace(0.95, 0.85, n)
+        hit = np.zeros(n, bool)
+        hit[1 if fragments else 0] = True
+        ln = rng.integers(250, 400, n).astype(float)
+        if fragments:
+            ln[0] = 12.0
+        f = {k: 0.0 for k in ("bm25_ratio", "coverage", "agree3", "agree10", "dense_margin", "dense_spread",
+                              "cos1", "qlen")}
+        out.append(Q(ids, rb, rv, sb, sc, hit, f, ln))
+    return out
+
+
+def test_cv_chooses_the_length_prior_on_the_training_sets_only():
+    """The prior is chosen inside each fold: sets whose vector top-1 is a short fragment teach β > 0, and the
+    left-out fragment set is then ranked right; with no fragments anywhere no prior is chosen."""
+    from tools import fusion_cv
+
+    rng = np.random.default_rng(11)
+    data = {"a": _fragment_set(rng, 30, True), "b": _fragment_set(rng, 30, True), "c": _fragment_set(rng, 30, True)}
+    grid = [fusion_cv.NO_PRIOR, (100, 0.1), (100, 0.5)]
+    res = fusion_cv.cross_validate(data, norms=("minmax",), grid=grid)
+    for s in data:
+        got = res["sets"][s]["routes"]
+        assert res["sets"][s]["fitted"]["convex_auto/minmax"]["length_prior"]["beta"] > 0
+        assert got["convex_auto/minmax"]["hit@1"] == 1.0 > got["vector"]["hit@1"] == 0.0
+        assert got["convex_auto_noprior/minmax"]["hit@1"] < 1.0
+    plain = {s: _fragment_set(rng, 30, False) for s in "abc"}
+    res = fusion_cv.cross_validate(plain, norms=("minmax",), grid=grid)
+    assert all(r["fitted"]["convex_auto/minmax"]["length_prior"]["beta"] == 0.0 for r in res["sets"].values())
 
 
 def test_paired_bootstrap_and_smoothed_gain_exact():

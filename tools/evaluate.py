@@ -29,8 +29,9 @@ from pathlib import Path
 
 import numpy as np
 
-from pipeline.retrieval.fusion import rrf_fuse
+from pipeline.retrieval.fusion import fragment_length, rrf_fuse
 from pipeline.retrieval.rerank import SafeRerank
+from tools.fusion_cv import dump_length, length_field
 
 K = 10
 SWEEP = [(1.0, 1.0), (0.75, 1.0), (0.5, 1.0), (0.35, 1.0), (0.25, 1.0), (0.0, 1.0), (1.0, 0.0)]
@@ -166,7 +167,8 @@ def dump_row(q: Question, n_rel: int, fusion, gold_ids: set[int]) -> dict:
         m = n.node.metadata
         sim = m.get("similarity")
         cands.append([n.node.node_id, m.get("bm25_rank"), m.get("vector_rank"), round(float(m["bm25_score"]), 4),
-                      None if sim is None else round(float(sim), 6), _is_hit(n, q, gold_ids)])
+                      None if sim is None else round(float(sim), 6), _is_hit(n, q, gold_ids),
+                      length_field(fragment_length(n))])
     return {"q": q.text, "n_rel": n_rel, "features": {k: round(v, 5) for k, v in fusion.features.items()},
             "cands": cands}
 
@@ -185,6 +187,7 @@ def candidates_from_row(row: dict):
     c.vector_rank = [r[2] for r in rows]
     c.bm25_score = np.array([r[3] for r in rows], dtype=np.float64)
     c.cosine = None if any(r[4] is None for r in rows) else np.array([r[4] for r in rows], dtype=np.float64)
+    c.lengths = [dump_length(r) for r in rows]
     return c, {r[0]: r[5] for r in rows}
 
 

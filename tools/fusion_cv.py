@@ -10,6 +10,10 @@ vectorised form; tests/test_fusion.py checks that both agree on a dump.
 
 Fitting objective: the mean over the training sets of each set's MRR@10 (every set counts the same, however
 many questions it has).
+
+The fragment prior (fusion.length_prior, β and cap) is fitted with the α model: for every (cap, β) of
+PRIOR_GRID the α logistic is fitted as without it, and the pair whose fit does best on the training sets is kept
+— so in the leave-one-set-out tables the left-out set never takes part in choosing β either.
 """
 from __future__ import annotations
 
@@ -22,10 +26,13 @@ from pathlib import Path
 import numpy as np
 
 from pipeline.models.paths import PACKAGED_MODEL_ID
-from pipeline.retrieval.fusion import AUTO_FEATURES, NORMS, query_features
+from pipeline.retrieval.fusion import AUTO_FEATURES, NORMS, length_prior, query_features
 
 K = 10
 ALPHAS = np.round(np.linspace(0.0, 1.0, 21), 2)  # grid of BM25 shares α
+# (cap in characters, β) pairs the fragment prior is chosen from; (0, 0): no prior
+PRIOR_GRID = [(0, 0.0)] + [(cap, beta) for cap in (100, 200, 400) for beta in (0.1, 0.2, 0.3, 0.5, 0.7, 1.0)]
+NO_PRIOR = (0, 0.0)
 
 
 @dataclass
@@ -37,6 +44,23 @@ class Q:
     sc: np.ndarray   # cosine (real, for every candidate)
     hit: np.ndarray  # bool
     f: dict = field(default_factory=dict)
+    ln: np.ndarray | None = None  # fragment length per candidate (fusion.fragment_length; inf: verified entry)
+
+    def prior(self, cap: int, beta: float) -> np.ndarray | None:
+        return None if beta <= 0 or self.ln is None else length_prior(self.ln, beta, cap)
+
+
+def length_field(x: float) -> int | None:
+    """A fragment length as written in a dump: an int, or None for a verified entry (unbounded)."""
+    return None if math.isinf(x) else int(x)
+
+
+def dump_length(r: list) -> float:
+    """A candidate's fragment length from a dump row; a dump from before the length prior is refused."""
+    if len(r) < 7:
+        raise ValueError("this dump was written before the length prior (no chunk lengths): re-dump it "
+                         "(`python -m tools.evaluate --cv` re-dumps when --dump-dir holds no dumps)")
+    return math.inf if r[6] is None else float(r[6])
 
 
 def row_features(row: dict) -> dict[str, float]:
@@ -64,7 +88,8 @@ def load_dump(path: Path) -> list[Q]:
                          np.array([inf if r[2] is None else r[2] for r in c], dtype=np.float64),
                          np.array([r[3] for r in c], dtype=np.float64),
                          np.array([0.0 if r[4] is None else r[4] for r in c], dtype=np.float64),
-                         np.array([bool(r[5]) for r in c], dtype=bool), row_features(row)))
+                         np.array([bool(r[5]) for r in c], dtype=bool), row_features(row),
+                         np.array([dump_length(r) for r in c], dtype=np.float64)))
     return out
 
 
@@ -136,11 +161,13 @@ def oracle_rank(q: Q) -> float:
     return 1.0 if (q.hit & union_mask(q, K)).any() else math.inf
 
 
-def alpha_grid_rr(q: Q, norm: str, depth: int | None) -> np.ndarray:
-    """Reciprocal rank of the convex fusion at every α of ALPHAS (and the first-hit ranks)."""
+def alpha_grid_rr(q: Q, norm: str, depth: int | None, prior: tuple[int, float] = NO_PRIOR) -> np.ndarray:
+    """First-hit rank of the convex fusion (plus the fragment prior `prior` = (cap, β)) at every α of ALPHAS."""
     m = union_mask(q, depth)
     nb, nc = normed(q.sb, m, norm), normed(q.sc, m, norm)
-    return np.array([first_hit_rank(a * nb + (1 - a) * nc, q, m) for a in ALPHAS])
+    pr = q.prior(*prior)
+    base = 0.0 if pr is None else pr
+    return np.array([first_hit_rank(a * nb + (1 - a) * nc + base, q, m) for a in ALPHAS])
 
 
 # ------------------------------------------------------------------------------------------ weight models
@@ -155,6 +182,7 @@ class Fitted:
     coefs: dict[str, float] | None = None  # raw-feature logistic coefficients incl. "bias"
     norm: str = "minmax"
     depth: int | None = None
+    prior: tuple[int, float] = NO_PRIOR  # the fragment prior (cap, β)
 
     def alphas(self, qs: list[Q]) -> np.ndarray:
         if self.coefs is None:
@@ -255,39 +283,67 @@ def best_route(qs: list[Q]) -> tuple[float, float]:
 
 
 # ------------------------------------------------------------------------------------------ the protocol
-CHOSEN = ("convex_auto", "minmax")  # what the app ships (fusion_mode=convex, auto weight, convex_norm=minmax)
+CHOSEN = ("convex_auto", "minmax")  # what the app ships (fusion_mode=convex, auto weight, convex_norm=minmax,
+# convex_length_prior): the fragment prior is chosen with it (fit_with_prior); "convex_auto_noprior" is the same
+# without the prior (the fusion shipped before it), reported beside it
 PACKAGED_E5 = PACKAGED_MODEL_ID
 L2 = 1e-3
 SMOOTH = 0.0  # σ of the expected-gain objective (set_gain); 0: the value at the nearest grid α
 
 
-def prepare(data: dict[str, list[Q]], norm: str, depth: int | None = None) -> dict[str, np.ndarray]:
-    return {s: np.array([alpha_grid_rr(q, norm, depth) for q in qs]) for s, qs in data.items()}
+def prepare(data: dict[str, list[Q]], norm: str, depth: int | None = None,
+            prior: tuple[int, float] = NO_PRIOR) -> dict[str, np.ndarray]:
+    return {s: np.array([alpha_grid_rr(q, norm, depth, prior) for q in qs]) for s, qs in data.items()}
 
 
 def fit(method: str, ranks: dict[str, np.ndarray], data: dict[str, list[Q]], norm: str,
-        names: list[str] = AUTO_FEATURES, smooth: float | None = None) -> Fitted:
-    """Fit on the sets in `ranks` (never on a left-out one). convex_const: one α; convex_auto: logistic α."""
+        names: list[str] = AUTO_FEATURES, smooth: float | None = None,
+        prior: tuple[int, float] = NO_PRIOR) -> Fitted:
+    """Fit on the sets in `ranks` (never on a left-out one; ranks made with `prior`). convex_const: one α;
+    convex_auto: logistic α."""
     if method == "convex_const":
-        return Fitted(method, alpha_const=fit_constant(ranks), norm=norm)
+        return Fitted(method, alpha_const=fit_constant(ranks), norm=norm, prior=prior)
     feats = {s: feature_matrix(data[s], names) for s in ranks}
     best = {s: best_route(data[s]) for s in ranks}
     smooth = SMOOTH if smooth is None else smooth
-    return Fitted(method, coefs=fit_logistic(ranks, feats, names, l2=L2, best=best, smooth=smooth), norm=norm)
+    return Fitted(method, coefs=fit_logistic(ranks, feats, names, l2=L2, best=best, smooth=smooth), norm=norm,
+                  prior=prior)
+
+
+def training_gain(m: Fitted, ranks: dict[str, np.ndarray], data: dict[str, list[Q]]) -> float:
+    """The fit's objective without its L2 term: mean over the sets in `ranks` of `set_gain` at each question's α."""
+    return float(np.mean([set_gain(ranks[s], m.alphas(data[s]), best_route(data[s]), 0.0) for s in ranks]))
+
+
+def fit_with_prior(grids: dict[tuple[int, float], dict[str, np.ndarray]], train: list[str],
+                   data: dict[str, list[Q]], norm: str) -> Fitted:
+    """convex_auto fitted at every (cap, β) of `grids` on the sets `train`; the one with the best training gain
+    (ties: the smaller β, then the smaller cap — the grid order)."""
+    best, top = None, -math.inf
+    for prior, ranks in grids.items():
+        m = fit("convex_auto", {s: ranks[s] for s in train}, data, norm, prior=prior)
+        g = training_gain(m, {s: ranks[s] for s in train}, data)
+        if g > top + 1e-9:
+            best, top = m, g
+    return best
 
 
 def fitted_ranks(m: Fitted, qs: list[Q]) -> list[float]:
-    """First-hit rank of every question at its own α (not the grid), through the same normalisation."""
+    """First-hit rank of every question at its own α (not the grid), through the same normalisation and prior."""
     ranks = []
     for q, al in zip(qs, m.alphas(qs)):
         msk = union_mask(q, m.depth)
-        ranks.append(first_hit_rank(al * normed(q.sb, msk, m.norm) + (1 - al) * normed(q.sc, msk, m.norm), q, msk))
+        s = al * normed(q.sb, msk, m.norm) + (1 - al) * normed(q.sc, msk, m.norm)
+        pr = q.prior(*m.prior)
+        ranks.append(first_hit_rank(s if pr is None else s + pr, q, msk))
     return ranks
 
 
 def score_fitted(m: Fitted, qs: list[Q]) -> dict:
     out = summarize(fitted_ranks(m, qs))
     out["mean_alpha"] = round(float(m.alphas(qs).mean()), 3)
+    if m.prior[1] > 0:
+        out["length_prior"] = {"cap": m.prior[0], "beta": m.prior[1]}
     return out
 
 
@@ -316,21 +372,31 @@ def baselines(qs: list[Q]) -> dict[str, dict]:
             "adaptive_rrf": summarize([adaptive_rrf_rank(q) for q in qs])}
 
 
+def prior_grids(data: dict[str, list[Q]], norm: str, grid=None) -> dict[tuple[int, float], dict[str, np.ndarray]]:
+    """Every set's α-grid ranks at every (cap, β) of `grid` (PRIOR_GRID; only no prior when a dump lacks lengths)."""
+    grid = PRIOR_GRID if grid is None else grid
+    return {p: prepare(data, norm, prior=p) for p in grid}
+
+
 def cross_validate(data: dict[str, list[Q]], norms=("minmax", "zscore"),
-                   methods=("convex_const", "convex_auto")) -> dict:
+                   methods=("convex_const", "convex_auto_noprior", "convex_auto"), grid=None) -> dict:
     """For each left-out set: the baselines, and every (method, norm) fitted on the other sets only."""
     out: dict = {"sets": {}}
-    grids = {n: prepare(data, n) for n in norms}
+    grids = {n: prior_grids(data, n, grid) for n in norms}
     for held in data:
         res = {"questions": len(data[held]), "routes": baselines(data[held]), "fitted": {}}
         chosen = None
-        for norm, ranks in grids.items():
-            train = {s: r for s, r in ranks.items() if s != held}
+        for norm, by_prior in grids.items():
+            train = [s for s in data if s != held]
             for method in methods:
-                m = fit(method, train, data, norm)
+                if method == "convex_auto":
+                    m = fit_with_prior(by_prior, train, data, norm)
+                else:
+                    m = fit(method.removesuffix("_noprior"), {s: by_prior[NO_PRIOR][s] for s in train}, data, norm)
                 key = f"{method}/{norm}"
                 res["routes"][key] = score_fitted(m, data[held])
-                res["fitted"][key] = {"alpha": m.alpha_const, "coefs": m.coefs}
+                res["fitted"][key] = {"alpha": m.alpha_const, "coefs": m.coefs,
+                                      "length_prior": {"cap": m.prior[0], "beta": m.prior[1]}}
                 chosen = m if (method, norm) == CHOSEN else chosen
         if chosen is not None:  # noise: paired bootstrap of the chosen fusion against the better route and RRF
             qs = data[held]
@@ -350,9 +416,12 @@ def fit_all(data: dict[str, list[Q]], embedding_model: str = PACKAGED_E5) -> dic
     """The shipped weights: the chosen procedure fitted on every set (the LOSO tables estimate how it does on
     sets it has not seen). One coefficient set per normalisation."""
     out = {"embedding_model": embedding_model, "features": AUTO_FEATURES, "fitted_on": sorted(data),
-           "about": "alpha = lo + (hi - lo) * sigmoid(bias + sum(c_f * f)); tools.fusion_cv.fit_all"}
+           "about": "alpha = lo + (hi - lo) * sigmoid(bias + sum(c_f * f)); fused += beta * min(1, log(1 + len) / "
+                    "log(1 + cap)) (length_prior); tools.fusion_cv.fit_all", "length_prior": {}}
     for norm in ("zscore", "minmax"):
-        out[norm] = fit(CHOSEN[0], prepare(data, norm), data, norm).coefs
+        m = fit_with_prior(prior_grids(data, norm), list(data), data, norm)
+        out[norm] = m.coefs
+        out["length_prior"][norm] = {"cap": m.prior[0], "beta": m.prior[1]}
     return out
 
 

@@ -119,7 +119,8 @@ def render_columns(result: dict, top_k: int) -> tuple[str, str, str]:
         cid = r.get("chunk_id")
         br, vr = r.get("bm25_rank"), r.get("vector_rank")
         where = ((f"BM25 第 {br} 名" if br else "BM25 未召回") + f"（得分 {fmt_num(r.get('bm25_score'), 3)}） · "
-                 + (f"向量 第 {vr} 名" if vr else "向量未召回") + f"（相似度 {fmt_num(r.get('similarity'), 3)}）")
+                 + (f"向量 第 {vr} 名" if vr else "向量未召回") + f"（相似度 {fmt_num(r.get('similarity'), 3)}）"
+                 + ("" if r.get("length_prior") is None else f" · 长度项 +{fmt_num(r.get('length_prior'), 3)}"))
         rrf_cards.append(_card(r, i, hues.get(cid), f"融合 {fmt_num(r.get('fused_score'), 4)}", esc(where)))
 
     return (col(f"BM25 关键词 Top-{top_k}（得分）", "bm25", bm25_cards),

@@ -226,7 +226,7 @@ def _table(rows: list[dict], cols: list[tuple[str, str]]) -> str:
                 tds.append(f'<td class="kb-doc">{esc(doc_label(r))}</td>')
             elif key == "text":
                 tds.append(f'<td class="kb-snip">{esc(snippet(v, 120))}</td>')
-            elif key in ("score", "similarity", "rerank_score", "bm25_score"):
+            elif key in ("score", "similarity", "rerank_score", "bm25_score", "length_prior"):
                 tds.append(f"<td>{fmt_num(v)}</td>")
             elif key in ("rrf_score", "fused_score"):
                 tds.append(f"<td>{fmt_num(v, 6)}</td>")
@@ -329,7 +329,7 @@ def render_trace(trace: dict | None, elapsed_ms: Any = None) -> str:
     parts.append(_table(trace.get("rrf") or [], [("rank", "#"), ("doc", "文档"), ("fused_score", "融合分"),
                                                  ("bm25_rank", "BM25 名次"), ("bm25_score", "BM25 得分"),
                                                  ("vector_rank", "向量名次"), ("similarity", "相似度"),
-                                                 ("text", "片段")]) + "</div>")
+                                                 ("length_prior", "短片段项"), ("text", "片段")]) + "</div>")
     note = rerank_note(trace.get("rerank_status"))
     parts.append('<div class="kb-trace-sec" data-sec="rerank"><h4>④ 精排 Top-6（编号即引用编号）</h4>')
     if note:

@@ -14,6 +14,12 @@ Modes (setting `fusion_mode`):
   BM25 share, is the `convex_bm25_weight` setting, or with `convex_auto_weight` a logistic function of cheap
   per-query features (`query_features`), α = σ(b + Σ c_f·f), coefficients in fusion_weights.json. Fitting and
   its leave-one-set-out check: tools/fusion_cv.py, docs/retrieval-eval.md.
+  With `convex_length_prior` a fragment prior is added: + β·L(chunk length), L = log(1 + len) / log(1 + cap)
+  capped at 1. Why: the dense route ranks short fragments that merely echo the question (a page title 「爬爬垫什么
+  材质好」, a heading, a navigation line) above the passage that answers it — on the web-passage dev sets half the
+  vector top-1s are such fragments under 80 characters; a chunk that says something needs some length. β and
+  cap are fitted with the α coefficients (same file, same leave-one-set-out check); a verified Q&A entry is
+  curated, never a fragment, and counts as full length.
 Ties are broken by chunk_id (numeric) so results are reproducible.
 """
 from __future__ import annotations
@@ -31,7 +37,7 @@ from llama_index.core.schema import NodeWithScore, QueryBundle
 from pipeline.retrieval import timing
 
 # Metadata every fused node carries (None where a score cannot be known, e.g. the vector route is off).
-FUSION_KEYS = ["bm25_rank", "bm25_score", "vector_rank", "similarity", "rrf_score", "fused_score"]
+FUSION_KEYS = ["bm25_rank", "bm25_score", "vector_rank", "similarity", "rrf_score", "fused_score", "length_prior"]
 ADAPTIVE_SLOPE = 1.5
 ADAPTIVE_FLOOR = 0.2
 RATIO_CAP = 4.0  # bm25 top-1/top-2 ratio above this is "decisive" either way; keeps log features bounded
@@ -44,15 +50,23 @@ AUTO_FEATURES = ["bm25_ratio", "coverage", "agree3", "agree10", "dense_margin", 
 DEFAULT_ALPHA = 0.25  # no weights for this model: the constant min-max share the LOSO folds fitted (0.2–0.35)
 
 
+NO_PRIOR = {"beta": 0.0, "cap": 1}
+
+
 def load_auto_weights(path: Path = WEIGHTS_FILE) -> dict:
-    """{"embedding_model": id, "zscore": coefs, "minmax": coefs}; a constant share when the file is unusable."""
+    """{"embedding_model": id, "zscore": coefs, "minmax": coefs, "length_prior": {norm: {"beta", "cap"}}};
+    a constant share and no prior when the file is unusable (a file from before the prior: no prior)."""
     try:
         data = json.loads(path.read_text(encoding="utf-8"))
         out = {norm: {k: float(v) for k, v in data[norm].items()} for norm in NORMS}
         out["embedding_model"] = data.get("embedding_model")
+        prior = data.get("length_prior") or {}
+        out["length_prior"] = {norm: {"beta": float(prior[norm]["beta"]), "cap": int(prior[norm]["cap"])}
+                               if norm in prior else dict(NO_PRIOR) for norm in NORMS}
         return out
     except (OSError, ValueError, KeyError, TypeError, AttributeError):
-        return {"embedding_model": None} | {norm: constant_weight(DEFAULT_ALPHA) for norm in NORMS}
+        return ({"embedding_model": None, "length_prior": {norm: dict(NO_PRIOR) for norm in NORMS}}
+                | {norm: constant_weight(DEFAULT_ALPHA) for norm in NORMS})
 
 
 def constant_weight(alpha: float) -> dict[str, float]:
@@ -114,10 +128,30 @@ NORMS = {"zscore": zscore, "minmax": minmax}
 AUTO_WEIGHTS = load_auto_weights()
 
 
-def convex_scores(bm25: np.ndarray, cosine: np.ndarray, alpha: float, norm: str = "minmax") -> np.ndarray:
-    """α·N(bm25) + (1 − α)·N(cosine) over the same candidates, N = z-score or min-max."""
+def convex_scores(bm25: np.ndarray, cosine: np.ndarray, alpha: float, norm: str = "minmax",
+                  prior: np.ndarray | None = None) -> np.ndarray:
+    """α·N(bm25) + (1 − α)·N(cosine) over the same candidates, N = z-score or min-max; plus `prior` (each
+    candidate's fragment term β·L, `length_prior`) when given."""
     n = NORMS[norm]
-    return alpha * n(bm25) + (1.0 - alpha) * n(cosine)
+    out = alpha * n(bm25) + (1.0 - alpha) * n(cosine)
+    return out if prior is None else out + prior
+
+
+def length_prior(lengths: Sequence[float], beta: float, cap: int) -> np.ndarray:
+    """β·min(1, log(1 + len) / log(1 + cap)) per candidate: 0 for an empty chunk, β from `cap` characters on.
+    β = 0 (or cap ≤ 1) → all zeros: no prior."""
+    x = np.asarray(lengths, dtype=np.float64)
+    if beta <= 0 or cap <= 1 or x.size == 0:
+        return np.zeros(x.size)
+    return beta * np.minimum(np.log1p(np.maximum(x, 0.0)), math.log1p(cap)) / math.log1p(cap)
+
+
+def fragment_length(node) -> float:
+    """The length the fragment prior reads: the chunk's characters; a verified Q&A entry counts as unbounded."""
+    n = getattr(node, "node", node)
+    if (getattr(n, "metadata", None) or {}).get("verified"):
+        return math.inf
+    return float(len(getattr(n, "text", "") or ""))
 
 
 def query_features(bm25_sorted: Sequence[float], cos_sorted: Sequence[float], bm25_top: Sequence[str],
@@ -183,6 +217,7 @@ class Candidates:
     vector_rank: list[int | None] = field(default_factory=list)
     bm25_score: np.ndarray = field(default_factory=lambda: np.zeros(0))
     cosine: np.ndarray | None = None  # None when the vector route is off (no query embedding)
+    lengths: list[float] = field(default_factory=list)  # fragment_length of each chunk (the length prior)
 
     @classmethod
     def union(cls, bm25: list[NodeWithScore], vector: list[NodeWithScore]) -> "Candidates":
@@ -197,6 +232,7 @@ class Candidates:
                     c.nodes.append(n)
                     c.bm25_rank.append(None)
                     c.vector_rank.append(None)
+                    c.lengths.append(fragment_length(n))
                 ranks[pos[nid]] = rank
         return c
 
@@ -216,13 +252,17 @@ class FusionParams:
     convex_bm25_weight: float | None = None  # None → per-query auto weight from auto_coefs
     norm: str = "minmax"
     auto_coefs: dict[str, float] | None = None  # None → the fitted ones for `norm`
+    prior_beta: float = 0.0  # the fragment prior (convex mode): β and cap of `length_prior`; β = 0: off
+    prior_cap: int = 1
 
     @classmethod
     def from_settings(cls, s, embedding_model: str | None = None) -> "FusionParams":
+        prior = AUTO_WEIGHTS["length_prior"][s.convex_norm] if s.convex_length_prior else NO_PRIOR
         return cls(mode=s.fusion_mode, rrf_k=s.rrf_k, bm25_weight=s.bm25_weight, vector_weight=s.vector_weight,
                    bm25_adaptive=s.bm25_adaptive, norm=s.convex_norm,
                    convex_bm25_weight=None if s.convex_auto_weight else s.convex_bm25_weight,
-                   auto_coefs=auto_weights_for(embedding_model, s.convex_norm))
+                   auto_coefs=auto_weights_for(embedding_model, s.convex_norm),
+                   prior_beta=prior["beta"], prior_cap=prior["cap"])
 
 
 @dataclass
@@ -248,10 +288,13 @@ def fuse(cands: Candidates, p: FusionParams, features: dict[str, float] | None =
     rrf_w = (adaptive_bm25_weight([v for _, v in top], p.bm25_weight) if p.bm25_adaptive and has_vec
              else p.bm25_weight)
     rrf = rrf_scores(cands.bm25_rank, cands.vector_rank, p.rrf_k, rrf_w, p.vector_weight)
+    prior = None
     if p.mode == "convex" and has_vec and has_bm25:
         alpha = (p.convex_bm25_weight if p.convex_bm25_weight is not None
                  else auto_weight(features or {}, p.auto_coefs or AUTO_WEIGHTS[p.norm]))
-        fused, weight = convex_scores(cands.bm25_score, cands.cosine, alpha, p.norm), alpha
+        if p.prior_beta > 0:
+            prior = length_prior(cands.lengths, p.prior_beta, p.prior_cap)
+        fused, weight = convex_scores(cands.bm25_score, cands.cosine, alpha, p.norm, prior), alpha
     elif p.mode == "convex":  # one route only: its own order (α = 1 for BM25 alone, 0 for vectors alone)
         weight = 1.0 if has_bm25 else 0.0
         fused = NORMS[p.norm](cands.bm25_score if has_bm25 else cands.cosine)
@@ -263,7 +306,8 @@ def fuse(cands: Candidates, p: FusionParams, features: dict[str, float] | None =
         info = {"bm25_rank": cands.bm25_rank[i], "bm25_score": _known(cands.bm25_score[i]),
                 "vector_rank": cands.vector_rank[i],
                 "similarity": None if cands.cosine is None else _known(cands.cosine[i]),
-                "rrf_score": float(rrf[i]), "fused_score": float(fused[i])}
+                "rrf_score": float(rrf[i]), "fused_score": float(fused[i]),
+                "length_prior": None if prior is None else float(prior[i])}
         node.metadata = {**node.metadata, **info}
         hidden = [k for k in FUSION_KEYS if k not in node.excluded_llm_metadata_keys]
         node.excluded_llm_metadata_keys = [*node.excluded_llm_metadata_keys, *hidden]

@@ -38,11 +38,12 @@ def _r(x, nd: int = 4):
 
 def fused_row(n: NodeWithScore) -> dict:
     """A fused candidate's numbers for the trace and the debug view: the fused score, the RRF score, and both
-    routes' rank (None: not in that route's list) and real score."""
+    routes' rank (None: not in that route's list) and real score; the fragment prior's term (None: off)."""
     m = n.node.metadata
     return {"fused_score": _r(m.get("fused_score"), 6), "rrf_score": _r(m.get("rrf_score"), 6),
             "bm25_rank": m.get("bm25_rank"), "bm25_score": _r(m.get("bm25_score")),
-            "vector_rank": m.get("vector_rank"), "similarity": _r(m.get("similarity"))}
+            "vector_rank": m.get("vector_rank"), "similarity": _r(m.get("similarity")),
+            "length_prior": _r(m.get("length_prior"))}
 
 
 def fusion_info(mode: str, weight: float, features: dict) -> dict:
