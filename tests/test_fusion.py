@@ -380,7 +380,8 @@ def test_cv_never_fits_on_the_left_out_set():
 
 def _fragment_set(rng, n_q: int, fragments: bool) -> list:
     """Questions whose vector top-1 is (fragments=True) a short non-hit fragment echoing the question, with the
-    hit a long chunk just below it; without fragments every chunk is long and the hit leads the vector route."""
+    hit a long chunk just below it; without fragments every chunk is long and the hit leads the vector route.
+    BM25 is flat, so whatever α the fit picks, only the cosine and the prior decide."""
     from tools.fusion_cv import Q
 
     out = []
@@ -388,7 +389,7 @@ def _fragment_set(rng, n_q: int, fragments: bool) -> list:
         n = 12
         ids = rng.choice(10_000, n, replace=False).astype(np.int64)
         rb, rv = rng.permutation(n) + 1.0, np.arange(1, n + 1, dtype=float)
-        sb = np.sort(rng.uniform(1, 9, n))[::-1][(rb - 1).astype(int)]
+        sb = np.full(n, 3.0)  # BM25 flat: no preference, so only the cosine and the prior order them
         sc = np.linspace(0.95, 0.85, n)
         hit = np.zeros(n, bool)
         hit[1 if fragments else 0] = True

@@ -226,7 +226,10 @@ def rss_mb() -> tuple[float, float]:
     return round(vals["VmRSS"]), round(vals["VmHWM"])
 
 
-MODES = {"convex (auto weight)": {"fusion_mode": "convex", "convex_auto_weight": True},
+MODES = {"convex (auto weight + fragment prior)": {"fusion_mode": "convex", "convex_auto_weight": True,
+                                                   "convex_length_prior": True},
+         "convex (auto weight, no prior)": {"fusion_mode": "convex", "convex_auto_weight": True,
+                                            "convex_length_prior": False},
          "rrf (SRS, K=60)": {"fusion_mode": "rrf", "bm25_adaptive": False}}
 
 
@@ -260,7 +263,7 @@ def serve(data: Path, n_queries: int, reranker: str | None) -> dict:
                 stages[k].append(r.ms.get(k, 0.0))
             stages["retrieval_no_rerank"].append(sum(r.ms.get(k, 0.0) for k in ("embed", "bm25", "vector", "fusion")))
         latency[name] = {k: {"p50": pct(v, 50), "p95": pct(v, 95)} for k, v in stages.items()}
-    steps.append((f"{2 * n_queries} questions", rss_mb()[0]))
+    steps.append((f"{len(MODES) * n_queries} questions", rss_mb()[0]))
     rerank = c.retrieval.rerank_label or "未配置精排模型（阶段跳过）"
     c.close()
     rows = [(name, mb, mb - prev) for (name, mb), (_, prev) in zip(steps[1:], steps[:-1])]

@@ -129,6 +129,8 @@ def score_set(model: GateModel, rows: list[dict], bg: Background) -> dict:
 
 
 def _fmt(v) -> str:
+    if isinstance(v, str):  # GateModel.similarity ("above" | "z")
+        return repr(v)
     return f"({', '.join(f'{c:.4f}' for c in v)})" if isinstance(v, tuple) else f"{v:.4f}"
 
 

@@ -203,13 +203,18 @@ def union_oracle(row: dict) -> list[bool]:
     return [any(r[5] for r in top)]
 
 
-def reference_params(s):
-    """The fusions every evaluation reports beside the configured one."""
+def reference_params(s, embedding_model: str | None = None):
+    """The fusions every evaluation reports beside the configured one: the SRS's RRF, the adaptive RRF, and
+    (convex mode with the fragment prior on) the same convex fusion without the prior — old and new, one run."""
     from pipeline.retrieval.fusion import FusionParams
 
-    return {"rrf": FusionParams(mode="rrf", rrf_k=60, bm25_adaptive=False),  # the SRS's RRF, K = 60
+    refs = {"rrf": FusionParams(mode="rrf", rrf_k=60, bm25_adaptive=False),  # the SRS's RRF, K = 60
             "adaptive_rrf": FusionParams(mode="rrf", rrf_k=s.rrf_k, bm25_weight=s.bm25_weight,
                                          vector_weight=s.vector_weight, bm25_adaptive=True)}
+    if s.fusion_mode == "convex" and s.convex_length_prior:
+        refs["fused_no_prior"] = FusionParams.from_settings(s.model_copy(update={"convex_length_prior": False}),
+                                                            embedding_model)
+    return refs
 
 
 def evaluate(engine, corpus: Corpus, key_to_doc: dict[str, int], sweep: bool = False,
@@ -218,7 +223,7 @@ def evaluate(engine, corpus: Corpus, key_to_doc: dict[str, int], sweep: bool = F
 
     s = engine.settings
     svc = engine.components.retrieval
-    refs = reference_params(s)
+    refs = reference_params(s, svc.embedding_model)
     names = ["bm25", "vector", "union_oracle", *refs, "fused"]
     routes: dict[str, list[list[bool]]] = {r: [] for r in names}
     lat: dict[str, list[float]] = {"bm25": [], "vector": [], "fused": []}
@@ -243,7 +248,7 @@ def evaluate(engine, corpus: Corpus, key_to_doc: dict[str, int], sweep: bool = F
         routes["fused"].append([_is_hit(n, q, gold_ids) for n in fusion.fused[:K]])
         cands, hit_of = candidates_from_row(row)
         for name, params in refs.items():
-            routes[name].append([hit_of[n.node.node_id] for n in fuse(cands, params)[0][:K]])
+            routes[name].append([hit_of[n.node.node_id] for n in fuse(cands, params, fusion.features)[0][:K]])
         lat["bm25"].append(fusion.ms["bm25"])
         lat["vector"].append(embed_ms + fusion.ms["vector"])
         lat["fused"].append(embed_ms + sum(fusion.ms.values()))
@@ -283,7 +288,7 @@ def rescore_dump(path: Path, s) -> dict:
     from pipeline.retrieval.fusion import FusionParams, fuse
     from tools.fusion_cv import PACKAGED_E5, row_features
 
-    refs = reference_params(s)
+    refs = reference_params(s, PACKAGED_E5)
     params = FusionParams.from_settings(s, PACKAGED_E5)
     routes: dict[str, list[list[bool]]] = {r: [] for r in ["bm25", "vector", "union_oracle", *refs, "fused"]}
     n_rel = []

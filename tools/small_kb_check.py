@@ -32,6 +32,7 @@ from tools.evaluate import Corpus, Question, load_dureader
 from tools.kb_cache import shared_data_dir
 
 ORACLE_FR = (0.01, 0.02, 0.03, 0.05)
+ROUTES = ("bm25", "vector", "rrf", "fused_no_prior", "fused", "union_oracle")  # fused_no_prior: without the prior
 
 
 def articles_corpus(path: Path, articles: int, seed: int) -> tuple[Corpus, list[Question]]:
@@ -123,7 +124,7 @@ def run(squad: Path, articles: int, seed: int, search: Path | None, questions: i
         chunks = sum(len(engine.components.docs.chunks_of(d)) for d in set(key_to_doc.values()))
         engine.close()
     return {"set": Path(squad).name, "articles": articles, "seed": seed, "chunks": chunks,
-            "routes": {k: retrieval["routes"][k] for k in ("bm25", "vector", "rrf", "fused", "union_oracle")},
+            "routes": {k: retrieval["routes"][k] for k in ROUTES if k in retrieval["routes"]},
             "answers": answers, "answerable": shares(answerable),
             "out_of_kb_same_style": shares(same_style) | {"n": len(same_style)},
             "out_of_kb_search": shares(searched) | {"n": len(searched)},
