@@ -92,6 +92,11 @@ def test_length_prior_exact():
     assert all(n.node.metadata["length_prior"] is None for n in off)
     rrf, _ = fuse(_cands(HAND, texts), FusionParams(mode="rrf", bm25_adaptive=False, prior_beta=beta, prior_cap=cap))
     assert [n.node.node_id for n in rrf] == ["10", "20", "30", "40"]
+    # the gate's evidence order: the same nodes in the order without the prior (exactly the plain convex order)
+    from pipeline.retrieval.fusion import without_prior
+
+    assert [n.node.node_id for n in without_prior(fused)] == [n.node.node_id for n in off] == ["20", "10", "40", "30"]
+    assert without_prior(off) is off
 
 
 def test_length_prior_comes_from_the_fitted_weights_and_its_setting(tmp_path):
@@ -247,6 +252,19 @@ def test_trace_shows_fused_and_both_routes(engine):
     dbg = engine.search(QUESTION, 5)
     assert dbg["fusion"]["mode"] == engine.settings.fusion_mode
     assert all(r["bm25_score"] is not None and r["similarity"] is not None for r in dbg["rrf"])
+
+
+def test_the_gate_reads_the_order_without_the_prior(engine):
+    """The fragment prior orders what is shown; the gate's features come from the prior-free order, so they are
+    the same with the prior on or off."""
+    svc = engine.components.retrieval
+    on = engine.settings
+    off = on.model_copy(update={"convex_length_prior": False})
+    _, f_on, _ = svc.recall(QUESTION, on)
+    _, f_off, _ = svc.recall(QUESTION, off)
+    assert any(n.node.metadata["length_prior"] for n in f_on.fused)
+    assert [n.node.node_id for n in f_on.evidence] == [n.node.node_id for n in f_off.fused]
+    assert svc.gate_features(QUESTION, f_on) == svc.gate_features(QUESTION, f_off)
 
 
 def test_mode_switch_takes_effect_without_reload(engine):

@@ -19,7 +19,10 @@ Modes (setting `fusion_mode`):
   材质好」, a heading, a navigation line) above the passage that answers it — on the web-passage dev sets half the
   vector top-1s are such fragments under 80 characters; a chunk that says something needs some length. β and
   cap are fitted with the α coefficients (same file, same leave-one-set-out check); a verified Q&A entry is
-  curated, never a fragment, and counts as full length.
+  curated, never a fragment, and counts as full length. The prior orders what is shown and quoted; it is not
+  evidence that the knowledge base holds an answer (an out-of-KB question also gets long chunks on top, with
+  more words to match), so the no-answer gate reads `FusionOutput.evidence`: the same candidates in the order
+  of the fusion without the prior.
 Ties are broken by chunk_id (numeric) so results are reproducible.
 """
 from __future__ import annotations
@@ -274,6 +277,17 @@ class FusionOutput:
     mode: str = "rrf"
     bm25_weight: float = 1.0  # the BM25 weight (rrf) or share α (convex) actually used for this query
     features: dict[str, float] = field(default_factory=dict)
+    evidence: list[NodeWithScore] = field(default_factory=list)  # `fused` in the order without the prior
+
+
+def without_prior(fused: list[NodeWithScore]) -> list[NodeWithScore]:
+    """The fused nodes in the order of their score without the fragment prior (fused_score − length_prior),
+    ties by chunk_id as in `fuse`; the list itself when no prior was added."""
+    if not any(n.node.metadata.get("length_prior") for n in fused):
+        return fused
+    base = np.array([float(n.node.metadata["fused_score"]) - float(n.node.metadata.get("length_prior") or 0.0)
+                     for n in fused])
+    return [fused[i] for i in order_by(base, [n.node.node_id for n in fused])]
 
 
 def fuse(cands: Candidates, p: FusionParams, features: dict[str, float] | None = None
@@ -376,6 +390,7 @@ class HybridRetriever(BaseRetriever):
                 cands = self.complete(query_bundle, out.bm25, out.vector, inner, scores)
                 out.features = self.features(query_bundle.query_str, inner, out.bm25, out.vector)
                 out.fused, out.bm25_weight = fuse(cands, self.params, out.features)
+                out.evidence = without_prior(out.fused)
         out.ms = dict(ms)
         timing.merge(ms)  # an outer collector (the engine's) sees the route timings too
         return out

@@ -184,14 +184,15 @@ class RetrievalService:
     def gate_features(self, query: str, fusion: FusionOutput, kb_ids=None,
                       query_embedding=None) -> GateFeatures:
         """The gate's cheap features; with query_embedding also the sentence evidence (embeds sentences)."""
+        # the evidence order: the fragment prior ranks what is shown, not whether the KB answers (fusion.py)
         f = measure(self.tokenizer(query), self.tokenizer.segments(query), self.term_weights(kb_ids),
-                    fusion.bm25, fusion.vector, fusion.fused)
+                    fusion.bm25, fusion.vector, fusion.evidence)
         if query_embedding is not None:
             f = dataclasses.replace(f, best_sentence=self.best_sentence(query_embedding, fusion))
         return f
 
     def best_sentence(self, query_embedding, fusion: FusionOutput) -> float | None:
-        return self.sentences.best(query_embedding, fusion.fused) if self.sentences is not None else None
+        return self.sentences.best(query_embedding, fusion.evidence) if self.sentences is not None else None
 
     def measure_gate(self, query: str, s: Settings, kb_ids=None) -> GateFeatures:
         """Gate features of one query without a decision, the sentence evidence included (how the background
