@@ -63,7 +63,7 @@ class Settings(BaseModel):
         description="convex 模式下每路分数在本次候选内的归一化方式：minmax（0–1）或 zscore（标准分）")
     convex_length_prior: bool = setting(
         True, group="retrieval", effect="immediate", label="短片段降权",
-        description="convex 模式下给过短的块（标题、导航行等只复述问题的片段）降权；强度与按问题定权一同拟合")
+        description="convex 模式下给过短的块（标题、导航行等只复述问题的片段）降权；强度在开发集上留一法选定，不影响无答案判定")
     convex_bm25_weight: float = setting(
         0.25, group="retrieval", effect="immediate", label="BM25 占比（固定）",
         description="convex 模式、关闭自动定权时 BM25 的固定占比（向量占 1 − 该值）", ge=0, le=1)

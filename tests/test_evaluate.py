@@ -76,3 +76,22 @@ def test_rescore_dump(tmp_path):
                                  )["routes"]["fused"]["hit@1"] == 0.0
     assert evaluate.rescore_dump(d, Settings(convex_auto_weight=False, convex_bm25_weight=0.0)
                                  )["routes"]["fused"]["hit@1"] == 1.0
+
+
+def test_rescore_dump_reports_the_fusion_without_the_prior_beside_it(tmp_path):
+    """Old and new in one run: a question whose vector top-1 is a 6-character echo of it and whose gold chunk
+    (300 characters) is second — the shipped fusion (prior on) puts the gold first, `fused_no_prior` does not."""
+    from pipeline.retrieval.fusion import AUTO_WEIGHTS
+    from pipeline.settings import Settings
+
+    assert AUTO_WEIGHTS["length_prior"]["minmax"]["beta"] > 0
+    d = tmp_path / "d.jsonl"
+    row = {"q": "塘沽区什么地方有男科医院", "n_rel": 1, "features": {"coverage": 0.2},
+           "cands": [["1", 2, 1, 1.0, 0.95, False, 6], ["2", 1, 2, 1.1, 0.93, True, 300],
+                     ["3", 3, 3, 0.2, 0.80, False, 300]]}
+    d.write_text(json.dumps(row))
+    r = evaluate.rescore_dump(d, Settings())["routes"]
+    assert r["fused"]["hit@1"] == 1.0 and r["vector"]["hit@1"] == 0.0
+    off = evaluate.rescore_dump(d, Settings(convex_length_prior=False))["routes"]
+    assert r["fused_no_prior"]["hit@1"] == 0.0  # the echo first, as before the prior
+    assert "fused_no_prior" not in off and off["fused"]["hit@1"] == r["fused_no_prior"]["hit@1"]
