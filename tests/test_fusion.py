@@ -83,9 +83,12 @@ def test_length_prior_exact():
     assert {n.node.node_id: n.node.metadata["length_prior"] for n in fused} == pytest.approx(prior)
     assert list(length_prior([0, 5, 1000], 1.0, 400)) == pytest.approx([0.0, math.log(6) / math.log(401), 1.0])
     assert not length_prior([3, 4], 0.0, 400).any()
-    # a verified Q&A entry is curated, never a fragment: full prior however short
+    # a verified Q&A entry is curated, never a fragment: full prior however short; so is a document's later chunk
+    # (a page's or document's tail is short by where the cut fell), while its first chunk is measured
     qa = TextNode(id_="9", text="问：年假？\n答：五天", metadata={"verified": True})
     assert fragment_length(qa) == math.inf and length_prior([fragment_length(qa)], 0.5, 400)[0] == 0.5
+    assert fragment_length(TextNode(id_="8", text="的违约金。", metadata={"chunk_index": 3})) == math.inf
+    assert fragment_length(TextNode(id_="7", text="塘沽男科医院", metadata={"chunk_index": 0})) == 6.0
     # off: exactly the plain convex scores, no prior in the metadata; RRF ignores it
     off, _ = fuse(_cands(HAND, texts), FusionParams(convex_bm25_weight=0.25))
     assert {n.node.node_id: n.score for n in off} == pytest.approx(base)
@@ -247,7 +250,7 @@ def test_trace_shows_fused_and_both_routes(engine):
     lp = AUTO_WEIGHTS["length_prior"]["minmax"]
     res = engine.retrieve(QUESTION)
     for n in res.fused:
-        want = length_prior([len(n.node.text)], lp["beta"], lp["cap"])[0]
+        want = length_prior([fragment_length(n)], lp["beta"], lp["cap"])[0]
         assert n.node.metadata["length_prior"] == pytest.approx(want)
     dbg = engine.search(QUESTION, 5)
     assert dbg["fusion"]["mode"] == engine.settings.fusion_mode

@@ -18,8 +18,9 @@ Modes (setting `fusion_mode`):
   capped at 1. Why: the dense route ranks short fragments that merely echo the question (a page title 「爬爬垫什么
   材质好」, a heading, a navigation line) above the passage that answers it — on the web-passage dev sets half the
   vector top-1s are such fragments under 80 characters; a chunk that says something needs some length. β and
-  cap are fitted with the α coefficients (same file, same leave-one-set-out check); a verified Q&A entry is
-  curated, never a fragment, and counts as full length. The prior orders what is shown and quoted; it is not
+  cap are fitted after the α coefficients (same file, same leave-one-set-out check). Only a document's first
+  chunk can be a fragment: a later one continues the passage before it (a tail is short by where the cut fell),
+  and a verified Q&A entry is curated; both count as full length. The prior orders what is shown and quoted; it is not
   evidence that the knowledge base holds an answer (an out-of-KB question also gets long chunks on top, with
   more words to match), so the no-answer gate reads `FusionOutput.evidence`: the same candidates in the order
   of the fusion without the prior.
@@ -150,9 +151,12 @@ def length_prior(lengths: Sequence[float], beta: float, cap: int) -> np.ndarray:
 
 
 def fragment_length(node) -> float:
-    """The length the fragment prior reads: the chunk's characters; a verified Q&A entry counts as unbounded."""
+    """The length the fragment prior reads: the characters of a document's first chunk. A later chunk continues
+    the passage before it (a page's or a document's tail is short by where the cut fell, not because it says
+    little), and a verified Q&A entry is curated: both count as unbounded."""
     n = getattr(node, "node", node)
-    if (getattr(n, "metadata", None) or {}).get("verified"):
+    meta = getattr(n, "metadata", None) or {}
+    if meta.get("verified") or (meta.get("chunk_index") or 0) > 0:
         return math.inf
     return float(len(getattr(n, "text", "") or ""))
 
