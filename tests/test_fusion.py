@@ -268,6 +268,16 @@ def test_the_gate_reads_the_order_without_the_prior(engine):
     assert any(n.node.metadata["length_prior"] for n in f_on.fused)
     assert [n.node.node_id for n in f_on.evidence] == [n.node.node_id for n in f_off.fused]
     assert svc.gate_features(QUESTION, f_on) == svc.gate_features(QUESTION, f_off)
+    # On these few short documents the prior happens not to reorder anything, so the lines above alone could not
+    # tell `evidence` from `fused`. Reordering one list and not the other does: the order matters to the gate,
+    # and it is the evidence order it reads.
+    import dataclasses
+
+    flipped = f_off.fused[::-1]
+    assert svc.gate_features(QUESTION, dataclasses.replace(f_off, evidence=flipped)) != \
+        svc.gate_features(QUESTION, f_off)
+    assert svc.gate_features(QUESTION, dataclasses.replace(f_off, fused=flipped, evidence=f_off.fused)) == \
+        svc.gate_features(QUESTION, f_off)
 
 
 def test_mode_switch_takes_effect_without_reload(engine):
