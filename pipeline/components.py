@@ -1,10 +1,10 @@
-"""The one place that constructs the app's components (PrivateGPT's `di.py` idea).
+"""The one place that constructs the app's components and services (PrivateGPT's `di.py` idea).
 
-    components = build_components(data_dir, settings=..., on_ingested=..., busy_reason=...)
+    services = build_services(data_dir, deployment=...)   # stores, indexes, the ingest worker, the services
     load_models(components, settings)   # embedding, cross-encoder, LLM, retrieval service; again on 重载引擎
 
-`Engine` is a facade over a `Components`; tools and tests use `engine.components.<store>` (or Engine's public
-methods). Nothing else builds stores, indexes or models.
+`Engine` is a facade over a `Services`; tools and tests use `engine.components.<store>` (or the services).
+Nothing else builds stores, indexes, models or services.
 """
 from __future__ import annotations
 
@@ -24,10 +24,12 @@ from pipeline.conversation.verified import VerifiedQAService
 from pipeline.deployment import Deployment
 from pipeline.generation.extractive import ExtractivePicker
 from pipeline.generation.support import SupportChecker
+from pipeline.ingestion.rebuild import Rebuild
 from pipeline.ingestion.service import IngestService
+from pipeline.kb_access import KBAccess
 from pipeline.knowledge_bases import KnowledgeBases
 from pipeline.models.paths import resolve_model_dir
-from pipeline.ops.audit import KBAuditor
+from pipeline.ops.audit import KBAuditor, ModelIds
 from pipeline.ops.repair import KBRepairer, RepairHooks
 from pipeline.retrieval.bm25 import BM25Index
 from pipeline.retrieval.gate_background import GateBackground, GateBackgrounds
@@ -35,6 +37,16 @@ from pipeline.retrieval.nodes import kb_id_of, kb_ids_of
 from pipeline.retrieval.rerank import CrossEncoder, load_cross_encoder
 from pipeline.retrieval.sentence_evidence import SentenceEvidence
 from pipeline.retrieval.service import RetrievalService
+from pipeline.retry_cache import StoredRetrievals
+from pipeline.services.answering import AnswerService
+from pipeline.services.changes import SearchableChanges
+from pipeline.services.conversations import ConversationDesk
+from pipeline.services.documents import DocumentService
+from pipeline.services.knowledge_bases import KnowledgeBaseService
+from pipeline.services.lifecycle import Lifecycle
+from pipeline.services.operations import OperationsService
+from pipeline.services.settings import SettingsService
+from pipeline.services.shared_sync import SharedSync
 from pipeline.settings import Settings
 from pipeline.tokenize_zh import ChineseTokenizer
 from store.config_store import ConfigStore
@@ -44,7 +56,7 @@ from store.dirlock import DataDirLock
 from store.documents import DocumentStore
 from store.feedback import FeedbackStore
 from store.files import FileStore
-from store.gate import WriteGate
+from store.write_lock import WriteLock
 from store.gate_stats import GateStatsStore
 from store.jobs import JobStore
 from store.knowledge_bases import KBStore
@@ -88,7 +100,7 @@ class Components:
     tokenizer: ChineseTokenizer
     bm25: BM25Index          # the default knowledge base's BM25 index (= kbs.default.bm25)
     ingest: IngestService
-    gate: WriteGate  # multi-store writes hold it shared; backup / audit / repair freeze it (store/gate.py)
+    write_lock: WriteLock  # multi-store writes hold it shared; backup / audit / repair freeze it (store/write_lock.py)
     dir_lock: DataDirLock
     conversations: ConversationService   # conversations, turns, ownership (pipeline.conversation)
     feedback: FeedbackService
@@ -156,9 +168,9 @@ def build_components(data_dir: Path | str, *, project_root: Path | None = None, 
     def model_ident() -> tuple[str, int]:
         return comps.models.embedding.model_id, comps.models.embedding.dim
 
-    gate = WriteGate()
+    write_lock = WriteLock()
     ingest = IngestService(docs, kbs, files, tokenizer, settings, embed_model, model_ident,
-                           on_change=on_ingested, busy_reason=busy_reason, gate=gate,
+                           on_change=on_ingested, busy_reason=busy_reason, write_lock=write_lock,
                            jobs=jobs, ready=lambda: comps is not None and comps.models is not None,
                            lease_s=dep.ingest_lease_s)
     conversations = ConversationService(ConversationStore(db))
@@ -166,7 +178,7 @@ def build_components(data_dir: Path | str, *, project_root: Path | None = None, 
                                  busy_reason=busy_reason)
     default = kbs.default
     comps = Components(data_dir, project_root, Path(models_dir or project_root / "models"), db, ConfigStore(db),
-                       docs, files, default.vectors, tokenizer, default.bm25, ingest, gate, dir_lock,
+                       docs, files, default.vectors, tokenizer, default.bm25, ingest, write_lock, dir_lock,
                        conversations, FeedbackService(FeedbackStore(db), conversations), verified, Router(),
                        DeterministicRewriter(), jobs, SharedState(db), RetrievalStore(db), LeaseStore(db), dep, kbs,
                        GateStatsStore(db))
@@ -179,12 +191,69 @@ def build_ops(c: Components, *, model_ids: Callable[[], Any], has_job: Callable[
     what only it knows (the expected model ids, whether a document has a live job, its post-change hooks)."""
     vectors = c.kbs.all_vectors  # audit / repair / backup look at every knowledge base
     auditor = KBAuditor(c.docs, vectors, c.files, c.tokenizer, model_ids,
-                        bm25_ids=vectors.bm25_indexed_ids, has_job=has_job, gate=c.gate)
-    repairer = KBRepairer(auditor, c.docs, vectors, c.files, c.tokenizer, c.gate, RepairHooks(
+                        bm25_ids=vectors.bm25_indexed_ids, has_job=has_job, write_lock=c.write_lock)
+    repairer = KBRepairer(auditor, c.docs, vectors, c.files, c.tokenizer, c.write_lock, RepairHooks(
         embed=lambda texts: c.models.embedding.embed_model.get_text_embedding_batch(texts),
         model=lambda: (c.models.embedding.model_id, c.models.embedding.dim),
         requeue=c.ingest.enqueue, rebuild_bm25=rebuild_bm25, on_model_fixed=on_model_fixed))
     return auditor, repairer
+
+
+@dataclass
+class Services:
+    """What the doors (ui/, api/, app.py) talk to, each built once over one `Components`."""
+
+    components: Components
+    settings: SettingsService
+    lifecycle: Lifecycle
+    changes: SearchableChanges     # the one change hook for everything that changes what is searchable
+    sync: SharedSync               # in step with other app processes (the counters in app_state)
+    kbs: KnowledgeBaseService
+    documents: DocumentService
+    answers: AnswerService
+    conversations: ConversationDesk
+    ops: OperationsService
+
+
+def build_services(data_dir: Path | str, *, project_root: Path | None = None, models_dir: Path | None = None,
+                   deployment: Deployment | None = None) -> Services:
+    """Components and the services over them, wired to each other. The components' callbacks (ingest done, why
+    uploads are refused, a verified entry's delete) reach services built after them, hence the late binding."""
+    svc: Services | None = None
+    c = build_components(
+        data_dir, project_root=project_root, models_dir=models_dir, settings=lambda: svc.settings.current,
+        on_ingested=lambda: svc.changes.changed(bumped=True, wait=True),  # jobs.complete moved the counter
+        busy_reason=lambda: svc.lifecycle.busy_reason(), delete_document=lambda doc_id: svc.documents.delete(doc_id),
+        deployment=deployment)
+    recent = StoredRetrievals(c.retrievals, c.docs.get_chunks)
+    settings = SettingsService(c.config, c.project_root, bump=lambda name: svc.sync.bump(name),
+                               on_bm25_params=lambda s: svc.lifecycle.rebuild_bm25(s),
+                               catch_up=lambda: svc.sync.catch_up())
+    rebuild = Rebuild(c, on_change=lambda **kw: svc.changes.changed(**kw))
+    lifecycle = Lifecycle(c, settings, rebuild, load_models=lambda s: load_models(c, s), sync=lambda: svc.sync,
+                          clear_caches=recent.clear)
+    sync = SharedSync(c.state, on_kb=lifecycle.refresh_indexes, on_config=settings.reread,
+                      on_engine=lifecycle.reload_from_elsewhere)
+    changes = SearchableChanges(sync, clear_caches=recent.clear)
+    access = KBAccess(c.kbs)  # per-KB readers: every read takes a `reader` (None = everyone)
+    kbs = KnowledgeBaseService(c, access, lifecycle, changes)
+
+    def model_ids() -> ModelIds:
+        stored, stored_dim = c.kbs.all_vectors.model_info()
+        emb = c.models.embedding if c.models else None
+        return ModelIds(stored, stored_dim, settings.expected_model_id(), emb.model_id if emb else None,
+                        emb.dim if emb else None)
+
+    def model_fixed() -> None:
+        c.models.model_warning = c.kbs.model_warning(c.models.embedding.model_id, c.models.embedding.dim)
+
+    auditor, repairer = build_ops(c, model_ids=model_ids,
+                                  has_job=lambda doc_id: c.ingest.is_queued(doc_id) or rebuild.running,
+                                  rebuild_bm25=lambda: changes.changed(wait=True), on_model_fixed=model_fixed)
+    svc = Services(c, settings, lifecycle, changes, sync, kbs, DocumentService(c, access, lifecycle, changes, rebuild),
+                   AnswerService(c, settings, lifecycle, kbs, recent, catch_up=sync.catch_up),
+                   ConversationDesk(c, access), OperationsService(c, lifecycle, changes, auditor, repairer))
+    return svc
 
 
 def load_models(c: Components, s: Settings) -> Models:

@@ -374,8 +374,15 @@ def tokenizer():
     return ChineseTokenizer()
 
 
-def test_extractive_answer(tokenizer):
-    events, result = run(stream_answer("退货期限是多久？", NODES, None, 0.3, tokenizer=tokenizer))
+@pytest.fixture(scope="module")
+def picker(tokenizer):
+    """The lexical picker (no embedding model): what the extractive path quotes with."""
+    from pipeline.generation.extractive import ExtractivePicker
+    return ExtractivePicker(tokenizer)
+
+
+def test_extractive_answer(picker):
+    events, result = run(stream_answer("退货期限是多久？", NODES, None, 0.3, picker=picker))
     t = texts(events)
     assert t[0] == f"{EXTRACTIVE_LABEL}：\n"
     assert 2 <= len(t) <= 4
@@ -387,41 +394,41 @@ def test_extractive_answer(tokenizer):
         assert re.search(r"\[[12]\]", line)
 
 
-def test_extractive_deterministic(tokenizer):
-    a = run(stream_answer("换货期限多久", NODES, None, 0.3, tokenizer=tokenizer))
-    b = run(stream_answer("换货期限多久", NODES, None, 0.9, tokenizer=tokenizer))
+def test_extractive_deterministic(picker):
+    a = run(stream_answer("换货期限多久", NODES, None, 0.3, picker=picker))
+    b = run(stream_answer("换货期限多久", NODES, None, 0.9, picker=picker))
     assert texts(a[0]) == texts(b[0]) and a[1] == b[1]
     assert "换货期限为 15 天[2]" in a[1].text
     assert 2 in a[1].cited
 
 
-def test_extractive_nothing_addresses_the_question(tokenizer):
+def test_extractive_nothing_addresses_the_question(picker):
     # no sentence shares a content word with the question: say so and point at the closest sources,
     # instead of quoting an unrelated sentence
-    events, result = run(stream_answer("量子纠缠", NODES, None, 0.3, tokenizer=tokenizer))
+    events, result = run(stream_answer("量子纠缠", NODES, None, 0.3, picker=picker))
     assert len(events) == 2
     assert texts(events)[1].startswith(NOT_FOUND_TEXT) and "[1][2]" in texts(events)[1]
     assert result.cited == {1, 2}
 
 
-def test_extractive_skips_headings_and_labels(tokenizer):
+def test_extractive_skips_headings_and_labels(picker):
     nodes = [mk_node("七、违约责任\n2、乙方违约责任\n（1）乙方逾期交货的，每逾期一日按合同总价的万分之五向甲方支付违约金。")]
-    _, result = run(stream_answer("乙方逾期交货的违约责任是什么？", nodes, None, 0.3, tokenizer=tokenizer))
+    _, result = run(stream_answer("乙方逾期交货的违约责任是什么？", nodes, None, 0.3, picker=picker))
     assert "万分之五" in result.text
     assert "乙方违约责任[1]" not in result.text and "七、违约责任" not in result.text
 
 
-def test_extractive_joins_hard_wrapped_lines(tokenizer):
+def test_extractive_joins_hard_wrapped_lines(picker):
     nodes = [mk_node("次日，诸葛均回，孔明嘱付曰：“吾受刘皇叔三顾之恩，不容不出。汝可躬耕于此，勿\n"
                      "得荒芜田亩。”玄德等三人别了诸葛均，与孔明同归新野。")]
-    _, result = run(stream_answer("孔明为什么出山？", nodes, None, 0.3, tokenizer=tokenizer))
+    _, result = run(stream_answer("孔明为什么出山？", nodes, None, 0.3, picker=picker))
     assert "勿得荒芜田亩" in result.text or "三顾之恩" in result.text
     assert "勿\n" not in result.text
 
 
-def test_extractive_dedupes_overlapping_chunks(tokenizer):
+def test_extractive_dedupes_overlapping_chunks(picker):
     nodes = [mk_node("退货期限为 7 天。其他内容甲。"), mk_node("退货期限为 7 天。其他内容乙。")]
-    _, result = run(stream_answer("退货期限", nodes, None, 0.3, tokenizer=tokenizer))
+    _, result = run(stream_answer("退货期限", nodes, None, 0.3, picker=picker))
     assert result.text.count("退货期限为 7 天") == 1
 
 
@@ -440,7 +447,7 @@ def test_answer_kind_cue(tokenizer):
     assert not offers("number", "前肛鳗为鳗鲡目的一个种", "前肛鳗的体长是多少？", tokenizer.tagged)
 
 
-def test_carry_over_stops_at_a_heading_and_other_party_is_not_quoted(tokenizer):
+def test_carry_over_stops_at_a_heading_and_other_party_is_not_quoted(tokenizer, picker):
     from pipeline.generation.candidates import Cues, assemble, measure
     from pipeline.generation.sentences import split_sentences
     from pipeline.retrieval.lexical import TermWeights
@@ -458,13 +465,14 @@ def test_carry_over_stops_at_a_heading_and_other_party_is_not_quoted(tokenizer):
     # 「乙方违约责任」's 乙方 does not carry into 甲方's section; without that heading line it would
     assert theirs.context < by_start(text.replace("1、甲方违约责任\n", ""))["（2）甲方逾"].context
     assert theirs.other_party and not cands["（1）乙方交"].other_party
-    _, result = run(stream_answer(q, [mk_node(text)], None, 0.3, tokenizer=tokenizer))
+    _, result = run(stream_answer(q, [mk_node(text)], None, 0.3, picker=picker))
     assert "乙方交付的货物" in result.text and "甲方逾期支付" not in result.text
 
 
-def test_extractive_default_tokenizer():
-    _, result = run(stream_answer("退货期限是多久？", NODES, None, 0.3))
-    assert result.text.startswith(EXTRACTIVE_LABEL)
+def test_extractive_needs_the_built_picker():
+    """No fallback picker is built on the answer path: the engine's (pipeline.components) is the only one."""
+    with pytest.raises(ValueError, match="picker"):
+        run(stream_answer("退货期限是多久？", NODES, None, 0.3))
 
 
 # --- connection test ----------------------------------------------------------------------------------------------

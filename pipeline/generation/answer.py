@@ -91,16 +91,14 @@ def _llm_context(llm: Any) -> dict:
 
 
 def stream_answer(question: str, nodes: Sequence[Any], llm: Any, temperature: float,
-                  *, tokenizer: Any = None, history: Sequence[dict] = (),
+                  *, history: Sequence[dict] = (),
                   retrieval_query: str | None = None, picker: Any = None,
                   query_embedding: Any = None) -> Generator[Event, None, GenerationResult]:
     """Yield delta events of the answer; return GenerationResult(text, cited).
 
     `nodes` are the reranked NodeWithScore list (material [n] = nodes[n-1]). `llm` None → extractive answer
-    with `tokenizer` (pass the engine's pipeline.tokenize_zh.ChineseTokenizer: user dictionary included, no
-    dictionary load per answer) and the engine's `picker` (pipeline.generation.extractive.ExtractivePicker over
-    the embedding model; without one the sentences are chosen lexically) with the retrieval query's
-    `query_embedding`.
+    with the engine's `picker` (pipeline.generation.extractive.ExtractivePicker, built by pipeline.components over
+    the tokenizer and the embedding model) and the retrieval query's `query_embedding`.
     No nodes → the standard no-answer text without calling the LLM. `history` (the last few turns) and the
     rewritten `retrieval_query` of a follow-up go into the prompt, apart from the materials.
     """
@@ -110,11 +108,10 @@ def stream_answer(question: str, nodes: Sequence[Any], llm: Any, temperature: fl
         return GenerationResult(NO_ANSWER_TEXT, set())
 
     if llm is None:
-        if tokenizer is None:  # library use without an engine: a fresh one (~1 s to load jieba's dictionary)
-            from pipeline.tokenize_zh import ChineseTokenizer
-            tokenizer = ChineseTokenizer()
+        if picker is None:
+            raise ValueError("an extractive answer needs the picker that pipeline.components builds")
         # the rewritten query carries the follow-up's topic (「那乙方呢」 alone matches no sentence)
-        deltas, cited = extractive_deltas(retrieval_query or question, nodes, tokenizer, picker, query_embedding)
+        deltas, cited = extractive_deltas(retrieval_query or question, nodes, picker, query_embedding)
         for d in deltas:
             yield delta(d)
         return GenerationResult("".join(deltas), cited, sorted(cited))

@@ -234,8 +234,7 @@ def render(pick: Pick) -> tuple[list[str], set[int]]:
     return deltas, {c.source for c in pick.sentences}
 
 
-def extractive_deltas(question: str, nodes: Sequence[Any], tokenizer, picker: ExtractivePicker | None = None,
-                      query_embedding=None) -> tuple[list[str], set[int]]:
+def extractive_deltas(question: str, nodes: Sequence[Any], picker: ExtractivePicker, query_embedding=None) -> tuple[list[str], set[int]]:
     """The deltas of an extractive answer (label first) and the cited material numbers.
 
     When the best source is a verified Q&A entry, its checked answer is the reply (quoting sentences of it
@@ -245,5 +244,4 @@ def extractive_deltas(question: str, nodes: Sequence[Any], tokenizer, picker: Ex
         from pipeline.conversation.verified import answer_of
 
         return [f"{VERIFIED_LABEL}：\n", f"{answer_of(node_text(nodes[0]))}[1]"], {1}
-    picker = picker or ExtractivePicker(tokenizer)
     return render(picker.pick(question, nodes, query_embedding))

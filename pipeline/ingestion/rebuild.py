@@ -11,11 +11,12 @@ import logging
 import threading
 import time
 from collections.abc import Callable
+from typing import TYPE_CHECKING
 
-from pipeline.components import Components
 from pipeline.errors import CODE_ENGINE, EngineError
-from pipeline.settings import Settings
-from store.shared_state import KB_GENERATION
+
+if TYPE_CHECKING:
+    from pipeline.components import Components
 
 log = logging.getLogger(__name__)
 
@@ -23,11 +24,9 @@ LEASE = "kb_rebuild"
 
 
 class Rebuild:
-    def __init__(self, components: Components, settings: Callable[[], Settings],
-                 on_done: Callable[[], None] = lambda: None):
+    def __init__(self, components: Components, on_change: Callable[..., None]):
         self._c = components
-        self._settings = settings
-        self._on_done = on_done
+        self._on_change = on_change  # the change hook (pipeline.services.changes): caches, counter, BM25
         self._lock = threading.Lock()
         self._status = {"running": False, "done": 0, "total": 0, "current": "", "error": None, "elapsed_ms": None,
                         "eta_s": None}
@@ -92,11 +91,11 @@ class Rebuild:
         try:
             c.ingest.wait_idle()
             if c.models.model_warning:
-                with c.gate.writing():
+                with c.write_lock.writing():
                     for kb in c.kbs.all():
                         kb.vectors.reset()  # vectors of another model: start over, never mix
                 c.models.model_warning = None
-                c.state.bump(KB_GENERATION)  # other processes re-open the new collection
+                self._on_change()  # other processes re-open the new collection
             # ETA from the bytes done so far: documents differ in size far more than in count
             total_bytes = sum(int(d.get("file_size") or 0) for d in docs) or 1
             done_bytes = 0
@@ -112,10 +111,7 @@ class Rebuild:
                 st["done"] = i + 1
                 rate = done_bytes / max(time.perf_counter() - t_work, 1e-6)
                 st["eta_s"] = round((total_bytes - done_bytes) / rate, 1) if rate > 0 else None
-            s = self._settings()
-            for kb in c.kbs.all() if kb_id is None else [c.kbs.get(kb_id)]:
-                kb.bm25.rebuild(s.bm25_k1, s.bm25_b)
-            self._on_done()
+            self._on_change(wait=True)  # BM25 of every knowledge base from the new tokens, here and elsewhere
         except Exception as exc:
             log.exception("rebuild failed")
             st["error"] = str(exc)

@@ -44,7 +44,7 @@ from pipeline.settings import Settings
 from pipeline.tokenize_zh import ChineseTokenizer
 from store.documents import ChunkRow, DocumentStore, SectionRow
 from store.files import FileStore, display_name, md5_of
-from store.gate import WriteGate
+from store.write_lock import WriteLock
 from store.jobs import JobStore, LeaseLost
 from store.migrations import DEFAULT_KB_ID
 from store.vectors import VectorStore
@@ -103,8 +103,7 @@ class IngestService:
     def __init__(self, docs: DocumentStore, kbs: KnowledgeBases, files: FileStore, tokenizer: ChineseTokenizer,
                  get_settings: Callable[[], Settings], get_embedding: Callable[[], object],
                  model_ident: Callable[[], tuple[str, int]], on_change: Callable[[], None],
-                 busy_reason: Callable[[], str | None] = lambda: None,
-                 gate: WriteGate | None = None, *, jobs: JobStore,
+                 busy_reason: Callable[[], str | None] = lambda: None, *, write_lock: WriteLock, jobs: JobStore,
                  ready: Callable[[], bool] = lambda: True, lease_s: float = 60.0, poll_s: float = 1.0):
         self.docs = docs
         self.kbs = kbs  # kb_id → its collection and BM25 index
@@ -114,7 +113,7 @@ class IngestService:
         self.get_embedding = get_embedding
         self.model_ident = model_ident
         self.on_change = on_change  # refresh BM25 / ready-set after a document changes state
-        self.gate = gate or WriteGate()  # writes spanning Chroma + SQL hold it (a backup freezes it)
+        self.write_lock = write_lock  # writes spanning Chroma + SQL hold it (a backup freezes it)
         self.busy_reason = busy_reason
         self.jobs = jobs
         self.ready = ready  # models loaded: jobs are claimed only then
@@ -405,7 +404,7 @@ class IngestService:
         # new ones come. A first ingest has none: chunks are written before vectors, so skip Chroma's
         # delete-by-metadata scan (tens of ms per document) when there are no old chunks.
         self._check_cancel(doc_id)
-        with self.gate.writing():
+        with self.write_lock.writing():
             if self.docs.chunk_count_of(doc_id):
                 self._vectors(doc).delete_doc(doc_id)
             # The chunk rows are replaced only while our lease holds (checked and locked in one transaction).
@@ -530,7 +529,7 @@ class IngestService:
     def _cleanup(self, doc_id: int, keep_doc: bool = False) -> None:
         """A failed or cancelled document leaves no vectors and no chunks."""
         self.progress.finish(doc_id)
-        with self.gate.writing():
+        with self.write_lock.writing():
             doc = self.docs.get(doc_id)
             # a document deleted meanwhile (its KB too, maybe): Engine.delete_document removed its vectors
             if doc is not None:

@@ -19,7 +19,7 @@ from pipeline.ingestion.structured_chunking import indexed_text
 from pipeline.tokenize_zh import ChineseTokenizer
 from store.documents import DocumentStore, decode_tokens
 from store.files import FileStore
-from store.gate import WriteGate
+from store.write_lock import WriteLock
 from store.vectors import VectorStore
 
 # A file younger than this may belong to an upload in flight (saved, its row not yet written).
@@ -100,7 +100,7 @@ class KBAuditor:
 
     def __init__(self, docs: DocumentStore, vectors: VectorStore, files: FileStore, tokenizer: ChineseTokenizer,
                  model_ids: Callable[[], ModelIds], bm25_ids: Callable[[], set[int] | None] = lambda: None,
-                 has_job: Callable[[int], bool] = lambda doc_id: False, gate: WriteGate | None = None):
+                 has_job: Callable[[int], bool] = lambda doc_id: False, write_lock: WriteLock | None = None):
         self.docs = docs
         self.vectors = vectors
         self.files = files
@@ -108,11 +108,11 @@ class KBAuditor:
         self.model_ids = model_ids
         self.bm25_ids = bm25_ids  # chunk ids BM25 finds now (live index) or holds on disk; None: unknown
         self.has_job = has_job
-        self.gate = gate
+        self.write_lock = write_lock
 
     def audit(self, check_tokens: bool = True) -> AuditReport:
         t0 = time.perf_counter()
-        freeze = self.gate.frozen() if self.gate is not None else nullcontext()
+        freeze = self.write_lock.frozen() if self.write_lock is not None else nullcontext()
         with freeze, self.vectors.write_lock:
             docs = {d["doc_id"]: d for d in self.docs.all_docs()}
             chunks = self.docs.audit_rows()

@@ -4,8 +4,8 @@ What a backup holds: `app.db` (SQLite online backup API: one consistent snapshot
 `chroma/` (its own SQLite the same way, its index files copied), the originals under `uploads/` that the
 backed-up rows reference, and the user dictionary. Not the BM25 index: it is derived and rebuilt at start.
 
-Consistency across the stores: everything is copied inside one freeze of the data dir's write gate
-(store.gate) while holding the vector store's write lock — writes in flight finish first, new writes wait,
+Consistency across the stores: everything is copied inside one freeze of the data dir's write lock
+(store.write_lock) while holding the vector store's write lock — writes in flight finish first, new writes wait,
 questions keep being answered. A document caught mid-ingest is 处理中 in the backup; the restored app
 re-ingests it from its original (Engine._recover), so a restored dir audits clean once that is done.
 Checksums are computed on the copies, after the freeze.
@@ -21,7 +21,7 @@ from pathlib import Path
 
 from store.db import Database
 from store.files import FileStore, file_digest
-from store.gate import WriteGate
+from store.write_lock import WriteLock
 from store.vectors import VectorStore
 
 MANIFEST = "manifest.json"
@@ -79,7 +79,7 @@ def check_new_dir(path: Path, field: str, data_dir: Path | None = None) -> Path:
 
 
 def backup(dest: Path, data_dir: Path, db: Database, vectors: VectorStore, files: FileStore,
-           gate: WriteGate) -> dict:
+           write_lock: WriteLock) -> dict:
     """Write a complete backup to `dest` (must not exist or be empty); returns the manifest."""
     data_dir = Path(data_dir).resolve()
     dest = check_new_dir(dest, "dest", data_dir)
@@ -88,7 +88,7 @@ def backup(dest: Path, data_dir: Path, db: Database, vectors: VectorStore, files
     (tmp / "chroma").mkdir(parents=True)
     (tmp / "uploads").mkdir()
     t0 = time.perf_counter()
-    with gate.frozen(), vectors.write_lock:
+    with write_lock.frozen(), vectors.write_lock:
         t_frozen = time.perf_counter()
         _sqlite_copy(db.path, tmp / "app.db")
         for p in sorted(vectors.path.rglob("*")):

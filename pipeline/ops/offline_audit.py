@@ -47,10 +47,10 @@ def audit_data_dir(data_dir: Path, check_tokens: bool = True) -> dict:
         expected = embedding_model_id(c.ingest.get_settings().embedding_model_path, c.project_root)
         vectors = c.kbs.all_vectors  # every knowledge base's collection
         auditor = KBAuditor(c.docs, vectors, c.files, c.tokenizer, lambda: ModelIds(*vectors.model_info(), expected),
-                            bm25_ids=vectors.bm25_persisted_ids, gate=c.gate)
+                            bm25_ids=vectors.bm25_persisted_ids, write_lock=c.write_lock)
         return auditor.audit(check_tokens).to_dict()
 
 
 def backup_data_dir(data_dir: Path, dest: Path) -> dict:
     with offline_components(data_dir) as c:
-        return backup(dest, c.data_dir, c.db, c.kbs.all_vectors, c.files, c.gate)
+        return backup(dest, c.data_dir, c.db, c.kbs.all_vectors, c.files, c.write_lock)

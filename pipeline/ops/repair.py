@@ -7,7 +7,7 @@ original, correct chunk counts, drop chunks/vectors left by failed documents, an
 no document references (listed in the report first). What it cannot fix (a lost original, settings that need a
 reload) stays in the report with the command to run.
 
-Each change is applied inside a short freeze of the data dir (store.gate) after re-checking, at that moment,
+Each change is applied inside a short freeze of the data dir (store.write_lock) after re-checking, at that moment,
 that the finding still holds — the audit's view may be seconds old and ingest keeps running. Embedding happens
 outside the freeze.
 """
@@ -23,7 +23,7 @@ from pipeline.ops.audit import UPLOAD_GRACE_S, AuditReport, KBAuditor
 from pipeline.tokenize_zh import ChineseTokenizer
 from store.documents import DocumentStore
 from store.files import FileStore
-from store.gate import WriteGate
+from store.write_lock import WriteLock
 from store.vectors import VectorStore
 
 log = logging.getLogger(__name__)
@@ -62,13 +62,13 @@ class RepairResult:
 
 class KBRepairer:
     def __init__(self, auditor: KBAuditor, docs: DocumentStore, vectors: VectorStore, files: FileStore,
-                 tokenizer: ChineseTokenizer, gate: WriteGate, hooks: RepairHooks):
+                 tokenizer: ChineseTokenizer, write_lock: WriteLock, hooks: RepairHooks):
         self.auditor = auditor
         self.docs = docs
         self.vectors = vectors
         self.files = files
         self.tokenizer = tokenizer
-        self.gate = gate
+        self.write_lock = write_lock
         self.hooks = hooks
 
     def repair(self, wait_requeued: Callable[[], None] = lambda: None) -> RepairResult:
@@ -107,7 +107,7 @@ class KBRepairer:
             if not batch:
                 continue
             embs = self.hooks.embed([indexed_text(r["text"], r.get("context")) for r in batch])  # as ingest does
-            with self.gate.frozen():
+            with self.write_lock.frozen():
                 now = self.docs.get_chunks([r["chunk_id"] for r in batch])
                 keep = [(r, e) for r, e in zip(batch, embs)  # still there with the text we embedded
                         if r["chunk_id"] in now and now[r["chunk_id"]]["text"] == r["text"]]
@@ -127,7 +127,7 @@ class KBRepairer:
 
     def _reembed_all(self, res: RepairResult) -> None:
         """Vectors of another model: start the collection over and embed every chunk with the loaded model."""
-        with self.gate.frozen():
+        with self.write_lock.frozen():
             self.vectors.reset()
             self.vectors.claim_model(*self.hooks.model())
         n = self._write_vectors(sorted(c for c, *_ in self.docs.audit_rows()))
@@ -137,7 +137,7 @@ class KBRepairer:
     def _drop_orphans(self, chunk_ids: list[int], res: RepairResult) -> None:
         if not chunk_ids:
             return
-        with self.gate.frozen():
+        with self.write_lock.frozen():
             alive = self.docs.get_chunks(chunk_ids)
             gone = [c for c in chunk_ids if c not in alive]
             self.vectors.delete_ids(gone)
@@ -146,7 +146,7 @@ class KBRepairer:
     def _drop_failed_data(self, doc_ids: list[int], res: RepairResult) -> None:
         n = 0
         for doc_id in doc_ids:
-            with self.gate.frozen():
+            with self.write_lock.frozen():
                 doc = self.docs.get(doc_id)
                 if doc is None or doc["status"] != "failed":
                     continue
@@ -161,7 +161,7 @@ class KBRepairer:
             return 0
         rows = self.docs.get_chunks(chunk_ids)
         fresh = {c: self.tokenizer(indexed_text(r["text"], r.get("context"))) for c, r in rows.items()}
-        with self.gate.frozen():
+        with self.write_lock.frozen():
             now = self.docs.get_chunks(list(fresh))
             fresh = {c: t for c, t in fresh.items() if c in now and now[c]["text"] == rows[c]["text"]}
             self.docs.set_tokens(fresh)
@@ -170,7 +170,7 @@ class KBRepairer:
 
     def _requeue(self, doc_id: int, expect_status: str) -> str | None:
         """Clean a document's derived data and queue it again; returns the outcome, or None if it moved on."""
-        with self.gate.frozen():
+        with self.write_lock.frozen():
             doc = self.docs.get(doc_id)
             if doc is None or doc["status"] != expect_status or self.auditor.has_job(doc_id):
                 return None
@@ -196,7 +196,7 @@ class KBRepairer:
     def _fix_counts(self, items: list[dict], res: RepairResult) -> None:
         n = 0
         for it in items:
-            with self.gate.frozen():
+            with self.write_lock.frozen():
                 doc = self.docs.get(it["doc_id"])
                 if doc is None or doc["status"] != "ready":
                     continue
@@ -208,7 +208,7 @@ class KBRepairer:
 
     def _drop_unreferenced(self, names: list[str], res: RepairResult) -> None:
         removed = []
-        with self.gate.frozen():
+        with self.write_lock.frozen():
             referenced = {d.get("stored_name") for d in self.docs.all_docs()}
             listing = self.files.listing()
             for name in names:

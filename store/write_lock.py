@@ -1,4 +1,4 @@
-"""A write gate over the whole data dir: writes that span stores hold it shared, a backup holds it exclusively.
+"""A write lock over the whole data dir: writes that span stores hold it shared, a backup holds it exclusively.
 
 SQLite alone would give a consistent snapshot (its online backup API), but a document lives in three places
 (SQLite rows, Chroma vectors, the original under uploads/). A delete that had removed the vectors but not yet
@@ -15,7 +15,7 @@ import threading
 from contextlib import contextmanager
 
 
-class WriteGate:
+class WriteLock:
     def __init__(self):
         self._cond = threading.Condition()
         self._writers = 0

@@ -58,6 +58,13 @@ class SharedSync:
             if not busy:  # a pass already under way will record what it saw; the next check catches up
                 self.refresh_kb(wait=self.kb_wait_s)
 
+    def catch_up(self) -> None:
+        """`check`, best effort: the request that asked reports a database outage itself."""
+        try:
+            self.check()
+        except Exception:
+            log.exception("checking shared state failed")
+
     # --- what this process changed ----------------------------------------------------------------
     def bumped(self, name: str, value: int) -> None:
         """This process moved counter `name` to `value`: no need to react to it. When another process moved it

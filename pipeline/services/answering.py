@@ -1,0 +1,199 @@
+"""Answering: the one answer event stream every door uses (page, REST/SSE, and the doors built on them), the
+synchronous form over it, and the dual-route debug search."""
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+import logging
+import time
+from collections.abc import Callable, Iterator
+from typing import Any
+
+from pipeline import events as ev
+from pipeline.conversation.direct import direct_reply
+from pipeline.conversation.rewrite import Rewrite
+from pipeline.conversation.router import DIRECT, Route
+from pipeline.conversation.service import TurnRecorder
+from pipeline.errors import CODE_ENGINE, CODE_LLM, CODE_VALIDATION, EngineError
+from pipeline.kb_access import Reader
+from pipeline.retrieval.result import RetrievalResult
+from pipeline.retry_cache import StoredRetrievals
+from pipeline.services.knowledge_bases import KnowledgeBaseService
+from pipeline.services.lifecycle import Lifecycle
+from pipeline.services.settings import SettingsService
+
+if TYPE_CHECKING:
+    from pipeline.components import Components
+
+log = logging.getLogger(__name__)
+
+MAX_QUESTION_CHARS = 2000
+
+
+class AnswerService:
+    """`catch_up` brings this process in step with other processes before a question (one read of the shared
+    counters); `recent` holds the retrieval behind each recent answer (重试)."""
+
+    def __init__(self, c: Components, settings: SettingsService, lifecycle: Lifecycle, kbs: KnowledgeBaseService,
+                 recent: StoredRetrievals, catch_up: Callable[[], None]):
+        self.c = c
+        self.settings = settings
+        self.lifecycle = lifecycle
+        self.kbs = kbs
+        self.recent = recent
+        self.catch_up = catch_up
+        self.retrieval_calls = 0
+
+    def search(self, query: str, top_k: int = 10, kb_ids: Any = None, reader: Reader | None = None) -> dict:
+        """Dual-route debug search in the given knowledge bases (default: the default one)."""
+        self._validate_question(query, "query")
+        if not isinstance(top_k, int) or isinstance(top_k, bool) or not 1 <= top_k <= 50:
+            raise EngineError(CODE_VALIDATION, "top_k 必须是 1–50 的整数", "top_k")
+        self.catch_up()
+        scope = self.kbs.resolve(kb_ids, reader)
+        self.lifecycle.require_ready()
+        return self.c.retrieval.debug_search(query.strip(), top_k, self.settings.current, scope)
+
+    def retrieve(self, question: str, kb_ids: Any = None, reader: Reader | None = None) -> RetrievalResult:
+        self.catch_up()
+        scope = self.kbs.resolve(kb_ids, reader)
+        self.lifecycle.require_ready()
+        self.retrieval_calls += 1
+        return self.c.retrieval.retrieve(question, self.settings.current, scope)
+
+    @staticmethod
+    def _validate_question(q: Any, field: str = "question") -> None:
+        if not isinstance(q, str) or not q.strip():
+            raise EngineError(CODE_VALIDATION, f"{field} 不能为空", field)
+        if len(q) > MAX_QUESTION_CHARS:
+            raise EngineError(CODE_VALIDATION, f"{field} 过长（最多 {MAX_QUESTION_CHARS} 字）", field)
+
+    # ---- the answer stream; conversations, routing and query rewriting (pipeline/conversation/) ----
+    def ask(self, question: str, retry: bool = False, conversation_id: str | None = None,
+            user: str | None = None, use_kb: bool = True, kb_ids: Any = None,
+            reader: Reader | None = None) -> Iterator[ev.Event]:
+        """The one answer event stream: stage → trace → stage → delta* → sources → done (or error).
+        `kb_ids`: the knowledge bases to search (default: the default one); each must be readable by `reader`
+        (4003 otherwise).
+
+        `conversation_id` None starts a conversation (its id comes back in `done`); an unknown id is a 3002
+        error, another user's a 4003. The router may answer DIRECT (chit-chat, or `use_kb=False`) without
+        retrieval; follow-ups are rewritten before retrieval. The finished turn is stored before `done`.
+        """
+        t0 = time.perf_counter()
+        c = self.c
+        try:
+            self._validate_question(question)
+            self.catch_up()
+            scope = self.kbs.resolve(kb_ids, reader)
+            self.lifecycle.require_ready()
+            conv = c.conversations.resolve(conversation_id, user) if conversation_id is not None else None
+        except EngineError as exc:
+            yield ev.error(exc.code, exc.msg)
+            return
+        question = question.strip()
+        conv_id = conv["conv_id"] if conv else None
+        history = c.conversations.history(conv_id)
+        route = c.router.route(question, use_kb=use_kb, has_history=bool(history),
+                               rerank_available=c.models.cross_encoder is not None)
+        recorder = TurnRecorder(c.conversations, conv_id, user, question)
+        qkey = f"{question}\x00{','.join(map(str, scope))}"  # a retry reuses the retrieval of the same scope
+        inner = (self._direct_answer(question, route, history, t0) if route.route == DIRECT
+                 else self._kb_answer(question, route, history, conv_id, retry, t0, scope, qkey))
+        try:
+            for e in inner:
+                if e.type is ev.EventType.DONE:
+                    e = ev.Event(ev.EventType.DONE, recorder.finish(e.data, route.route))
+                    if conv_id is None and self.recent.get(("", qkey)):  # 重试 in the conversation just made
+                        self.recent.put((e.data["conversation_id"], qkey), self.recent.get(("", qkey)))
+                recorder.see(e)
+                yield e
+        finally:
+            inner.close()  # a consumer that hangs up closes the LLM stream now
+
+    def _direct_answer(self, question: str, route: Route, history: list[dict], t0: float) -> Iterator[ev.Event]:
+        from pipeline.generation.llm_client import LLMError
+
+        yield ev.route_trace(route.to_dict(), Rewrite(question, question, "none").to_dict())
+        yield ev.stage("generate")
+        try:
+            mode = yield from direct_reply(question, route, history, self.c.models.llm,
+                                           self.settings.current.llm_temperature)
+        except LLMError as exc:
+            yield ev.error(CODE_LLM, exc.msg)
+            return
+        yield ev.sources([])
+        yield ev.done((time.perf_counter() - t0) * 1000, no_answer=False, mode=mode)
+
+    def _kb_answer(self, question: str, route: Route, history: list[dict], conv_id: str | None, retry: bool,
+                   t0: float, scope: list[int], qkey: str) -> Iterator[ev.Event]:
+        from pipeline.generation.answer import stream_answer
+        from pipeline.generation.llm_client import LLMError
+
+        s, c = self.settings.current, self.c
+        key = (conv_id or "", qkey)
+        cached = self.recent.get(key) if retry else None
+        if cached is None:
+            self.retrieval_calls += 1
+            try:
+                yield ev.stage("recall")
+                rw = c.models.rewriter.rewrite(question, history) if history else Rewrite(question, question, "none")
+                res = c.retrieval.recall_stage(rw.query, s, scope)
+                yield ev.stage("rerank")
+                res = c.retrieval.rerank_stage(res, s)  # LIGHT has no reranker: the stage reports skipped
+            except Exception as exc:
+                log.exception("retrieval failed")
+                yield ev.error(CODE_ENGINE, f"检索失败：{exc}")
+                return
+        else:
+            rw, res = cached
+        self.recent.put(key, (rw, res))
+        yield ev.trace(res, route=route.to_dict(), query=rw.to_dict())
+        rewritten = rw.query if rw.changed else None
+        if not res.hit:
+            yield ev.delta(ev.NO_ANSWER_TEXT)
+            yield ev.sources([])
+            yield ev.done((time.perf_counter() - t0) * 1000, no_answer=True, rewritten_query=rewritten)
+            return
+        yield ev.stage("generate")
+        llm = c.models.llm
+        try:
+            result = yield from stream_answer(question, res.final, llm, s.llm_temperature,
+                                              history=history, retrieval_query=rw.query, picker=c.picker,
+                                              query_embedding=res.query_embedding)
+        except LLMError as exc:
+            yield ev.error(CODE_LLM, exc.msg)
+            return
+        # LLM answers: is each [n] backed by source n? (extractive sentences are quotes of their source)
+        support = c.support.check(result.text, res.final) if llm is not None and c.support else None
+        yield ev.sources(ev.source_list(res, result.cited, support))
+        yield ev.done((time.perf_counter() - t0) * 1000, no_answer=False,
+                      mode="llm" if llm is not None else "extractive", rewritten_query=rewritten, weak=res.weak,
+                      support=support)
+
+    def ask_sync(self, question: str, retry: bool = False, conversation_id: str | None = None,
+                 user: str | None = None, use_kb: bool = True, kb_ids: Any = None,
+                 reader: Reader | None = None) -> dict:
+        """The synchronous form over the same stream: {answer, sources, elapsed_ms, trace, weak, support,
+        conversation_id, turn_id, route, rewritten_query, mode, no_answer} or EngineError."""
+        parts: list[str] = []
+        sources: list = []
+        trace = None
+        done: dict = {}
+        for e in self.ask(question, retry=retry, conversation_id=conversation_id, user=user, use_kb=use_kb,
+                          kb_ids=kb_ids, reader=reader):
+            if e.type is ev.EventType.DELTA:
+                parts.append(e.data["text"])
+            elif e.type is ev.EventType.SOURCES:
+                sources = e.data["sources"]
+            elif e.type is ev.EventType.TRACE:
+                trace = e.data
+            elif e.type is ev.EventType.DONE:
+                done = e.data
+            elif e.type is ev.EventType.ERROR:
+                raise EngineError(e.data["code"], e.data["msg"])
+        trace = ev.trace_with_support(trace, done)  # 检索过程 counts unsupported citations
+        return {"answer": "".join(parts), "sources": sources, "elapsed_ms": done.get("elapsed_ms"), "trace": trace,
+                "weak": bool(done.get("weak")), "support": done.get("support"),
+                **{k: done.get(k) for k in ("conversation_id", "turn_id", "route", "rewritten_query", "mode",
+                                            "no_answer")}}

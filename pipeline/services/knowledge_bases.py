@@ -1,0 +1,67 @@
+"""Knowledge bases: list what a reader may read, create, rename / change readers, delete with everything in it."""
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from typing import Any
+
+from pipeline.errors import CODE_VALIDATION, EngineError
+from pipeline.kb_access import KBAccess, Reader
+from pipeline.services.changes import SearchableChanges
+from pipeline.services.lifecycle import Lifecycle
+from store.migrations import DEFAULT_KB_ID
+
+if TYPE_CHECKING:
+    from pipeline.components import Components
+
+
+class KnowledgeBaseService:
+    def __init__(self, c: Components, access: KBAccess, lifecycle: Lifecycle, changes: SearchableChanges):
+        self.c = c
+        self.access = access
+        self.lifecycle = lifecycle
+        self.changes = changes
+
+    def list(self, reader: Reader | None = None) -> list[dict]:
+        """The knowledge bases the reader may read, with document and chunk counts and `readers` (None = open to
+        every logged-in user), the default one first."""
+        return self.access.readable(reader)
+
+    def get(self, kb_id: int, reader: Reader | None = None) -> dict:
+        return self.c.kbs.store.get(self.access.check(kb_id, reader))
+
+    def create(self, name: str, description: str = "", readers: list[str] | None = None) -> dict:
+        return self.c.kbs.create(name, description, readers)
+
+    def update(self, kb_id: int, name: str | None = None, description: str | None = None,
+               readers: Any = ...) -> dict:
+        """`readers`: ... unchanged, None = every logged-in user, a list = only these users (and KB admins)."""
+        return self.c.kbs.update(kb_id, name, description, readers)
+
+    def delete(self, kb_id: int) -> dict:
+        """Delete a knowledge base and everything in it (documents, versions, chunks, vectors, BM25, files).
+        The default knowledge base stays (the SRS §7 paths work on it)."""
+        c = self.c
+        kb_id = c.kbs.check(kb_id)
+        if kb_id == DEFAULT_KB_ID:
+            raise EngineError(CODE_VALIDATION, "默认知识库不能删除（可以重命名）", "kb_id")
+        self.lifecycle.refuse_while_rebuilding()
+        kb = c.kbs.store.get(kb_id)
+        docs = c.docs.all_docs(kb_id)
+        for d in docs:
+            c.ingest.cancel(d["doc_id"])
+        for d in docs:
+            c.docs.delete(d["doc_id"])
+            c.files.delete(d.get("stored_name"))
+        c.kbs.drop(kb_id)
+        if c.retrieval is not None:
+            c.retrieval.forget(kb_id)
+        if c.gate_background is not None:
+            c.gate_background.forget(kb_id)
+        self.changes.changed()  # other processes drop their handles of it (Lifecycle.refresh_indexes)
+        return {"kb_id": kb_id, "name": kb["name"], "docs_removed": len(docs)}
+
+    def resolve(self, kb_ids: Any = None, reader: Reader | None = None) -> list[int]:
+        """The knowledge bases a question searches: the given ids (each checked to exist and be readable), or the
+        default one (all readable ones when the reader may not read the default one) — pipeline.kb_access."""
+        return self.access.scope(kb_ids, reader)
