@@ -407,8 +407,10 @@ def create_api(engine: Engine, policy: AccessPolicy | None = None) -> FastAPI:
 
     @app.post("/api/kb/search", response_model=Envelope, tags=["kb"])
     def search(body: SearchBody, reader: Reader = Depends(reader_of)):
-        """Dual-route debug search: {bm25, vector, rrf} as in SRS §7.2."""
-        return ok(engine.search(body.query, body.top_k, body.scope(), reader))
+        """Dual-route debug search: {bm25, vector, fused}, and `rrf` = the fused list under SRS §7.2's name
+        (whatever the fusion mode)."""
+        found = engine.search(body.query, body.top_k, body.scope(), reader)
+        return ok(found | {"rrf": found["fused"]})
 
     # --- question answering -------------------------------------------------------------------
     @app.post("/api/qa/ask/sync", response_model=Envelope, tags=["qa"])

@@ -27,7 +27,7 @@ from pipeline.generation.support import SupportChecker
 from pipeline.ingestion.rebuild import Rebuild
 from pipeline.ingestion.service import IngestService
 from pipeline.kb_access import KBAccess
-from pipeline.knowledge_bases import KnowledgeBases
+from pipeline.knowledge_bases import KnowledgeBases, bm25_dir, collection_name
 from pipeline.models.paths import resolve_model_dir
 from pipeline.ops.audit import KBAuditor, ModelIds
 from pipeline.ops.repair import KBRepairer, RepairHooks
@@ -61,6 +61,7 @@ from store.gate_stats import GateStatsStore
 from store.jobs import JobStore
 from store.knowledge_bases import KBStore
 from store.leases import LeaseStore
+from store.migrations import DEFAULT_KB_ID
 from store.retrievals import RetrievalStore
 from store.shared_state import SharedState
 from store.vectors import VectorStore
@@ -155,7 +156,20 @@ def build_components(data_dir: Path | str, *, project_root: Path | None = None, 
     db = Database(dep.database_url or data_dir / "app.db")
     docs = DocumentStore(db)
     files = FileStore(dep.files_dir or data_dir / "uploads")
-    kbs = KnowledgeBases(data_dir, KBStore(db), docs, chroma_url=dep.chroma_url)
+    # The default knowledge base's collection opens the Chroma client (a ConnectionError names an unreachable
+    # server); the other collections share it.
+    first = VectorStore(url=dep.chroma_url) if dep.chroma_url else VectorStore(data_dir / "chroma")
+
+    def open_vectors(kb_id: int) -> VectorStore:
+        if kb_id == DEFAULT_KB_ID:
+            return first
+        return VectorStore(None if dep.chroma_url else data_dir / "chroma", url=dep.chroma_url,
+                           name=collection_name(kb_id), client=first.client)
+
+    def open_bm25(kb_id: int) -> BM25Index:
+        return BM25Index(bm25_dir(data_dir, kb_id), lambda: docs.iter_ready_tokens(kb_id))
+
+    kbs = KnowledgeBases(data_dir, KBStore(db), docs, open_vectors, open_bm25)
     tokenizer = ChineseTokenizer(user_dict=data_dir / "userdict.txt")
     jobs = JobStore(db)
     if db.single_process:

@@ -125,7 +125,7 @@ class QueryInfo(TypedDict):  # pipeline.conversation.rewrite.Rewrite.to_dict(): 
 class TracePayload(TypedDict):
     bm25: list[BM25Row]
     vector: list[VectorRow]
-    rrf: list[FusedRow]
+    fused: list[FusedRow]  # the fused list, whatever the fusion mode (RRF or convex)
     rerank: list[RerankRow]
     rerank_status: RerankStatus | dict
     fusion: dict[str, Any]
@@ -267,7 +267,7 @@ def trace_payload(res: "RetrievalResult") -> TracePayload:
         bm25=[BM25Row(**_row(n), rank=i, score=_r(n.score)) for i, n in enumerate(res.bm25[:TRACE_TOP], 1)],
         vector=[VectorRow(**_row(n), rank=i, similarity=_r(n.score))
                 for i, n in enumerate(res.vector[:TRACE_TOP], 1)],
-        rrf=[FusedRow(**_row(n), rank=i, **fused_row(n)) for i, n in enumerate(res.fused[:TRACE_TOP], 1)],
+        fused=[FusedRow(**_row(n), rank=i, **fused_row(n)) for i, n in enumerate(res.fused[:TRACE_TOP], 1)],
         rerank=[RerankRow(**_row(n), no=i, rerank_score=_r(meta(n, "rerank_score")),
                           rrf_score=_r(meta(n, "rrf_score"), 6), similarity=_r(meta(n, "similarity_full")))
                 for i, n in enumerate(res.final, 1)],

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import shutil
 import threading
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -67,24 +68,20 @@ def clean_readers(readers) -> list[str] | None:
 
 
 class KnowledgeBases:
-    def __init__(self, data_dir: Path, store: KBStore, docs: DocumentStore, chroma_url: str | None = None):
-        """Collections in `data_dir/chroma` (embedded Chroma), or on the Chroma server at `chroma_url`."""
+    def __init__(self, data_dir: Path, store: KBStore, docs: DocumentStore,
+                 open_vectors: Callable[[int], VectorStore], open_bm25: Callable[[int], BM25Index]):
+        """`open_vectors(kb_id)` / `open_bm25(kb_id)` make a knowledge base's collection handle and BM25 index
+        (pipeline.components decides where they live); the default knowledge base is opened at once."""
         self.data_dir = Path(data_dir)
         self.store = store
         self.docs = docs
+        self._open_vectors, self._open_bm25 = open_vectors, open_bm25
         self._open: dict[int, KnowledgeBase] = {}
         self._lock = threading.Lock()
-        # The default knowledge base opens the client (a ConnectionError names an unreachable server); the
-        # other collections share it.
-        first = (VectorStore(url=chroma_url) if chroma_url else VectorStore(self.data_dir / "chroma"))
-        self._client, self._url = first.client, chroma_url
-        self._open[DEFAULT_KB_ID] = self._make(DEFAULT_KB_ID, first)
+        self._open[DEFAULT_KB_ID] = self._make(DEFAULT_KB_ID)
 
-    def _make(self, kb_id: int, vectors: VectorStore | None = None) -> KnowledgeBase:
-        vectors = vectors or VectorStore(None if self._url else self.data_dir / "chroma", url=self._url,
-                                         name=collection_name(kb_id), client=self._client)
-        return KnowledgeBase(kb_id, vectors,
-                             BM25Index(bm25_dir(self.data_dir, kb_id), lambda: self.docs.iter_ready_tokens(kb_id)))
+    def _make(self, kb_id: int) -> KnowledgeBase:
+        return KnowledgeBase(kb_id, self._open_vectors(kb_id), self._open_bm25(kb_id))
 
     # --- lookup --------------------------------------------------------------------------------------------
     def get(self, kb_id: int) -> KnowledgeBase:

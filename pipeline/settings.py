@@ -17,8 +17,8 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 Effect = Literal["immediate", "reload", "rebuild"]
 GROUP_ORDER = ("llm", "retrieval", "chunking", "models", "ocr")
-DEFAULT_EMBEDDING_PATH = "models/bge-small-zh-v1.5"
-DEFAULT_RERANKER_PATH = "models/bge-reranker-base"
+SRS_BGE_EMBEDDING_DIR = "models/bge-small-zh-v1.5"
+SRS_BGE_RERANKER_DIR = "models/bge-reranker-base"
 
 
 def setting(default: Any, *, group: str, effect: Effect, label: str, description: str, secret: bool = False,
@@ -95,10 +95,10 @@ class Settings(BaseModel):
     chunk_overlap: int = setting(50, group="chunking", effect="rebuild", label="块重叠(字符)",
                                  description="相邻块重叠字符数，须小于块大小", ge=0)
     # models
-    embedding_model_path: str = setting(DEFAULT_EMBEDDING_PATH, group="models", effect="reload",
+    embedding_model_path: str = setting(SRS_BGE_EMBEDDING_DIR, group="models", effect="reload",
                                         label="Embedding 模型路径",
                                         description="含 config.json 的本地目录；不存在时用内置 multilingual-e5-small")
-    reranker_model_path: str = setting(DEFAULT_RERANKER_PATH, group="models", effect="reload",
+    reranker_model_path: str = setting(SRS_BGE_RERANKER_DIR, group="models", effect="reload",
                                        label="Reranker 模型路径",
                                        description="交叉编码器目录；不存在时跳过精排")
     # ocr
@@ -107,7 +107,7 @@ class Settings(BaseModel):
     ocr_max_pages: int = setting(50, group="ocr", effect="immediate", label="OCR 页数上限",
                                  description="每个文档最多 OCR 的页数", ge=1, le=2000)
 
-    # --- meaning, not only type (issue 18): a bad value is refused on save, naming the field ---------------
+    # --- meaning, not only type: a bad value is refused on save, naming the field ---------------
     @field_validator("llm_api_url")
     @classmethod
     def _http_url(cls, v: str) -> str:

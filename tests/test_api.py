@@ -166,7 +166,7 @@ def test_srs_acceptance_end_to_end(http, live, fake_llm, tmp_path):
 
     # --- search returns three consistent groups
     s = http.post("/api/kb/search", json={"query": "星河电子公司客服电话", "top_k": 5}).json()["data"]
-    assert set(s) >= {"bm25", "vector", "rrf"}
+    assert set(s) >= {"bm25", "vector", "fused", "rrf"} and s["rrf"] == s["fused"]  # SRS §7.2's name, same list
     assert s["bm25"][0]["doc_name"] == "星河电子.txt" and s["bm25"][0]["score"] > 0
     assert 0 <= s["vector"][0]["similarity"] <= 1
     bm25_ids = [x["chunk_id"] for x in s["bm25"]]
@@ -195,7 +195,7 @@ def test_srs_acceptance_end_to_end(http, live, fake_llm, tmp_path):
     assert [r["chunk_id"] for r in trace["rerank"]] == [s_["chunk_id"] for s_ in sources]
     answer = "".join(d["text"] for e, d in events if e == "delta")
     assert "[1]" in answer and sources[0]["cited"] and sources[0]["doc_name"] == "星河电子.txt"
-    assert all(k in trace for k in ("bm25", "vector", "rrf", "rerank", "ms"))
+    assert all(k in trace for k in ("bm25", "vector", "fused", "rerank", "ms"))
     # the LLM really saw the material
     assert "7 天内可无理由退货" in json.dumps(fake_llm.requests[-1]["body"], ensure_ascii=False)
 

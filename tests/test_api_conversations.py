@@ -38,7 +38,7 @@ def test_conversation_lifecycle_over_http(http):
     assert listing["items"][0]["conv_id"] == cid and listing["items"][0]["turn_count"] == 2
     conv = http.get(f"/api/conversations/{cid}", auth=ALICE).json()["data"]
     assert [t["question"] for t in conv["turns"]] == [QUESTION, "那服务时间呢？"]
-    assert conv["turns"][0]["sources"] and conv["turns"][0]["trace"]["rrf"]
+    assert conv["turns"][0]["sources"] and conv["turns"][0]["trace"]["fused"]
 
     r = http.patch(f"/api/conversations/{cid}", json={"title": "客服问题"}, auth=ALICE).json()
     assert r["code"] == 0 and r["data"]["title"] == "客服问题"

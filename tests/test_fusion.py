@@ -242,7 +242,7 @@ def test_trace_shows_fused_and_both_routes(engine):
     tr = ev.trace_payload(engine.retrieve(QUESTION))
     assert tr["fusion"]["mode"] == engine.settings.fusion_mode
     assert 0.0 <= tr["fusion"]["bm25_weight"] <= 1.0 and set(tr["fusion"]["features"]) >= {"bm25_ratio"}
-    row = tr["rrf"][0]
+    row = tr["fused"][0]
     assert {"fused_score", "bm25_rank", "bm25_score", "vector_rank", "similarity", "length_prior"} <= set(row)
     # the fragment prior's term, from the chunk's real length and the shipped β / cap
     from pipeline.retrieval.fusion import AUTO_WEIGHTS
@@ -254,7 +254,7 @@ def test_trace_shows_fused_and_both_routes(engine):
         assert n.node.metadata["length_prior"] == pytest.approx(want)
     dbg = engine.search(QUESTION, 5)
     assert dbg["fusion"]["mode"] == engine.settings.fusion_mode
-    assert all(r["bm25_score"] is not None and r["similarity"] is not None for r in dbg["rrf"])
+    assert all(r["bm25_score"] is not None and r["similarity"] is not None for r in dbg["fused"])
 
 
 def test_the_gate_reads_the_order_without_the_prior(engine):

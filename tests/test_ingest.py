@@ -205,7 +205,7 @@ def test_delete_removes_from_all_stores(engine, tmp_path):
     assert not engine.components.vectors.collection.get(ids=[str(c) for c in chunk_ids])["ids"]
     assert not stored.exists()
     res = engine.search("紫藤萝计划负责人", 10)
-    for group in ("bm25", "vector", "rrf"):
+    for group in ("bm25", "vector", "fused"):
         assert not {h["chunk_id"] for h in res[group]} & set(chunk_ids)
     time.sleep(0.5)  # background BM25 rebuild lands; still gone
     assert not {h["chunk_id"] for h in engine.search("紫藤萝计划", 10)["bm25"]} & set(chunk_ids)

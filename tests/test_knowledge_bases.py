@@ -108,9 +108,9 @@ def test_scoped_question_never_cites_the_other_kb(http, spaces):
     sources = next(e["sources"] for e in events if "sources" in e)
     assert all(s["kb_id"] == cid for s in sources)
     found = ok(http.post("/api/kb/search", json={"query": "恢复出厂设置", "top_k": 5, "kb_id": cid}))
-    assert all(row["kb_id"] == cid for key in ("bm25", "vector", "rrf") for row in found[key])
+    assert all(row["kb_id"] == cid for key in ("bm25", "vector", "fused") for row in found[key])
     found = ok(http.post("/api/kb/search", json={"query": "恢复出厂设置", "top_k": 5, "kb_ids": [cid, mid]}))
-    assert any(row["kb_id"] == mid for row in found["rrf"])
+    assert any(row["kb_id"] == mid for row in found["fused"])
     assert http.post("/api/qa/ask/sync", json={"question": "付款", "kb_ids": [cid, 999]}).json()["code"] == 3002
 
 
@@ -143,7 +143,7 @@ def test_same_file_in_two_kbs_is_two_documents(http, spaces, live):
     assert manual["status"] == "ready"
     assert live.engine.components.files.path_of(manual["stored_name"]).exists()  # its own stored file
     found = ok(http.post("/api/kb/search", json={"query": "恢复出厂设置", "top_k": 5, "kb_id": mid}))
-    assert found["rrf"] and found["rrf"][0]["doc_id"] == spaces["manual"]["doc_id"]
+    assert found["fused"] and found["fused"][0]["doc_id"] == spaces["manual"]["doc_id"]
 
 
 def test_new_version_replaces_the_old_in_answers_and_restores(http, spaces, live):
@@ -165,7 +165,7 @@ def test_new_version_replaces_the_old_in_answers_and_restores(http, spaces, live
     old_chunks = {c["chunk_id"] for c in live.engine.document_chunks(v1["doc_id"])}
     assert old_chunks  # the old version is kept …
     found = ok(http.post("/api/kb/search", json={"query": "30 天内支付全部货款", "top_k": 20, "kb_id": cid}))
-    assert not old_chunks & {row["chunk_id"] for k in ("bm25", "vector", "rrf") for row in found[k]}  # … never found
+    assert not old_chunks & {row["chunk_id"] for k in ("bm25", "vector", "fused") for row in found[k]}  # … never found
     versions = ok(http.get(f"/api/kb/documents/{v2['doc_id']}/versions"))
     assert [(v["version"], v["active"]) for v in versions] == [(2, 1), (1, 0)]
     assert all(v["created_at"] for v in versions)

@@ -70,7 +70,7 @@ def test_release_data_dir_opens_in_the_default_kb(old_dir):
         # reproduce the old rankings exactly on the migrated indexes.
         e.update_settings({"fusion_mode": "rrf"})
         for q, ids in exp["search"].items():
-            assert [r["chunk_id"] for r in e.search(q, 5)["rrf"]] == ids
+            assert [r["chunk_id"] for r in e.search(q, 5)["fused"]] == ids
         assert [s["chunk_id"] for s in e.ask_sync("人民检察院如何对行政诉讼实行法律监督")["sources"]] == \
             exp["answer_chunks"]
         assert {"chunk_size": e.settings.chunk_size, "bm25_weight": e.settings.bm25_weight} == exp["settings"]

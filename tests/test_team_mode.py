@@ -323,3 +323,50 @@ def test_rebuild_in_one_process_refuses_uploads_in_the_other(team):
         assert a.get("/api/kb/rebuild").json()["data"]["error"] is None
     rec = upload(team.b, "重建后.txt", "重建结束后上传的文档。".encode())
     assert rec["ok"] and wait_ready(team.a, rec["doc_id"])["status"] == "ready"
+
+
+def keyword_hits(app: AppProcess, query: str) -> list[str]:
+    """The document names the keyword route (BM25 alone) returns for `query` on that process."""
+    with app.http() as c:
+        s = c.post("/api/kb/search", json={"query": query, "top_k": 10}).json()["data"]
+    return [x["doc_name"] for x in s["bm25"]]
+
+
+def until(condition, timeout: float = 20.0, what: str = "condition"):
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        value = condition()
+        if value:
+            return value
+        time.sleep(0.2)
+    raise AssertionError(f"{what} not met within {timeout} s")
+
+
+def test_restore_through_a_is_found_by_keyword_through_b(team):
+    """Restoring an old version changes what is searchable: the other process's BM25 must follow (the change
+    hook bumps the KB generation; restore used to rebuild only the local index)."""
+    v1 = upload(team.a, "海棠章程.txt", "海棠俱乐部的会费为每年三百元，由理事会收取。".encode())
+    wait_ready(team.a, v1["doc_id"])
+    v2 = upload(team.a, "海棠章程.txt", "海棠俱乐部改为免收会费，活动经费由赞助商承担。".encode())
+    assert v2["doc_id"] != v1["doc_id"]
+    wait_ready(team.a, v2["doc_id"])
+    until(lambda: "海棠章程.txt" in keyword_hits(team.b, "赞助商"), what="B finds version 2 by keyword")
+    assert "海棠章程.txt" not in keyword_hits(team.b, "理事会收取")  # version 1 is inactive everywhere
+    with team.a.http() as a:
+        r = a.post(f"/api/kb/documents/{v1['doc_id']}/restore").json()
+    assert r["code"] == 0 and r["data"]["changed"], r
+    until(lambda: "海棠章程.txt" in keyword_hits(team.b, "理事会收取"), what="B finds the restored version")
+    until(lambda: "海棠章程.txt" not in keyword_hits(team.b, "赞助商"), what="B drops the replaced version")
+
+
+def test_verified_entry_deleted_through_a_leaves_b(team):
+    """A verified entry joins both routes in every process, and deleting it removes it from B's keyword route."""
+    with team.a.http() as a:
+        r = a.post("/api/verified", json={"question": "青檀馆的闭馆日是哪天？",
+                                          "answer": "青檀馆每周一闭馆，节假日照常开放。"}).json()
+    assert r["code"] == 0, r
+    qa_id = r["data"]["qa_id"]
+    until(lambda: keyword_hits(team.b, "青檀馆闭馆"), what="B finds the verified entry by keyword")
+    with team.a.http() as a:
+        assert a.delete(f"/api/verified/{qa_id}").json()["code"] == 0
+    until(lambda: not keyword_hits(team.b, "青檀馆闭馆"), what="B no longer finds the deleted entry")

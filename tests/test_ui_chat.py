@@ -113,7 +113,7 @@ def test_ask_streams_stages_partial_answer_and_sources(client, engine):
     # sources panel: [n] · file name · snippet · similarity
     assert KB_NAME in final[SOURCES] and 'id="kb-src-1"' in final[SOURCES] and "相似度" in final[SOURCES]
     # trace: the four stages and the rerank note (no reranker configured → skipped); the route taken
-    for sec in ("bm25", "vector", "rrf", "rerank"):
+    for sec in ("bm25", "vector", "fused", "rerank"):
         assert f'data-sec="{sec}"' in final[TRACE]
     assert "精排已跳过" in final[TRACE] and "ms" in final[TRACE] and "路由：轻量检索" in final[TRACE]
     # the input box was cleared; the turn is stored on the server under the conversation the browser keeps

@@ -135,7 +135,7 @@ def test_view_chunks(live, test_doc):
 
 def test_debug_search_three_columns_same_chunk_same_colour(live, test_doc):
     status, bm25, vec, rrf = live.client.predict(query="什么是 Prompt 工程", top_k=8, api_name="/debug_search")
-    assert 'data-col="bm25"' in bm25 and 'data-col="vector"' in vec and 'data-col="rrf"' in rrf
+    assert 'data-col="bm25"' in bm25 and 'data-col="vector"' in vec and 'data-col="fused"' in rrf
     cols = {name: CARD.findall(html) for name, html in (("bm25", bm25), ("vector", vec), ("rrf", rrf))}
     assert all(cols.values()), status
     assert all(len(c) <= 8 for c in cols.values())
@@ -153,7 +153,7 @@ def test_debug_search_three_columns_same_chunk_same_colour(live, test_doc):
     assert "BM25 占比" in rrf or "BM25 权重" in rrf
     # consistent with the engine's own result
     direct = live.engine.search("什么是 Prompt 工程", 8)
-    assert [str(r["chunk_id"]) for r in direct["rrf"]] == [c for c, _, _ in cols["rrf"]]
+    assert [str(r["chunk_id"]) for r in direct["fused"]] == [c for c, _, _ in cols["rrf"]]
 
 
 def test_debug_search_validation(live):

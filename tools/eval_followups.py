@@ -114,7 +114,7 @@ def run_item(engine, item: dict) -> dict:
         elif e.type == "error":
             raise RuntimeError(f"follow-up failed: {item['follow_up']}: {e.data}")
     # no-answer gate closed → no sources; rank on the fused list then (what retrieval found)
-    ranked = [s["chunk_id"] for s in sources] or [r["chunk_id"] for r in trace.get("rrf", [])]
+    ranked = [s["chunk_id"] for s in sources] or [r["chunk_id"] for r in trace.get("fused", [])]
     q = trace.get("query") or {}
     return {"query": q.get("query", item["follow_up"]), "method": q.get("method"), "ranked": ranked}
 

@@ -1,4 +1,4 @@
-"""问答 tab (F3) with the server-side conversation history (F4, issue 15).
+"""问答 tab (F3) with the server-side conversation history (F4).
 
 Every answer comes from `engine.ask(question, retry=..., conversation_id=..., user=..., use_kb=...)`, an Event
 stream (pipeline.events); this module only turns those events into streamed Gradio updates. The conversation

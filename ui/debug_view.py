@@ -56,7 +56,7 @@ element.addEventListener('mouseleave', () => {
 def chunk_colours(result: dict) -> dict[int, str]:
     """chunk_id → hue (0–359), by order of first appearance in RRF, then BM25, then 向量 (golden-angle spacing)."""
     hues: dict[int, str] = {}
-    for key in ("rrf", "bm25", "vector"):
+    for key in ("fused", "bm25", "vector"):
         for row in result.get(key) or []:
             cid = row.get("chunk_id")
             if cid is not None and cid not in hues:
@@ -90,12 +90,12 @@ def _rank_map(rows: list[dict]) -> dict[int, int]:
 
 def render_columns(result: dict, top_k: int) -> tuple[str, str, str]:
     """Three HTML columns (BM25, 向量, RRF) for one engine.search() result."""
-    bm25, vec, rrf = result.get("bm25") or [], result.get("vector") or [], result.get("rrf") or []
+    bm25, vec, fused = result.get("bm25") or [], result.get("vector") or [], result.get("fused") or []
     hues = chunk_colours(result)
-    bm25_pos, vec_pos, rrf_pos = _rank_map(bm25), _rank_map(vec), _rank_map(rrf)
+    bm25_pos, vec_pos, fused_pos = _rank_map(bm25), _rank_map(vec), _rank_map(fused)
 
     def after_fusion(cid) -> str:
-        k = rrf_pos.get(cid)
+        k = fused_pos.get(cid)
         return f"→ 融合第 {k} 名" if k else f"→ 未进融合前 {top_k}"
 
     def col(title: str, key: str, cards: list[str]) -> str:
@@ -114,18 +114,18 @@ def render_columns(result: dict, top_k: int) -> tuple[str, str, str]:
         also = f"BM25 第 {bm25_pos[cid]} 名" if cid in bm25_pos else "BM25 未召回"
         vec_cards.append(_card(r, i, hues.get(cid), f"相似度 {fmt_num(r.get('similarity'), 4)}",
                                f"{esc(after_fusion(cid))} · {esc(also)}"))
-    rrf_cards = []
-    for i, r in enumerate(rrf, start=1):
+    fused_cards = []
+    for i, r in enumerate(fused, start=1):
         cid = r.get("chunk_id")
         br, vr = r.get("bm25_rank"), r.get("vector_rank")
         where = ((f"BM25 第 {br} 名" if br else "BM25 未召回") + f"（得分 {fmt_num(r.get('bm25_score'), 3)}） · "
                  + (f"向量 第 {vr} 名" if vr else "向量未召回") + f"（相似度 {fmt_num(r.get('similarity'), 3)}）"
                  + ("" if r.get("length_prior") is None else f" · 长度项 +{fmt_num(r.get('length_prior'), 3)}"))
-        rrf_cards.append(_card(r, i, hues.get(cid), f"融合 {fmt_num(r.get('fused_score'), 4)}", esc(where)))
+        fused_cards.append(_card(r, i, hues.get(cid), f"融合 {fmt_num(r.get('fused_score'), 4)}", esc(where)))
 
     return (col(f"BM25 关键词 Top-{top_k}（得分）", "bm25", bm25_cards),
             col(f"向量 Top-{top_k}（相似度）", "vector", vec_cards),
-            col(f"融合 Top-{top_k}：{fusion_title(result.get('fusion'))}", "rrf", rrf_cards))
+            col(f"融合 Top-{top_k}：{fusion_title(result.get('fusion'))}", "fused", fused_cards))
 
 
 def _ms_text(ms: dict | None) -> str:
@@ -137,7 +137,7 @@ def _ms_text(ms: dict | None) -> str:
 
 def make_search_handler(engine, policy=None):
     def debug_search(query: str, top_k: float | int | None, kbs=None, request: gr.Request = None):
-        """Returns (status markdown, bm25 html, vector html, rrf html). `kbs`: the picked knowledge bases."""
+        """Returns (status markdown, bm25 html, vector html, fused html). `kbs`: the picked knowledge bases."""
         empty = ("", "", "")
         try:
             k = int(top_k) if top_k is not None else DEFAULT_TOP_K
@@ -173,7 +173,7 @@ def build_debug_view(engine, policy=None) -> dict[str, Any]:
     status = gr.Markdown("")
     with gr.Row(equal_height=False, elem_classes=["kbd-root"]):
         cols = [gr.HTML("", css_template=COLUMN_CSS, js_on_load=HOVER_JS + OPENER_JS, elem_classes=["kbd-column"],
-                        elem_id=f"kbd-{key}") for key in ("bm25", "vector", "rrf")]
+                        elem_id=f"kbd-{key}") for key in ("bm25", "vector", "fused")]
     handler = make_search_handler(engine, policy)
     go.click(handler, [query, top_k, kbs], [status, *cols], api_name="debug_search")
     query.submit(handler, [query, top_k, kbs], [status, *cols], api_name=False)

@@ -1,4 +1,4 @@
-"""知识库 tab (issue 7): upload, document table, chunk viewer, delete, 全量重建 — plus the 双路检索调试 sub-tab.
+"""知识库 tab: upload, document table, chunk viewer, delete, 全量重建 — plus the 双路检索调试 sub-tab.
 
 Everything goes through engine methods (upload / list_documents / document_chunks / delete_document /
 start_rebuild / rebuild_status / health). Every handler re-checks the caller against the AccessPolicy on the

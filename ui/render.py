@@ -325,8 +325,9 @@ def render_trace(trace: dict | None, elapsed_ms: Any = None) -> str:
     parts.append('<div class="kb-trace-sec" data-sec="vector"><h4>② 向量检索 Top-10（相似度）</h4>')
     parts.append(_table(trace.get("vector") or [], [("rank", "#"), ("doc", "文档"), ("similarity", "相似度"),
                                                     ("text", "片段")]) + "</div>")
-    parts.append(f'<div class="kb-trace-sec" data-sec="rrf"><h4>③ {esc(fusion_title(trace.get("fusion")))}</h4>')
-    parts.append(_table(trace.get("rrf") or [], [("rank", "#"), ("doc", "文档"), ("fused_score", "融合分"),
+    parts.append(f'<div class="kb-trace-sec" data-sec="fused"><h4>③ {esc(fusion_title(trace.get("fusion")))}</h4>')
+    fused = trace.get("fused", trace.get("rrf"))  # turns stored by older releases call it "rrf"
+    parts.append(_table(fused or [], [("rank", "#"), ("doc", "文档"), ("fused_score", "融合分"),
                                                  ("bm25_rank", "BM25 名次"), ("bm25_score", "BM25 得分"),
                                                  ("vector_rank", "向量名次"), ("similarity", "相似度"),
                                                  ("length_prior", "短片段项"), ("text", "片段")]) + "</div>")

@@ -1,4 +1,4 @@
-"""配置 tab (issue 6): every tunable, no code, no restart — and a banner that says what took effect.
+"""配置 tab: every tunable, no code, no restart — and a banner that says what took effect.
 
 Cards follow pipeline.settings.GROUPS (LLM 生成 / 检索参数 / 切块参数 + OCR / 模型路径), each with its own
 「恢复默认」 (fills the form from engine.default_settings(); never touches the API key; still needs 保存).

@@ -232,7 +232,8 @@ class RetrievalService:
             n.node.metadata["similarity_full"] = got.get(n.node.node_id)
 
     def debug_search(self, query: str, top_k: int, s: Settings, kb_ids=None) -> dict:
-        """SRS §7.2 shape: bm25 / vector / rrf groups, each top_k long."""
+        """SRS §7.2 shape: bm25 / vector / fused groups, each top_k long; `rrf` is the same fused list under the
+        SRS's name (whatever the fusion mode)."""
         _, fusion, _ = self.recall(query, s, recall=max(top_k, s.recall_size), kb_ids=kb_ids)
 
         def row(n):
@@ -243,7 +244,7 @@ class RetrievalService:
         return {
             "bm25": [row(n) | {"score": _r(n.score)} for n in fusion.bm25[:top_k]],
             "vector": [row(n) | {"similarity": _r(n.score)} for n in fusion.vector[:top_k]],
-            "rrf": [row(n) | fused_row(n) for n in fusion.fused[:top_k]],
+            "fused": [row(n) | fused_row(n) for n in fusion.fused[:top_k]],
             "ms": {k: round(v, 1) for k, v in fusion.ms.items()},
             "bm25_weight": round(fusion.bm25_weight, 3),
             "fusion": fusion_info(fusion.mode, fusion.bm25_weight, fusion.features),

@@ -10,8 +10,8 @@ from typing import Any
 from pipeline.models.paths import embedding_model_id, resolve_model_dir
 from pipeline.retrieval.service import default_min_similarity
 from pipeline.settings import (
-    DEFAULT_EMBEDDING_PATH,
-    DEFAULT_RERANKER_PATH,
+    SRS_BGE_EMBEDDING_DIR,
+    SRS_BGE_RERANKER_DIR,
     LABELS,
     SECRET_FIELDS,
     Settings,
@@ -96,8 +96,8 @@ class SettingsService:
 
     def _check_model_paths(self, new: Settings, changed: list[str]) -> None:
         errors = {}
-        for key, default in (("embedding_model_path", DEFAULT_EMBEDDING_PATH),
-                             ("reranker_model_path", DEFAULT_RERANKER_PATH)):
+        for key, default in (("embedding_model_path", SRS_BGE_EMBEDDING_DIR),
+                             ("reranker_model_path", SRS_BGE_RERANKER_DIR)):
             if key not in changed:
                 continue
             value = getattr(new, key).strip()
