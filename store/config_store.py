@@ -34,7 +34,7 @@ class ConfigStore:
 
     def updated_at(self) -> dict[str, str]:
         with self.db.connect() as conn:
-            return dict(conn.execute(select(K.key, K.updated_at)).tuples())
+            return {k: v for k, v in conn.execute(select(K.key, K.updated_at))}
 
     def write_defaults(self, defaults: dict[str, Any]) -> list[str]:
         """Insert keys that are missing (first start, or a new setting after an upgrade)."""

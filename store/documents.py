@@ -315,7 +315,8 @@ class DocumentStore:
         """chunk_id → context (heading path / sheet) of the chunks that have one: their stored tokens and their
         vectors were made from context + text (pipeline.ingestion.structured_chunking.indexed_text)."""
         with self.db.connect() as conn:
-            return dict(conn.execute(select(C.c.chunk_id, C.c.context).where(C.c.context.is_not(None))).tuples())
+            rows = conn.execute(select(C.c.chunk_id, C.c.context).where(C.c.context.is_not(None)))
+            return {chunk_id: context for chunk_id, context in rows}
 
     def set_tokens(self, tokens: dict[int, list[str]]) -> None:
         """Rewrite stored BM25 tokens (repair re-tokenizes from the chunk text, the source of truth)."""

@@ -58,7 +58,7 @@ class KBStore:
 
     def names(self) -> dict[int, str]:
         with self.db.connect() as conn:
-            return dict(conn.execute(select(B.kb_id, B.name)).tuples())
+            return {k: v for k, v in conn.execute(select(B.kb_id, B.name))}
 
     def find_by_name(self, name: str) -> dict | None:
         with self.db.connect() as conn:
