@@ -21,6 +21,8 @@ from sqlalchemy import Double, cast, create_engine, event, extract, func, litera
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.engine import Connection, make_url
 
+from .migrations import migrate as run_migrations
+
 SQLITE = "sqlite"
 POSTGRESQL = "postgresql"
 
@@ -93,8 +95,6 @@ class Database:
         self.write_lock = threading.RLock()  # SQLite: serialize writers; readers go freely under WAL
         self._local = threading.local()
         if migrate:
-            from store.migrations import migrate as run_migrations
-
             self.applied_migrations = run_migrations(self)
 
     @property

@@ -24,7 +24,7 @@ from datetime import UTC, datetime
 
 from sqlalchemy import func, insert, select
 
-from store.schema import schema_version
+from .schema import schema_version
 
 log = logging.getLogger(__name__)
 
