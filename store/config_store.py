@@ -5,7 +5,12 @@ import json
 from datetime import UTC, datetime
 from typing import Any
 
+from sqlalchemy import select
+
 from .db import Database
+from .schema import sys_config
+
+K = sys_config.c
 
 
 def _now() -> str:
@@ -18,18 +23,18 @@ class ConfigStore:
 
     def load(self) -> dict[str, Any]:
         with self.db.connect() as conn:
-            rows = conn.execute("SELECT key, value FROM sys_config").fetchall()
+            rows = conn.execute(select(K.key, K.value)).all()
         out = {}
-        for r in rows:
+        for key, value in rows:
             try:
-                out[r["key"]] = json.loads(r["value"])
+                out[key] = json.loads(value)
             except (TypeError, ValueError):
-                out[r["key"]] = r["value"]
+                out[key] = value
         return out
 
     def updated_at(self) -> dict[str, str]:
         with self.db.connect() as conn:
-            return {r["key"]: r["updated_at"] for r in conn.execute("SELECT key, updated_at FROM sys_config")}
+            return {k: v for k, v in conn.execute(select(K.key, K.updated_at))}
 
     def write_defaults(self, defaults: dict[str, Any]) -> list[str]:
         """Insert keys that are missing (first start, or a new setting after an upgrade)."""
@@ -37,11 +42,10 @@ class ConfigStore:
         added = []
         with self.db.transaction() as conn:
             for key, value in defaults.items():
-                cur = conn.execute(
-                    "INSERT OR IGNORE INTO sys_config(key, value, updated_at) VALUES (?, ?, ?)",
-                    (key, json.dumps(value, ensure_ascii=False), now),
-                )
-                if cur.rowcount:
+                row = {"key": key, "value": json.dumps(value, ensure_ascii=False), "updated_at": now}
+                # RETURNING tells whether the row went in (an INSERT's rowcount is not reliable across drivers)
+                if conn.execute(self.db.insert(sys_config).values(row).on_conflict_do_nothing()
+                                .returning(K.key)).first() is not None:
                     added.append(key)
         return added
 
@@ -52,13 +56,11 @@ class ConfigStore:
         with self.db.transaction() as conn:
             for key, value in values.items():
                 enc = json.dumps(value, ensure_ascii=False)
-                row = conn.execute("SELECT value FROM sys_config WHERE key = ?", (key,)).fetchone()
-                if row is not None and row["value"] == enc:
+                stored = conn.execute(select(K.value).where(K.key == key)).first()
+                if stored is not None and stored.value == enc:
                     continue
-                conn.execute(
-                    "INSERT INTO sys_config(key, value, updated_at) VALUES (?, ?, ?) "
-                    "ON CONFLICT(key) DO UPDATE SET value = excluded.value, updated_at = excluded.updated_at",
-                    (key, enc, now),
-                )
+                upsert = self.db.insert(sys_config).values(key=key, value=enc, updated_at=now)
+                conn.execute(upsert.on_conflict_do_update(index_elements=[K.key], set_={
+                    "value": upsert.excluded.value, "updated_at": upsert.excluded.updated_at}))
                 changed.append(key)
         return changed

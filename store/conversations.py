@@ -13,7 +13,12 @@ import uuid
 from datetime import datetime
 from typing import Any
 
-from .db import Database, row_with_json
+from sqlalchemy import delete, func, insert, select, update
+
+from .db import Database, as_dict, row_with_json
+from .schema import conversation, conversation_turn
+
+CV, T = conversation.c, conversation_turn.c
 
 TITLE_CHARS = 40
 
@@ -40,7 +45,7 @@ def _turn_dict(row) -> dict:
 
 
 def _conv_dict(row) -> dict:
-    d = dict(row)
+    d = as_dict(row)
     d["time"] = (d.get("updated_at") or "")[:19]
     return d
 
@@ -53,39 +58,38 @@ class ConversationStore:
     def create(self, user: str, title: str) -> dict:
         cid, now = new_conv_id(), _now()
         with self.db.transaction() as conn:
-            conn.execute("INSERT INTO conversation(conv_id, user, title, created_at, updated_at) VALUES (?,?,?,?,?)",
-                         (cid, user, title, now, now))
+            conn.execute(insert(conversation).values(conv_id=cid, user=user, title=title, created_at=now,
+                                                     updated_at=now))
         return self.get(cid)
 
     def get(self, conv_id: str) -> dict | None:
         with self.db.connect() as conn:
-            row = conn.execute("SELECT * FROM conversation WHERE conv_id = ?", (conv_id,)).fetchone()
+            row = conn.execute(select(conversation).where(CV.conv_id == conv_id)).first()
         return _conv_dict(row) if row else None
 
     def list(self, user: str, limit: int = 50, offset: int = 0) -> tuple[list[dict], int]:
         """Newest first (last activity), paged; served by idx_conv_user_updated."""
         with self.db.connect() as conn:
-            total = conn.execute("SELECT COUNT(*) FROM conversation WHERE user = ?", (user,)).fetchone()[0]
-            rows = conn.execute(
-                "SELECT * FROM conversation WHERE user = ? ORDER BY updated_at DESC, created_at DESC, conv_id DESC"
-                " LIMIT ? OFFSET ?",
-                (user, limit, offset)).fetchall()
+            total = conn.execute(select(func.count()).select_from(conversation).where(CV.user == user)).scalar_one()
+            rows = conn.execute(select(conversation).where(CV.user == user)
+                                .order_by(CV.updated_at.desc(), CV.created_at.desc(), CV.conv_id.desc())
+                                .limit(limit).offset(offset)).all()
         return [_conv_dict(r) for r in rows], total
 
     def rename(self, conv_id: str, title: str) -> None:
         with self.db.transaction() as conn:
-            conn.execute("UPDATE conversation SET title = ? WHERE conv_id = ?", (title, conv_id))
+            conn.execute(update(conversation).where(CV.conv_id == conv_id).values(title=title))
 
     def delete(self, conv_id: str) -> bool:
         with self.db.transaction() as conn:
-            conn.execute("DELETE FROM conversation_turn WHERE conv_id = ?", (conv_id,))
-            return conn.execute("DELETE FROM conversation WHERE conv_id = ?", (conv_id,)).rowcount > 0
+            conn.execute(delete(conversation_turn).where(T.conv_id == conv_id))
+            return conn.execute(delete(conversation).where(CV.conv_id == conv_id)).rowcount > 0
 
     def clear(self, user: str) -> int:
         with self.db.transaction() as conn:
-            conn.execute("DELETE FROM conversation_turn WHERE conv_id IN"
-                         " (SELECT conv_id FROM conversation WHERE user = ?)", (user,))
-            return conn.execute("DELETE FROM conversation WHERE user = ?", (user,)).rowcount
+            conn.execute(delete(conversation_turn).where(
+                T.conv_id.in_(select(CV.conv_id).where(CV.user == user))))
+            return conn.execute(delete(conversation).where(CV.user == user)).rowcount
 
     # --- turns -----------------------------------------------------------------------------------
     def add_turn(self, conv_id: str, user: str, question: str, answer: str, *, rewritten: str | None = None,
@@ -93,34 +97,30 @@ class ConversationStore:
                  route: str | None = None, no_answer: bool = False, elapsed_ms: Any = None) -> dict:
         now = _now()
         with self.db.transaction() as conn:
-            seq = conn.execute("SELECT COALESCE(MAX(seq), 0) + 1 FROM conversation_turn WHERE conv_id = ?",
-                               (conv_id,)).fetchone()[0]
-            cur = conn.execute(
-                "INSERT INTO conversation_turn(conv_id, seq, user, question, rewritten, answer, sources, trace,"
-                " mode, route, no_answer, elapsed_ms, created_at) VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?)",
-                (conv_id, seq, user, question, rewritten, answer, json.dumps(sources or [], ensure_ascii=False),
-                 json.dumps(trace or {}, ensure_ascii=False), mode, route, int(bool(no_answer)),
-                 None if elapsed_ms is None else int(elapsed_ms), now))
-            conn.execute("UPDATE conversation SET updated_at = ?, turn_count = turn_count + 1 WHERE conv_id = ?",
-                         (now, conv_id))
-            turn_id = cur.lastrowid
+            seq = conn.execute(select(func.coalesce(func.max(T.seq), 0) + 1).where(T.conv_id == conv_id)).scalar_one()
+            turn_id = conn.execute(insert(conversation_turn).values(
+                conv_id=conv_id, seq=seq, user=user, question=question, rewritten=rewritten, answer=answer,
+                sources=json.dumps(sources or [], ensure_ascii=False), trace=json.dumps(trace or {}, ensure_ascii=False),
+                mode=mode, route=route, no_answer=int(bool(no_answer)),
+                elapsed_ms=None if elapsed_ms is None else int(elapsed_ms), created_at=now,
+            ).returning(T.turn_id)).scalar_one()
+            conn.execute(update(conversation).where(CV.conv_id == conv_id)
+                         .values(updated_at=now, turn_count=CV.turn_count + 1))
         return {"turn_id": turn_id, "seq": seq, "created_at": now}
 
     def turns(self, conv_id: str) -> list[dict]:
         with self.db.connect() as conn:
-            rows = conn.execute("SELECT * FROM conversation_turn WHERE conv_id = ? ORDER BY seq",
-                                (conv_id,)).fetchall()
+            rows = conn.execute(select(conversation_turn).where(T.conv_id == conv_id).order_by(T.seq)).all()
         return [_turn_dict(r) for r in rows]
 
     def recent_turns(self, conv_id: str, n: int) -> list[dict]:
         """The last n turns, oldest first, without the bulky trace (rewrite and the answer prompt need text)."""
         with self.db.connect() as conn:
-            rows = conn.execute(
-                "SELECT turn_id, seq, question, rewritten, answer, route, no_answer FROM conversation_turn"
-                " WHERE conv_id = ? ORDER BY seq DESC LIMIT ?", (conv_id, n)).fetchall()
-        return [dict(r) for r in reversed(rows)]
+            rows = conn.execute(select(T.turn_id, T.seq, T.question, T.rewritten, T.answer, T.route, T.no_answer)
+                                .where(T.conv_id == conv_id).order_by(T.seq.desc()).limit(n)).all()
+        return [as_dict(r) for r in reversed(rows)]
 
     def get_turn(self, turn_id: int) -> dict | None:
         with self.db.connect() as conn:
-            row = conn.execute("SELECT * FROM conversation_turn WHERE turn_id = ?", (turn_id,)).fetchone()
+            row = conn.execute(select(conversation_turn).where(T.turn_id == turn_id)).first()
         return _turn_dict(row) if row else None

@@ -9,7 +9,12 @@ from __future__ import annotations
 import json
 from datetime import datetime
 
+from sqlalchemy import func, select
+
 from .db import Database, row_with_json
+from .schema import answer_feedback
+
+F = answer_feedback.c
 
 
 def _now() -> str:
@@ -22,42 +27,44 @@ def _row(r) -> dict:
     return d
 
 
+def _rated(rating: int | None) -> list:
+    return [] if rating is None else [F.rating == rating]
+
+
 class FeedbackStore:
     def __init__(self, db: Database):
         self.db = db
 
     def upsert(self, turn: dict, rating: int, reason: str | None, comment: str | None) -> dict:
+        stmt = self.db.insert(answer_feedback).values(
+            turn_id=turn["turn_id"], conv_id=turn["conv_id"], user=turn["user"], rating=rating, reason=reason,
+            comment=comment, question=turn["question"], rewritten=turn.get("rewritten"), answer=turn["answer"],
+            sources=json.dumps(turn.get("sources") or [], ensure_ascii=False), created_at=_now())
+        new = stmt.excluded
         with self.db.transaction() as conn:
-            conn.execute(
-                "INSERT INTO answer_feedback(turn_id, conv_id, user, rating, reason, comment, question, rewritten,"
-                " answer, sources, created_at) VALUES (?,?,?,?,?,?,?,?,?,?,?) ON CONFLICT(turn_id) DO UPDATE SET"
-                " rating = excluded.rating, reason = excluded.reason, comment = excluded.comment,"
-                " created_at = excluded.created_at",
-                (turn["turn_id"], turn["conv_id"], turn["user"], rating, reason, comment, turn["question"],
-                 turn.get("rewritten"), turn["answer"], json.dumps(turn.get("sources") or [], ensure_ascii=False),
-                 _now()))
+            conn.execute(stmt.on_conflict_do_update(index_elements=[F.turn_id], set_={
+                "rating": new.rating, "reason": new.reason, "comment": new.comment, "created_at": new.created_at}))
         return self.get_by_turn(turn["turn_id"])
 
-    def get_by_turn(self, turn_id: int) -> dict | None:
+    def _one(self, *where) -> dict | None:
         with self.db.connect() as conn:
-            r = conn.execute("SELECT * FROM answer_feedback WHERE turn_id = ?", (turn_id,)).fetchone()
+            r = conn.execute(select(answer_feedback).where(*where)).first()
         return _row(r) if r else None
+
+    def get_by_turn(self, turn_id: int) -> dict | None:
+        return self._one(F.turn_id == turn_id)
 
     def get(self, fb_id: int) -> dict | None:
-        with self.db.connect() as conn:
-            r = conn.execute("SELECT * FROM answer_feedback WHERE fb_id = ?", (fb_id,)).fetchone()
-        return _row(r) if r else None
+        return self._one(F.fb_id == fb_id)
 
     def list(self, rating: int | None = None, limit: int = 50, offset: int = 0) -> tuple[list[dict], int]:
-        where, args = ("WHERE rating = ?", [rating]) if rating is not None else ("", [])
         with self.db.connect() as conn:
-            total = conn.execute(f"SELECT COUNT(*) FROM answer_feedback {where}", args).fetchone()[0]
-            rows = conn.execute(f"SELECT * FROM answer_feedback {where} ORDER BY fb_id DESC LIMIT ? OFFSET ?",
-                                [*args, limit, offset]).fetchall()
+            total = conn.execute(select(func.count()).select_from(answer_feedback).where(*_rated(rating))).scalar_one()
+            rows = conn.execute(select(answer_feedback).where(*_rated(rating)).order_by(F.fb_id.desc())
+                                .limit(limit).offset(offset)).all()
         return [_row(r) for r in rows], total
 
     def iter_all(self, rating: int | None = None):
-        where, args = ("WHERE rating = ?", [rating]) if rating is not None else ("", [])
         with self.db.connect() as conn:
-            for r in conn.execute(f"SELECT * FROM answer_feedback {where} ORDER BY fb_id", args):
+            for r in conn.execute(select(answer_feedback).where(*_rated(rating)).order_by(F.fb_id)):
                 yield _row(r)

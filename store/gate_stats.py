@@ -9,7 +9,12 @@ from __future__ import annotations
 import json
 from datetime import datetime
 
+from sqlalchemy import delete, func, select
+
 from .db import Database
+from .schema import kb_chunk, kb_document, kb_gate_background
+
+G = kb_gate_background.c
 
 
 class GateStatsStore:
@@ -19,33 +24,33 @@ class GateStatsStore:
     def load(self, kb_id: int) -> tuple[str, dict] | None:
         """(fingerprint, stats) of one knowledge base, or None when never measured."""
         with self.db.connect() as conn:
-            row = conn.execute("SELECT fingerprint, stats FROM kb_gate_background WHERE kb_id = ?",
-                               (int(kb_id),)).fetchone()
+            row = conn.execute(select(G.fingerprint, G.stats).where(G.kb_id == int(kb_id))).first()
         if row is None:
             return None
         try:
-            return row["fingerprint"], json.loads(row["stats"])
+            return row.fingerprint, json.loads(row.stats)
         except (TypeError, ValueError):
             return None
 
     def save(self, kb_id: int, fingerprint: str, stats: dict) -> None:
+        stmt = self.db.insert(kb_gate_background).values(
+            kb_id=int(kb_id), fingerprint=fingerprint, stats=json.dumps(stats, ensure_ascii=False),
+            updated_at=datetime.now().isoformat(sep=" ", timespec="seconds"))
+        new = stmt.excluded
         with self.db.transaction() as conn:
-            conn.execute(
-                "INSERT INTO kb_gate_background(kb_id, fingerprint, stats, updated_at) VALUES (?, ?, ?, ?) "
-                "ON CONFLICT(kb_id) DO UPDATE SET fingerprint = excluded.fingerprint, stats = excluded.stats, "
-                "updated_at = excluded.updated_at",
-                (int(kb_id), fingerprint, json.dumps(stats, ensure_ascii=False),
-                 datetime.now().isoformat(sep=" ", timespec="seconds")))
+            conn.execute(stmt.on_conflict_do_update(index_elements=[G.kb_id], set_={
+                "fingerprint": new.fingerprint, "stats": new.stats, "updated_at": new.updated_at}))
 
     def delete(self, kb_id: int) -> None:
         with self.db.transaction() as conn:
-            conn.execute("DELETE FROM kb_gate_background WHERE kb_id = ?", (int(kb_id),))
+            conn.execute(delete(kb_gate_background).where(G.kb_id == int(kb_id)))
 
     def ready_fingerprint_parts(self, kb_id: int) -> tuple[int, int]:
         """(count, max chunk_id) of the retrievable chunks of one knowledge base: changes with every add / delete."""
+        c, d = kb_chunk.c, kb_document.c
         with self.db.connect() as conn:
             row = conn.execute(
-                "SELECT COUNT(*), COALESCE(MAX(c.chunk_id), 0) FROM kb_chunk c JOIN kb_document d"
-                " ON d.doc_id = c.doc_id WHERE d.status = 'ready' AND d.active = 1 AND d.kb_id = ?",
-                (int(kb_id),)).fetchone()
+                select(func.count(), func.coalesce(func.max(c.chunk_id), 0))
+                .select_from(kb_chunk.join(kb_document, d.doc_id == c.doc_id))
+                .where(d.status == "ready", d.active == 1, d.kb_id == int(kb_id))).one()
         return int(row[0]), int(row[1])

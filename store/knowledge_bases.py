@@ -9,20 +9,23 @@ from __future__ import annotations
 import json
 from datetime import datetime
 
-from .db import Database
-from .migrations import DEFAULT_KB_ID
+from sqlalchemy import and_, delete, func, or_, select, update
 
-_COUNTS = """
-SELECT b.kb_id, b.name, b.description, b.created_at, b.readers,
-       (SELECT COUNT(*) FROM kb_document d WHERE d.kb_id = b.kb_id AND (d.active = 1 OR d.status != 'ready')) AS docs,
-       (SELECT COUNT(*) FROM kb_chunk c JOIN kb_document d ON d.doc_id = c.doc_id
-         WHERE d.kb_id = b.kb_id AND d.status = 'ready' AND d.active = 1) AS chunks
-FROM kb_base b
-"""
+from .db import Database, as_dict
+from .migrations import DEFAULT_KB_ID
+from .schema import kb_base, kb_chunk, kb_document
+
+B, D, C = kb_base.c, kb_document.c, kb_chunk.c
+_DOCS = (select(func.count()).where(D.kb_id == B.kb_id, or_(D.active == 1, D.status != "ready"))
+         .scalar_subquery().label("docs"))
+_CHUNKS = (select(func.count()).select_from(kb_chunk.join(kb_document, D.doc_id == C.doc_id))
+           .where(and_(D.kb_id == B.kb_id, D.status == "ready", D.active == 1)).scalar_subquery().label("chunks"))
+# each knowledge base with its visible documents and retrievable chunks
+_COUNTS = select(B.kb_id, B.name, B.description, B.created_at, B.readers, _DOCS, _CHUNKS)
 
 
 def _kb_dict(row) -> dict:
-    d = dict(row)
+    d = as_dict(row)
     d["is_default"] = d["kb_id"] == DEFAULT_KB_ID
     d["readers"] = json.loads(d["readers"]) if d.get("readers") is not None else None  # None = every user
     return d
@@ -38,51 +41,53 @@ class KBStore:
 
     def list(self) -> list[dict]:
         with self.db.connect() as conn:
-            return [_kb_dict(r) for r in conn.execute(_COUNTS + " ORDER BY b.kb_id")]
+            return [_kb_dict(r) for r in conn.execute(_COUNTS.order_by(B.kb_id))]
 
     def get(self, kb_id: int) -> dict | None:
         with self.db.connect() as conn:
-            row = conn.execute(_COUNTS + " WHERE b.kb_id = ?", (int(kb_id),)).fetchone()
+            row = conn.execute(_COUNTS.where(B.kb_id == int(kb_id))).first()
         return _kb_dict(row) if row else None
 
     def exists(self, kb_id: int) -> bool:
         with self.db.connect() as conn:
-            return conn.execute("SELECT 1 FROM kb_base WHERE kb_id = ?", (int(kb_id),)).fetchone() is not None
+            return conn.execute(select(1).where(B.kb_id == int(kb_id))).first() is not None
 
     def ids(self) -> list[int]:
         with self.db.connect() as conn:
-            return [r[0] for r in conn.execute("SELECT kb_id FROM kb_base ORDER BY kb_id")]
+            return list(conn.execute(select(B.kb_id).order_by(B.kb_id)).scalars())
 
     def names(self) -> dict[int, str]:
         with self.db.connect() as conn:
-            return {r[0]: r[1] for r in conn.execute("SELECT kb_id, name FROM kb_base")}
+            return {k: v for k, v in conn.execute(select(B.kb_id, B.name))}
 
     def find_by_name(self, name: str) -> dict | None:
         with self.db.connect() as conn:
-            row = conn.execute("SELECT kb_id FROM kb_base WHERE name = ?", (name,)).fetchone()
-        return self.get(row[0]) if row else None
+            kb_id = conn.execute(select(B.kb_id).where(B.name == name)).scalar()
+        return self.get(kb_id) if kb_id is not None else None
 
     def create(self, name: str, description: str = "", readers: list[str] | None = None) -> dict:
         with self.db.transaction() as conn:
-            kb_id = conn.execute("INSERT INTO kb_base(name, description, created_at, readers) VALUES (?, ?, ?, ?)"
-                                 " RETURNING kb_id",
-                                 (name, description, datetime.now().isoformat(sep=" ", timespec="seconds"),
-                                  _readers_json(readers))).fetchone()[0]
+            kb_id = conn.execute(kb_base.insert().values(
+                name=name, description=description, created_at=datetime.now().isoformat(sep=" ", timespec="seconds"),
+                readers=_readers_json(readers)).returning(B.kb_id)).scalar_one()
         return self.get(kb_id)
 
     def update(self, kb_id: int, name: str | None = None, description: str | None = None,
                readers: list[str] | None | object = ...) -> dict | None:
         """`readers` ... (the default) leaves them; None opens the knowledge base to everyone."""
-        with self.db.transaction() as conn:
-            if readers is not ...:
-                conn.execute("UPDATE kb_base SET readers = ? WHERE kb_id = ?", (_readers_json(readers), int(kb_id)))
-            if name is not None:
-                conn.execute("UPDATE kb_base SET name = ? WHERE kb_id = ?", (name, int(kb_id)))
-            if description is not None:
-                conn.execute("UPDATE kb_base SET description = ? WHERE kb_id = ?", (description, int(kb_id)))
+        values: dict = {}
+        if readers is not ...:
+            values["readers"] = _readers_json(readers)
+        if name is not None:
+            values["name"] = name
+        if description is not None:
+            values["description"] = description
+        if values:
+            with self.db.transaction() as conn:
+                conn.execute(update(kb_base).where(B.kb_id == int(kb_id)).values(values))
         return self.get(kb_id)
 
     def delete(self, kb_id: int) -> None:
         """The row only: its documents must be gone first (Engine.delete_kb)."""
         with self.db.transaction() as conn:
-            conn.execute("DELETE FROM kb_base WHERE kb_id = ?", (int(kb_id),))
+            conn.execute(delete(kb_base).where(B.kb_id == int(kb_id)))

@@ -5,35 +5,38 @@ lease frees itself after `lease_s`.
 """
 from __future__ import annotations
 
+from sqlalchemy import or_, select, update
+
 from .db import Database
+from .schema import app_lease
+
+L = app_lease.c
 
 
 class LeaseStore:
     def __init__(self, db: Database):
         self.db = db
-        self._now = db.now_sql
+        self.clock = db.clock  # the database's clock (a test moves it instead of sleeping)
 
     def acquire(self, name: str, owner: str, lease_s: float) -> bool:
         with self.db.transaction() as conn:
-            conn.execute("INSERT OR IGNORE INTO app_lease(name) VALUES (?)", (name,))
+            conn.execute(self.db.insert(app_lease).values(name=name).on_conflict_do_nothing())
             return conn.execute(
-                f"UPDATE app_lease SET owner = ?, lease_until = {self._now} + ? WHERE name = ?"
-                f" AND (owner IS NULL OR owner = ? OR lease_until < {self._now})",
-                (owner, float(lease_s), name, owner)).rowcount > 0
+                update(app_lease).where(L.name == name, or_(L.owner.is_(None), L.owner == owner,
+                                                            L.lease_until < self.clock.now()))
+                .values(owner=owner, lease_until=self.clock.now() + float(lease_s))).rowcount > 0
 
     def renew(self, name: str, owner: str, lease_s: float) -> bool:
         with self.db.transaction() as conn:
-            return conn.execute(f"UPDATE app_lease SET lease_until = {self._now} + ? WHERE name = ? AND owner = ?",
-                                (float(lease_s), name, owner)).rowcount > 0
+            return conn.execute(update(app_lease).where(L.name == name, L.owner == owner)
+                                .values(lease_until=self.clock.now() + float(lease_s))).rowcount > 0
 
     def release(self, name: str, owner: str) -> None:
         with self.db.transaction() as conn:
-            conn.execute("UPDATE app_lease SET owner = NULL, lease_until = NULL WHERE name = ? AND owner = ?",
-                         (name, owner))
+            conn.execute(update(app_lease).where(L.name == name, L.owner == owner).values(owner=None, lease_until=None))
 
     def holder(self, name: str) -> str | None:
         """The live holder of the lease, or None."""
         with self.db.connect() as conn:
-            row = conn.execute(f"SELECT owner FROM app_lease WHERE name = ? AND owner IS NOT NULL"
-                               f" AND lease_until >= {self._now}", (name,)).fetchone()
-        return row[0] if row else None
+            return conn.execute(select(L.owner).where(L.name == name, L.owner.is_not(None),
+                                                      L.lease_until >= self.clock.now())).scalar()

@@ -2,8 +2,11 @@
 
 To change the schema, APPEND a `Migration` (never edit one that shipped): give it the next version number and
 SQLite-style DDL statements. The PostgreSQL text is derived by `pg_ddl` (INTEGER → BIGINT, AUTOINCREMENT keys →
-identity columns, REAL → DOUBLE PRECISION, BLOB → BYTEA, reserved column names such as `user` quoted); pass `postgresql=[...]` when a statement needs its own
-form there. The pending migrations run in one transaction together with their `schema_version` rows (both
+identity columns, REAL → DOUBLE PRECISION, BLOB → BYTEA, reserved column names such as `user` quoted); pass
+`postgresql=[...]` when a statement needs its own form there. Each statement is sent to the database as it is
+(through the Database's SQLAlchemy engine, without parameters): never split, never rewritten beyond `pg_ddl`.
+The stores' statements do not come from here: they use the tables of store/schema.py, which describe what these
+migrations build. The pending migrations run in one transaction together with their `schema_version` rows (both
 dialects have transactional DDL), so a crash mid-migration leaves the previous version intact. Several app
 processes starting at once on PostgreSQL queue on an advisory lock, so each migration runs exactly once.
 
@@ -19,7 +22,9 @@ import re
 from dataclasses import dataclass
 from datetime import UTC, datetime
 
-from store.sql_dialect import quote_reserved
+from sqlalchemy import func, insert, select
+
+from .schema import schema_version
 
 log = logging.getLogger(__name__)
 
@@ -49,10 +54,21 @@ _PG_RULES = [
 ]
 
 
-def pg_ddl(statement: str) -> str:
+_LITERAL = re.compile(r"('(?:[^']|'')*'|\"(?:[^\"]|\"\")*\")", re.S)  # string literals, quoted identifiers
+# Column names SQLite accepts bare but PostgreSQL reserves (conversation.user …): quoted there.
+_RESERVED = re.compile(r"(?<![\w.\"])\b(user)\b(?![\w\"(])", re.I)
+
+
+def _pg_words(part: str) -> str:
     for pattern, repl in _PG_RULES:
-        statement = pattern.sub(repl, statement)
-    return quote_reserved(statement)
+        part = pattern.sub(repl, part)
+    return _RESERVED.sub(lambda m: f'"{m.group(1).lower()}"', part)
+
+
+def pg_ddl(statement: str) -> str:
+    """The PostgreSQL form of one of the SQLite-style DDL statements below, rewritten outside string literals
+    only (a migration whose statement these rules do not cover passes `postgresql=`)."""
+    return "".join(part if i % 2 else _pg_words(part) for i, part in enumerate(_LITERAL.split(statement)))
 
 
 MIGRATIONS: list[Migration] = [
@@ -340,8 +356,12 @@ def _check_order(migrations: list[Migration]) -> None:
 
 def current_version(db) -> int:
     with db.connect() as conn:
-        row = conn.execute("SELECT MAX(version) FROM schema_version").fetchone()
-    return int(row[0] or 0)
+        return int(conn.execute(select(func.max(schema_version.c.version))).scalar() or 0)
+
+
+def _ddl(conn, statement: str) -> None:
+    # no_parameters: the text goes to the driver untouched (psycopg would read a `%` as a placeholder)
+    conn.exec_driver_sql(statement, execution_options={"no_parameters": True})
 
 
 def migrate(db, migrations: list[Migration] | None = None) -> list[int]:
@@ -352,30 +372,25 @@ def migrate(db, migrations: list[Migration] | None = None) -> list[int]:
         with db.connect() as conn:
             done = _applied_versions(conn)
         if any(m.sqlite_foreign_keys_off and m.version not in done for m in migrations):
-            with db.connect() as conn:
-                conn.execute("PRAGMA foreign_keys=OFF")  # before the transaction: no effect inside one
-            try:
-                return _migrate(db, migrations, check_foreign_keys=True)
-            finally:
-                with db.connect() as conn:
-                    conn.execute("PRAGMA foreign_keys=ON")
+            return _migrate(db, migrations, check_foreign_keys=True)
     return _migrate(db, migrations)
 
 
+_SCHEMA_VERSION_DDL = ("CREATE TABLE IF NOT EXISTS schema_version (version INTEGER PRIMARY KEY, name TEXT NOT NULL,"
+                       " applied_at TEXT NOT NULL)")
+
+
 def _applied_versions(conn) -> set[int]:
-    conn.execute("CREATE TABLE IF NOT EXISTS schema_version (version INTEGER PRIMARY KEY, name TEXT NOT NULL,"
-                 " applied_at TEXT NOT NULL)")
-    return {r[0] for r in conn.execute("SELECT version FROM schema_version")}
+    _ddl(conn, _SCHEMA_VERSION_DDL)
+    return set(conn.execute(select(schema_version.c.version)).scalars())
 
 
 def _migrate(db, migrations: list[Migration], check_foreign_keys: bool = False) -> list[int]:
     applied: list[int] = []
-    with db.transaction() as conn:
+    with db.transaction(sqlite_foreign_keys=not check_foreign_keys) as conn:
         if db.dialect == "postgresql":
-            conn.execute("SELECT pg_advisory_xact_lock(?)", (_ADVISORY_KEY,))
-        conn.execute("CREATE TABLE IF NOT EXISTS schema_version (version INTEGER PRIMARY KEY, name TEXT NOT NULL,"
-                     " applied_at TEXT NOT NULL)")
-        done = {r[0] for r in conn.execute("SELECT version FROM schema_version")}
+            conn.execute(select(func.pg_advisory_xact_lock(_ADVISORY_KEY)))
+        done = _applied_versions(conn)
         newest = max(done, default=0)
         if newest > len(migrations):
             raise RuntimeError(f"数据库结构版本 {newest} 比本程序支持的 {len(migrations)} 新，请升级程序")
@@ -383,13 +398,13 @@ def _migrate(db, migrations: list[Migration], check_foreign_keys: bool = False) 
             if m.version in done:
                 continue
             for stmt in m.for_dialect(db.dialect):
-                conn.execute(stmt)
-            conn.execute("INSERT INTO schema_version(version, name, applied_at) VALUES (?, ?, ?)",
-                         (m.version, m.name, datetime.now(UTC).isoformat(timespec="seconds")))
+                _ddl(conn, stmt)
+            conn.execute(insert(schema_version).values(
+                version=m.version, name=m.name, applied_at=datetime.now(UTC).isoformat(timespec="seconds")))
             applied.append(m.version)
             log.info("schema migration %d applied: %s", m.version, m.name)
         if check_foreign_keys:
-            bad = conn.execute("PRAGMA foreign_key_check").fetchall()
+            bad = conn.exec_driver_sql("PRAGMA foreign_key_check").fetchall()
             if bad:
                 raise RuntimeError(f"schema migration left {len(bad)} broken foreign keys: {bad[:5]}")
     return applied

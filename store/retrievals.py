@@ -2,7 +2,12 @@
 as JSON), for 重试 on any app process."""
 from __future__ import annotations
 
+from sqlalchemy import delete, select
+
 from .db import Database
+from .schema import qa_retrieval
+
+R = qa_retrieval.c
 
 
 class RetrievalStore:
@@ -12,18 +17,17 @@ class RetrievalStore:
 
     def get(self, question: str) -> str | None:
         with self.db.connect() as conn:
-            row = conn.execute("SELECT result FROM qa_retrieval WHERE question = ?", (question,)).fetchone()
-        return row[0] if row else None
+            return conn.execute(select(R.result).where(R.question == question)).scalar()
 
     def put(self, question: str, result_json: str) -> None:
-        now = self.db.now_sql
+        stmt = self.db.insert(qa_retrieval).values(question=question, result=result_json,
+                                                   stored_at=self.db.clock.now())
+        newest = select(R.question).order_by(R.stored_at.desc()).limit(self.capacity).correlate(None)
         with self.db.transaction() as conn:
-            conn.execute(f"INSERT INTO qa_retrieval(question, result, stored_at) VALUES (?, ?, {now})"
-                         f" ON CONFLICT(question) DO UPDATE SET result = excluded.result,"
-                         f" stored_at = excluded.stored_at", (question, result_json))
-            conn.execute("DELETE FROM qa_retrieval WHERE question NOT IN"
-                         " (SELECT question FROM qa_retrieval ORDER BY stored_at DESC LIMIT ?)", (self.capacity,))
+            conn.execute(stmt.on_conflict_do_update(index_elements=[R.question], set_={
+                "result": stmt.excluded.result, "stored_at": stmt.excluded.stored_at}))
+            conn.execute(delete(qa_retrieval).where(R.question.not_in(newest)))
 
     def clear(self) -> None:
         with self.db.transaction() as conn:
-            conn.execute("DELETE FROM qa_retrieval")
+            conn.execute(delete(qa_retrieval))

@@ -6,7 +6,10 @@
 """
 from __future__ import annotations
 
+from sqlalchemy import select, update
+
 from .db import Database
+from .schema import app_state
 
 KB_GENERATION = "kb_generation"
 CONFIG_VERSION = "config_version"
@@ -19,13 +22,13 @@ class SharedState:
 
     def read(self) -> dict[str, int]:
         with self.db.connect() as conn:
-            return {r[0]: int(r[1]) for r in conn.execute("SELECT name, value FROM app_state")}
+            return {name: int(value) for name, value in conn.execute(select(app_state.c.name, app_state.c.value))}
 
     def bump(self, name: str) -> int:
         """Move one counter; returns its new value."""
         with self.db.transaction() as conn:
-            row = conn.execute("UPDATE app_state SET value = value + 1 WHERE name = ? RETURNING value",
-                               (name,)).fetchone()
-        if row is None:
+            value = conn.execute(update(app_state).where(app_state.c.name == name)
+                                 .values(value=app_state.c.value + 1).returning(app_state.c.value)).scalar()
+        if value is None:
             raise KeyError(name)
-        return int(row[0])
+        return int(value)

@@ -6,7 +6,12 @@ from __future__ import annotations
 import json
 from datetime import datetime
 
+from sqlalchemy import delete, insert, select
+
 from .db import Database, row_with_json
+from .schema import kb_document, verified_qa
+
+Q = verified_qa.c
 
 
 class VerifiedQAStore:
@@ -15,25 +20,23 @@ class VerifiedQAStore:
 
     def add(self, doc_id: int, question: str, answer: str, cited: list, turn_id: int | None, user: str) -> dict:
         with self.db.transaction() as conn:
-            cur = conn.execute(
-                "INSERT INTO verified_qa(doc_id, question, answer, cited, turn_id, created_by, created_at)"
-                " VALUES (?,?,?,?,?,?,?)",
-                (doc_id, question, answer, json.dumps(cited, ensure_ascii=False), turn_id, user,
-                 datetime.now().isoformat(sep=" ", timespec="seconds")))
-            qa_id = cur.lastrowid
+            qa_id = conn.execute(insert(verified_qa).values(
+                doc_id=doc_id, question=question, answer=answer, cited=json.dumps(cited, ensure_ascii=False),
+                turn_id=turn_id, created_by=user, created_at=datetime.now().isoformat(sep=" ", timespec="seconds"),
+            ).returning(Q.qa_id)).scalar_one()
         return self.get(qa_id)
 
     def get(self, qa_id: int) -> dict | None:
         with self.db.connect() as conn:
-            r = conn.execute("SELECT * FROM verified_qa WHERE qa_id = ?", (qa_id,)).fetchone()
+            r = conn.execute(select(verified_qa).where(Q.qa_id == qa_id)).first()
         return row_with_json(r, "cited") if r else None
 
     def list(self) -> list[dict]:
         with self.db.connect() as conn:
             return [row_with_json(r, "cited") for r in conn.execute(
-                "SELECT q.*, d.status FROM verified_qa q JOIN kb_document d ON d.doc_id = q.doc_id"
-                " ORDER BY q.qa_id DESC")]
+                select(verified_qa, kb_document.c.status)
+                .join_from(verified_qa, kb_document, kb_document.c.doc_id == Q.doc_id).order_by(Q.qa_id.desc()))]
 
     def delete(self, qa_id: int) -> None:
         with self.db.transaction() as conn:
-            conn.execute("DELETE FROM verified_qa WHERE qa_id = ?", (qa_id,))
+            conn.execute(delete(verified_qa).where(Q.qa_id == qa_id))

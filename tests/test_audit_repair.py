@@ -10,6 +10,7 @@ import time
 
 import numpy as np
 import pytest
+from sqlalchemy import text as sql_text
 
 from tests.tiny_engine import DOCS, RULES, tiny_engine, tiny_model, wait_idle
 
@@ -49,9 +50,9 @@ def finding(report: dict, check: str) -> dict:
     return found[check]
 
 
-def sql(engine, statement: str, *args) -> None:
+def sql(engine, statement: str, **params) -> None:
     with engine.components.db.transaction() as conn:
-        conn.execute(statement, args)
+        conn.execute(sql_text(statement), params)
 
 
 def repaired(engine, *, wait: bool = True) -> dict:
@@ -99,7 +100,7 @@ def test_a_vector_whose_text_was_altered_is_re_embedded(engine):
 
 def test_corrupt_stored_tokens_are_re_tokenized_and_bm25_rebuilt(engine):
     ids = chunk_ids_of(engine, "iconv-lite_gbkFile_baidu_html.txt")
-    sql(engine, "UPDATE kb_chunk SET tokens = '乱码 xx' WHERE chunk_id = ?", ids[0])
+    sql(engine, "UPDATE kb_chunk SET tokens = '乱码 xx' WHERE chunk_id = :c", c=ids[0])
     engine.components.bm25.rebuild(engine.settings.bm25_k1, engine.settings.bm25_b)  # a restart loads bad tokens
     text = engine.components.docs.get_chunks([ids[0]])[ids[0]]["text"]
     f = finding(engine.audit(), "token_mismatch")
@@ -136,7 +137,7 @@ def test_ready_document_without_chunks_is_re_ingested_from_its_original(engine):
 
 def test_chunk_count_mismatch_is_corrected(engine):
     doc = doc_named(engine, "zh_union_rules_table_1p.pdf")
-    sql(engine, "UPDATE kb_document SET chunk_count = 999 WHERE doc_id = ?", doc["doc_id"])
+    sql(engine, "UPDATE kb_document SET chunk_count = 999 WHERE doc_id = :d", d=doc["doc_id"])
     f = finding(engine.audit(), "chunk_count_mismatch")
     assert f["items"][0]["recorded"] == 999 and f["items"][0]["actual"] == doc["chunk_count"]
     repaired(engine)

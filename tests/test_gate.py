@@ -12,6 +12,7 @@ import bm25s
 import numpy as np
 import pytest
 from llama_index.core.schema import NodeWithScore, TextNode
+from sqlalchemy import text
 
 from pipeline.retrieval.gate import ANSWER, REFUSE, WEAK, GateModel, decide
 from pipeline.retrieval.gate_background import MIN_SIM_SCALE, Background, GateBackground, summarize
@@ -123,10 +124,10 @@ def test_summary_is_robust_to_a_few_on_topic_probes():
 def _db_with_chunks(tmp_path: Path, n: int) -> Database:
     db = Database(tmp_path / "app.db")
     with db.transaction() as conn:
-        conn.execute("INSERT INTO kb_document(file_name, file_type, file_size, content_md5, status, created_at)"
-                     " VALUES ('a.txt', 'txt', 1, 'm', 'ready', 'now')")
+        conn.execute(text("INSERT INTO kb_document(file_name, file_type, file_size, content_md5, status, created_at)"
+                          " VALUES ('a.txt', 'txt', 1, 'm', 'ready', 'now')"))
         for i in range(n):
-            conn.execute("INSERT INTO kb_chunk(doc_id, chunk_index, text) VALUES (1, ?, 't')", (i,))
+            conn.execute(text("INSERT INTO kb_chunk(doc_id, chunk_index, text) VALUES (1, :i, 't')"), {"i": i})
     return db
 
 
@@ -151,7 +152,7 @@ def test_background_is_stored_and_refreshed_when_the_kb_changes(tmp_path):
     assert again.current() == first and len(calls) == 3
     # the KB changes (a new chunk, a new BM25 snapshot): measured again
     with db.transaction() as conn:
-        conn.execute("INSERT INTO kb_chunk(doc_id, chunk_index, text) VALUES (1, 9, 't')")
+        conn.execute(text("INSERT INTO kb_chunk(doc_id, chunk_index, text) VALUES (1, 9, 't')"))
     snapshot[0] = object()
     bg.current()
     assert len(calls) == 6

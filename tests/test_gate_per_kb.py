@@ -9,6 +9,7 @@ import time
 
 import numpy as np
 import pytest
+from sqlalchemy import text as sql_text
 
 from pipeline.retrieval.gate_background import Background, combine
 from pipeline.retrieval.lexical import MergedWeights, TermWeights, merged_weights
@@ -81,8 +82,8 @@ def _release_db(db_target, min_similarity: float, admin_set: bool) -> None:
     if admin_set:
         cfg.save({"min_similarity": min_similarity})  # the admin chose this value (it may well be 0.88)
     with old.transaction() as conn:
-        conn.execute("INSERT INTO kb_gate_background(id, fingerprint, stats, updated_at) VALUES (1, 'm|3|3|64', '{}',"
-                     " '2026-11-30 10:00:00')")
+        conn.execute(sql_text("INSERT INTO kb_gate_background(id, fingerprint, stats, updated_at)"
+                          " VALUES (1, 'm|3|3|64', '{}', '2026-11-30 10:00:00')"))
     old.close()
 
 
@@ -99,7 +100,7 @@ def test_old_min_similarity_default_moves_unless_an_admin_set_it(target, admin_s
         # mistakes it for an admin's choice
         assert (stamps["min_similarity"] == min(stamps.values())) is (not admin_set)
         with db.connect() as conn:  # the old whole-data-dir row is gone; rows are per kb_id now
-            assert conn.execute("SELECT COUNT(*) FROM kb_gate_background").fetchone()[0] == 0
+            assert conn.execute(sql_text("SELECT COUNT(*) FROM kb_gate_background")).scalar_one() == 0
         from store.gate_stats import GateStatsStore
 
         gs = GateStatsStore(db)

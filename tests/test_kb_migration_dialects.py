@@ -5,6 +5,7 @@ bases but not twice in one. PostgreSQL runs in a throw-away cluster (tests/serve
 from __future__ import annotations
 
 import pytest
+from sqlalchemy import text
 
 from store.db import Database
 from store.documents import DocumentStore
@@ -20,10 +21,10 @@ def target(request, tmp_path):
 
 
 def _insert_doc(conn, name: str, md5: str) -> int:
-    return conn.execute(
+    return conn.execute(text(
         "INSERT INTO kb_document(file_name, file_type, file_size, content_md5, status, created_at, stored_name)"
-        " VALUES (?, 'txt', 10, ?, 'ready', '2026-11-30 10:00:00', ?) RETURNING doc_id",
-        (name, md5, f"{md5}.txt")).fetchone()[0]
+        " VALUES (:name, 'txt', 10, :md5, 'ready', '2026-11-30 10:00:00', :stored) RETURNING doc_id"),
+        {"name": name, "md5": md5, "stored": f"{md5}.txt"}).scalar_one()
 
 
 def test_kb_migrations_on_a_version_7_database(target):
@@ -31,12 +32,12 @@ def test_kb_migrations_on_a_version_7_database(target):
     assert migrate(old, MIGRATIONS[:7]) == list(range(1, 8))  # the schema before issue 16
     with old.transaction() as conn:
         kept = _insert_doc(conn, "合同.txt", "aa11")
-        conn.execute("INSERT INTO kb_chunk(doc_id, chunk_index, text, tokens) VALUES (?, 0, ?, ?)",
-                     (kept, "付款期限 30 天", "付款 期限 30 天"))
+        conn.execute(text("INSERT INTO kb_chunk(doc_id, chunk_index, text, tokens) VALUES (:d, 0, :t, :k)"),
+                     {"d": kept, "t": "付款期限 30 天", "k": "付款 期限 30 天"})
         queued = _insert_doc(conn, "排队.txt", "bb22")
-        conn.execute("INSERT INTO ingest_job(doc_id, created_at) VALUES (?, 0)", (queued,))
+        conn.execute(text("INSERT INTO ingest_job(doc_id, created_at) VALUES (:d, 0)"), {"d": queued})
         gone = _insert_doc(conn, "删除.txt", "cc33")
-        conn.execute("DELETE FROM kb_document WHERE doc_id = ?", (gone,))
+        conn.execute(text("DELETE FROM kb_document WHERE doc_id = :d"), {"d": gone})
     old.close()
 
     db = Database(target)
@@ -48,13 +49,13 @@ def test_kb_migrations_on_a_version_7_database(target):
         assert [c["text"] for c in docs.chunks_of(kept)] == ["付款期限 30 天"]  # not cascaded away
         assert docs.chunks_of(kept)[0]["context"] is None and docs.chunks_of(kept)[0]["section"] == 0
         with db.connect() as conn:
-            assert conn.execute("SELECT COUNT(*) FROM ingest_job WHERE doc_id = ?", (queued,)).fetchone()[0] == 1
+            assert conn.execute(text("SELECT COUNT(*) FROM ingest_job WHERE doc_id = :d"), {"d": queued}).scalar_one() == 1
         assert [(k["kb_id"], k["name"], k["docs"], k["chunks"]) for k in kbs.list()] == [(1, "默认知识库", 2, 1)]
         other = kbs.create("合同库")
         assert other["kb_id"] == 2  # the identity / autoincrement sequence is past the default knowledge base
         twin = docs.create("合同.txt", "txt", 10, "aa11", "kb2-aa11.txt", kb_id=other["kb_id"])
         assert twin["doc_id"] > gone  # ids of documents deleted before the upgrade are not handed out again
-        with pytest.raises(Exception):  # noqa: B017 - sqlite3.IntegrityError / psycopg UniqueViolation
+        with pytest.raises(Exception):  # noqa: B017 - sqlalchemy IntegrityError (sqlite3 / psycopg UniqueViolation)
             docs.create("合同副本.txt", "txt", 10, "aa11", "aa11.txt")  # same content, same knowledge base
         assert docs.find_by_md5("aa11", 1)["doc_id"] == kept and docs.find_by_md5("aa11", 2)["doc_id"] == twin["doc_id"]
     finally:

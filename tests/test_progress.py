@@ -132,6 +132,8 @@ def test_long_document_shows_moving_progress(tmp_path):
 def test_queue_progress_in_the_database(tmp_path):
     """What another process's document list reads (store.jobs.JobStore.progress over a real SQLite database):
     the holder's last written stage, and for jobs nobody holds their place in the claim order."""
+    from sqlalchemy import text
+
     from pipeline.ingestion.progress import shared_snapshot
     from store.db import Database
     from store.documents import DocumentStore
@@ -144,10 +146,10 @@ def test_queue_progress_in_the_database(tmp_path):
     ids = []
     with db.transaction() as conn:
         for i in range(4):
-            ids.append(conn.execute(
+            ids.append(conn.execute(text(
                 "INSERT INTO kb_document(file_name, file_type, file_size, content_md5, status, created_at)"
-                " VALUES (?, 'txt', 10, ?, 'processing', '2026-01-01') RETURNING doc_id", (f"d{i}.txt", f"m{i}")
-            ).fetchone()[0])
+                " VALUES (:name, 'txt', 10, :md5, 'processing', '2026-01-01') RETURNING doc_id"),
+                {"name": f"d{i}.txt", "md5": f"m{i}"}).scalar_one())
     for d in ids:
         jobs.add(d)
     assert [j.doc_id for j in jobs.claim("worker-a", 60, 1)] == [ids[0]]

@@ -75,6 +75,8 @@ def main(argv=None) -> int:
     ap.add_argument("--repeat", type=int, default=20)
     args = ap.parse_args(argv)
 
+    from sqlalchemy import text
+
     from pipeline.conversation.service import ConversationService
     from store.conversations import ConversationStore
     from store.db import Database
@@ -105,7 +107,7 @@ def main(argv=None) -> int:
         med_http_like = show("list + JSON encode (the API response body)",
                              lambda: json.dumps(service.list("alice", 1, 50), ensure_ascii=False))
         with db.transaction() as conn:
-            conn.execute("DROP INDEX idx_conv_user_updated")
+            conn.execute(text("DROP INDEX idx_conv_user_updated"))
         print("old (no (user, updated_at) index):")
         show("list alice (page 1 of 50)", lambda: service.list("alice", 1, 50))
         db.close()
