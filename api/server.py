@@ -402,7 +402,7 @@ def create_api(engine: Engine, policy: AccessPolicy | None = None) -> FastAPI:
     @app.post("/api/kb/backup", response_model=Envelope, tags=["kb"])
     def backup(body: BackupBody, _: str | None = Depends(admin_user)):
         """Consistent backup of the live data dir into `dest` (writes pause for the copy, questions go on).
-        Returns the manifest (counts, sha256 per file). Restore offline: python -m tools.restore."""
+        Returns the manifest (counts, sha256 per file). Restore offline: python -m tools.ops.restore."""
         return ok(engine.backup(body.dest))
 
     @app.post("/api/kb/search", response_model=Envelope, tags=["kb"])

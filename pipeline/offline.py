@@ -1,4 +1,4 @@
-"""No network at run time, set once by every entry point (app.py, tools/*, tests/conftest.py).
+"""No network at run time, set once by every entry point (app.py, tools/ via tools/__init__.py, tests/conftest.py).
 
 The libraries read these when they are imported, so call `enable_offline()` before importing gradio,
 transformers, onnxruntime or chromadb. Values already set by the caller win (setdefault).

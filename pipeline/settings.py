@@ -4,7 +4,7 @@ One source per rule: every field declares, on its pydantic `Field`, its range (g
 `json_schema_extra` its group (the REST API's grouped shape and the settings tab's cards), its effect
 (`immediate` = next question, `reload` = needs 重载引擎, `rebuild` = new uploads at once, existing documents need
 全量重建) and its Chinese label. GROUPS, LABELS, the effect sets, range texts, the settings tab and the README
-table (`python -m tools.settings_table`) are all derived from these declarations.
+table (`python -m tools.docs.settings_table`) are all derived from these declarations.
 Persistence lives in store.config_store (key/value rows in `sys_config`).
 """
 from __future__ import annotations

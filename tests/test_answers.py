@@ -12,7 +12,7 @@ import pytest
 
 from pipeline.engine import Engine
 from pipeline.events import EXTRACTIVE_LABEL
-from tools import evaluate
+from tools.eval import evaluate
 
 ROOT = Path(__file__).resolve().parents[1]
 DOCS = ROOT.parent / "shared" / "docs"

@@ -195,7 +195,7 @@ def test_lost_original_is_reported_with_the_command_and_not_repaired(engine):
     doc = engine.components.docs.get(doc_id)
     engine.components.files.path_of(doc["stored_name"]).unlink()  # deleted by hand
     f = finding(engine.audit(), "missing_files")
-    assert not f["fixable"] and "tools.restore" in f["fix"] and "DELETE /api/kb/documents" in f["fix"]
+    assert not f["fixable"] and "tools.ops.restore" in f["fix"] and "DELETE /api/kb/documents" in f["fix"]
     res = engine.repair(wait=True, timeout=60)
     assert res["after"] == 1 and res["unfixed"][0]["check"] == "missing_files"
     assert engine.components.docs.get(doc_id)["status"] == "ready"  # its text stays searchable; repair never deletes it

@@ -10,8 +10,8 @@ import pytest
 from pipeline.engine import Engine
 from tests.live import LiveApp
 from tests.tiny_engine import DOCS, RULES, tiny_engine, tiny_model, wait_idle
-from tools import backup as backup_cli
-from tools import restore as restore_cli
+from tools.ops import backup as backup_cli
+from tools.ops import restore as restore_cli
 
 SMALL = [RULES, DOCS / "chatchat" / "test.txt", DOCS / "mineru" / "zh_union_rules_table_1p.pdf"]
 NOVEL = DOCS / "gbk" / "sanguoyanyi_gbk.txt"

@@ -7,7 +7,7 @@ import pytest
 
 from tests.live import LiveApp
 from tests.tiny_engine import RULES, real_paragraphs, tiny_engine, tiny_model, wait_idle
-from tools import bench_load
+from tools.bench import bench_load
 
 
 @pytest.fixture(scope="module")

@@ -1,4 +1,4 @@
-"""tools/calibrate_gate.py: the two models, the open band and the left-out scoring through gate.decide."""
+"""tools/eval/calibrate_gate.py: the two models, the open band and the left-out scoring through gate.decide."""
 from __future__ import annotations
 
 import json
@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from pipeline.retrieval.gate import decide
-from tools import calibrate_gate as cg
+from tools.eval import calibrate_gate as cg
 
 
 def _row(kb: str, kind: str, qset: str, sim: float, sent: float, cp: float, agree: float) -> dict:

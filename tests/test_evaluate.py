@@ -6,8 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from tools import evaluate
-from tools.evaluate import metrics
+from tools.eval import evaluate
+from tools.eval.evaluate import metrics
 
 DATA = Path(__file__).resolve().parents[1].parent / "shared" / "data"
 

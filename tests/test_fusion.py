@@ -316,9 +316,9 @@ def test_invalid_mode_is_refused_with_a_clear_message(engine):
 
 # ---------------------------------------------------------------------------------------------- offline CV
 def test_cv_arithmetic_matches_the_engine(tmp_path):
-    """tools.fusion_cv's vectorised scoring gives the same ranks as fusion.fuse (via evaluate.rescore_dump)."""
+    """tools.eval.fusion_cv's vectorised scoring gives the same ranks as fusion.fuse (via evaluate.rescore_dump)."""
     from pipeline.settings import Settings
-    from tools import evaluate, fusion_cv
+    from tools.eval import evaluate, fusion_cv
 
     rng = np.random.default_rng(3)
     rows = []
@@ -371,7 +371,7 @@ def test_cv_arithmetic_matches_the_engine(tmp_path):
 
 def _synthetic_set(rng, n_q: int, vector_better: bool) -> list:
     """Questions where the hit sits high on one route (vector_better chooses which) and the routes disagree."""
-    from tools.fusion_cv import Q
+    from tools.eval.fusion_cv import Q
 
     out = []
     for _ in range(n_q):
@@ -392,7 +392,7 @@ def _synthetic_set(rng, n_q: int, vector_better: bool) -> list:
 def test_cv_never_fits_on_the_left_out_set():
     """--cv: the fit scored on a set is made without it — changing that set's hits leaves its fit unchanged,
     and the auto weight learns which route a kind of question needs."""
-    from tools import fusion_cv
+    from tools.eval import fusion_cv
 
     rng = np.random.default_rng(5)
     data = {"a": _synthetic_set(rng, 60, False), "b": _synthetic_set(rng, 60, True),
@@ -413,7 +413,7 @@ def _fragment_set(rng, n_q: int, fragments: bool) -> list:
     """Questions whose vector top-1 is (fragments=True) a short non-hit fragment echoing the question, with the
     hit a long chunk just below it; without fragments every chunk is long and the hit leads the vector route.
     BM25 is flat, so whatever α the fit picks, only the cosine and the prior decide."""
-    from tools.fusion_cv import Q
+    from tools.eval.fusion_cv import Q
 
     out = []
     for _ in range(n_q):
@@ -436,7 +436,7 @@ def _fragment_set(rng, n_q: int, fragments: bool) -> list:
 def test_cv_chooses_the_length_prior_on_the_training_sets_only():
     """The prior is chosen inside each fold: sets whose vector top-1 is a short fragment teach β > 0, and the
     left-out fragment set is then ranked right; with no fragments anywhere no prior is chosen."""
-    from tools import fusion_cv
+    from tools.eval import fusion_cv
 
     rng = np.random.default_rng(11)
     data = {"a": _fragment_set(rng, 30, True), "b": _fragment_set(rng, 30, True), "c": _fragment_set(rng, 30, True)}
@@ -454,7 +454,7 @@ def test_cv_chooses_the_length_prior_on_the_training_sets_only():
 
 def test_paired_bootstrap_and_smoothed_gain_exact():
     """The noise report (paired differences, their standard error) and the smoothed training objective, by hand."""
-    from tools import fusion_cv
+    from tools.eval import fusion_cv
 
     b = fusion_cv.paired_bootstrap([1.0, 0.5, 0.0, 1.0], [0.5, 0.5, 0.5, 0.5])
     d = np.array([0.5, 0.0, -0.5, 0.5])  # mean 0.125, sample sd sqrt(0.546875/3)
@@ -470,19 +470,3 @@ def test_paired_bootstrap_and_smoothed_gain_exact():
     assert fusion_cv.set_gain(ranks, np.array([0.5]), None, 0.0, smooth=0.1) == pytest.approx(want)
     # against the better route (MRR .75, Hit@1 .5): ½(ΔMRR + ΔHit@1)
     assert fusion_cv.set_gain(ranks, np.array([0.5]), (0.75, 0.5), 0.0) == pytest.approx(0.5 * (0.25 + 0.5))
-
-
-def test_stage2_rescoring_exact():
-    """Second stage: the top n of stage 1 are re-ordered by (1 − γ)·minmax(fused) + γ·minmax(sentence cosine)
-    over those n, and stay above the rest, whose order is stage 1's."""
-    from tools.fusion_stage2 import stage2_scores
-
-    s1 = np.array([0.9, 0.8, 0.7, 0.1, 0.0])
-    ss = np.array([0.80, 0.90, 0.85, 0.99, 0.10])
-    ids = np.array([5, 4, 3, 2, 1])
-    out = stage2_scores(s1, ss, ids, gamma=0.5, n=3)
-    # top 3 by s1: 0.9, 0.8, 0.7 → minmax 1, .5, 0 ; ss 0.80, 0.90, 0.85 → 0, 1, .5
-    assert out[:3] == pytest.approx([2 + 0.5, 2 + 0.25 + 0.5, 2 + 0.25])
-    assert out[3] == pytest.approx(0.1 / 0.9) and out[4] == 0.0  # the rest: stage 1 (minmax), below 2
-    assert list(np.argsort(-out, kind="stable")) == [1, 0, 2, 3, 4]
-    assert list(np.argsort(-stage2_scores(s1, ss, ids, 0.0, 3), kind="stable")) == [0, 1, 2, 3, 4]  # γ = 0: stage 1

@@ -259,7 +259,7 @@ def test_gate_can_be_switched_to_the_floor_alone(engine):
 
 
 def test_results_removed_before_the_fusion_for_gold_removed_negatives(engine):
-    """tools/gate_dataset's gold-removed negatives: hits dropped from both routes, then the app's own fusion."""
+    """tools/eval/gate_dataset's gold-removed negatives: hits dropped from both routes, then the app's own fusion."""
     rs, s = engine.components.retrieval, engine.settings
     _, plain, _ = rs.recall("退货期限是几天？", s, kb_ids=(1,))
     _, same, _ = rs.recall("退货期限是几天？", s, kb_ids=(1,), keep=lambda n: True)

@@ -8,8 +8,8 @@ import pytest
 from pipeline.access import AccessPolicy
 from tests.live import LiveApp
 from tests.tiny_engine import DOCS, RULES, tiny_engine, tiny_model, wait_idle
-from tools import audit as audit_cli
-from tools import backup as backup_cli
+from tools.ops import audit as audit_cli
+from tools.ops import backup as backup_cli
 
 USERS = AccessPolicy.from_args(["boss:pw-b", "kb:pw-k", "reader:pw-r"], admins=["boss"], kb_admins=["kb"])
 

@@ -123,8 +123,8 @@ def test_field_metadata_is_the_one_source():
 
 
 def test_readme_settings_table_matches_the_fields():
-    from tools.settings_table import BEGIN, END, README, table
+    from tools.docs.settings_table import BEGIN, END, README, table
 
     text = README.read_text(encoding="utf-8")
     assert text.count(BEGIN) == 1 and text.count(END) == 1, "README.md lost its settings-table markers"
-    assert text.split(BEGIN)[1].split(END)[0].strip() == table(), "run: python -m tools.settings_table --write"
+    assert text.split(BEGIN)[1].split(END)[0].strip() == table(), "run: python -m tools.docs.settings_table --write"

@@ -1,4 +1,4 @@
-"""tools/small_kb_check.py: whole-article knowledge bases, the outcome counts and the per-KB oracle curve."""
+"""tools/eval/small_kb_check.py: whole-article knowledge bases, the outcome counts and the per-KB oracle curve."""
 from __future__ import annotations
 
 import json
@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from tools import small_kb_check as sk
+from tools.eval import small_kb_check as sk
 
 DATA = Path(__file__).resolve().parents[1].parent / "shared" / "data"
 XQUAD = DATA / "xquad" / "xquad.zh.json"
@@ -59,7 +59,8 @@ def test_small_kb_run_end_to_end(tmp_path):
 @pytest.mark.slow
 def test_a_negative_whose_answer_stands_in_the_kb_is_dropped_even_when_refused(tmp_path):
     from pipeline.engine import Engine
-    from tools.evaluate import Question, build_kb
+    from tools.eval.devsets import Question
+    from tools.eval.kb_cache import build_kb
 
     corpus, _ = sk.articles_corpus(XQUAD, 1, seed=3)
     engine = Engine(tmp_path / "data")

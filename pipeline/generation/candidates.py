@@ -1,6 +1,6 @@
 """Answer candidates: the statements of the top sources and the lexical evidence each holds about the question.
 
-Two steps, so the calibration (tools/calibrate_extractive.py) rebuilds exactly what the app scores from a dump:
+Two steps, so the calibration (tools/eval/calibrate_extractive.py) rebuilds exactly what the app scores from a dump:
 `measure` records what one sentence shows on its own (which question words it contains, phrase share, focus
 term), `assemble` turns the sentences of the top chunks into candidates — statements only, each once (chunk
 overlap repeats sentences), with the IDF coverage and the context carried over from earlier sentences of the same

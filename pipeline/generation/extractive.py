@@ -25,7 +25,7 @@ sentence closest to the question is bold. When even the best sentence scores bel
 above this knowledge base's background (w_cos × the median best cosine of the gate's probe questions,
 pipeline/retrieval/gate_background.py), since e5 cosines shift by domain — no sentence addresses the question:
 the answer says 「资料中未找到直接回答该问题的内容」 and points at the closest sources instead of quoting unrelated
-sentences. Weights and thresholds are fitted with `python -m tools.calibrate_extractive` (leave-one-set-out;
+sentences. Weights and thresholds are fitted with `python -m tools.eval.calibrate_extractive` (leave-one-set-out;
 docs/retrieval-eval.md). Without an embedding model (unit tests) the lexical part alone decides and "not found"
 means no content word matches at all.
 """
@@ -71,7 +71,7 @@ class PickerParams:
     w_type: float = 0.0     # offers an answer of the kind asked (answer_type)
 
 
-# Fitted by tools/calibrate_extractive.py on all dev sets (left-out numbers in docs/retrieval-eval.md).
+# Fitted by tools/eval/calibrate_extractive.py on all dev sets (left-out numbers in docs/retrieval-eval.md).
 SHIPPED = PickerParams(w_cos=10.0, w_cov=2.0, w_phrase=0.0, w_rank=0.1, margin=0.5, not_found_below=0.8305,
                        w_context=2.0, w_focus=0.25, w_fpart=0.25, w_type=0.5)
 # No embedding model: lexical only; "not found" = not one content word of the question in any candidate.

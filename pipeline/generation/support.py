@@ -8,7 +8,7 @@ background (− w_cos × the median best cosine of the gate's probe questions: e
 A citation [n] is unsupported when the support by n is below `floor` while another source supports the claim by
 at least `margin` more — the model cited the wrong material — or when it is below `hard_floor` however the others
 score (nothing backs it).
-Fitted by `python -m tools.calibrate_support` (leave-one-set-out; docs/retrieval-eval.md).
+Fitted by `python -m tools.eval.calibrate_support` (leave-one-set-out; docs/retrieval-eval.md).
 The engine reports the result per source (`sources[i].support`), per sentence (`done.support`) and as a count
 in the trace (检索过程).
 """
@@ -40,7 +40,7 @@ class SupportParams:
     hard_floor: float   # below this the citation is unsupported on its own
 
 
-# Fitted by tools/calibrate_support.py on CMRC trial, XQuAD, CMRC dev (left-out numbers in docs/retrieval-eval.md).
+# Fitted by tools/eval/calibrate_support.py on CMRC trial, XQuAD, CMRC dev (left-out numbers in docs/retrieval-eval.md).
 SHIPPED = SupportParams(w_cos=10.0, w_cov=1.0, w_phrase=1.0, floor=2.4, margin=0.5, hard_floor=1.6)
 
 

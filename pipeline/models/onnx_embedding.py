@@ -4,7 +4,7 @@ Why: embedding is the ingest bottleneck. On 2 cores plain torch fp32 manages ~9-
 300-character Chinese text; this path runs the same weights through ONNX Runtime with fused
 BERT kernels (Attention, SkipLayerNormalization, BiasGelu) and dynamic int8 (per-channel)
 weights — about 2x the torch rate in the same run, retrieval top-1 unchanged
-(docs/benchmarks.md, ``python -m tools.bench_embed``).
+(docs/benchmarks.md, ``python -m tools.bench.bench_embed``).
 
 Layout inside the model folder, built once by :func:`ensure_onnx_encoder` and cached:
 
@@ -354,7 +354,7 @@ class _Runner:
     embedded in reverse order moved vectors by up to 0.01 (cosine down to 0.998). Run alone, a text's vector
     is a function of the text only (documents get the vector their text gets as a query would: alone), and
     there is no padding — length-sorted batches of 16 still carried ~20 % padding tokens on 300-character
-    chunks; alone, the same chunks cost ~27 % less CPU (docs/benchmarks.md, tools.bench_ingest).
+    chunks; alone, the same chunks cost ~27 % less CPU (docs/benchmarks.md, tools.bench.bench_ingest).
     """
 
     def __init__(self, model_dir: Path, onnx_path: Path, num_threads: int | None = None,

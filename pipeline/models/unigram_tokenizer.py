@@ -10,7 +10,7 @@ without a piece become <unk> scored min_score − 10, consecutive <unk> are fuse
 and the <s> … </s> template. tests/test_unigram_tokenizer.py checks the ids are identical on real text.
 
 `load_tokenizer(path)` returns this class for such files and `tokenizers.Tokenizer` for anything else (or for
-every file with KBQA_EMBED_TOKENIZER=tokenizers: tools/bench_retrieval prints both in the same run).
+every file with KBQA_EMBED_TOKENIZER=tokenizers: tools/bench/bench_retrieval prints both in the same run).
 """
 from __future__ import annotations
 

@@ -46,7 +46,7 @@ CHECKS: dict[str, tuple[str, str | None]] = {
 # What to run for what repair cannot fix (the admin's next step).
 UNFIXABLE_HINTS = {
     "model_not_loaded": "重载引擎：配置页「重载引擎」或 POST /api/config/reload，然后再修复",
-    "missing_files": ("从备份恢复：python -m tools.restore 备份目录 --data-dir 新目录；或删除这些文档后重新上传："
+    "missing_files": ("从备份恢复：python -m tools.ops.restore 备份目录 --data-dir 新目录；或删除这些文档后重新上传："
                       "DELETE /api/kb/documents/{doc_id}"),
 }
 

@@ -1,9 +1,9 @@
-"""Audit and backup of a data dir no app is running on (the offline forms of tools.audit / tools.backup).
+"""Audit and backup of a data dir no app is running on (the offline forms of tools.ops.audit / tools.ops.backup).
 
 Opening an Engine would already change things (its start-up recovery requeues stuck documents and drops
 orphan vectors), so a read-only audit takes only the components (stores, no models, no recovery). The data
 dir's lock is taken exclusively: a dir the running app holds is refused (DataDirBusy) — only the app can
-pause its own writes. An offline repair is an Engine start (recovery) followed by Engine.repair (tools/audit.py).
+pause its own writes. An offline repair is an Engine start (recovery) followed by Engine.repair (tools/ops/audit.py).
 """
 from __future__ import annotations
 

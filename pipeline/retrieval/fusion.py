@@ -13,7 +13,7 @@ Modes (setting `fusion_mode`):
   candidates (Bruch, Gai & Ingber, ACM TOIS 2023: convex combination beats RRF in and out of domain). α, the
   BM25 share, is the `convex_bm25_weight` setting, or with `convex_auto_weight` a logistic function of cheap
   per-query features (`query_features`), α = σ(b + Σ c_f·f), coefficients in fusion_weights.json. Fitting and
-  its leave-one-set-out check: tools/fusion_cv.py, docs/retrieval-eval.md.
+  its leave-one-set-out check: tools/eval/fusion_cv.py, docs/retrieval-eval.md.
   With `convex_length_prior` a fragment prior is added: + β·L(chunk length), L = log(1 + len) / log(1 + cap)
   capped at 1. Why: the dense route ranks short fragments that merely echo the question (a page title 「爬爬垫什么
   材质好」, a heading, a navigation line) above the passage that answers it — on the web-passage dev sets half the
@@ -47,7 +47,7 @@ ADAPTIVE_FLOOR = 0.2
 RATIO_CAP = 4.0  # bm25 top-1/top-2 ratio above this is "decisive" either way; keeps log features bounded
 
 # Logistic model for the per-query BM25 share α in convex mode, one coefficient set per normalisation. Written by
-# `python -m tools.evaluate --cv --write-weights` (fitted on every dev set; the LOSO tables in
+# `python -m tools.eval.evaluate --cv --write-weights` (fitted on every dev set; the LOSO tables in
 # docs/retrieval-eval.md say how the same procedure does on sets it was not fitted on).
 WEIGHTS_FILE = Path(__file__).with_name("fusion_weights.json")
 AUTO_FEATURES = ["bm25_ratio", "coverage", "agree3", "agree10", "dense_margin", "dense_spread", "cos1", "qlen"]
@@ -377,7 +377,7 @@ class HybridRetriever(BaseRetriever):
 
     def run(self, query_bundle: QueryBundle, keep: Callable[[NodeWithScore], bool] | None = None,
             limit: int | None = None) -> FusionOutput:
-        """`keep` (evaluation only: tools/gate_dataset's gold-removed negatives) drops hits from both route lists
+        """`keep` (evaluation only: tools/eval/gate_dataset's gold-removed negatives) drops hits from both route lists
         before the fusion, each list then cut to `limit` — the rest is exactly the app's fusion."""
         out = FusionOutput(mode=self.params.mode)
         with timing.collect() as ms:

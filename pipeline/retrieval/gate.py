@@ -16,7 +16,7 @@ Inputs (pipeline/retrieval/gate_features.py, measured on this query's retrieval)
 A logistic score decides: ≥ answer_at → answer, ≥ refuse_below → weak evidence (answered, shown with
 「资料相关度较低，请核对原文」), else refuse (fixed text, no LLM call). `min_similarity` stays the admin's hard
 floor: below it the gate refuses whatever the score. Coefficients and thresholds are fitted by
-`python -m tools.calibrate_gate` with leave-one-set-out over the dev sets (docs/retrieval-eval.md).
+`python -m tools.eval.calibrate_gate` with leave-one-set-out over the dev sets (docs/retrieval-eval.md).
 """
 from __future__ import annotations
 
@@ -82,7 +82,7 @@ def gate_inputs(f: GateFeatures, bg: Background) -> tuple[float, ...] | None:
     return (bg.sim_above(f.max_similarity), sent, f.coverage * f.phrase_coverage, f.top_agreement)
 
 
-# Fitted on all five dev sets by tools/calibrate_gate.py (leave-one-set-out numbers in docs/retrieval-eval.md)
+# Fitted on all five dev sets by tools/eval/calibrate_gate.py (leave-one-set-out numbers in docs/retrieval-eval.md)
 # with the packaged multilingual-e5-small: its inputs are differences on that model's cosine scale.
 SHIPPED = GateModel(coef=(0.4365, 0.5646, 5.5302, 0.5993), bias=-4.7288, refuse_below=-0.8430, answer_at=0.5940,
                     quick_coef=(0.9070, 6.2739, 0.8730), quick_bias=-4.5196, quick_refuse_below=-1.2388,

@@ -1,7 +1,7 @@
 """What the no-answer gate looks at, measured from one query's retrieval (no model call, < 1 ms).
 
 Pure functions of the two routes' ranked lists and the knowledge base's term statistics, so the calibration
-tool computes exactly what the running app computes (tools/calibrate_gate.py dumps these per question).
+tool computes exactly what the running app computes (tools/eval/calibrate_gate.py dumps these per question).
 """
 from __future__ import annotations
 

@@ -41,7 +41,7 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 # min_similarity is the hard floor under the adaptive gate: calibrated per embedding model as the 0.2% quantile
-# of the answerable questions' best cosine on every dev set (tools/calibrate_gate.py, docs/retrieval-eval.md).
+# of the answerable questions' best cosine on every dev set (tools/eval/calibrate_gate.py, docs/retrieval-eval.md).
 # The SRS's 0.3 suits bge-small-zh; e5's cosines sit high.
 CALIBRATED_MIN_SIMILARITY = {
     PACKAGED_MODEL_ID: 0.82,

@@ -1,0 +1,318 @@
+"""Retrieval benchmark at scale (default 50,000 chunks) on this machine.
+
+    python -m tools.bench.bench_retrieval [--chunks 50000] [--base 1000] [--queries 200] [--reranker DIR]
+                                          [--chroma-url http://127.0.0.1:8000/db [--database-url postgresql://…]]
+
+Embedding 50k chunks would take over an hour on 2 cores, so the corpus is built from `--base` real chunks
+(CMRC 2018 contexts + CRUD-RAG news, chunked by our chunker, embedded by the engine's model) and replicated
+to `--chunks` with a per-copy marker word in the text/tokens and a small random perturbation of the vector
+(re-normalised). SQLite rows, stored tokens and Chroma vectors are real; queries are real CMRC questions.
+
+Prints: BM25 rebuild from stored tokens vs re-tokenizing the corpus with jieba; query latency p50/p95 per
+stage (embed, bm25, vector, fusion, rerank) for the convex fusion and the SRS's RRF in the same run, on the same
+questions; and the serving state's RSS component by component, measured in a fresh process over the built
+data dir (the build process's own peak is printed separately: it is the benchmark's, not the app's).
+With `--chroma-url` the same chunks, vectors and questions also go into a second engine on that Chroma server (and
+on `--database-url`'s PostgreSQL when given, else SQLite) and both configurations are measured in the same run,
+alternating question by question (default settings).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import resource
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+
+from pipeline.models.unigram_tokenizer import BACKEND_ENV
+from tools.eval.devsets import shared_data_dir
+
+# The pipeline's and the stores' modules are imported inside the functions that need them: serve() runs in a
+# fresh process and measures, step by step, the RSS the libraries add — module-level imports would hide it.
+
+
+def _texts(n: int, chunk_size: int = 300, overlap: int = 50) -> list[str]:
+    from pipeline.ingestion.chunking import split_text
+
+    data = shared_data_dir()
+    out: list[str] = []
+    cm = json.loads((shared_data_dir() / "cmrc2018" / "cmrc2018_dev.json").read_text(encoding="utf-8"))
+    sources = [p["context"] for a in cm["data"] for p in a["paragraphs"]]
+    news = data / "crud_rag_news" / "documents_dup_part_1_part_1"
+    if news.exists():
+        sources += [line.strip() for line in news.open(encoding="utf-8") if line.strip()]
+    for t in sources:
+        out.extend(t[s:e] for s, e in split_text(t, chunk_size, overlap))
+        if len(out) >= n:
+            break
+    return out[:n]
+
+
+def _questions(n: int) -> list[str]:
+    cm = json.loads((shared_data_dir() / "cmrc2018" / "cmrc2018_dev.json").read_text(encoding="utf-8"))
+    qs = [qa["question"] for a in cm["data"] for p in a["paragraphs"] for qa in p["qas"]]
+    return qs[:: max(1, len(qs) // n)][:n]
+
+
+def pct(xs, p):
+    return round(float(np.percentile(xs, p)), 1) if xs else None
+
+
+def _replicas(base, base_emb, base_tok, n: int, rng):
+    """(tokens, vector, text) of n chunks built from the base chunks (see module docstring)."""
+    dim = base_emb.shape[1]
+    for k in range(n):
+        b = k % len(base)
+        marker = f"副本{k}"
+        v = base_emb[b] + rng.normal(0, 0.02, dim).astype(np.float32)
+        yield base_tok[b] + [marker], v / np.linalg.norm(v), f"{base[b]}（{marker}）"
+
+
+def _fill(engine, corpus, per_doc: int = 500) -> float:
+    """Insert the corpus as 就绪 documents of `per_doc` chunks (SQL rows, stored tokens, vectors); seconds."""
+    from store.documents import ChunkRow
+
+    c = engine.components
+    c.vectors.claim_model(c.models.embedding.model_id, c.models.embedding.dim)
+    t0 = time.perf_counter()
+    for d, start in enumerate(range(0, len(corpus), per_doc)):
+        part = corpus[start:start + per_doc]
+        doc = c.docs.create(f"bench-{d}.txt", "txt", 0, f"{d:032x}", f"{d:032x}.txt")
+        rows = [ChunkRow(doc["doc_id"], j, text, None, 0, len(text), "text", toks)
+                for j, (toks, _, text) in enumerate(part)]
+        ids = c.docs.replace_chunks(doc["doc_id"], rows)
+        c.vectors.add(ids, [v for _, v, _ in part], [t for _, _, t in part], doc["doc_id"], doc["file_name"])
+        c.docs.mark_ready(doc["doc_id"], len(rows))
+        print(f"\r  inserted {start + len(part)}/{len(corpus)}", end="", file=sys.stderr, flush=True)
+    print(file=sys.stderr)
+    return round(time.perf_counter() - t0, 1)
+
+
+def _compare_server(embedded, corpus, args, tmp: Path) -> dict:
+    """The same corpus in an engine on the Chroma server (+ PostgreSQL); both measured question by question."""
+    from pipeline.deployment import Deployment
+    from pipeline.engine import Engine
+
+    dep = Deployment(database_url=args.database_url, chroma_url=args.chroma_url, files_dir=tmp / "server-files")
+    server = Engine(tmp / "server-data", deployment=dep)
+    try:
+        if args.reranker:
+            server.update_settings({"reranker_model_path": args.reranker})
+            server.reload()
+        if server.components.vectors.count() or server.components.docs.counts()["docs"]:
+            raise SystemExit("the server databases must start empty (use a fresh Chroma database path / PG db)")
+        insert_s = _fill(server, corpus)
+        s = server.settings
+        server.components.bm25.rebuild(s.bm25_k1, s.bm25_b, persist=False)
+        keys = ("vector", "bm25", "retrieval_no_rerank")
+        got: dict[str, dict[str, list[float]]] = {"embedded": {k: [] for k in keys}, "server": {k: [] for k in keys}}
+        qs = _questions(args.queries)
+        for eng in (embedded, server):
+            eng.components.retrieval.retrieve(qs[0], eng.settings)  # warm-up
+        for q in qs:  # alternate, so background load hits both configurations alike
+            for name, eng in (("embedded", embedded), ("server", server)):
+                r = eng.components.retrieval.retrieve(q, eng.settings)
+                got[name]["vector"].append(r.ms.get("vector", 0.0))
+                got[name]["bm25"].append(r.ms.get("bm25", 0.0))
+                got[name]["retrieval_no_rerank"].append(sum(r.ms.get(k, 0.0)
+                                                            for k in ("embed", "bm25", "vector", "fusion")))
+        label = f"Chroma server{' + PostgreSQL' if args.database_url else ' + SQLite'}"
+        return {"label": label, "insert_s": insert_s,
+                **{n: {k: {"p50": pct(v, 50), "p95": pct(v, 95)} for k, v in d.items()} for n, d in got.items()}}
+    finally:
+        server.close()
+
+
+def print_server(report: dict) -> None:
+    srv = report["server"]
+    print(f"\nSame run, same {report['chunks']} chunks and questions, alternating: embedded vs {srv['label']}")
+    print("| route | embedded p50 ms | server p50 ms | embedded p95 ms | server p95 ms |\n|---|---|---|---|---|")
+    for k in ("vector", "bm25", "retrieval_no_rerank"):
+        e, v = srv["embedded"][k], srv["server"][k]
+        print(f"| {k} | {e['p50']} | {v['p50']} | {e['p95']} | {v['p95']} |")
+    print(f"- insert of {report['chunks']} chunks into the server configuration: {srv['insert_s']} s")
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m tools.bench.bench_retrieval", description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--chunks", type=int, default=50000)
+    ap.add_argument("--base", type=int, default=1000, help="real chunks embedded by the model")
+    ap.add_argument("--queries", type=int, default=200)
+    ap.add_argument("--reranker", default=None, help="cross-encoder directory (rerank stage timing)")
+    ap.add_argument("--chroma-url", default=None, help="also measure on this Chroma server (http://host:port/db)")
+    ap.add_argument("--database-url", default=None, help="with --chroma-url: metadata on this PostgreSQL")
+    ap.add_argument("--json", default=None)
+    ap.add_argument("--data", default=None, help="measure only the serving state over (a copy of) this data dir")
+    ap.add_argument("--serve", default=None, help=argparse.SUPPRESS)  # internal: measure a built data dir
+    args = ap.parse_args(argv)
+    if args.serve:
+        Path(args.json).write_text(json.dumps(serve(Path(args.serve), args.queries, args.reranker)))
+        return 0
+    if args.data:  # serving state only, over a copy of an existing data dir (no 50k build)
+        with tempfile.TemporaryDirectory(prefix="kbqa-bench-") as tmp:
+            shutil.copytree(args.data, Path(tmp) / "data")
+            report = serve_both(Path(tmp) / "data", args)
+        print(f"\nServing benchmark over a copy of {args.data}, {args.queries} CMRC questions")
+        print_serving(report)
+        if args.json:
+            Path(args.json).write_text(json.dumps(report, ensure_ascii=False, indent=2))
+        return 0
+
+    from pipeline.engine import Engine
+
+    report: dict = {"chunks": args.chunks, "base_chunks": args.base}
+    with tempfile.TemporaryDirectory(prefix="kbqa-bench-") as tmp:
+        engine = Engine(Path(tmp) / "data")
+        if args.reranker:
+            engine.update_settings({"reranker_model_path": args.reranker})
+            engine.reload()
+        base = _texts(args.base)
+        t0 = time.perf_counter()
+        base_emb = np.asarray(engine.components.models.embedding.embed_model.get_text_embedding_batch(base), dtype=np.float32)
+        report["embed_base_s"] = round(time.perf_counter() - t0, 1)
+        base_tok = [engine.components.tokenizer(t) for t in base]
+        rng = np.random.default_rng(7)
+        corpus = list(_replicas(base, base_emb, base_tok, args.chunks, rng))
+        all_texts = [text for _, _, text in corpus]
+        report["insert_s"] = _fill(engine, corpus)
+
+        s = engine.settings
+        t0 = time.perf_counter()
+        engine.components.bm25.rebuild(s.bm25_k1, s.bm25_b, persist=True)  # the serving process loads it
+        report["bm25_rebuild_from_tokens_s"] = round(time.perf_counter() - t0, 2)
+        t0 = time.perf_counter()
+        retok = [engine.components.tokenizer(t) for t in all_texts]
+        report["jieba_retokenize_s"] = round(time.perf_counter() - t0, 2)
+        report["rebuild_speedup_vs_retokenize"] = round(
+            (report["jieba_retokenize_s"] + report["bm25_rebuild_from_tokens_s"])
+            / max(report["bm25_rebuild_from_tokens_s"], 1e-9), 1)
+        del retok, all_texts
+        report["build_peak_rss_mb"] = round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024)
+        if args.chroma_url:
+            report["server"] = _compare_server(engine, corpus, args, Path(tmp))
+        del corpus
+        engine.close()
+        # The serving state is measured in a fresh process over the built data dir: this one carries the
+        # benchmark's own build-time allocations (50k texts, token lists, Chroma insert buffers).
+        report |= serve_both(Path(tmp) / "data", args)
+
+    print(f"\nRetrieval benchmark: {args.chunks} chunks ({args.base} embedded for real), "
+          f"{args.queries} CMRC questions, 2 cores")
+    print(f"- BM25 rebuild from stored tokens: {report['bm25_rebuild_from_tokens_s']} s "
+          f"(re-tokenizing with jieba instead: +{report['jieba_retokenize_s']} s → "
+          f"{report['rebuild_speedup_vs_retokenize']}× slower)")
+    print_serving(report)
+    print(f"- Chroma insert of {args.chunks} vectors: {report['insert_s']} s "
+          f"(build process peak {report['build_peak_rss_mb']} MB, not the serving state)")
+    if "server" in report:
+        print_server(report)
+    if args.json:
+        Path(args.json).write_text(json.dumps(report, ensure_ascii=False, indent=2))
+    return 0
+
+
+def rss_mb() -> tuple[float, float]:
+    """(current RSS, peak RSS) of this process in MB, from /proc (Linux)."""
+    vals = {}
+    with open("/proc/self/status") as f:
+        for line in f:
+            if line.startswith(("VmRSS:", "VmHWM:")):
+                vals[line.split(":")[0]] = int(line.split()[1]) / 1024
+    return round(vals["VmRSS"]), round(vals["VmHWM"])
+
+
+MODES = {"convex (auto weight + fragment prior)": {"fusion_mode": "convex", "convex_auto_weight": True,
+                                                   "convex_length_prior": True},
+         "convex (auto weight, no prior)": {"fusion_mode": "convex", "convex_auto_weight": True,
+                                            "convex_length_prior": False},
+         "rrf (SRS, K=60)": {"fusion_mode": "rrf", "bm25_adaptive": False}}
+
+
+def serve(data: Path, n_queries: int, reranker: str | None) -> dict:
+    """The serving state over a built data dir, component by component, as Engine.load builds it; then the
+    same questions through each fusion mode (latency per stage)."""
+    steps: list[tuple[str, float]] = [("python", rss_mb()[0])]
+    # imported here on purpose: the RSS the libraries add is the next measured step (see the module's imports)
+    from pipeline.components import build_components, load_models
+    from pipeline.settings import Settings
+    steps.append(("libraries (llama-index, chromadb, jieba, numpy…)", rss_mb()[0]))
+    s = Settings(**({"reranker_model_path": reranker} if reranker else {}))
+    c = build_components(data, settings=lambda: s)
+    c.tokenizer("预热")  # jieba loads its dictionary on first use
+    steps.append(("stores: SQLite, Chroma client, jieba dictionary", rss_mb()[0]))
+    load_models(c, s)
+    steps.append(("models: embedding (e5 ONNX + tokenizer), reranker, LLM client", rss_mb()[0]))
+    c.bm25.load_or_rebuild(s.bm25_k1, s.bm25_b, c.docs.ready_chunk_ids())
+    steps.append((f"BM25 index (bm25s, {c.bm25.snapshot.size} chunks)", rss_mb()[0]))
+    qs = _questions(n_queries)
+    c.retrieval.retrieve(qs[0], s)
+    steps.append(("first question (Chroma loads its HNSW index)", rss_mb()[0]))
+    latency = {}
+    for name, change in MODES.items():
+        ms_mode = s.model_copy(update=change)
+        c.retrieval.retrieve(qs[0], ms_mode)  # warm-up: this mode's retriever is built once
+        stages: dict[str, list[float]] = {k: [] for k in ("embed", "bm25", "vector", "fusion", "rerank",
+                                                          "retrieval_no_rerank", "total")}
+        for q in qs:
+            r = c.retrieval.retrieve(q, ms_mode)
+            for k in ("embed", "bm25", "vector", "fusion", "rerank", "total"):
+                stages[k].append(r.ms.get(k, 0.0))
+            stages["retrieval_no_rerank"].append(sum(r.ms.get(k, 0.0) for k in ("embed", "bm25", "vector", "fusion")))
+        latency[name] = {k: {"p50": pct(v, 50), "p95": pct(v, 95)} for k, v in stages.items()}
+    steps.append((f"{len(MODES) * n_queries} questions", rss_mb()[0]))
+    rerank = c.retrieval.rerank_label or "未配置精排模型（阶段跳过）"
+    c.close()
+    rows = [(name, mb, mb - prev) for (name, mb), (_, prev) in zip(steps[1:], steps[:-1])]
+    return {"latency_ms": latency, "rerank": rerank, "rss_steps": rows, "peak_rss_mb": rss_mb()[1]}
+
+
+def serve_both(data: Path, args) -> dict:
+    """The serving state measured in fresh processes over a built data dir (the benchmark's own process carries
+    its build-time allocations): once as shipped, once with the `tokenizers` library's own Unigram for e5
+    (KBQA_EMBED_TOKENIZER=tokenizers) — the old and the new tokenizer memory in the same run."""
+    out = {}
+    for name, env in (("lean", {}), ("tokenizers", {BACKEND_ENV: "tokenizers"})):
+        path = data.parent / f"serve-{name}.json"
+        cmd = [sys.executable, "-m", "tools.bench.bench_retrieval", "--serve", str(data), "--queries", str(args.queries),
+               "--json", str(path)] + (["--reranker", args.reranker] if args.reranker else [])
+        subprocess.run(cmd, check=True, env={**os.environ, **env})
+        out[name] = json.loads(path.read_text())
+    report = dict(out["lean"])
+    report["tokenizer_compare"] = {n: {"steps_added_mb": [a for _, _, a in r["rss_steps"]],
+                                       "after_questions_mb": r["rss_steps"][-1][1], "peak_rss_mb": r["peak_rss_mb"]}
+                                   for n, r in out.items()}
+    return report
+
+
+def print_serving(report: dict) -> None:
+    modes = list(report["latency_ms"])
+    print("| stage | " + " | ".join(f"{m} p50 / p95 ms" for m in modes) + " |")
+    print("|---" * (len(modes) + 1) + "|")
+    for k in report["latency_ms"][modes[0]]:
+        cells = [f"{report['latency_ms'][m][k]['p50']} / {report['latency_ms'][m][k]['p95']}" for m in modes]
+        print(f"| {k} | " + " | ".join(cells) + " |")
+    print(f"- rerank: {report['rerank']}")
+    print("\nServing state RSS by component (fresh process, in the order Engine.load builds it):")
+    print("| component | RSS after (MB) | added (MB) |\n|---|---|---|")
+    for name, mb, added in report["rss_steps"]:
+        print(f"| {name} | {mb} | {added:+} |")
+    print(f"- peak RSS of the serving process: {report['peak_rss_mb']} MB")
+    if "tokenizer_compare" in report:
+        print("\ne5 tokenizer, same run, fresh process each (lean Unigram search vs the tokenizers library's):")
+        print("| tokenizer | added per component, in the order above (MB) | RSS after the questions (MB) | peak (MB) |"
+              "\n|---|---|---|---|")
+        for n, r in report["tokenizer_compare"].items():
+            steps = " / ".join(f"{a:+}" for a in r["steps_added_mb"])
+            print(f"| {n} | {steps} | {r['after_questions_mb']} | {r['peak_rss_mb']} |")
+
+
+if __name__ == "__main__":
+    sys.exit(main())

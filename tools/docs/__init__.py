@@ -1,0 +1,1 @@
+"""Generated documentation: the README's settings table."""
