@@ -34,7 +34,7 @@ def realistic_turn(i: int) -> dict:
     row = {"chunk_id": 1, "doc_name": "星河电子客服手册.txt", "page": None, "text": text[:120]}
     trace = {"bm25": [row | {"rank": r, "score": 3.2} for r in range(1, 11)],
              "vector": [row | {"rank": r, "similarity": 0.9} for r in range(1, 11)],
-             "rrf": [row | {"rank": r, "rrf_score": 0.03, "bm25_rank": r, "vector_rank": r} for r in range(1, 11)],
+             "fused": [row | {"rank": r, "rrf_score": 0.03, "bm25_rank": r, "vector_rank": r} for r in range(1, 11)],
              "rerank": [row | {"no": r, "rerank_score": None, "rrf_score": 0.03, "similarity": 0.9}
                         for r in range(1, 7)],
              "rerank_status": {"status": "skipped", "msg": "未配置精排模型，已跳过"}, "fusion": {"bm25_weight": 1.0},
