@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from pipeline import events as ev
+from pipeline.calibration import profile_for
 from pipeline.components import Components, build_components, build_ops, load_models
 from pipeline.conversation.direct import direct_reply
 from pipeline.conversation.rewrite import Rewrite
@@ -30,7 +31,6 @@ from pipeline.models.paths import embedding_model_id, resolve_model_dir
 from pipeline.ops import backup as backup_ops
 from pipeline.ops.audit import ModelIds
 from pipeline.retrieval.result import RetrievalResult
-from pipeline.retrieval.service import default_min_similarity
 from pipeline.retry_cache import StoredRetrievals
 from pipeline.settings import (
     DEFAULT_EMBEDDING_PATH,
@@ -59,11 +59,12 @@ __all__ = ["Engine", "EngineError"]
 
 class Engine:
     def __init__(self, data_dir: Path | str = "data", project_root: Path | None = None,
-                 models_dir: Path | None = None, load_async: bool = False, deployment: Deployment | None = None):
+                 models_dir: Path | None = None, load_async: bool = False, deployment: Deployment | None = None,
+                 calibration_dir: Path | None = None):
         self.components: Components = build_components(
             data_dir, project_root=project_root, models_dir=models_dir, settings=lambda: self.settings,
             on_ingested=self._after_ingest, busy_reason=self._busy_reason, delete_document=self.delete_document,
-            deployment=deployment)
+            deployment=deployment, calibration_dir=calibration_dir)
         c = self.components
         self.data_dir, self.project_root, self.models_dir = c.data_dir, c.project_root, c.models_dir
         self._settings = self._load_settings()
@@ -92,10 +93,12 @@ class Engine:
         return embedding_model_id(s.embedding_model_path, self.project_root)
 
     def default_settings(self, s: Settings | None = None) -> Settings:
-        """SRS defaults, with min_similarity calibrated for the embedding model the settings select."""
+        """SRS defaults, with min_similarity from the calibration profile of the embedding model the settings
+        select (the generic profile's when that model has none)."""
         base = Settings()
         probe = s or base
-        return base.model_copy(update={"min_similarity": default_min_similarity(self.expected_model_id(probe))})
+        floor = profile_for(self.expected_model_id(probe), None, self.components.calibration_dir).profile.floor
+        return base.model_copy(update={"min_similarity": floor.min_similarity})
 
     def _load_settings(self) -> Settings:
         stored = self.components.config.load()
@@ -315,6 +318,7 @@ class Engine:
         counts = c.docs.counts(kb_id)
         emb = c.models.embedding if c.models else None
         rerank_label = c.retrieval.rerank_label if c.retrieval else ""
+        cal = c.models.calibration if c.models else None
         return {
             "status": "ok", "engine": "ready" if self.state == "ready" else "loading",
             "state": self.state, "chunks": counts["chunks"], "docs": counts["docs"],
@@ -323,6 +327,8 @@ class Engine:
             "llm": self._settings.llm_model or "未配置（原文摘录模式）",
             "warning": self.model_warning, "rebuild": self._rebuild.status(), "kb_id": kb_id,
             "kbs": len(c.kbs.ids()),
+            # the fitted numbers the engine runs on: the embedding model's own profile, or the generic one
+            "calibrated": cal.calibrated if cal else None, "calibration": cal.info() if cal else None,
         }
 
     # ------------------------------------------------------------------ knowledge bases

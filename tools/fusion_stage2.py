@@ -95,7 +95,7 @@ def study(data: dict[str, list[cv.Q]], ss: dict[str, list[np.ndarray]], n: int =
         best = {s: cv.best_route(data[s]) for s in train}
         gamma = fit_gamma(g2, best)
         qs = data[held]
-        base = cv.baselines(qs)
+        base = cv.baselines(qs)  # the routes, the oracle and RRF (adaptive RRF is not compared here)
         r1 = [cv.first_hit_rank(x, q) for q, x in zip(qs, s1[held])]
         r2 = [cv.first_hit_rank(stage2_scores(x, y, q.ids, gamma, n), q) for q, x, y in zip(qs, s1[held], ss[held])]
         br = max(("bm25", "vector"), key=lambda k: base[k]["mrr@10"])
@@ -137,16 +137,20 @@ def latency(kb_dir: Path, qs: list[cv.Q], questions: list[str], n_q: int = 30, n
     import sqlite3
     import time
 
+    from pipeline.calibration import profile_for
     from pipeline.models.e5_convert import PASSAGE_PREFIX, QUERY_PREFIX
     from pipeline.models.embeddings import load_embedding
-    from pipeline.retrieval.fusion import AUTO_WEIGHTS, auto_weight
+    from pipeline.models.paths import PACKAGED_MODEL_ID
+    from pipeline.retrieval.fusion import auto_weight
     from tools.sentence_cache import REPO, chunk_sentences
+
+    fusion = profile_for(PACKAGED_MODEL_ID).profile.fusion  # the dumps are the packaged e5's
 
     emb = load_embedding("", REPO, REPO / "models").embed_model
     con = sqlite3.connect(f"file:{kb_dir / 'app.db'}?mode=ro", uri=True)
     q_ms, s_ms, counts = [], [], []
     for q, text in list(zip(qs, questions))[:n_q]:
-        s1 = stage1(q, auto_weight(q.f, AUTO_WEIGHTS["minmax"]) if q.f else 0.25)
+        s1 = stage1(q, auto_weight(q.f, fusion.alpha_model["minmax"]) if q.f else 0.25)
         top = [int(q.ids[i]) for i in np.lexsort((q.ids, -s1))[:n]]
         sents = [PASSAGE_PREFIX + x for cid in top for x in chunk_sentences(
             con.execute("SELECT text FROM kb_chunk WHERE chunk_id = ?", (cid,)).fetchone()[0])]

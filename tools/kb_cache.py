@@ -71,8 +71,9 @@ def is_ready(root: Path, name: str) -> bool:
     return (root / name / "READY").exists()
 
 
-def ensure_built(root: Path, ds: DevSet) -> Path:
-    """The cached data dir of `ds`, building it (under the lock) when no READY copy exists."""
+def ensure_built(root: Path, ds: DevSet, embedding_model: str = "") -> Path:
+    """The cached data dir of `ds`, building it (under the lock) when no READY copy exists. `embedding_model`: the
+    model folder to build it with (empty: the settings' default, the packaged e5) — one cache root per model."""
     root.mkdir(parents=True, exist_ok=True)
     final = root / ds.name
     if (final / "READY").exists():
@@ -84,18 +85,24 @@ def ensure_built(root: Path, ds: DevSet) -> Path:
         tmp = root / f"{ds.name}.tmp"
         shutil.rmtree(tmp, ignore_errors=True)
         tmp.mkdir()
-        _build_into(tmp, ds)
+        _build_into(tmp, ds, embedding_model)
         shutil.rmtree(final, ignore_errors=True)
         tmp.rename(final)
         (final / "READY").write_text("ok\n")
     return final
 
 
-def _build_into(tmp: Path, ds: DevSet) -> None:
+def _build_into(tmp: Path, ds: DevSet, embedding_model: str = "") -> None:
     from pipeline.engine import Engine
+    from store.config_store import ConfigStore
+    from store.db import Database
     from tools.evaluate import build_kb
 
     corpus = load_corpus(ds)
+    if embedding_model:  # saved before the engine starts, as a saved setting would be; copies open with it
+        db = Database(tmp / "app.db")
+        ConfigStore(db).save({"embedding_model_path": str(embedding_model)})
+        db.close()
     engine = Engine(tmp)
     try:
         key_to_doc = build_kb(engine, corpus, tmp)  # writes its upload files under tmp/src
