@@ -26,7 +26,7 @@ Metric = float | int | str | None
 
 
 class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
 
 
 class Provenance(_Strict):
@@ -96,9 +96,9 @@ class GateStage(_Strict):
     """score = bias + Σ coef · inputs; below refuse_below → refuse, below answer_at → weak, else answer."""
 
     coef: tuple[float, ...] = Field(description="one coefficient per input, in gate.QUICK_INPUTS / gate.INPUTS order")
-    bias: float = Field(ge=-1000, le=1000)
-    refuse_below: float = Field(ge=-1000, le=1000, description="logit below which the question is refused")
-    answer_at: float = Field(ge=-1000, le=1000, description="logit from which it is answered without the weak banner")
+    bias: float
+    refuse_below: float = Field(description="logit below which the question is refused")
+    answer_at: float = Field(description="logit from which it is answered without the weak banner")
 
     @model_validator(mode="after")
     def _ordered(self) -> "GateStage":
@@ -110,8 +110,8 @@ class GateStage(_Strict):
 class QuickBand(_Strict):
     """The quick score's open band [sure_refuse, sure_answer): only there the full model (sentence evidence) runs."""
 
-    sure_refuse: float = Field(ge=-1000, le=1000, description="quick logit below which a question is refused at once")
-    sure_answer: float = Field(ge=-1000, le=1000, description="quick logit from which it is answered at once")
+    sure_refuse: float = Field(description="quick logit below which a question is refused at once")
+    sure_answer: float = Field(description="quick logit from which it is answered at once")
 
     @model_validator(mode="after")
     def _ordered(self) -> "QuickBand":
