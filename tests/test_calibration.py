@@ -89,7 +89,7 @@ def test_a_model_without_a_profile_runs_on_the_generic_one_and_says_so(tmp_path,
     model = make_tiny_bert_embedding(tmp_path / "no-profile-emb")
     engine = _engine(tmp_path / "data", model, texts=("甲公司的总部在北京市，成立于一九九八年。",))
     try:
-        assert engine.default_settings().min_similarity == generic().floor.min_similarity  # 恢复默认's floor
+        assert engine.default_settings(engine.settings).min_similarity == generic().floor.min_similarity  # 恢复默认's floor
         app = LiveApp(engine)
         try:
             with app.http() as http:
@@ -149,8 +149,8 @@ def test_calibrate_fits_a_tiny_model_and_an_engine_then_runs_on_its_profile(tmp_
         assert h["calibrated"] is True and h["calibration"]["profile"] == "local-tiny-calib"
         assert h["calibration"]["min_similarity"] == prof.floor.min_similarity
         # the default floor (恢复默认 in the settings tab) is the fitted one; saved, the gate refuses below it
-        assert engine.default_settings().min_similarity == prof.floor.min_similarity
-        engine.update_settings({"min_similarity": engine.default_settings().min_similarity})
+        assert engine.default_settings(engine.settings).min_similarity == prof.floor.min_similarity
+        engine.update_settings({"min_similarity": engine.default_settings(engine.settings).min_similarity})
         assert "未校准" not in badge_html(engine)
         rs = engine.components.retrieval
         assert rs.gate_model == GateModel.from_calibration(prof.gate) and rs.gate_model.two_stage
