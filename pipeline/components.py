@@ -16,14 +16,15 @@ from typing import Any
 
 from llama_index.core import Settings as LISettings
 
+from pipeline.calibration import ActiveProfile, profile_for
 from pipeline.conversation.feedback import FeedbackService
 from pipeline.conversation.rewrite import DeterministicRewriter, LLMRewriter
 from pipeline.conversation.router import Router
 from pipeline.conversation.service import ConversationService
 from pipeline.conversation.verified import VerifiedQAService
 from pipeline.deployment import Deployment
-from pipeline.generation.extractive import ExtractivePicker
-from pipeline.generation.support import SupportChecker
+from pipeline.generation.extractive import ExtractivePicker, PickerParams
+from pipeline.generation.support import SupportChecker, SupportParams
 from pipeline.ingestion.rebuild import Rebuild
 from pipeline.ingestion.service import IngestService
 from pipeline.kb_access import KBAccess
@@ -56,7 +57,6 @@ from store.dirlock import DataDirLock
 from store.documents import DocumentStore
 from store.feedback import FeedbackStore
 from store.files import FileStore
-from store.write_lock import WriteLock
 from store.gate_stats import GateStatsStore
 from store.jobs import JobStore
 from store.knowledge_bases import KBStore
@@ -66,6 +66,7 @@ from store.retrievals import RetrievalStore
 from store.shared_state import SharedState
 from store.vectors import VectorStore
 from store.verified import VerifiedQAStore
+from store.write_lock import WriteLock
 
 log = logging.getLogger(__name__)
 
@@ -86,6 +87,7 @@ class Models:
     llm: Any                             # OpenAILike, or None → extractive answers
     model_warning: str | None = None     # the collection holds vectors of another model (需要全量重建)
     rewriter: Any = None                 # follow-up rewrite: LLMRewriter with an LLM, else the rule rewrite
+    calibration: ActiveProfile | None = None  # the embedding model's fitted numbers (pipeline/calibration)
 
 
 @dataclass
@@ -93,6 +95,7 @@ class Components:
     data_dir: Path
     project_root: Path
     models_dir: Path
+    calibration_dir: Path | None  # searched for calibration profiles before $KBQA_CALIBRATION_DIR and the package
     db: Database
     config: ConfigStore
     docs: DocumentStore
@@ -134,7 +137,7 @@ def build_components(data_dir: Path | str, *, project_root: Path | None = None, 
                      settings: Callable[[], Settings], on_ingested: Callable[[], None] = lambda: None,
                      busy_reason: Callable[[], str | None] = lambda: None, exclusive: bool = False,
                      delete_document: Callable[[int], Any] = lambda doc_id: None,
-                     deployment: Deployment | None = None) -> Components:
+                     deployment: Deployment | None = None, calibration_dir: Path | None = None) -> Components:
     """Stores, indexes and the ingest worker over one data dir. Models come later (`load_models`).
 
     `settings` returns the current settings (they change at run time); `on_ingested` runs after the ingest
@@ -142,6 +145,7 @@ def build_components(data_dir: Path | str, *, project_root: Path | None = None, 
     document from every index (a deleted verified Q&A entry uses it). The data dir's lock (store/dirlock.py)
     is taken; with `exclusive` (offline tools) a dir another process holds is refused. `deployment` says where
     metadata, vectors and originals live (default: all embedded in the data dir; docs/deploy.md).
+    `calibration_dir` holds calibration profiles searched first (pipeline.calibration.store).
     """
     dep = deployment or Deployment()
     data_dir = Path(data_dir).resolve()
@@ -191,7 +195,8 @@ def build_components(data_dir: Path | str, *, project_root: Path | None = None, 
     verified = VerifiedQAService(VerifiedQAStore(db), docs, files, ingest.enqueue, delete_document,
                                  busy_reason=busy_reason)
     default = kbs.default
-    comps = Components(data_dir, project_root, Path(models_dir or project_root / "models"), db, ConfigStore(db),
+    comps = Components(data_dir, project_root, Path(models_dir or project_root / "models"),
+                       Path(calibration_dir) if calibration_dir else None, db, ConfigStore(db),
                        docs, files, default.vectors, tokenizer, default.bm25, ingest, write_lock, dir_lock,
                        conversations, FeedbackService(FeedbackStore(db), conversations), verified, Router(),
                        DeterministicRewriter(), jobs, SharedState(db), RetrievalStore(db), LeaseStore(db), dep, kbs,
@@ -230,7 +235,7 @@ class Services:
 
 
 def build_services(data_dir: Path | str, *, project_root: Path | None = None, models_dir: Path | None = None,
-                   deployment: Deployment | None = None) -> Services:
+                   deployment: Deployment | None = None, calibration_dir: Path | None = None) -> Services:
     """Components and the services over them, wired to each other. The components' callbacks (ingest done, why
     uploads are refused, a verified entry's delete) reach services built after them, hence the late binding."""
     svc: Services | None = None
@@ -238,9 +243,9 @@ def build_services(data_dir: Path | str, *, project_root: Path | None = None, mo
         data_dir, project_root=project_root, models_dir=models_dir, settings=lambda: svc.settings.current,
         on_ingested=lambda: svc.changes.changed(bumped=True, wait=True),  # jobs.complete moved the counter
         busy_reason=lambda: svc.lifecycle.busy_reason(), delete_document=lambda doc_id: svc.documents.delete(doc_id),
-        deployment=deployment)
+        deployment=deployment, calibration_dir=calibration_dir)
     recent = StoredRetrievals(c.retrievals, c.docs.get_chunks)
-    settings = SettingsService(c.config, c.project_root, bump=lambda name: svc.sync.bump(name),
+    settings = SettingsService(c.config, c.project_root, c.calibration_dir, bump=lambda name: svc.sync.bump(name),
                                on_bm25_params=lambda s: svc.lifecycle.rebuild_bm25(s),
                                catch_up=lambda: svc.sync.catch_up())
     rebuild = Rebuild(c, on_change=lambda **kw: svc.changes.changed(**kw))
@@ -271,34 +276,43 @@ def build_services(data_dir: Path | str, *, project_root: Path | None = None, mo
 
 
 def load_models(c: Components, s: Settings) -> Models:
-    """(Re)build the embedding model, the cross-encoder, the LLM and the retrieval service from the settings."""
+    """(Re)build the embedding model, the cross-encoder, the LLM and the retrieval service from the settings.
+
+    The embedding model's calibration profile is read here, once per load, and handed to the retrieval service
+    (fusion, gate), the extractive picker and the support check."""
     from pipeline.generation.llm_client import build_llm
     from pipeline.models.embeddings import load_embedding
 
     emb = load_embedding(s.embedding_model_path, c.project_root, c.models_dir)
     LISettings.embed_model = emb.embed_model  # never let LlamaIndex fall back to OpenAI
     LISettings.llm = None
+    calibration = profile_for(emb.model_id, emb.dim, c.calibration_dir)
+    if not calibration.calibrated:
+        log.warning("embedding model %s is not calibrated: %s", emb.model_id, calibration.note)
     llm = build_llm(s)
     rewriter = (LLMRewriter(llm, c.rule_rewriter, timeout_s=min(REWRITE_TIMEOUT_S, s.llm_timeout))
                 if llm is not None else c.rule_rewriter)
-    models = Models(emb, _load_cross_encoder(c, s), llm, c.kbs.model_warning(emb.model_id, emb.dim), rewriter)
+    models = Models(emb, _load_cross_encoder(c, s), llm, c.kbs.model_warning(emb.model_id, emb.dim), rewriter,
+                    calibration)
     c.models = models
     c.retrieval = RetrievalService(
-        c.docs, c.kbs, c.tokenizer, emb.embed_model, models.cross_encoder,
+        c.docs, c.kbs, c.tokenizer, emb.embed_model, models.cross_encoder, calibration,
         pending_vectors=c.docs.pending_chunk_count, vector_enabled=lambda: models.model_warning is None,
-        embedding_model=emb.model_id, background=lambda kb_ids: c.gate_background.current(kb_ids),
+        background=lambda kb_ids: c.gate_background.current(kb_ids),
         sentences=SentenceEvidence(emb.embed_model))
     # One background per knowledge base, its probes scored over that knowledge base alone with the settings of
     # this load (recall size / fusion barely move their best cosine).
     c.gate_background = GateBackgrounds(c.gate_stats, lambda kb_id: GateBackground(
         c.gate_stats, lambda: emb.model_id, lambda q: c.retrieval.measure_gate(q, s, (kb_id,)),
-        lambda: c.kbs.get(kb_id).bm25.snapshot, kb_id=kb_id), c.kbs.ids)
+        lambda: c.kbs.get(kb_id).bm25.snapshot, kb_id=kb_id, sentences=c.retrieval.gate_model.two_stage), c.kbs.ids)
     # the live IDF table and the background of the knowledge bases the sources come from, read per question
     weights = c.retrieval.term_weights
     background = c.gate_background.current
-    c.picker = ExtractivePicker(c.tokenizer, emb.embed_model, weights, background=background)
+    prof = calibration.profile
+    c.picker = ExtractivePicker(c.tokenizer, emb.embed_model, weights, PickerParams.from_calibration(prof.extractive),
+                                background=background)
     c.support = SupportChecker(emb.embed_model, c.tokenizer, weights, source_vectors=lambda nodes: _stored(c, nodes),
-                               background=background)
+                               params=SupportParams.from_calibration(prof.support), background=background)
     return models
 
 

@@ -12,8 +12,8 @@ import threading
 from pathlib import Path
 
 from pipeline.components import build_services
-from pipeline.errors import EngineError
 from pipeline.deployment import Deployment
+from pipeline.errors import EngineError
 from pipeline.settings import Settings
 
 __all__ = ["Engine", "EngineError"]
@@ -34,9 +34,10 @@ class _To:
 
 class Engine:
     def __init__(self, data_dir: Path | str = "data", project_root: Path | None = None,
-                 models_dir: Path | None = None, load_async: bool = False, deployment: Deployment | None = None):
+                 models_dir: Path | None = None, load_async: bool = False, deployment: Deployment | None = None,
+                 calibration_dir: Path | None = None):
         self.services = s = build_services(data_dir, project_root=project_root, models_dir=models_dir,
-                                           deployment=deployment)
+                                           deployment=deployment, calibration_dir=calibration_dir)
         self.components = s.components
         self.settings_service, self.lifecycle, self.kbs = s.settings, s.lifecycle, s.kbs
         self.documents, self.answers, self.conversations, self.ops = s.documents, s.answers, s.conversations, s.ops

@@ -122,6 +122,17 @@ class QueryInfo(TypedDict):  # pipeline.conversation.rewrite.Rewrite.to_dict(): 
     note: str
 
 
+class CalibrationInfo(TypedDict):  # pipeline.calibration.ActiveProfile.info()
+    profile: str                # the profile's name: the model's slug, or "generic"
+    calibrated: bool            # fitted for this embedding model (False: the generic profile stands in)
+    embedding_model: str | None
+    fitted_for: str | None
+    date: str | None
+    min_similarity: float       # the profile's floor (the setting min_similarity may differ)
+    gate: Literal["two_stage", "one_stage"]
+    note: str | None
+
+
 class TracePayload(TypedDict):
     bm25: list[BM25Row]
     vector: list[VectorRow]
@@ -133,6 +144,7 @@ class TracePayload(TypedDict):
     ms: dict[str, float]
     route: NotRequired[RouteInfo]
     query: NotRequired[QueryInfo]
+    calibration: NotRequired[CalibrationInfo | None]  # the profile the fusion and the gate ran on
 
 
 class DirectTracePayload(TypedDict):
@@ -276,6 +288,7 @@ def trace_payload(res: "RetrievalResult") -> TracePayload:
         gate=(GateInfo(**res.gate) if res.gate is not None  # type: ignore[typeddict-item]
               else GateInfo(hit=res.hit, max_similarity=_r(res.max_similarity), min_similarity=res.min_similarity)),
         ms={k: round(v, 1) for k, v in res.ms.items()},
+        calibration=res.calibration,  # type: ignore[typeddict-item]
     )
 
 

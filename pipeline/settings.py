@@ -81,7 +81,7 @@ class Settings(BaseModel):
                              description="BM25 词频饱和参数", ge=0, le=3)
     bm25_b: float = setting(0.75, group="retrieval", effect="immediate", label="BM25 b",
                             description="BM25 长度归一参数", ge=0, le=1)
-    # SRS says 0.3; calibrated per embedding model (pipeline.retrieval.service.default_min_similarity).
+    # SRS says 0.3; the default is the embedding model's calibrated floor (pipeline/calibration, Engine.default_settings).
     min_similarity: float = setting(0.3, group="retrieval", effect="immediate", label="最低相似度",
                                     description="无答案硬门槛：最高余弦相似度低于它一定拒答", ge=0, le=1)
     # The adaptive gate (pipeline/retrieval/gate.py) decides above that floor; off = the floor alone decides.

@@ -81,10 +81,11 @@ def test_rescore_dump(tmp_path):
 def test_rescore_dump_reports_the_fusion_without_the_prior_beside_it(tmp_path):
     """Old and new in one run: a question whose vector top-1 is a 6-character echo of it and whose gold chunk
     (300 characters) is second — the shipped fusion (prior on) puts the gold first, `fused_no_prior` does not."""
-    from pipeline.retrieval.fusion import AUTO_WEIGHTS
+    from pipeline.calibration import profile_for
+    from pipeline.models.paths import PACKAGED_MODEL_ID
     from pipeline.settings import Settings
 
-    assert AUTO_WEIGHTS["length_prior"]["minmax"]["beta"] > 0
+    assert profile_for(PACKAGED_MODEL_ID).profile.fusion.length_prior["minmax"].beta > 0
     d = tmp_path / "d.jsonl"
     row = {"q": "塘沽区什么地方有男科医院", "n_rel": 1, "features": {"coverage": 0.2},
            "cands": [["1", 2, 1, 1.0, 0.95, False, 6], ["2", 1, 2, 1.1, 0.93, True, 300],

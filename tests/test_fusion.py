@@ -10,6 +10,8 @@ import numpy as np
 import pytest
 from llama_index.core.schema import NodeWithScore, TextNode
 
+from pipeline.calibration import profile_for
+from pipeline.models.paths import PACKAGED_MODEL_ID
 from pipeline.retrieval.fusion import (
     Candidates,
     FusionParams,
@@ -21,6 +23,9 @@ from pipeline.retrieval.fusion import (
     minmax,
     query_features,
 )
+
+# the packaged e5's calibration profile: what rescore_dump re-fuses a dump with (dumps are the packaged e5's)
+_PACKAGED = profile_for(PACKAGED_MODEL_ID).profile
 
 
 def _cands(rows, texts=None):
@@ -103,20 +108,28 @@ def test_length_prior_exact():
 
 
 def test_length_prior_comes_from_the_fitted_weights_and_its_setting(tmp_path):
+    """The prior's β and cap are the calibration profile's, per normalisation; the setting turns it off."""
+    from pipeline.calibration import read
     from pipeline.retrieval import fusion
     from pipeline.settings import Settings
 
+    fused = _PACKAGED.fusion
     w = tmp_path / "w.json"
-    w.write_text(json.dumps({"embedding_model": "m", "minmax": {"bias": 0.0}, "zscore": {"bias": 0.0},
-                             "length_prior": {"minmax": {"cap": 200, "beta": 0.3}}}))
-    got = fusion.load_auto_weights(w)
-    assert got["length_prior"] == {"minmax": {"beta": 0.3, "cap": 200}, "zscore": fusion.NO_PRIOR}
-    w.write_text(json.dumps({"embedding_model": "m", "minmax": {"bias": 0.0}, "zscore": {"bias": 0.0}}))
-    assert fusion.load_auto_weights(w)["length_prior"]["minmax"] == fusion.NO_PRIOR  # a file from before the prior
-    shipped = fusion.AUTO_WEIGHTS["length_prior"]["minmax"]
-    on = FusionParams.from_settings(Settings())
-    assert (on.prior_beta, on.prior_cap) == (shipped["beta"], shipped["cap"])
-    off = FusionParams.from_settings(Settings(convex_length_prior=False))
+    data = _PACKAGED.model_dump(mode="json")
+    data["fusion"]["length_prior"] = {"minmax": {"cap": 200, "beta": 0.3}, "zscore": {"cap": 1, "beta": 0.0}}
+    w.write_text(json.dumps(data))
+    got = read(w).fusion
+    assert FusionParams.from_settings(Settings(), got).prior_beta == 0.3
+    zs = FusionParams.from_settings(Settings(convex_norm="zscore"), got)
+    assert {"beta": zs.prior_beta, "cap": zs.prior_cap} == fusion.NO_PRIOR
+    del data["fusion"]["length_prior"]["zscore"]  # a profile must hold every normalisation's prior
+    w.write_text(json.dumps(data))
+    with pytest.raises(ValueError, match="zscore"):
+        read(w)
+    shipped = fused.length_prior["minmax"]
+    on = FusionParams.from_settings(Settings(), fused)
+    assert (on.prior_beta, on.prior_cap) == (shipped.beta, shipped.cap)
+    off = FusionParams.from_settings(Settings(convex_length_prior=False), fused)
     assert off.prior_beta == 0.0
 
 
@@ -135,10 +148,13 @@ def test_auto_weight_and_features_exact():
     assert fused[0].score == pytest.approx(max(convex_scores(np.array([9.0, 5, 1, 0]),
                                                              np.array([.8, .9, .7, .85]), w)))
     # the shipped weights apply only to the embedding model they were fitted for; another gets a constant share
-    from pipeline.retrieval.fusion import AUTO_WEIGHTS, DEFAULT_ALPHA, auto_weights_for
+    from pipeline.calibration import profile_for
 
-    assert auto_weights_for(AUTO_WEIGHTS["embedding_model"], "minmax") == AUTO_WEIGHTS["minmax"]
-    assert auto_weight(f, auto_weights_for("local:some-other-model", "minmax")) == pytest.approx(DEFAULT_ALPHA)
+    e5 = profile_for(_PACKAGED.embedding_model)
+    assert e5.calibrated and e5.profile.fusion.alpha_model["minmax"] == _PACKAGED.fusion.alpha_model["minmax"]
+    other = profile_for("local:some-other-model")
+    assert not other.calibrated
+    assert auto_weight(f, other.profile.fusion.alpha_model["minmax"]) == pytest.approx(0.25)
 
 
 def test_ties_are_deterministic_whatever_the_input_order():
@@ -244,13 +260,11 @@ def test_trace_shows_fused_and_both_routes(engine):
     assert 0.0 <= tr["fusion"]["bm25_weight"] <= 1.0 and set(tr["fusion"]["features"]) >= {"bm25_ratio"}
     row = tr["fused"][0]
     assert {"fused_score", "bm25_rank", "bm25_score", "vector_rank", "similarity", "length_prior"} <= set(row)
-    # the fragment prior's term, from the chunk's real length and the shipped β / cap
-    from pipeline.retrieval.fusion import AUTO_WEIGHTS
-
-    lp = AUTO_WEIGHTS["length_prior"]["minmax"]
+    # the fragment prior's term, from the chunk's real length and the β / cap of the profile the engine runs on
+    lp = engine.components.models.calibration.profile.fusion.length_prior["minmax"]
     res = engine.retrieve(QUESTION)
     for n in res.fused:
-        want = length_prior([fragment_length(n)], lp["beta"], lp["cap"])[0]
+        want = length_prior([fragment_length(n)], lp.beta, lp.cap)[0]
         assert n.node.metadata["length_prior"] == pytest.approx(want)
     dbg = engine.search(QUESTION, 5)
     assert dbg["fusion"]["mode"] == engine.settings.fusion_mode
@@ -341,7 +355,6 @@ def test_cv_arithmetic_matches_the_engine(tmp_path):
     path = tmp_path / "d.jsonl"
     path.write_text("\n".join(json.dumps(r) for r in rows))
     qs = fusion_cv.load_dump(path)
-    from pipeline.retrieval.fusion import AUTO_WEIGHTS
 
     for norm in ("minmax", "zscore"):
         for alpha in (0.0, 0.3, 1.0, None):  # None: the per-query auto weight (features recomputed from the row)
@@ -349,17 +362,17 @@ def test_cv_arithmetic_matches_the_engine(tmp_path):
                 s = Settings(convex_norm=norm, convex_auto_weight=alpha is None, convex_bm25_weight=alpha or 0.0,
                              convex_length_prior=prior_on)
                 engine_side = evaluate.rescore_dump(path, s)["routes"]["fused"]
-                lp = AUTO_WEIGHTS["length_prior"][norm]
+                lp = _PACKAGED.fusion.length_prior[norm]
                 fitted = fusion_cv.Fitted("c", alpha_const=alpha,
-                                          coefs=None if alpha is not None else AUTO_WEIGHTS[norm], norm=norm,
-                                          prior=(lp["cap"], lp["beta"]) if prior_on else fusion_cv.NO_PRIOR)
+                                          coefs=None if alpha is not None else _PACKAGED.fusion.alpha_model[norm],
+                                          norm=norm, prior=(lp.cap, lp.beta) if prior_on else fusion_cv.NO_PRIOR)
                 cv_side = fusion_cv.score_fitted(fitted, qs)
                 assert (engine_side["mrr@10"], engine_side["hit@1"]) == (cv_side["mrr@10"], cv_side["hit@1"]), \
                     (norm, alpha, prior_on)
     # with a strong prior on these random lengths the ranking really changes (the comparison above is not idle)
     strong = fusion_cv.Fitted("c", alpha_const=0.3, norm="minmax", prior=(400, 1.0))
     assert fusion_cv.fitted_ranks(strong, qs) != fusion_cv.fitted_ranks(fusion_cv.Fitted("c", alpha_const=0.3), qs)
-    base = fusion_cv.baselines(qs)
+    base = fusion_cv.baselines(qs, _PACKAGED.fusion.adaptive_rrf)
     engine_side = evaluate.rescore_dump(path, Settings())
     for r in ("bm25", "vector", "rrf", "adaptive_rrf"):
         assert engine_side["routes"][r]["mrr@10"] == base[r]["mrr@10"], r

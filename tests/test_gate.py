@@ -337,10 +337,14 @@ def test_engine_measures_the_sentence_evidence_in_the_open_band_only(engine):
 
 
 def test_other_embedding_models_get_the_scale_free_one_stage_model():
-    from pipeline.retrieval.gate import SCALE_FREE, SHIPPED, model_for
+    from pipeline.calibration import profile_for
+    from pipeline.retrieval.gate import GateModel
 
-    assert model_for("packaged:multilingual-e5-small") is SHIPPED and model_for(None) is SHIPPED
-    assert model_for("/models/bge-small-zh") is SCALE_FREE and not SCALE_FREE.two_stage
+    e5 = profile_for("packaged:multilingual-e5-small")
+    assert e5.calibrated and GateModel.from_calibration(e5.profile.gate).two_stage
+    other = profile_for("local:bge-small-zh")
+    SCALE_FREE = GateModel.from_calibration(other.profile.gate)
+    assert not other.calibrated and other.name == "generic" and not SCALE_FREE.two_stage
     sent = Sentence(0.99)
     wide = Background(probes=64, sim_median=0.30, sim_scale=0.08, cov_median=0.1, cov_scale=0.1, sent_median=0.3)
     d = decide(feats(0.62, 0.8, 0.8, 1), wide, 0.3, model=SCALE_FREE, sentence=sent)

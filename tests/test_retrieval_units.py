@@ -196,10 +196,16 @@ def test_chunker_nodes_carry_offsets_and_page():
 
 
 def test_adaptive_bm25_weight():
-    from pipeline.retrieval.fusion import ADAPTIVE_FLOOR, ADAPTIVE_SLOPE, adaptive_bm25_weight
+    from pipeline.calibration import profile_for
+    from pipeline.models.paths import PACKAGED_MODEL_ID
+    from pipeline.retrieval.fusion import adaptive_bm25_weight
 
-    assert adaptive_bm25_weight([3.0, 1.0], 1.0) == 1.0  # decisive BM25: full weight
-    assert adaptive_bm25_weight([1.5, 1.0], 1.0) == pytest.approx(0.5 * ADAPTIVE_SLOPE)
-    assert adaptive_bm25_weight([1.05, 1.0], 1.0) == ADAPTIVE_FLOOR  # flat: floor
-    assert adaptive_bm25_weight([2.0], 0.7) == 0.7  # single lexical hit
-    assert adaptive_bm25_weight([3.0, 1.0], 0.0) == 0.0  # the setting caps it
+    rule = profile_for(PACKAGED_MODEL_ID).profile.fusion.adaptive_rrf  # slope and floor of the calibration profile
+    ADAPTIVE_SLOPE, ADAPTIVE_FLOOR = rule.slope, rule.floor
+    w = lambda top, cap: adaptive_bm25_weight(top, cap, ADAPTIVE_SLOPE, ADAPTIVE_FLOOR)  # noqa: E731
+
+    assert w([3.0, 1.0], 1.0) == 1.0  # decisive BM25: full weight
+    assert w([1.5, 1.0], 1.0) == pytest.approx(0.5 * ADAPTIVE_SLOPE)
+    assert w([1.05, 1.0], 1.0) == ADAPTIVE_FLOOR  # flat: floor
+    assert w([2.0], 0.7) == 0.7  # single lexical hit
+    assert w([3.0, 1.0], 0.0) == 0.0  # the setting caps it

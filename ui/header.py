@@ -1,4 +1,5 @@
-"""Page header: title + badges 「知识库: N 块」, embedding model, LLM mode (from engine.health()).
+"""Page header: title + badges 「知识库: N 块」, embedding model (「未校准」 when it runs on the generic calibration
+profile), LLM mode (from engine.health()).
 
 `build_header(engine)` returns the badge component (a gr.HTML). Other tabs refresh it by returning
 `badge_html(engine)` as that component's new value (e.g. after an upload); a gr.Timer refreshes it too.
@@ -32,7 +33,12 @@ def badge_html(engine) -> str:
         items.append('<span class="kb-badge kb-badge-warn">引擎加载失败</span>')
     emb = h.get("embedding_model")
     if emb:
-        items.append(f'<span class="kb-badge" title="Embedding 模型">{esc(emb)}</span>')
+        # a model without its own calibration profile runs on the generic fitted numbers: say so beside its name
+        uncal = ('<span class="kb-uncalibrated" title="此 Embedding 模型没有自己的校准参数，融合、拒答判定与摘录'
+                 '使用通用默认值；运行 python -m tools.eval.calibrate --embedding-model 目录 生成"> · 未校准</span>'
+                 if h.get("calibrated") is False else "")
+        items.append(f'<span class="kb-badge" title="Embedding 模型" data-calibrated="{str(h.get("calibrated")).lower()}">'
+                     f'{esc(emb)}{uncal}</span>')
     llm = h.get("llm")
     if llm:
         items.append(f'<span class="kb-badge" title="大模型">大模型: {esc(llm)}</span>')

@@ -286,6 +286,20 @@ def render_gate(gate: dict) -> str:
             f'{esc(line)}</div>')
 
 
+def render_calibration(cal: dict | None) -> str:
+    """Which fitted numbers the fusion and the gate ran on: the embedding model's own calibration profile, or the
+    generic one (「未校准」)."""
+    if not cal:
+        return ""
+    if cal.get("calibrated"):
+        text = f'校准参数：{cal.get("profile")}（{cal.get("date") or "日期未记录"} 拟合）'
+    else:
+        text = (f'校准参数：通用默认值 {cal.get("profile")}（未校准：当前 Embedding 模型没有自己的校准，'
+                f'运行 python -m tools.eval.calibrate 生成）')
+    return (f'<div class="kb-calibration" data-profile="{esc(cal.get("profile"))}" '
+            f'data-calibrated="{str(bool(cal.get("calibrated"))).lower()}">{esc(text)}</div>')
+
+
 def _query_line(trace: dict, route: dict) -> str:
     """Route, and 「检索问题：…」 — the query retrieval really saw — when a follow-up was rewritten."""
     q = trace.get("query") or {}
@@ -313,6 +327,7 @@ def render_trace(trace: dict | None, elapsed_ms: Any = None) -> str:
     gate = trace.get("gate") or {}
     if gate:
         parts.append(render_gate(gate))
+    parts.append(render_calibration(trace.get("calibration")))
     support = trace.get("support")
     if support:
         bad = support.get("unsupported", 0)

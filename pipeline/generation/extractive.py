@@ -25,8 +25,9 @@ sentence closest to the question is bold. When even the best sentence scores bel
 above this knowledge base's background (w_cos × the median best cosine of the gate's probe questions,
 pipeline/retrieval/gate_background.py), since e5 cosines shift by domain — no sentence addresses the question:
 the answer says 「资料中未找到直接回答该问题的内容」 and points at the closest sources instead of quoting unrelated
-sentences. Weights and thresholds are fitted with `python -m tools.eval.calibrate_extractive` (leave-one-set-out;
-docs/retrieval-eval.md). Without an embedding model (unit tests) the lexical part alone decides and "not found"
+sentences. Weights and thresholds belong to the embedding model (its calibration profile, pipeline/calibration,
+section `extractive`); they are fitted with `python -m tools.calibrate` (tools/eval/calibrate_extractive.py,
+leave-one-set-out; docs/retrieval-eval.md). Without an embedding model (unit tests) the lexical part alone decides and "not found"
 means no content word matches at all.
 """
 from __future__ import annotations
@@ -70,11 +71,14 @@ class PickerParams:
     w_fpart: float = 0.0    # partial focus (candidates.focus_part)
     w_type: float = 0.0     # offers an answer of the kind asked (answer_type)
 
+    @classmethod
+    def from_calibration(cls, section) -> "PickerParams":
+        """The picker of a calibration profile (its `extractive` section)."""
+        return cls(**section.params())
 
-# Fitted by tools/eval/calibrate_extractive.py on all dev sets (left-out numbers in docs/retrieval-eval.md).
-SHIPPED = PickerParams(w_cos=10.0, w_cov=2.0, w_phrase=0.0, w_rank=0.1, margin=0.5, not_found_below=0.8305,
-                       w_context=2.0, w_focus=0.25, w_fpart=0.25, w_type=0.5)
-# No embedding model: lexical only; "not found" = not one content word of the question in any candidate.
+
+# No embedding model: lexical only; "not found" = not one content word of the question in any candidate. Not
+# fitted (no cosine to weigh against): the lexical evidence alone, phrase and word coverage alike.
 LEXICAL = PickerParams(w_cos=0.0, w_cov=1.0, w_phrase=1.0, w_rank=0.1, margin=0.3, not_found_below=1e-9)
 
 
@@ -107,10 +111,12 @@ def _no_background(kb_ids: Sequence[int]) -> None:
 
 class ExtractivePicker:
     """Scores and picks answer sentences. `weights_of(kb_ids)` gives the live IDF table of the knowledge bases the
-    sources come from (pipeline.retrieval.lexical), `background(kb_ids)` the gate's background of those."""
+    sources come from (pipeline.retrieval.lexical), `background(kb_ids)` the gate's background of those. With an
+    embedding model, `params` are that model's (PickerParams.from_calibration of its profile); without one the
+    lexical picker runs."""
 
     def __init__(self, tokenizer: Any, embed_model: Any = None,
-                 weights_of: Callable[[Sequence[int]], TermWeights] = _uniform, params: PickerParams = SHIPPED,
+                 weights_of: Callable[[Sequence[int]], TermWeights] = _uniform, params: PickerParams | None = None,
                  prefilter: int = PREFILTER, max_chunks: int = MAX_CHUNKS,
                  background: Callable[[Sequence[int]], Any] = _no_background):
         self.background = background  # None from it: no "not found" from scores
@@ -119,6 +125,8 @@ class ExtractivePicker:
         self.embed_model = embed_model
         self.tokenizer = tokenizer
         self.weights_of = weights_of
+        if embed_model is not None and params is None:
+            raise ValueError("a picker with an embedding model needs that model's PickerParams (calibration profile)")
         self.params = params if embed_model is not None else LEXICAL
 
     def _embed(self, texts: list[str]) -> np.ndarray:

@@ -8,7 +8,9 @@ background (− w_cos × the median best cosine of the gate's probe questions: e
 A citation [n] is unsupported when the support by n is below `floor` while another source supports the claim by
 at least `margin` more — the model cited the wrong material — or when it is below `hard_floor` however the others
 score (nothing backs it).
-Fitted by `python -m tools.eval.calibrate_support` (leave-one-set-out; docs/retrieval-eval.md).
+The weights and thresholds belong to the embedding model (its calibration profile, pipeline/calibration, section
+`support`); fitted by `python -m tools.calibrate` (tools/eval/calibrate_support.py, leave-one-set-out;
+docs/retrieval-eval.md).
 The engine reports the result per source (`sources[i].support`), per sentence (`done.support`) and as a count
 in the trace (检索过程).
 """
@@ -39,9 +41,10 @@ class SupportParams:
     margin: float
     hard_floor: float   # below this the citation is unsupported on its own
 
-
-# Fitted by tools/eval/calibrate_support.py on CMRC trial, XQuAD, CMRC dev (left-out numbers in docs/retrieval-eval.md).
-SHIPPED = SupportParams(w_cos=10.0, w_cov=1.0, w_phrase=1.0, floor=2.4, margin=0.5, hard_floor=1.6)
+    @classmethod
+    def from_calibration(cls, section) -> "SupportParams":
+        """The check of a calibration profile (its `support` section)."""
+        return cls(**section.params())
 
 
 @dataclass(frozen=True)
@@ -111,12 +114,13 @@ def claims(answer: str) -> list[tuple[str, list[int]]]:
 class SupportChecker:
     """`source_vectors(nodes)` gives the stored embedding of each source (None → embed the texts);
     `weights_of(kb_ids)` / `background(kb_ids)`: the IDF table and the gate's background of the knowledge bases
-    the sources come from (a None background: scores taken as they are)."""
+    the sources come from (a None background: scores taken as they are); `params`: the embedding model's
+    (SupportParams.from_calibration of its profile)."""
 
     def __init__(self, embed_model: Any, tokenizer: Any,
                  weights_of: Callable[[Sequence[int]], TermWeights] = lambda kb_ids: TermWeights.uniform(),
-                 source_vectors: Callable[[Sequence[Any]], list | None] | None = None,
-                 params: SupportParams = SHIPPED, background: Callable[[Sequence[int]], Any] = lambda kb_ids: None):
+                 source_vectors: Callable[[Sequence[Any]], list | None] | None = None, *,
+                 params: SupportParams, background: Callable[[Sequence[int]], Any] = lambda kb_ids: None):
         self.background = background
         self.embed_model = embed_model
         self.tokenizer = tokenizer

@@ -44,10 +44,10 @@ from pipeline.settings import Settings
 from pipeline.tokenize_zh import ChineseTokenizer
 from store.documents import ChunkRow, DocumentStore, SectionRow
 from store.files import FileStore, display_name, md5_of
-from store.write_lock import WriteLock
 from store.jobs import JobStore, LeaseLost
 from store.migrations import DEFAULT_KB_ID
 from store.vectors import VectorStore
+from store.write_lock import WriteLock
 
 log = logging.getLogger(__name__)
 

@@ -19,8 +19,8 @@ from pipeline.ingestion.structured_chunking import indexed_text
 from pipeline.tokenize_zh import ChineseTokenizer
 from store.documents import DocumentStore, decode_tokens
 from store.files import FileStore
-from store.write_lock import WriteLock
 from store.vectors import VectorStore
+from store.write_lock import WriteLock
 
 # A file younger than this may belong to an upload in flight (saved, its row not yet written).
 UPLOAD_GRACE_S = 120

@@ -21,8 +21,8 @@ from pathlib import Path
 
 from store.db import Database
 from store.files import FileStore, file_digest
-from store.write_lock import WriteLock
 from store.vectors import VectorStore
+from store.write_lock import WriteLock
 
 MANIFEST = "manifest.json"
 FORMAT = 1

@@ -23,8 +23,8 @@ from pipeline.ops.audit import UPLOAD_GRACE_S, AuditReport, KBAuditor
 from pipeline.tokenize_zh import ChineseTokenizer
 from store.documents import DocumentStore
 from store.files import FileStore
-from store.write_lock import WriteLock
 from store.vectors import VectorStore
+from store.write_lock import WriteLock
 
 log = logging.getLogger(__name__)
 

@@ -12,8 +12,9 @@ Modes (setting `fusion_mode`):
 - "convex": fused = α·N(bm25) + (1 − α)·N(cosine), N = min-max (default) or z-score over the query's
   candidates (Bruch, Gai & Ingber, ACM TOIS 2023: convex combination beats RRF in and out of domain). α, the
   BM25 share, is the `convex_bm25_weight` setting, or with `convex_auto_weight` a logistic function of cheap
-  per-query features (`query_features`), α = σ(b + Σ c_f·f), coefficients in fusion_weights.json. Fitting and
-  its leave-one-set-out check: tools/eval/fusion_cv.py, docs/retrieval-eval.md.
+  per-query features (`query_features`), α = σ(b + Σ c_f·f), coefficients in the embedding model's calibration
+  profile (pipeline/calibration, section `fusion`). Fitting and its leave-one-set-out check: tools/eval/fusion_cv.py,
+  docs/retrieval-eval.md.
   With `convex_length_prior` a fragment prior is added: + β·L(chunk length), L = log(1 + len) / log(1 + cap)
   capped at 1. Why: the dense route ranks short fragments that merely echo the question (a page title 「爬爬垫什么
   材质好」, a heading, a navigation line) above the passage that answers it — on the web-passage dev sets half the
@@ -28,11 +29,9 @@ Ties are broken by chunk_id (numeric) so results are reproducible.
 """
 from __future__ import annotations
 
-import json
 import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from pathlib import Path
 
 import numpy as np
 from llama_index.core.base.base_retriever import BaseRetriever
@@ -42,35 +41,10 @@ from pipeline.retrieval import timing
 
 # Metadata every fused node carries (None where a score cannot be known, e.g. the vector route is off).
 FUSION_KEYS = ["bm25_rank", "bm25_score", "vector_rank", "similarity", "rrf_score", "fused_score", "length_prior"]
-ADAPTIVE_SLOPE = 1.5
-ADAPTIVE_FLOOR = 0.2
 RATIO_CAP = 4.0  # bm25 top-1/top-2 ratio above this is "decisive" either way; keeps log features bounded
 
-# Logistic model for the per-query BM25 share α in convex mode, one coefficient set per normalisation. Written by
-# `python -m tools.eval.evaluate --cv --write-weights` (fitted on every dev set; the LOSO tables in
-# docs/retrieval-eval.md say how the same procedure does on sets it was not fitted on).
-WEIGHTS_FILE = Path(__file__).with_name("fusion_weights.json")
 AUTO_FEATURES = ["bm25_ratio", "coverage", "agree3", "agree10", "dense_margin", "dense_spread", "cos1", "qlen"]
-DEFAULT_ALPHA = 0.25  # no weights for this model: the constant min-max share the LOSO folds fitted (0.2–0.35)
-
-
 NO_PRIOR = {"beta": 0.0, "cap": 1}
-
-
-def load_auto_weights(path: Path = WEIGHTS_FILE) -> dict:
-    """{"embedding_model": id, "zscore": coefs, "minmax": coefs, "length_prior": {norm: {"beta", "cap"}}};
-    a constant share and no prior when the file is unusable (a file from before the prior: no prior)."""
-    try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-        out = {norm: {k: float(v) for k, v in data[norm].items()} for norm in NORMS}
-        out["embedding_model"] = data.get("embedding_model")
-        prior = data.get("length_prior") or {}
-        out["length_prior"] = {norm: {"beta": float(prior[norm]["beta"]), "cap": int(prior[norm]["cap"])}
-                               if norm in prior else dict(NO_PRIOR) for norm in NORMS}
-        return out
-    except (OSError, ValueError, KeyError, TypeError, AttributeError):
-        return ({"embedding_model": None, "length_prior": {norm: dict(NO_PRIOR) for norm in NORMS}}
-                | {norm: constant_weight(DEFAULT_ALPHA) for norm in NORMS})
 
 
 def constant_weight(alpha: float) -> dict[str, float]:
@@ -78,24 +52,15 @@ def constant_weight(alpha: float) -> dict[str, float]:
     return {"bias": math.log(alpha / (1 - alpha))}
 
 
-def auto_weights_for(model_id: str | None, norm: str) -> dict[str, float]:
-    """The fitted coefficients when they were fitted for this embedding model (the cosine features live on its
-    scale); otherwise a constant share, until `evaluate --cv --write-weights` is run with that model."""
-    if model_id is None or AUTO_WEIGHTS.get("embedding_model") in (None, model_id):
-        return AUTO_WEIGHTS[norm]
-    return constant_weight(DEFAULT_ALPHA)
-
-
-
-
 # ------------------------------------------------------------------------------------------ pure functions
-def adaptive_bm25_weight(bm25_top: Sequence[float], cap: float) -> float:
-    """The adaptive-RRF BM25 weight from BM25's best scores (module doc). Never above `cap` (bm25_weight)."""
+def adaptive_bm25_weight(bm25_top: Sequence[float], cap: float, slope: float, floor: float) -> float:
+    """The adaptive-RRF BM25 weight from BM25's best scores: clamp((s1 / s2 − 1)·slope, floor, cap); slope and
+    floor from the calibration profile (fusion.adaptive_rrf). Never above `cap` (bm25_weight)."""
     scores = [float(v or 0.0) for v in bm25_top[:2]]
     if len(scores) < 2 or scores[1] <= 0:
         return cap  # a single lexical hit is as decisive as it gets
     ratio = scores[0] / scores[1]
-    return min(cap, max(ADAPTIVE_FLOOR, (ratio - 1.0) * ADAPTIVE_SLOPE))
+    return min(cap, max(floor, (ratio - 1.0) * slope))
 
 
 def rrf_scores(bm25_ranks: Sequence[int | None], vector_ranks: Sequence[int | None], rrf_k: int = 60,
@@ -129,7 +94,6 @@ def minmax(x: np.ndarray) -> np.ndarray:
 
 
 NORMS = {"zscore": zscore, "minmax": minmax}
-AUTO_WEIGHTS = load_auto_weights()
 
 
 def convex_scores(bm25: np.ndarray, cosine: np.ndarray, alpha: float, norm: str = "minmax",
@@ -172,7 +136,8 @@ def query_features(bm25_sorted: Sequence[float], cos_sorted: Sequence[float], bm
     dense_margin  (cosine top-1 − top-2) × 10;  dense_spread  (top-1 − top-10) × 10.
     cos1          the top cosine (e5 places passages that paraphrase a question very high).
     qlen          log(1 + question length in characters).
-    The cosine features are on the embedding model's scale: the fitted coefficients belong to that model.
+    The cosine features are on the embedding model's scale: the fitted coefficients belong to that model (its
+    calibration profile).
     """
     s = [float(v) for v in bm25_sorted[:2]]
     if not s or s[0] <= 0:
@@ -193,11 +158,10 @@ def query_features(bm25_sorted: Sequence[float], cos_sorted: Sequence[float], bm
             "qlen": math.log1p(max(0, n_chars))}
 
 
-def auto_weight(features: dict[str, float], coefs: dict[str, float] | None = None) -> float:
+def auto_weight(features: dict[str, float], coefs: dict[str, float]) -> float:
     """α = lo + (hi − lo)·σ(bias + Σ c_f·f) — the BM25 share of the convex combination for this query.
 
     lo/hi (default 0/1) bound the share; the other keys are feature names (query_features)."""
-    coefs = AUTO_WEIGHTS["minmax"] if coefs is None else coefs
     lo, hi = coefs.get("lo", 0.0), coefs.get("hi", 1.0)
     z = coefs.get("bias", 0.0) + sum(c * features.get(k, 0.0) for k, c in coefs.items() if k not in _NOT_FEATURES)
     return lo + (hi - lo) / (1.0 + math.exp(-max(-50.0, min(50.0, z))))
@@ -251,25 +215,34 @@ CosineCompleter = Callable[[list[str]], dict[str, float]]
 
 @dataclass
 class FusionParams:
+    """What one fusion needs: the settings, and the fitted numbers of the embedding model's calibration profile
+    (`from_settings`). Built by hand (tests, tools), the fitted parts are given or left off: no auto weight without
+    `auto_coefs`, no adaptive RRF weight without its slope and floor."""
+
     mode: str = "convex"
     rrf_k: int = 60
     bm25_weight: float = 1.0
     vector_weight: float = 1.0
-    bm25_adaptive: bool = True
+    bm25_adaptive: bool = False
     convex_bm25_weight: float | None = None  # None → per-query auto weight from auto_coefs
     norm: str = "minmax"
-    auto_coefs: dict[str, float] | None = None  # None → the fitted ones for `norm`
+    auto_coefs: dict[str, float] | None = None  # the α model for `norm` (calibration profile)
     prior_beta: float = 0.0  # the fragment prior (convex mode): β and cap of `length_prior`; β = 0: off
     prior_cap: int = 1
+    adaptive_slope: float | None = None  # the adaptive RRF weight rule (calibration profile, fusion.adaptive_rrf)
+    adaptive_floor: float | None = None
 
     @classmethod
-    def from_settings(cls, s, embedding_model: str | None = None) -> "FusionParams":
-        prior = AUTO_WEIGHTS["length_prior"][s.convex_norm] if s.convex_length_prior else NO_PRIOR
+    def from_settings(cls, s, calibration) -> "FusionParams":
+        """`calibration`: the `fusion` section of the embedding model's profile (pipeline.calibration)."""
+        lp = calibration.length_prior[s.convex_norm]
+        prior = {"beta": lp.beta, "cap": lp.cap} if s.convex_length_prior else NO_PRIOR
         return cls(mode=s.fusion_mode, rrf_k=s.rrf_k, bm25_weight=s.bm25_weight, vector_weight=s.vector_weight,
                    bm25_adaptive=s.bm25_adaptive, norm=s.convex_norm,
                    convex_bm25_weight=None if s.convex_auto_weight else s.convex_bm25_weight,
-                   auto_coefs=auto_weights_for(embedding_model, s.convex_norm),
-                   prior_beta=prior["beta"], prior_cap=prior["cap"])
+                   auto_coefs=dict(calibration.alpha_model[s.convex_norm]),
+                   prior_beta=prior["beta"], prior_cap=prior["cap"],
+                   adaptive_slope=calibration.adaptive_rrf.slope, adaptive_floor=calibration.adaptive_rrf.floor)
 
 
 @dataclass
@@ -303,13 +276,19 @@ def fuse(cands: Candidates, p: FusionParams, features: dict[str, float] | None =
     has_vec = cands.cosine is not None and any(r is not None for r in cands.vector_rank)
     has_bm25 = any(r is not None for r in cands.bm25_rank)
     top = sorted((r, float(cands.bm25_score[i])) for i, r in enumerate(cands.bm25_rank) if r is not None)[:2]
-    rrf_w = (adaptive_bm25_weight([v for _, v in top], p.bm25_weight) if p.bm25_adaptive and has_vec
-             else p.bm25_weight)
+    if p.bm25_adaptive and has_vec:
+        if p.adaptive_slope is None or p.adaptive_floor is None:
+            raise ValueError("bm25_adaptive needs the adaptive RRF slope and floor (FusionParams.from_settings)")
+        rrf_w = adaptive_bm25_weight([v for _, v in top], p.bm25_weight, p.adaptive_slope, p.adaptive_floor)
+    else:
+        rrf_w = p.bm25_weight
     rrf = rrf_scores(cands.bm25_rank, cands.vector_rank, p.rrf_k, rrf_w, p.vector_weight)
     prior = None
     if p.mode == "convex" and has_vec and has_bm25:
+        if p.convex_bm25_weight is None and p.auto_coefs is None:
+            raise ValueError("the auto weight needs the α model (FusionParams.from_settings)")
         alpha = (p.convex_bm25_weight if p.convex_bm25_weight is not None
-                 else auto_weight(features or {}, p.auto_coefs or AUTO_WEIGHTS[p.norm]))
+                 else auto_weight(features or {}, p.auto_coefs))
         if p.prior_beta > 0:
             prior = length_prior(cands.lengths, p.prior_beta, p.prior_cap)
         fused, weight = convex_scores(cands.bm25_score, cands.cosine, alpha, p.norm, prior), alpha

@@ -15,8 +15,10 @@ Inputs (pipeline/retrieval/gate_features.py, measured on this query's retrieval)
     sets) is scored by the full model with the sentence evidence.
 A logistic score decides: ≥ answer_at → answer, ≥ refuse_below → weak evidence (answered, shown with
 「资料相关度较低，请核对原文」), else refuse (fixed text, no LLM call). `min_similarity` stays the admin's hard
-floor: below it the gate refuses whatever the score. Coefficients and thresholds are fitted by
-`python -m tools.eval.calibrate_gate` with leave-one-set-out over the dev sets (docs/retrieval-eval.md).
+floor: below it the gate refuses whatever the score. Coefficients and thresholds belong to the embedding model
+(its calibration profile, pipeline/calibration, section `gate`: the inputs are on that model's cosine scale); they
+are fitted by `python -m tools.calibrate` (tools/eval/calibrate_gate.py) with leave-one-set-out over the dev sets
+(docs/retrieval-eval.md).
 """
 from __future__ import annotations
 
@@ -25,7 +27,6 @@ import math
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from pipeline.models.paths import PACKAGED_MODEL_ID
 from pipeline.retrieval.gate_background import Background
 from pipeline.retrieval.gate_features import GateFeatures
 
@@ -60,6 +61,20 @@ class GateModel:
     def two_stage(self) -> bool:
         return bool(self.coef)
 
+    @classmethod
+    def from_calibration(cls, g) -> "GateModel":
+        """The gate of a calibration profile (its `gate` section). A one-stage gate has no full model and no open
+        band: every question reaches the quick thresholds."""
+        q = g.quick
+        if g.full is None:
+            full, band = dict(coef=(), bias=0.0, refuse_below=0.0, answer_at=0.0), (-math.inf, math.inf)
+        else:
+            full = dict(coef=tuple(g.full.coef), bias=g.full.bias, refuse_below=g.full.refuse_below,
+                        answer_at=g.full.answer_at)
+            band = (g.band.sure_refuse, g.band.sure_answer)
+        return cls(**full, quick_coef=tuple(q.coef), quick_bias=q.bias, quick_refuse_below=q.refuse_below,
+                   quick_answer_at=q.answer_at, sure_refuse=band[0], sure_answer=band[1], similarity=g.similarity)
+
     def quick(self, f: GateFeatures, bg: Background) -> float:
         return self.quick_bias + sum(c * x for c, x in zip(self.quick_coef, quick_inputs(f, bg, self.similarity)))
 
@@ -80,24 +95,6 @@ def gate_inputs(f: GateFeatures, bg: Background) -> tuple[float, ...] | None:
     if sent is None:
         return None
     return (bg.sim_above(f.max_similarity), sent, f.coverage * f.phrase_coverage, f.top_agreement)
-
-
-# Fitted on all five dev sets by tools/eval/calibrate_gate.py (leave-one-set-out numbers in docs/retrieval-eval.md)
-# with the packaged multilingual-e5-small: its inputs are differences on that model's cosine scale.
-SHIPPED = GateModel(coef=(0.4365, 0.5646, 5.5302, 0.5993), bias=-4.7288, refuse_below=-0.8430, answer_at=0.5940,
-                    quick_coef=(0.9070, 6.2739, 0.8730), quick_bias=-4.5196, quick_refuse_below=-1.2388,
-                    quick_answer_at=0.3328, sure_refuse=-2.9453, sure_answer=3.7498)
-SHIPPED_FOR = PACKAGED_MODEL_ID
-# Any other embedding model: the session-2 model, one stage, its cosine input a z-score against the KB's probes
-# (scale-free, so it carries over to another model's cosine range better than a difference fitted on e5's).
-SCALE_FREE = GateModel(coef=(), bias=0.0, refuse_below=0.0, answer_at=0.0,
-                       quick_coef=(1.1723, 6.4433, 0.8689), quick_bias=-4.4710, quick_refuse_below=-1.1198,
-                       quick_answer_at=0.3399, sure_refuse=-math.inf, sure_answer=math.inf, similarity="z")
-
-
-def model_for(embedding_model: str | None) -> GateModel:
-    """The gate model fitted for this embedding model (None: the packaged one), else the scale-free one."""
-    return SHIPPED if embedding_model in (None, SHIPPED_FOR) else SCALE_FREE
 
 
 @dataclass(frozen=True)
@@ -144,12 +141,13 @@ def _r(x, nd: int = 4):
 
 
 def decide(f: GateFeatures, bg: Background | None, min_similarity: float, has_results: bool = True,
-           model: GateModel = SHIPPED, adaptive: bool = True,
+           model: GateModel | None = None, adaptive: bool = True,
            sentence: Callable[[], float | None] | None = None) -> GateDecision:
     """The outcome for these features against this background. `sentence()` measures the sentence evidence; it is
     called only when the quick score leaves the outcome open (the rest of the decision is pure).
 
-    adaptive=False (setting adaptive_gate off): the hard floor alone decides, as before the adaptive gate."""
+    `model`: the embedding model's gate (GateModel.from_calibration); adaptive=False (setting adaptive_gate off):
+    the hard floor alone decides, as before the adaptive gate."""
     if not has_results:
         return GateDecision(REFUSE, "知识库中没有可检索的内容", None, f, bg, min_similarity)
     if f.max_similarity < min_similarity:
@@ -160,6 +158,8 @@ def decide(f: GateFeatures, bg: Background | None, min_similarity: float, has_re
     if bg is None:  # no background yet (vector route off / nothing measured): the floor alone decides
         return GateDecision(ANSWER, "最高相似度不低于最低相似度（尚无本知识库的背景分布）", None, f, bg,
                             min_similarity)
+    if model is None:
+        raise ValueError("the adaptive gate needs the gate model of the embedding model's calibration profile")
     q = model.quick(f, bg)
     if q < model.sure_refuse:
         return _by_score(q, math.inf, math.inf, f, bg, min_similarity, "quick")

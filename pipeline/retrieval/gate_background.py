@@ -115,11 +115,13 @@ def combine(backgrounds: Sequence[Background | None]) -> Background | None:
 
 class GateBackground:
     """Measure / store / serve the background of one knowledge base. `measure_probe(q)` runs one question
-    through retrieval scoped to that knowledge base."""
+    through retrieval scoped to that knowledge base; `sentences`: it measures the probes' sentence evidence too
+    (the embedding model's gate is two-stage, its calibration profile says)."""
 
     def __init__(self, store: GateStatsStore, model_id: Callable[[], str],
                  measure_probe: Callable[[str], GateFeatures], snapshot: Callable[[], object],
-                 probes: Sequence[str] = PROBES, kb_id: int = DEFAULT_KB_ID):
+                 probes: Sequence[str] = PROBES, kb_id: int = DEFAULT_KB_ID, sentences: bool = True):
+        self.sentences = sentences
         self.store = store
         self.kb_id = kb_id
         self.model_id = model_id
@@ -131,8 +133,9 @@ class GateBackground:
 
     def fingerprint(self) -> str:
         count, max_id = self.store.ready_fingerprint_parts(self.kb_id)
-        # "s": rows measured with the probes' best-sentence cosine; an older row is measured again once
-        return f"{self.model_id()}|{count}|{max_id}|{len(self.probes)}|s"
+        # "s": rows measured with the probes' best-sentence cosine (a two-stage gate reads it), "q" without; a row of
+        # the other kind (an older release, or the model's profile changed from one to two stages) is measured again
+        return f"{self.model_id()}|{count}|{max_id}|{len(self.probes)}|{'s' if self.sentences else 'q'}"
 
     def refresh(self) -> Background | None:
         """Score the probes now and store the result (None for an empty knowledge base)."""

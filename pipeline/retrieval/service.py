@@ -18,11 +18,10 @@ from typing import TYPE_CHECKING
 
 from llama_index.core.schema import NodeWithScore, QueryBundle
 
-from pipeline.models.paths import PACKAGED_MODEL_ID
+from pipeline.calibration import ActiveProfile
 from pipeline.retrieval.bm25 import LiveBM25Retriever
 from pipeline.retrieval.fusion import FusionOutput, FusionParams, HybridRetriever
-from pipeline.retrieval.gate import decide
-from pipeline.retrieval.gate import model_for as gate_model_for
+from pipeline.retrieval.gate import GateModel, decide
 from pipeline.retrieval.gate_background import Background
 from pipeline.retrieval.gate_features import GateFeatures, measure
 from pipeline.retrieval.lexical import TermWeights, merged_weights, weights_for
@@ -40,18 +39,7 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-# min_similarity is the hard floor under the adaptive gate: calibrated per embedding model as the 0.2% quantile
-# of the answerable questions' best cosine on every dev set (tools/eval/calibrate_gate.py, docs/retrieval-eval.md).
-# The SRS's 0.3 suits bge-small-zh; e5's cosines sit high.
-CALIBRATED_MIN_SIMILARITY = {
-    PACKAGED_MODEL_ID: 0.82,
-}
-SRS_MIN_SIMILARITY = 0.3
 NOT_HIT_STATUS = {"status": "skipped", "msg": "未命中相关资料，跳过精排"}
-
-
-def default_min_similarity(model_id: str) -> float:
-    return CALIBRATED_MIN_SIMILARITY.get(model_id, SRS_MIN_SIMILARITY)
 
 
 @dataclass(frozen=True)
@@ -63,16 +51,20 @@ class _Stages:
 
 
 class RetrievalService:
+    """`calibration`: the profile of the loaded embedding model (pipeline.calibration) — the fusion's α model and
+    fragment prior, the gate's models; the min_similarity floor is a setting (its default from the same profile)."""
+
     def __init__(self, docs: DocumentStore, kbs: KnowledgeBases,
                  tokenizer: ChineseTokenizer, embed_model, cross_encoder: CrossEncoder | None,
+                 calibration: ActiveProfile,
                  pending_vectors: Callable[[], int] = lambda: 0, vector_enabled: Callable[[], bool] = lambda: True,
-                 embedding_model: str | None = None,
                  background: Callable[[tuple[int, ...]], Background | None] = lambda kb_ids: None,
                  sentences: SentenceEvidence | None = None):
         # the gate's background of the knowledge bases a question searches (pipeline/retrieval/gate_background.py)
         self.background = background
         self.sentences = sentences  # the gate's second-stage evidence (None: the quick score decides alone)
-        self.gate_model = gate_model_for(embedding_model)  # coefficients fitted on this model's cosine scale
+        self.calibration = calibration
+        self.gate_model = GateModel.from_calibration(calibration.profile.gate)  # on this model's cosine scale
         self.docs = docs
         self.kbs = kbs
         self.tokenizer = tokenizer
@@ -80,7 +72,6 @@ class RetrievalService:
         self.cross_encoder = cross_encoder
         self.pending_vectors = pending_vectors
         self.vector_enabled = vector_enabled
-        self.embedding_model = embedding_model  # whose cosine scale the fusion's auto weight was fitted on
         # kb_id → (collection, VectorStoreIndex); the collection object changes on a model reset
         self._indexes: dict[int, tuple] = {}
         self._stages: dict[tuple, _Stages] = {}
@@ -103,7 +94,7 @@ class RetrievalService:
         change makes new ones)."""
         recall = recall or s.recall_size
         scope = self.scope(kb_ids)
-        params = FusionParams.from_settings(s, self.embedding_model)
+        params = FusionParams.from_settings(s, self.calibration.profile.fusion)
         key = (recall, repr(params), s.final_top_k, s.rerank_candidates, scope)
         with self._lock:
             built = self._stages.get(key)
@@ -162,7 +153,8 @@ class RetrievalService:
         res = RetrievalResult(query=query, bm25=fusion.bm25, vector=fusion.vector, fused=fusion.fused,
                               min_similarity=s.min_similarity, bm25_weight=fusion.bm25_weight,
                               fusion_mode=fusion.mode, fusion_features=fusion.features,
-                              query_embedding=bundle.embedding, started=t_start)
+                              query_embedding=bundle.embedding, started=t_start,
+                              calibration=self.calibration.info())
         res.max_similarity = max((n.score or 0.0 for n in fusion.vector), default=0.0)
         res.ms = {"embed": embed_ms, **fusion.ms}
         # Gate (F3-4): refuse (no LLM call downstream) / weak evidence / answer — pipeline/retrieval/gate.py

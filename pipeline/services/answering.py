@@ -2,12 +2,10 @@
 synchronous form over it, and the dual-route debug search."""
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 import logging
 import time
 from collections.abc import Callable, Iterator
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from pipeline import events as ev
 from pipeline.conversation.direct import direct_reply

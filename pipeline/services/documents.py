@@ -2,9 +2,8 @@
 delete, versions and restore, and the full rebuild."""
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from pipeline.errors import CODE_ENGINE, CODE_NO_DOC, CODE_VALIDATION, EngineError
 from pipeline.ingestion.progress import shared_snapshot

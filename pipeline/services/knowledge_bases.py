@@ -1,9 +1,7 @@
 """Knowledge bases: list what a reader may read, create, rename / change readers, delete with everything in it."""
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from pipeline.errors import CODE_VALIDATION, EngineError
 from pipeline.kb_access import KBAccess, Reader

@@ -2,12 +2,11 @@
 (here and in every other process), and the refresh of every index after what is searchable changed."""
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 import logging
 import threading
 import time
 from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 from pipeline.errors import CODE_ENGINE, EngineError
 from pipeline.ingestion.rebuild import Rebuild
@@ -156,6 +155,7 @@ class Lifecycle:
         counts = c.docs.counts(kb_id)
         emb = c.models.embedding if c.models else None
         rerank_label = c.retrieval.rerank_label if c.retrieval else ""
+        cal = c.models.calibration if c.models else None
         return {
             "status": "ok", "engine": "ready" if self.state == "ready" else "loading",
             "state": self.state, "chunks": counts["chunks"], "docs": counts["docs"],
@@ -165,4 +165,6 @@ class Lifecycle:
             "llm": self.settings.current.llm_model or "未配置（原文摘录模式）",
             "warning": self.model_warning, "rebuild": self.rebuild.status(), "kb_id": kb_id,
             "kbs": len(c.kbs.ids()),
+            # the fitted numbers the engine runs on: the embedding model's own profile, or the generic one
+            "calibrated": cal.calibrated if cal else None, "calibration": cal.info() if cal else None,
         }

@@ -1,9 +1,8 @@
 """Operations on the live data dir: the read-only audit, the repair of derived state, a consistent backup."""
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from pipeline.errors import CODE_ENGINE, CODE_VALIDATION, EngineError
 from pipeline.ops import backup as backup_ops

@@ -7,13 +7,13 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from pipeline.calibration import profile_for
 from pipeline.models.paths import embedding_model_id, resolve_model_dir
-from pipeline.retrieval.service import default_min_similarity
 from pipeline.settings import (
-    SRS_BGE_EMBEDDING_DIR,
-    SRS_BGE_RERANKER_DIR,
     LABELS,
     SECRET_FIELDS,
+    SRS_BGE_EMBEDDING_DIR,
+    SRS_BGE_RERANKER_DIR,
     Settings,
     SettingsError,
     effect_of,
@@ -33,10 +33,12 @@ class SettingsService:
     """`current` is what every other service reads (no database round trip); `update` validates, saves and
     applies a change. `on_bm25_params` runs when k1/b changed (every knowledge base's BM25 is rebuilt)."""
 
-    def __init__(self, config: ConfigStore, project_root: Path, *, bump: Callable[[str], int],
+    def __init__(self, config: ConfigStore, project_root: Path, calibration_dir: Path | None, *,
+                 bump: Callable[[str], int],
                  on_bm25_params: Callable[[Settings], None], catch_up: Callable[[], None]):
         self.config = config
         self.project_root = project_root
+        self.calibration_dir = calibration_dir  # where the profiles live (None: the packaged ones)
         self._bump = bump
         self._catch_up = catch_up  # SharedSync.catch_up: merge a change onto the newest settings
         self._on_bm25_params = on_bm25_params
@@ -47,10 +49,12 @@ class SettingsService:
         return embedding_model_id(s.embedding_model_path, self.project_root)
 
     def default_settings(self, s: Settings | None = None) -> Settings:
-        """SRS defaults, with min_similarity calibrated for the embedding model the settings select."""
+        """SRS defaults, with min_similarity from the calibration profile of the embedding model the settings
+        select (the generic profile's when that model has none)."""
         base = Settings()
         probe = s or base
-        return base.model_copy(update={"min_similarity": default_min_similarity(self.expected_model_id(probe))})
+        floor = profile_for(self.expected_model_id(probe), None, self.calibration_dir).profile.floor
+        return base.model_copy(update={"min_similarity": floor.min_similarity})
 
     def load(self) -> Settings:
         stored = self.config.load()

@@ -24,7 +24,7 @@ from pathlib import Path
 
 import numpy as np
 
-from pipeline.generation.support import SHIPPED, SupportParams
+from pipeline.generation.support import SupportParams
 from pipeline.retrieval.lexical import normalize
 from tools.eval.cli import add_kb_cache, kb_cache_root, report_fit
 from tools.eval.devsets import DEV_SETS, gold_ids, load_corpus
@@ -44,7 +44,8 @@ def claim_of(question: str, answer: str) -> str:
 
 
 def collect(name: str, root: Path, per_set: int) -> list[dict]:
-    """(score by the cited source, best score by the other sources) for right and wrong citations."""
+    """(score by the cited source, best score by the other sources) for right and wrong citations, scored by the
+    engine's own support check (its embedding model's calibration profile gives the weights: row["weights"])."""
     rows = []
     qs = random.Random(14).sample(load_corpus(DEV_SETS[name]).questions, per_set * 2)
     with tempfile.TemporaryDirectory(prefix="kbqa-sup-") as tmp:
@@ -68,7 +69,8 @@ def collect(name: str, root: Path, per_set: int) -> list[dict]:
                                                                                             keepdims=True))
             for cited, ok in ((right[0], True), (wrong[0], False)):
                 rows.append({"set": name, "ok": ok, "cited": sc[cited],
-                             "other": max(v for m, v in sc.items() if m != cited), "claim": claim})
+                             "other": max(v for m, v in sc.items() if m != cited), "claim": claim,
+                             "weights": checker.params})
         engine.close()
     return rows
 
@@ -79,7 +81,9 @@ def marks(rows: list[dict], floor: float, margin: float, hard: float) -> np.ndar
     return (c < hard) | ((c < floor) & (o - c >= margin))
 
 
-def fit(train: dict[str, list[dict]]) -> SupportParams:
+def fit(train: dict[str, list[dict]], weights: SupportParams) -> SupportParams:
+    """The thresholds on the scores of `weights` (the checker's w_cos, w_cov, w_phrase, which the rows were scored
+    with: fixed by design, not fitted)."""
     best, best_key = None, None
     for floor, margin, hard in itertools.product(np.arange(-1.0, 4.01, 0.1), MARGINS,
                                                  np.arange(-2.0, 3.01, 0.1)):
@@ -97,7 +101,7 @@ def fit(train: dict[str, list[dict]]) -> SupportParams:
         if best_key is None or key > best_key:
             best_key, best = key, (float(floor), margin, float(hard))
     floor, margin, hard = best
-    return SupportParams(SHIPPED.w_cos, SHIPPED.w_cov, SHIPPED.w_phrase, round(floor, 2), margin, round(hard, 2))
+    return SupportParams(weights.w_cos, weights.w_cov, weights.w_phrase, round(floor, 2), margin, round(hard, 2))
 
 
 def score(rows: list[dict], p: SupportParams) -> dict:
@@ -119,13 +123,14 @@ def main(argv=None) -> int:
     print("| left-out set | right citations | marked unsupported | wrong citations | marked unsupported | params |")
     print("|---|---|---|---|---|---|")
     out = {}
+    weights = next(r["weights"] for rows in data.values() for r in rows)
     for name, rows in data.items():
-        p = fit({n: r for n, r in data.items() if n != name})
+        p = fit({n: r for n, r in data.items() if n != name}, weights)
         m = score(rows, p)
         out[name] = m | {"params": p.__dict__}
         print(f"| {name} | {m['right']} | {m['right_marked']:.1%} | {m['wrong']} | {m['wrong_marked']:.1%} | "
               f"floor {p.floor}, margin {p.margin}, hard_floor {p.hard_floor} |")
-    report_fit("SupportParams", fit(data), out, args.json)
+    report_fit("SupportParams", fit(data, weights), out, args.json)
     return 0
 
 

@@ -23,7 +23,7 @@ def kb_cache_root(ap: argparse.ArgumentParser, args: argparse.Namespace) -> Path
 def report_fit(label: str, params, loso: dict, json_path: Path | None) -> None:
     """Print the all-sets fit as the constant to ship; write {leave_one_set_out, shipped} when asked."""
     fields = ", ".join(f"{k}={round(v, 4) if isinstance(v, float) else v}" for k, v in params.__dict__.items())
-    print(f"\nall sets → SHIPPED = {label}({fields})")
+    print(f"\nall sets → {label}({fields})  (python -m tools.eval.calibrate writes it into the profile)")
     if json_path:
         json_path.write_text(json.dumps({"leave_one_set_out": loso, "shipped": params.__dict__}, indent=2,
                                         ensure_ascii=False))

@@ -28,6 +28,7 @@ from pathlib import Path
 import numpy as np
 from llama_index.core.schema import NodeWithScore, TextNode
 
+from pipeline.models.paths import PACKAGED_MODEL_ID
 from pipeline.retrieval.fusion import Candidates, FusionParams, fragment_length, fuse, rrf_fuse
 from pipeline.retrieval.rerank import SafeRerank
 from pipeline.settings import Settings
@@ -45,7 +46,7 @@ from tools.eval.devsets import (
     load_dureader,
     load_squad,
 )
-from tools.eval.fusion_cv import PACKAGED_E5, dump_length, length_field, row_features
+from tools.eval.fusion_cv import dump_length, length_field, row_features
 from tools.eval.kb_cache import build_kb, cache_root, open_copy
 
 K = 10
@@ -112,15 +113,18 @@ def union_oracle(row: dict) -> list[bool]:
     return [any(r[5] for r in top)]
 
 
-def reference_params(s, embedding_model: str | None = None):
+def reference_params(s, fusion_calibration):
     """The fusions every evaluation reports beside the configured one: the SRS's RRF, the adaptive RRF, and
-    (convex mode with the fragment prior on) the same convex fusion without the prior — old and new, one run."""
+    (convex mode with the fragment prior on) the same convex fusion without the prior — old and new, one run.
+    `fusion_calibration`: the `fusion` section of the embedding model's calibration profile."""
+    ad = fusion_calibration.adaptive_rrf
     refs = {"rrf": FusionParams(mode="rrf", rrf_k=60, bm25_adaptive=False),  # the SRS's RRF, K = 60
             "adaptive_rrf": FusionParams(mode="rrf", rrf_k=s.rrf_k, bm25_weight=s.bm25_weight,
-                                         vector_weight=s.vector_weight, bm25_adaptive=True)}
+                                         vector_weight=s.vector_weight, bm25_adaptive=True,
+                                         adaptive_slope=ad.slope, adaptive_floor=ad.floor)}
     if s.fusion_mode == "convex" and s.convex_length_prior:
         refs["fused_no_prior"] = FusionParams.from_settings(s.model_copy(update={"convex_length_prior": False}),
-                                                            embedding_model)
+                                                            fusion_calibration)
     return refs
 
 
@@ -128,7 +132,7 @@ def evaluate(engine, corpus: Corpus, key_to_doc: dict[str, int], sweep: bool = F
              dump: Path | None = None) -> dict:
     s = engine.settings
     svc = engine.components.retrieval
-    refs = reference_params(s, svc.embedding_model)
+    refs = reference_params(s, svc.calibration.profile.fusion)
     names = ["bm25", "vector", "union_oracle", *refs, "fused"]
     routes: dict[str, list[list[bool]]] = {r: [] for r in names}
     lat: dict[str, list[float]] = {"bm25": [], "vector": [], "fused": []}
@@ -185,13 +189,17 @@ def evaluate(engine, corpus: Corpus, key_to_doc: dict[str, int], sweep: bool = F
     return out
 
 
-def rescore_dump(path: Path, s) -> dict:
-    """Re-fuse the candidates of a --dump file with the given settings (no model, no index: seconds).
+def rescore_dump(path: Path, s, embedding_model: str = PACKAGED_MODEL_ID) -> dict:
+    """Re-fuse the candidates of a --dump file with the given settings and the calibration profile of the model
+    the dump was made with (no model, no index: seconds).
 
     Goes through the engine's own `fuse`, so the arithmetic is the app's; latency is not available here.
     """
-    refs = reference_params(s, PACKAGED_E5)
-    params = FusionParams.from_settings(s, PACKAGED_E5)
+    from pipeline.calibration import profile_for
+
+    fusion_calibration = profile_for(embedding_model).profile.fusion
+    refs = reference_params(s, fusion_calibration)
+    params = FusionParams.from_settings(s, fusion_calibration)
     routes: dict[str, list[list[bool]]] = {r: [] for r in ["bm25", "vector", "union_oracle", *refs, "fused"]}
     n_rel = []
     with open(path, encoding="utf-8") as f:
@@ -269,8 +277,11 @@ def run_cv(args) -> dict:
             res = evaluate_set(name, cache_root(args.kb_cache), _overrides(args), dump=tmp)
             tmp.rename(path)
             print_table(res, res["title"])
+    from pipeline.calibration import profile_for
+
     data = {n: fusion_cv.load_dump(dump_dir / f"{n}.jsonl") for n in names}
-    result = fusion_cv.cross_validate(data)
+    # the dev-set KB cache is built with the packaged e5 (another model: python -m tools.calibrate)
+    result = fusion_cv.cross_validate(data, adaptive=profile_for(PACKAGED_MODEL_ID).profile.fusion.adaptive_rrf)
     fusion_cv.print_cv(result)
     if args.write_weights:  # the shipped weights: the same procedure fitted on every set
         result["weights"] = fusion_cv.fit_all(data)
@@ -334,7 +345,8 @@ def main(argv=None) -> int:
     p.add_argument("--dump-dir", default="dumps", help="--cv: where the per-set candidate dumps live")
     p.add_argument("--redump", action="store_true", help="--cv: re-run retrieval even if a dump exists")
     p.add_argument("--write-weights", default=None,
-                   help="--cv: also fit the auto weight on every set and write it (pipeline/retrieval/fusion_weights.json)")
+                   help="--cv: also fit the auto weight on every set and write that fit as JSON (a report; the "
+                        "app reads the calibration profile that `python -m tools.calibrate` writes)")
     p.add_argument("--distractors", help="one document per line (e.g. CRUD-RAG news)")
     p.add_argument("--max-distractors", type=int, default=None)
     p.add_argument("--limit", type=int, default=None, help="number of questions (corpus kept whole for SQuAD)")

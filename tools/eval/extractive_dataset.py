@@ -101,7 +101,8 @@ def dump_set(name: str, root: Path, out: Path, per_set: int, emb_dir: Path | Non
         s = engine.settings
         emb = engine.components.models.embedding.embed_model
         picker = ExtractivePicker(engine.components.tokenizer, emb,
-                                  lambda kb_ids: weights_for(engine.components.bm25.snapshot.bm25))
+                                  lambda kb_ids: weights_for(engine.components.bm25.snapshot.bm25),
+                                  engine.components.picker.params)
         cache = EmbCache(emb_dir / f"{name}.npz" if emb_dir else None, emb.get_text_embedding_batch)
         bg_median = engine.components.gate_background.current().sim_median
         with open(out / f"{name}.jsonl.tmp", "w", encoding="utf-8") as f:

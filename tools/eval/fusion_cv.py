@@ -146,7 +146,8 @@ def rrf_rank(q: Q, k: int = 60) -> float:
     return first_hit_rank(s, q)
 
 
-def adaptive_rrf_rank(q: Q, k: int = 60, slope: float = 1.5, floor: float = 0.2) -> float:
+def adaptive_rrf_rank(q: Q, slope: float, floor: float, k: int = 60) -> float:
+    """The adaptive RRF of fusion.fuse (slope and floor: the calibration profile's fusion.adaptive_rrf)."""
     listed = np.isfinite(q.rb)
     top = q.sb[listed][np.argsort(q.rb[listed])][:2]  # the scores of BM25's rank 1 and 2, as fusion.fuse
     w = 1.0 if len(top) < 2 or top[1] <= 0 else min(1.0, max(floor, (top[0] / top[1] - 1.0) * slope))
@@ -372,12 +373,15 @@ def versus(ranks: list[float], other: list[float]) -> dict:
             "hit@1": paired_bootstrap(a <= 1, b <= 1)}
 
 
-def baselines(qs: list[Q]) -> dict[str, dict]:
-    return {"bm25": summarize([route_rank(q, q.rb) for q in qs]),
-            "vector": summarize([route_rank(q, q.rv) for q in qs]),
-            "union_oracle": summarize([oracle_rank(q) for q in qs]),
-            "rrf": summarize([rrf_rank(q) for q in qs]),
-            "adaptive_rrf": summarize([adaptive_rrf_rank(q) for q in qs])}
+def baselines(qs: list[Q], adaptive=None) -> dict[str, dict]:
+    """The routes, the union oracle, RRF and — given the profile's `adaptive_rrf` (slope, floor) — adaptive RRF."""
+    out = {"bm25": summarize([route_rank(q, q.rb) for q in qs]),
+           "vector": summarize([route_rank(q, q.rv) for q in qs]),
+           "union_oracle": summarize([oracle_rank(q) for q in qs]),
+           "rrf": summarize([rrf_rank(q) for q in qs])}
+    if adaptive is not None:
+        out["adaptive_rrf"] = summarize([adaptive_rrf_rank(q, adaptive.slope, adaptive.floor) for q in qs])
+    return out
 
 
 def prior_grids(data: dict[str, list[Q]], norm: str, grid=None) -> dict[tuple[int, float], dict[str, np.ndarray]]:
@@ -387,12 +391,13 @@ def prior_grids(data: dict[str, list[Q]], norm: str, grid=None) -> dict[tuple[in
 
 
 def cross_validate(data: dict[str, list[Q]], norms=("minmax", "zscore"),
-                   methods=("convex_const", "convex_auto_noprior", "convex_auto"), grid=None) -> dict:
-    """For each left-out set: the baselines, and every (method, norm) fitted on the other sets only."""
+                   methods=("convex_const", "convex_auto_noprior", "convex_auto"), grid=None, adaptive=None) -> dict:
+    """For each left-out set: the baselines (`adaptive`: the profile's adaptive_rrf, for its row), and every
+    (method, norm) fitted on the other sets only."""
     out: dict = {"sets": {}}
     grids = {n: prior_grids(data, n, grid) for n in norms}
     for held in data:
-        res = {"questions": len(data[held]), "routes": baselines(data[held]), "fitted": {}}
+        res = {"questions": len(data[held]), "routes": baselines(data[held], adaptive), "fitted": {}}
         chosen = None
         for norm, by_prior in grids.items():
             train = [s for s in data if s != held]
@@ -455,12 +460,16 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(prog="python -m tools.eval.fusion_cv", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("dumps", nargs="+", help="per-set dump files (set name = file name up to the first dot)")
-    ap.add_argument("--write-weights", default=None, help="fit on every set and write the weights JSON here")
+    ap.add_argument("--write-weights", default=None,
+                    help="fit on every set and write that fit as JSON here (a report: the app reads the calibration "
+                         "profile, which `python -m tools.eval.calibrate` writes)")
     ap.add_argument("--embedding-model", default=PACKAGED_E5, help="model id the dumps were made with")
     ap.add_argument("--json", default=None)
     args = ap.parse_args(argv)
+    from pipeline.calibration import profile_for
+
     data = {Path(p).name.split(".")[0]: load_dump(Path(p)) for p in args.dumps}
-    res = cross_validate(data)
+    res = cross_validate(data, adaptive=profile_for(args.embedding_model).profile.fusion.adaptive_rrf)
     print_cv(res)
     if args.write_weights:
         w = fit_all(data, args.embedding_model)

@@ -34,8 +34,9 @@ def is_ready(root: Path, name: str) -> bool:
     return (root / name / "READY").exists()
 
 
-def ensure_built(root: Path, ds: DevSet) -> Path:
-    """The cached data dir of `ds`, building it (under the lock) when no READY copy exists."""
+def ensure_built(root: Path, ds: DevSet, embedding_model: str = "") -> Path:
+    """The cached data dir of `ds`, building it (under the lock) when no READY copy exists. `embedding_model`: the
+    model folder to build it with (empty: the settings' default, the packaged e5) — one cache root per model."""
     root.mkdir(parents=True, exist_ok=True)
     final = root / ds.name
     if (final / "READY").exists():
@@ -47,7 +48,7 @@ def ensure_built(root: Path, ds: DevSet) -> Path:
         tmp = root / f"{ds.name}.tmp"
         shutil.rmtree(tmp, ignore_errors=True)
         tmp.mkdir()
-        _build_into(tmp, ds)
+        _build_into(tmp, ds, embedding_model)
         shutil.rmtree(final, ignore_errors=True)
         tmp.rename(final)
         (final / "READY").write_text("ok\n")
@@ -81,10 +82,16 @@ def build_kb(engine, corpus: Corpus, tmp: Path) -> dict[str, int]:
     return key_to_doc
 
 
-def _build_into(tmp: Path, ds: DevSet) -> None:
+def _build_into(tmp: Path, ds: DevSet, embedding_model: str = "") -> None:
     from pipeline.engine import Engine  # heavy (llama-index, Chroma, the models): only when a KB is opened
+    from store.config_store import ConfigStore
+    from store.db import Database
 
     corpus = load_corpus(ds)
+    if embedding_model:  # saved before the engine starts, as a saved setting would be; copies open with it
+        db = Database(tmp / "app.db")
+        ConfigStore(db).save({"embedding_model_path": str(embedding_model)})
+        db.close()
     engine = Engine(tmp)
     try:
         key_to_doc = build_kb(engine, corpus, tmp)  # writes its upload files under tmp/src
