@@ -65,7 +65,7 @@ def how_to(rnd: random.Random, n: int) -> list[dict]:
 
 def write_dev_data(root: Path, n: int = 24, seed: int = 5) -> Path:
     """The three sets under `root` at their DEV_SETS paths; returns `root` (for $KBQA_SHARED_DATA)."""
-    from tools.kb_cache import DEV_SETS
+    from tools.eval.devsets import DEV_SETS
 
     rnd = random.Random(seed)
     for name, content in (("xquad_zh", companies(rnd, n)), ("cmrc_trial", rivers(rnd, n))):
