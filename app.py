@@ -15,7 +15,7 @@ import sys
 import threading
 import time
 
-from pipeline.offline import enable_offline
+from pipeline.models.offline import enable_offline
 
 # Offline by construction: no analytics, no hub look-ups, no telemetry (set before the libraries import).
 enable_offline()
@@ -62,9 +62,9 @@ def build_app(engine, policy, share_requested: bool = False):
 def main(argv=None) -> int:
     args = parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    from pipeline.access import AccessPolicy
-    from pipeline.deployment import Deployment
+    from pipeline.access.policy import AccessPolicy
     from pipeline.engine import Engine
+    from pipeline.ops.deployment import Deployment
 
     try:
         policy = AccessPolicy.from_args(args.auth, args.admin, args.kb_admin)

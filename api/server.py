@@ -21,7 +21,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from starlette.concurrency import run_in_threadpool
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from pipeline.access import AccessPolicy, Reader, Role
+from pipeline.access.policy import AccessPolicy, Reader, Role
 from pipeline.engine import Engine
 from pipeline.errors import (
     CODE_AUTH,
@@ -34,7 +34,7 @@ from pipeline.errors import (
     EngineError,
 )
 from pipeline.ingestion.parsing import MAX_BATCH_FILES, MAX_FILE_BYTES
-from pipeline.knowledge_bases import DEFAULT_KB_ID
+from pipeline.retrieval.kb_indexes import DEFAULT_KB_ID
 from pipeline.settings import SettingsError
 
 log = logging.getLogger(__name__)

@@ -16,29 +16,29 @@ from typing import Any
 
 from llama_index.core import Settings as LISettings
 
+from pipeline.access.kb_readers import KBAccess
 from pipeline.calibration import ActiveProfile, profile_for
 from pipeline.conversation.feedback import FeedbackService
 from pipeline.conversation.rewrite import DeterministicRewriter, LLMRewriter
 from pipeline.conversation.router import Router
 from pipeline.conversation.service import ConversationService
 from pipeline.conversation.verified import VerifiedQAService
-from pipeline.deployment import Deployment
 from pipeline.generation.extractive import ExtractivePicker, PickerParams
 from pipeline.generation.support import SupportChecker, SupportParams
 from pipeline.ingestion.rebuild import Rebuild
 from pipeline.ingestion.service import IngestService
-from pipeline.kb_access import KBAccess
-from pipeline.knowledge_bases import KnowledgeBases, bm25_dir, collection_name
 from pipeline.models.paths import resolve_model_dir
+from pipeline.models.tokenize_zh import ChineseTokenizer
 from pipeline.ops.audit import KBAuditor, ModelIds
+from pipeline.ops.deployment import Deployment
 from pipeline.ops.repair import KBRepairer, RepairHooks
 from pipeline.retrieval.bm25 import BM25Index
 from pipeline.retrieval.gate_background import GateBackground, GateBackgrounds
+from pipeline.retrieval.kb_indexes import KnowledgeBases, bm25_dir, collection_name
 from pipeline.retrieval.nodes import kb_id_of, kb_ids_of
 from pipeline.retrieval.rerank import CrossEncoder, load_cross_encoder
 from pipeline.retrieval.sentence_evidence import SentenceEvidence
 from pipeline.retrieval.service import RetrievalService
-from pipeline.retry_cache import StoredRetrievals
 from pipeline.services.answering import AnswerService
 from pipeline.services.changes import SearchableChanges
 from pipeline.services.conversations import ConversationDesk
@@ -46,10 +46,10 @@ from pipeline.services.documents import DocumentService
 from pipeline.services.knowledge_bases import KnowledgeBaseService
 from pipeline.services.lifecycle import Lifecycle
 from pipeline.services.operations import OperationsService
+from pipeline.services.retry_cache import StoredRetrievals
 from pipeline.services.settings import SettingsService
 from pipeline.services.shared_sync import SharedSync
 from pipeline.settings import Settings
-from pipeline.tokenize_zh import ChineseTokenizer
 from store.config_store import ConfigStore
 from store.conversations import ConversationStore
 from store.db import Database

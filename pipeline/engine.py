@@ -12,8 +12,8 @@ import threading
 from pathlib import Path
 
 from pipeline.components import build_services
-from pipeline.deployment import Deployment
 from pipeline.errors import EngineError
+from pipeline.ops.deployment import Deployment
 from pipeline.settings import Settings
 
 __all__ = ["Engine", "EngineError"]

@@ -1,7 +1,7 @@
 """Chroma collections (cosine), one per knowledge base, ids = str(chunk_id), metadata {doc_id, doc_name}.
 
 The default knowledge base keeps the first release's collection `rag_docs`; others are `rag_docs_kb<id>`
-(pipeline.knowledge_bases); all collections of a data dir share one client.
+(pipeline.retrieval.kb_indexes); all collections of a data dir share one client.
 
 Embedded (default): a PersistentClient in the data dir. Team mode (`--chroma-url http://host:port[/database]`):
 an HttpClient to a Chroma server (`chroma run`) that several app processes share; the optional path names a

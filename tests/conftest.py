@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import pytest
 
-from pipeline.offline import enable_offline
+from pipeline.models.offline import enable_offline
 
 enable_offline()  # before any test module imports gradio / transformers / onnxruntime
 

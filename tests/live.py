@@ -12,7 +12,7 @@ from types import SimpleNamespace
 import httpx
 import uvicorn
 
-from pipeline.access import AccessPolicy
+from pipeline.access.policy import AccessPolicy
 
 
 def free_port() -> int:

@@ -11,7 +11,7 @@ from pathlib import Path
 
 
 def main(data_dir: str, models_dir: str, docs_dir: str, out: str) -> int:
-    from pipeline.offline import enable_offline
+    from pipeline.models.offline import enable_offline
 
     enable_offline()
     from pipeline.engine import Engine

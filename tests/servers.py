@@ -142,7 +142,7 @@ class ChromaServer:
 
 def fresh_deployment(pg: PostgresServer, chroma: ChromaServer, files_dir: Path, **kw):
     """A new database on each server and a files dir: the shared state of one team-mode knowledge base."""
-    from pipeline.deployment import Deployment
+    from pipeline.ops.deployment import Deployment
 
     files_dir.mkdir(parents=True, exist_ok=True)
     return Deployment(database_url=pg.create_database(), chroma_url=chroma.create_database(), files_dir=files_dir,

@@ -12,7 +12,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from pipeline.access import AccessPolicy
+from pipeline.access.policy import AccessPolicy
 from pipeline.engine import Engine
 from tests.live import LiveApp as _BaseLiveApp
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from pipeline.access import AccessPolicy
+from pipeline.access.policy import AccessPolicy
 from tests.live import live_with_doc
 from tests.test_api import sse_events
 from tests.test_ui_chat import QUESTION

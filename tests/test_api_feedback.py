@@ -7,7 +7,7 @@ import time
 
 import pytest
 
-from pipeline.access import AccessPolicy
+from pipeline.access.policy import AccessPolicy
 from tests.live import live_with_doc
 from tests.test_ui_chat import QUESTION
 

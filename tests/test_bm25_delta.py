@@ -9,10 +9,10 @@ import bm25s
 import numpy as np
 import pytest
 
+from pipeline.models.tokenize_zh import ChineseTokenizer
 from pipeline.retrieval import bm25 as bm25_mod
 from pipeline.retrieval.bm25 import BM25Index, build_snapshot
 from pipeline.retrieval.bm25_delta import DeltaBM25
-from pipeline.tokenize_zh import ChineseTokenizer
 
 DOCS = Path(__file__).resolve().parents[2] / "shared" / "docs"
 RULES = DOCS / "chatchat" / "人民检察院行政诉讼监督规则（试行）(2016-04-15).md"

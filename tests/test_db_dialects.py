@@ -264,7 +264,7 @@ def test_stored_retrieval_not_replayed_once_a_source_is_gone(db):
     from pipeline.conversation.rewrite import Rewrite
     from pipeline.retrieval.nodes import node_from_row
     from pipeline.retrieval.result import RetrievalResult
-    from pipeline.retry_cache import StoredRetrievals
+    from pipeline.services.retry_cache import StoredRetrievals
     from store.retrievals import RetrievalStore
 
     docs = DocumentStore(db)

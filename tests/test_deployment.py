@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from pipeline.deployment import DEFAULT_LEASE_S, Deployment
+from pipeline.ops.deployment import DEFAULT_LEASE_S, Deployment
 from tests.live import free_port
 
 ROOT = Path(__file__).resolve().parents[1]

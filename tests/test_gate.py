@@ -172,7 +172,7 @@ def test_empty_kb_has_no_background(tmp_path):
 # --- lexical evidence --------------------------------------------------------------------------------------------
 @pytest.fixture(scope="module")
 def tokenizer():
-    from pipeline.tokenize_zh import ChineseTokenizer
+    from pipeline.models.tokenize_zh import ChineseTokenizer
     return ChineseTokenizer()
 
 

@@ -370,7 +370,7 @@ def test_api_key_not_logged(fake_llm, caplog):
 
 @pytest.fixture(scope="module")
 def tokenizer():
-    from pipeline.tokenize_zh import ChineseTokenizer
+    from pipeline.models.tokenize_zh import ChineseTokenizer
     return ChineseTokenizer()
 
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from pipeline.access import Reader
+from pipeline.access.policy import Reader
 from pipeline.engine import Engine
 from pipeline.errors import CODE_FORBIDDEN, CODE_NO_DOC, EngineError
 

@@ -9,7 +9,7 @@ import json
 
 import pytest
 
-from pipeline.access import AccessPolicy
+from pipeline.access.policy import AccessPolicy
 from pipeline.engine import Engine
 from tests.live import LiveApp
 

@@ -5,7 +5,7 @@ import shutil
 
 import pytest
 
-from pipeline.access import AccessPolicy
+from pipeline.access.policy import AccessPolicy
 from tests.live import LiveApp
 from tests.tiny_engine import DOCS, RULES, tiny_engine, tiny_model, wait_idle
 from tools.ops import audit as audit_cli

@@ -7,10 +7,10 @@ from llama_index.core.schema import NodeWithScore, TextNode
 from llama_index.retrievers.bm25 import BM25Retriever
 
 from pipeline.ingestion.chunking import ChineseChunker, split_text
+from pipeline.models.tokenize_zh import ChineseTokenizer
 from pipeline.retrieval.bm25 import BM25Index, build_snapshot
 from pipeline.retrieval.fusion import rrf_fuse
 from pipeline.retrieval.rerank import SKIPPED_MSG, CrossEncoder, SafeRerank, rerank_status
-from pipeline.tokenize_zh import ChineseTokenizer
 
 CORPUS = {
     1: "北京是中华人民共和国的首都，也是全国的政治中心和文化中心。",

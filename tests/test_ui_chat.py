@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest  # noqa: E402
 
 from pipeline import events as ev  # noqa: E402
-from pipeline.access import AccessPolicy  # noqa: E402
+from pipeline.access.policy import AccessPolicy  # noqa: E402
 from tests.live import LiveApp  # noqa: E402
 
 KB_NAME = "星河电子客服手册.txt"

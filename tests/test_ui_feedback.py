@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import pytest
 
-from pipeline.access import AccessPolicy
+from pipeline.access.policy import AccessPolicy
 from tests.live import live_with_doc
 from tests.test_ui_chat import LAST_CONV, QUESTION, LiveUI, run_ask
 

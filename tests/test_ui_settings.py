@@ -11,7 +11,7 @@ from types import SimpleNamespace
 import gradio as gr  # noqa: E402
 import pytest  # noqa: E402
 
-from pipeline.access import AccessPolicy  # noqa: E402
+from pipeline.access.policy import AccessPolicy  # noqa: E402
 from pipeline.settings import GROUPS, Settings  # noqa: E402
 from tests.live import launched_ui  # noqa: E402
 

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from pipeline.access import AccessPolicy
+from pipeline.access.policy import AccessPolicy
 from pipeline.engine import Engine
 from tests.live import LiveApp
 
@@ -134,7 +134,7 @@ def test_pdf_page_rendered_with_the_passage_boxed(live, docs):
 
 
 def test_passage_found_through_normalization():
-    from pipeline.page_image import passage_range
+    from pipeline.services.page_image import passage_range
 
     layer = "第一行 ⽤ 于测试\r\n全角 ＡＢＣ 与半角\n结尾"
     assert passage_range(layer, "用于测试 全角ABC与半角") == (layer.index("第") + 4, layer.index("角\n"))

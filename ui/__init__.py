@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import gradio as gr
 
-from pipeline.access import AccessPolicy
+from pipeline.access.policy import AccessPolicy
 
 from .chat_tab import build_chat_tab
 from .feedback_tab import build_feedback_tab

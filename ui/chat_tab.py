@@ -24,7 +24,7 @@ from typing import Any
 import gradio as gr
 
 from pipeline import events as ev
-from pipeline.access import AccessPolicy
+from pipeline.access.policy import AccessPolicy
 from pipeline.errors import CODE_ENGINE, CODE_LLM, EngineError
 
 from . import history as hist

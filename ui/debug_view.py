@@ -163,7 +163,7 @@ def make_search_handler(engine, policy=None):
 
 
 def build_debug_view(engine, policy=None) -> dict[str, Any]:
-    """Query + topK → three columns. Open to every logged-in user (see pipeline.access)."""
+    """Query + topK → three columns. Open to every logged-in user (see pipeline.access.policy)."""
     with gr.Row(equal_height=True):
         query = gr.Textbox(label="查询", placeholder="输入问题或关键词，对比两路检索结果", scale=5,
                            max_lines=3)

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import gradio as gr
 
-from pipeline.access import AccessPolicy, Role
+from pipeline.access.policy import AccessPolicy, Role
 from pipeline.errors import EngineError
 
 from .guard import request_user, require

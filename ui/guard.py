@@ -9,7 +9,7 @@ from typing import Any
 
 import gradio as gr
 
-from pipeline.access import EVERYONE, AccessPolicy, Reader, Role
+from pipeline.access.policy import EVERYONE, AccessPolicy, Reader, Role
 
 log = logging.getLogger(__name__)
 

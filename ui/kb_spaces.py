@@ -13,8 +13,8 @@ from typing import Any
 
 import gradio as gr
 
-from pipeline.access import AccessPolicy, Reader, Role
-from pipeline.knowledge_bases import DEFAULT_KB_ID
+from pipeline.access.policy import AccessPolicy, Reader, Role
+from pipeline.retrieval.kb_indexes import DEFAULT_KB_ID
 
 from . import guard
 from .confirm import confirm_panel

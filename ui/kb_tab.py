@@ -17,9 +17,9 @@ from typing import Any
 
 import gradio as gr
 
-from pipeline.access import DENIED_TEXT, AccessPolicy, Role
+from pipeline.access.policy import DENIED_TEXT, AccessPolicy, Role
 from pipeline.ingestion.progress import UNITS, format_eta, stage_text
-from pipeline.knowledge_bases import DEFAULT_KB_ID
+from pipeline.retrieval.kb_indexes import DEFAULT_KB_ID
 
 from . import guard
 from .audit_view import AUDIT_CSS, audit_html, repair_html

@@ -22,7 +22,7 @@ from typing import Any, Literal, get_args, get_origin
 
 import gradio as gr
 
-from pipeline.access import DENIED_TEXT, AccessPolicy, Role
+from pipeline.access.policy import DENIED_TEXT, AccessPolicy, Role
 from pipeline.settings import (
     GROUPS,
     LABELS,

@@ -4,7 +4,7 @@ Opened by clicking a source (the [n] citation, a source card's 查看原文, a �
 chunk of 查看块): those HTML components call `trigger('click', {chunk_id})` from their js_on_load and their
 `.click` is wired to the viewer's `open` handler (see `connect`). PDFs show the page number, OCR'd pages say
 so, old versions say which version is current; long texts are paged (上一部分 / 下一部分). A PDF page with a
-text layer is also shown rendered, the passage boxed (pipeline.page_image), folded under 页面原图.
+text layer is also shown rendered, the passage boxed (pipeline.services.page_image), folded under 页面原图.
 Data: Engine.document_text (GET /api/kb/documents/{id}/text); the original: /api/kb/documents/{id}/file.
 """
 from __future__ import annotations

@@ -39,9 +39,9 @@ from pipeline.ingestion.parsing import (
 )
 from pipeline.ingestion.progress import ProgressBoard
 from pipeline.ingestion.structured_chunking import Piece, chunk_page, indexed_text
-from pipeline.knowledge_bases import KnowledgeBases
+from pipeline.models.tokenize_zh import ChineseTokenizer
+from pipeline.retrieval.kb_indexes import KnowledgeBases
 from pipeline.settings import Settings
-from pipeline.tokenize_zh import ChineseTokenizer
 from store.documents import ChunkRow, DocumentStore, SectionRow
 from store.files import FileStore, display_name, md5_of
 from store.jobs import JobStore, LeaseLost

@@ -16,7 +16,7 @@ from contextlib import nullcontext
 from dataclasses import dataclass, field
 
 from pipeline.ingestion.structured_chunking import indexed_text
-from pipeline.tokenize_zh import ChineseTokenizer
+from pipeline.models.tokenize_zh import ChineseTokenizer
 from store.documents import DocumentStore, decode_tokens
 from store.files import FileStore
 from store.vectors import VectorStore

@@ -19,8 +19,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from pipeline.ingestion.structured_chunking import indexed_text
+from pipeline.models.tokenize_zh import ChineseTokenizer
 from pipeline.ops.audit import UPLOAD_GRACE_S, AuditReport, KBAuditor
-from pipeline.tokenize_zh import ChineseTokenizer
 from store.documents import DocumentStore
 from store.files import FileStore
 from store.vectors import VectorStore

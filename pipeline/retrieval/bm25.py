@@ -23,9 +23,9 @@ from llama_index.core.base.base_retriever import BaseRetriever
 from llama_index.core.schema import NodeWithScore, QueryBundle
 from llama_index.retrievers.bm25 import BM25Retriever
 
+from pipeline.models.tokenize_zh import ChineseTokenizer
 from pipeline.retrieval.bm25_delta import DeltaBM25
 from pipeline.retrieval.nodes import ChunkLookup, node_from_row, retrievable
-from pipeline.tokenize_zh import ChineseTokenizer
 
 log = logging.getLogger(__name__)
 

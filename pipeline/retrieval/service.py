@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING
 from llama_index.core.schema import NodeWithScore, QueryBundle
 
 from pipeline.calibration import ActiveProfile
+from pipeline.models.tokenize_zh import ChineseTokenizer
 from pipeline.retrieval.bm25 import LiveBM25Retriever
 from pipeline.retrieval.fusion import FusionOutput, FusionParams, HybridRetriever
 from pipeline.retrieval.gate import GateModel, decide
@@ -31,11 +32,10 @@ from pipeline.retrieval.scope import scoped, scoped_bm25
 from pipeline.retrieval.sentence_evidence import SentenceEvidence
 from pipeline.retrieval.vector import ReadyVectorRetriever, chroma_index, stored_cosines
 from pipeline.settings import Settings
-from pipeline.tokenize_zh import ChineseTokenizer
 from store.documents import DocumentStore
 
 if TYPE_CHECKING:
-    from pipeline.knowledge_bases import KnowledgeBase, KnowledgeBases
+    from pipeline.retrieval.kb_indexes import KnowledgeBase, KnowledgeBases
 
 log = logging.getLogger(__name__)
 

@@ -8,16 +8,16 @@ from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any
 
 from pipeline import events as ev
+from pipeline.access.kb_readers import Reader
 from pipeline.conversation.direct import direct_reply
 from pipeline.conversation.rewrite import Rewrite
 from pipeline.conversation.router import DIRECT, Route
 from pipeline.conversation.service import TurnRecorder
 from pipeline.errors import CODE_ENGINE, CODE_LLM, CODE_VALIDATION, EngineError
-from pipeline.kb_access import Reader
 from pipeline.retrieval.result import RetrievalResult
-from pipeline.retry_cache import StoredRetrievals
 from pipeline.services.knowledge_bases import KnowledgeBaseService
 from pipeline.services.lifecycle import Lifecycle
+from pipeline.services.retry_cache import StoredRetrievals
 from pipeline.services.settings import SettingsService
 
 if TYPE_CHECKING:

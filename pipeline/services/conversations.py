@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from pipeline.access.kb_readers import KBAccess, Reader
 from pipeline.conversation.service import conversation_markdown
-from pipeline.kb_access import KBAccess, Reader
 
 if TYPE_CHECKING:
     from pipeline.components import Components

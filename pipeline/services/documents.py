@@ -5,11 +5,11 @@ from __future__ import annotations
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from pipeline.access.kb_readers import KBAccess, Reader
 from pipeline.errors import CODE_ENGINE, CODE_NO_DOC, CODE_VALIDATION, EngineError
 from pipeline.ingestion.progress import shared_snapshot
 from pipeline.ingestion.rebuild import Rebuild
 from pipeline.ingestion.service import IngestBusy, UploadResult
-from pipeline.kb_access import KBAccess, Reader
 from pipeline.services.changes import SearchableChanges
 from pipeline.services.lifecycle import Lifecycle
 from store.migrations import DEFAULT_KB_ID
@@ -85,9 +85,9 @@ class DocumentService:
 
     def text(self, doc_id: int, part: int | None = None, chunk_id: int | None = None,
              reader: Reader | None = None) -> dict:
-        """One part of a document's parsed text with its chunks' spans (pipeline.document_view); with `chunk_id`
+        """One part of a document's parsed text with its chunks' spans (pipeline.services.document_view); with `chunk_id`
         the part holding that chunk, which is the one to highlight."""
-        from pipeline.document_view import document_view
+        from pipeline.services.document_view import document_view
 
         c = self.c
         doc = self._readable(doc_id, reader)
@@ -101,7 +101,7 @@ class DocumentService:
     def page_image(self, doc_id: int, page: int, chunk_id: int | None = None,
                    reader: Reader | None = None) -> tuple[bytes, bool]:
         """(JPEG of a PDF page, whether the chunk's passage is boxed on it — only where the text layer allows)."""
-        from pipeline.page_image import render_page
+        from pipeline.services.page_image import render_page
 
         path, _ = self.file(doc_id, reader)
         doc = self.c.docs.get(doc_id)

@@ -3,8 +3,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
+from pipeline.access.kb_readers import KBAccess, Reader
 from pipeline.errors import CODE_VALIDATION, EngineError
-from pipeline.kb_access import KBAccess, Reader
 from pipeline.services.changes import SearchableChanges
 from pipeline.services.lifecycle import Lifecycle
 from store.migrations import DEFAULT_KB_ID
@@ -61,5 +61,5 @@ class KnowledgeBaseService:
 
     def resolve(self, kb_ids: Any = None, reader: Reader | None = None) -> list[int]:
         """The knowledge bases a question searches: the given ids (each checked to exist and be readable), or the
-        default one (all readable ones when the reader may not read the default one) — pipeline.kb_access."""
+        default one (all readable ones when the reader may not read the default one) — pipeline.access.kb_readers."""
         return self.access.scope(kb_ids, reader)

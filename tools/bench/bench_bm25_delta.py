@@ -36,9 +36,9 @@ def main(argv=None) -> int:
     args = ap.parse_args(argv)
 
     # after the arguments: bm25s, jieba and the stores load in seconds, --help should not wait for them
+    from pipeline.models.tokenize_zh import ChineseTokenizer
     from pipeline.retrieval import bm25 as bm25_mod
     from pipeline.retrieval.bm25 import BM25Index
-    from pipeline.tokenize_zh import ChineseTokenizer
     from store.db import Database
     from store.documents import ChunkRow, DocumentStore
 

@@ -97,8 +97,8 @@ def _fill(engine, corpus, per_doc: int = 500) -> float:
 
 def _compare_server(embedded, corpus, args, tmp: Path) -> dict:
     """The same corpus in an engine on the Chroma server (+ PostgreSQL); both measured question by question."""
-    from pipeline.deployment import Deployment
     from pipeline.engine import Engine
+    from pipeline.ops.deployment import Deployment
 
     dep = Deployment(database_url=args.database_url, chroma_url=args.chroma_url, files_dir=tmp / "server-files")
     server = Engine(tmp / "server-data", deployment=dep)

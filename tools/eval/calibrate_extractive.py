@@ -33,8 +33,8 @@ from pipeline.generation.answer_type import expected_kind, offers
 from pipeline.generation.candidates import Cues, Evidence, assemble, focus_part
 from pipeline.generation.extractive import MAX_SENTENCES, PREFILTER, PickerParams
 from pipeline.generation.sentences import Piece
+from pipeline.models.tokenize_zh import ChineseTokenizer
 from pipeline.retrieval.lexical import normalize
-from pipeline.tokenize_zh import ChineseTokenizer
 from tools.eval.cli import print_md_table, report_fit
 
 W_COS = 10.0

@@ -10,9 +10,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from pipeline.access import EVERYONE, Reader
+from pipeline.access.policy import EVERYONE, Reader
 from pipeline.errors import CODE_FORBIDDEN, EngineError
-from pipeline.knowledge_bases import KnowledgeBases
+from pipeline.retrieval.kb_indexes import KnowledgeBases
 from store.migrations import DEFAULT_KB_ID
 
 RESTRICTED_TEXT = "（无权查看：该来源所在的知识库只对指定用户开放）"
