@@ -82,5 +82,3 @@ class FileStore:
         """name → modification time of every file in the upload folder (temp files of uploads included)."""
         return {p.name: p.stat().st_mtime for p in self.root.iterdir() if p.is_file()}
 
-    def size_on_disk(self) -> int:
-        return sum(p.stat().st_size for p in self.root.iterdir() if p.is_file())

@@ -84,9 +84,6 @@ class ConversationService:
         return _owned(self.store.get_turn(turn_id), user, f"回答记录不存在：{turn_id}", "无权操作该回答：它属于其他用户",
                       "turn_id")
 
-    def export_markdown(self, conv_id: Any, user: str | None) -> str:
-        return conversation_markdown(self.get(conv_id, user))
-
 
 def _owned(row: dict | None, user: str | None, missing: str, foreign: str, field: str) -> dict:
     """The row when it exists and is the caller's: else 3002 (missing) or 4003 (another user's)."""

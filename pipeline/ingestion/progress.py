@@ -134,10 +134,6 @@ class ProgressBoard:
     def queue_length(self) -> int:
         return len(self._waiting)
 
-    @property
-    def active_count(self) -> int:
-        with self._lock:
-            return sum(1 for d in self._docs.values() if d.stage != "queued")
 
     def snapshot(self, doc_id: int) -> dict | None:
         """{stage, stage_label, done, total, position, eta_s, text} of a document the worker holds, else None."""

@@ -47,10 +47,6 @@ AUTO_FEATURES = ["bm25_ratio", "coverage", "agree3", "agree10", "dense_margin", 
 NO_PRIOR = {"beta": 0.0, "cap": 1}
 
 
-def constant_weight(alpha: float) -> dict[str, float]:
-    """Coefficients that give the same α to every query."""
-    return {"bias": math.log(alpha / (1 - alpha))}
-
 
 # ------------------------------------------------------------------------------------------ pure functions
 def adaptive_bm25_weight(bm25_top: Sequence[float], cap: float, slope: float, floor: float) -> float:

@@ -71,9 +71,6 @@ class Background:
     def sent_above(self, sent: float) -> float | None:
         return None if self.sent_median is None else (sent - self.sent_median) * 100.0
 
-    def cov_z(self, cov: float) -> float:
-        return (cov - self.cov_median) / self.cov_scale
-
 
 def _robust(values: Sequence[float], floor: float) -> tuple[float, float]:
     v = np.asarray(values, dtype=np.float64)

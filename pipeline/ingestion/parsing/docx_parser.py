@@ -22,9 +22,6 @@ _TXBX = _W + "txbxContent"
 _HEADING_STYLE = re.compile(r"^(?:heading|标题)\s*([1-6])$", re.IGNORECASE)
 
 
-def parse_docx(path: Path) -> str:
-    return parse_docx_page(path).text
-
 
 def parse_docx_page(path: Path) -> ParsedPage:
     try:
