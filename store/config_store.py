@@ -44,8 +44,8 @@ class ConfigStore:
             for key, value in defaults.items():
                 row = {"key": key, "value": json.dumps(value, ensure_ascii=False), "updated_at": now}
                 # RETURNING tells whether the row went in (an INSERT's rowcount is not reliable across drivers)
-                if conn.execute(self.db.insert(sys_config).values(row).on_conflict_do_nothing()
-                                .returning(K.key)).first() is not None:
+                if conn.execute(self.db.insert(sys_config).on_conflict_do_nothing().returning(K.key),
+                                row).first() is not None:
                     added.append(key)
         return added
 
@@ -59,8 +59,9 @@ class ConfigStore:
                 stored = conn.execute(select(K.value).where(K.key == key)).first()
                 if stored is not None and stored.value == enc:
                     continue
-                upsert = self.db.insert(sys_config).values(key=key, value=enc, updated_at=now)
+                upsert = self.db.insert(sys_config)
                 conn.execute(upsert.on_conflict_do_update(index_elements=[K.key], set_={
-                    "value": upsert.excluded.value, "updated_at": upsert.excluded.updated_at}))
+                    "value": upsert.excluded.value, "updated_at": upsert.excluded.updated_at}),
+                    {"key": key, "value": enc, "updated_at": now})
                 changed.append(key)
         return changed

@@ -15,7 +15,7 @@ from typing import Any
 
 from sqlalchemy import delete, func, insert, select, update
 
-from .db import Database, as_dict, row_with_json
+from .db import Database, as_dict, dicts, with_json
 from .schema import conversation, conversation_turn
 
 CV, T = conversation.c, conversation_turn.c
@@ -37,16 +37,17 @@ def title_from(question: str) -> str:
     return q[:TITLE_CHARS] + ("…" if len(q) > TITLE_CHARS else "") or "新对话"
 
 
-def _turn_dict(row) -> dict:
-    d = row_with_json(row, "sources")
-    d["trace"] = json.loads(d.get("trace") or "{}")
-    d["no_answer"] = bool(d.get("no_answer"))
+def _turn_dict(d: dict | None) -> dict | None:
+    if d is not None:
+        with_json(d, "sources")
+        d["trace"] = json.loads(d.get("trace") or "{}")
+        d["no_answer"] = bool(d.get("no_answer"))
     return d
 
 
-def _conv_dict(row) -> dict:
-    d = as_dict(row)
-    d["time"] = (d.get("updated_at") or "")[:19]
+def _conv_dict(d: dict | None) -> dict | None:
+    if d is not None:
+        d["time"] = (d.get("updated_at") or "")[:19]
     return d
 
 
@@ -58,23 +59,22 @@ class ConversationStore:
     def create(self, user: str, title: str) -> dict:
         cid, now = new_conv_id(), _now()
         with self.db.transaction() as conn:
-            conn.execute(insert(conversation).values(conv_id=cid, user=user, title=title, created_at=now,
-                                                     updated_at=now))
+            conn.execute(insert(conversation), {"conv_id": cid, "user": user, "title": title, "created_at": now,
+                                                "updated_at": now})
         return self.get(cid)
 
     def get(self, conv_id: str) -> dict | None:
         with self.db.connect() as conn:
-            row = conn.execute(select(conversation).where(CV.conv_id == conv_id)).first()
-        return _conv_dict(row) if row else None
+            return _conv_dict(as_dict(conn.execute(select(conversation).where(CV.conv_id == conv_id)).first()))
 
     def list(self, user: str, limit: int = 50, offset: int = 0) -> tuple[list[dict], int]:
         """Newest first (last activity), paged; served by idx_conv_user_updated."""
         with self.db.connect() as conn:
             total = conn.execute(select(func.count()).select_from(conversation).where(CV.user == user)).scalar_one()
-            rows = conn.execute(select(conversation).where(CV.user == user)
-                                .order_by(CV.updated_at.desc(), CV.created_at.desc(), CV.conv_id.desc())
-                                .limit(limit).offset(offset)).all()
-        return [_conv_dict(r) for r in rows], total
+            rows = dicts(conn.execute(select(conversation).where(CV.user == user)
+                                      .order_by(CV.updated_at.desc(), CV.created_at.desc(), CV.conv_id.desc())
+                                      .limit(limit).offset(offset)))
+        return [_conv_dict(d) for d in rows], total
 
     def rename(self, conv_id: str, title: str) -> None:
         with self.db.transaction() as conn:
@@ -98,29 +98,28 @@ class ConversationStore:
         now = _now()
         with self.db.transaction() as conn:
             seq = conn.execute(select(func.coalesce(func.max(T.seq), 0) + 1).where(T.conv_id == conv_id)).scalar_one()
-            turn_id = conn.execute(insert(conversation_turn).values(
-                conv_id=conv_id, seq=seq, user=user, question=question, rewritten=rewritten, answer=answer,
-                sources=json.dumps(sources or [], ensure_ascii=False), trace=json.dumps(trace or {}, ensure_ascii=False),
-                mode=mode, route=route, no_answer=int(bool(no_answer)),
-                elapsed_ms=None if elapsed_ms is None else int(elapsed_ms), created_at=now,
-            ).returning(T.turn_id)).scalar_one()
+            turn_id = conn.execute(insert(conversation_turn).returning(T.turn_id), {
+                "conv_id": conv_id, "seq": seq, "user": user, "question": question, "rewritten": rewritten,
+                "answer": answer, "sources": json.dumps(sources or [], ensure_ascii=False),
+                "trace": json.dumps(trace or {}, ensure_ascii=False), "mode": mode, "route": route,
+                "no_answer": int(bool(no_answer)), "elapsed_ms": None if elapsed_ms is None else int(elapsed_ms),
+                "created_at": now}).scalar_one()
             conn.execute(update(conversation).where(CV.conv_id == conv_id)
                          .values(updated_at=now, turn_count=CV.turn_count + 1))
         return {"turn_id": turn_id, "seq": seq, "created_at": now}
 
     def turns(self, conv_id: str) -> list[dict]:
         with self.db.connect() as conn:
-            rows = conn.execute(select(conversation_turn).where(T.conv_id == conv_id).order_by(T.seq)).all()
-        return [_turn_dict(r) for r in rows]
+            rows = dicts(conn.execute(select(conversation_turn).where(T.conv_id == conv_id).order_by(T.seq)))
+        return [_turn_dict(d) for d in rows]
 
     def recent_turns(self, conv_id: str, n: int) -> list[dict]:
         """The last n turns, oldest first, without the bulky trace (rewrite and the answer prompt need text)."""
         with self.db.connect() as conn:
-            rows = conn.execute(select(T.turn_id, T.seq, T.question, T.rewritten, T.answer, T.route, T.no_answer)
-                                .where(T.conv_id == conv_id).order_by(T.seq.desc()).limit(n)).all()
-        return [as_dict(r) for r in reversed(rows)]
+            rows = dicts(conn.execute(select(T.turn_id, T.seq, T.question, T.rewritten, T.answer, T.route,
+                                             T.no_answer).where(T.conv_id == conv_id).order_by(T.seq.desc()).limit(n)))
+        return rows[::-1]
 
     def get_turn(self, turn_id: int) -> dict | None:
         with self.db.connect() as conn:
-            row = conn.execute(select(conversation_turn).where(T.turn_id == turn_id)).first()
-        return _turn_dict(row) if row else None
+            return _turn_dict(as_dict(conn.execute(select(conversation_turn).where(T.turn_id == turn_id)).first()))

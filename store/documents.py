@@ -12,7 +12,7 @@ from typing import Any
 
 from sqlalchemy import and_, bindparam, delete, func, insert, or_, select, update
 
-from .db import Database, as_dict
+from .db import Database, as_dict, dicts
 from .migrations import DEFAULT_KB_ID
 from .schema import kb_base, kb_chunk, kb_document, kb_section
 
@@ -28,6 +28,13 @@ VISIBLE = or_(D.c.active == ACTIVE, D.c.status != "ready")
 # What retrieval may return: ready and active.
 RETRIEVABLE = and_(D.c.status == "ready", D.c.active == ACTIVE)
 _CHUNKS_OF_DOCS = C.join(D, D.c.doc_id == C.c.doc_id)
+# Built once (statements on every question's path): the document by id, and chunk rows with their document.
+_DOC_BY_ID = select(D).where(D.c.doc_id == bindparam("doc_id"))
+_CHUNK_ROWS = (select(C.c.chunk_id, C.c.doc_id, C.c.chunk_index, C.c.text, C.c.page, C.c.source, C.c.context,
+                      D.c.file_name, D.c.status, D.c.file_type, D.c.active, D.c.version, D.c.kb_id,
+                      kb_base.c.name.label("kb_name"))
+               .select_from(_CHUNKS_OF_DOCS.outerjoin(kb_base, kb_base.c.kb_id == D.c.kb_id))
+               .where(C.c.chunk_id.in_(bindparam("ids", expanding=True))))
 
 
 def _activate(conn, doc_id: int, lineage_id: int) -> None:
@@ -90,9 +97,9 @@ def _now() -> str:
     return datetime.now().isoformat(sep=" ", timespec="seconds")
 
 
-def _doc_dict(row) -> dict:
-    d = as_dict(row)
-    d["status_label"] = STATUS_LABELS.get(d["status"], d["status"])
+def _labelled(d: dict | None) -> dict | None:
+    if d is not None:
+        d["status_label"] = STATUS_LABELS.get(d["status"], d["status"])
     return d
 
 
@@ -102,8 +109,8 @@ class DocumentStore:
 
     def _one_doc(self, *where) -> dict | None:
         with self.db.connect() as conn:
-            row = conn.execute(select(D).where(*where).order_by(D.c.doc_id.desc()).limit(1)).first()
-        return _doc_dict(row) if row else None
+            return _labelled(as_dict(conn.execute(select(D).where(*where).order_by(D.c.doc_id.desc()).limit(1))
+                                     .first()))
 
     # --- documents ---------------------------------------------------------------------------
     def find_by_md5(self, md5: str, kb_id: int = DEFAULT_KB_ID) -> dict | None:
@@ -113,16 +120,18 @@ class DocumentStore:
                kb_id: int = DEFAULT_KB_ID, lineage_id: int | None = None, version: int = 1) -> dict:
         """A new document (version 1, active) or a new version of `lineage_id` (inactive until it is 就绪)."""
         with self.db.transaction() as conn:
-            doc_id = conn.execute(insert(D).values(
-                file_name=file_name, file_type=file_type, file_size=file_size, content_md5=md5, status="processing",
-                created_at=_now(), stored_name=stored_name, kb_id=int(kb_id), version=version, lineage_id=lineage_id,
-                active=ACTIVE if lineage_id is None else ACTIVATE_WHEN_READY).returning(D.c.doc_id)).scalar_one()
+            doc_id = conn.execute(insert(D).returning(D.c.doc_id), {
+                "file_name": file_name, "file_type": file_type, "file_size": file_size, "content_md5": md5,
+                "status": "processing", "created_at": _now(), "stored_name": stored_name, "kb_id": int(kb_id),
+                "version": version, "lineage_id": lineage_id,
+                "active": ACTIVE if lineage_id is None else ACTIVATE_WHEN_READY}).scalar_one()
             if lineage_id is None:
                 conn.execute(update(D).where(D.c.doc_id == doc_id).values(lineage_id=doc_id))
         return self.get(doc_id)
 
     def get(self, doc_id: int) -> dict | None:
-        return self._one_doc(D.c.doc_id == doc_id)
+        with self.db.connect() as conn:
+            return _labelled(as_dict(conn.execute(_DOC_BY_ID, {"doc_id": doc_id}).first()))
 
     def list(self, page: int = 1, size: int = 20, keyword: str = "",
              kb_id: int | None = DEFAULT_KB_ID) -> tuple[list[dict], int]:
@@ -136,14 +145,14 @@ class DocumentStore:
         versions = select(func.count()).where(v.c.lineage_id == D.c.lineage_id).scalar_subquery()
         with self.db.connect() as conn:
             total = conn.execute(select(func.count()).select_from(D).where(*where)).scalar_one()
-            rows = conn.execute(select(D, versions.label("versions")).where(*where).order_by(D.c.doc_id.desc())
-                                .limit(size).offset((page - 1) * size)).all()
-        return [_doc_dict(r) for r in rows], total
+            rows = dicts(conn.execute(select(D, versions.label("versions")).where(*where).order_by(D.c.doc_id.desc())
+                                      .limit(size).offset((page - 1) * size)))
+        return [_labelled(d) for d in rows], total
 
     def all_docs(self, kb_id: int | None = None) -> list[dict]:
         """Every document (all versions) of one knowledge base (None: all) in id order — what a rebuild redoes."""
         with self.db.connect() as conn:
-            return [_doc_dict(r) for r in conn.execute(select(D).where(*_in_kb(kb_id)).order_by(D.c.doc_id))]
+            return [_labelled(d) for d in dicts(conn.execute(select(D).where(*_in_kb(kb_id)).order_by(D.c.doc_id)))]
 
     def ids_with_status(self, status: str) -> list[int]:
         with self.db.connect() as conn:
@@ -181,8 +190,8 @@ class DocumentStore:
     def versions_of(self, lineage_id: int) -> list[dict]:
         """Every version of a document, newest first."""
         with self.db.connect() as conn:
-            return [_doc_dict(r) for r in conn.execute(
-                select(D).where(D.c.lineage_id == lineage_id).order_by(D.c.version.desc()))]
+            return [_labelled(d) for d in dicts(conn.execute(
+                select(D).where(D.c.lineage_id == lineage_id).order_by(D.c.version.desc())))]
 
     def restore(self, doc_id: int) -> None:
         """Make this (就绪, inactive) version the active one; the lineage's active version turns inactive."""
@@ -199,9 +208,9 @@ class DocumentStore:
         a = D.alias("a")
         current = select(a.c.version).where(a.c.lineage_id == D.c.lineage_id, a.c.active == ACTIVE).scalar_subquery()
         with self.db.connect() as conn:
-            rows = conn.execute(select(D.c.doc_id, D.c.active, D.c.version, D.c.status,
-                                       current.label("current_version")).where(D.c.doc_id.in_(ids))).all()
-        return {r.doc_id: as_dict(r) for r in rows}
+            rows = dicts(conn.execute(select(D.c.doc_id, D.c.active, D.c.version, D.c.status,
+                                             current.label("current_version")).where(D.c.doc_id.in_(ids))))
+        return {d["doc_id"]: d for d in rows}
 
     def delete(self, doc_id: int) -> bool:
         with self.db.transaction() as conn:
@@ -251,8 +260,8 @@ class DocumentStore:
     def sections_of(self, doc_id: int) -> list[dict]:
         s = kb_section.c
         with self.db.connect() as conn:
-            return [as_dict(r) for r in conn.execute(
-                select(s.section, s.page, s.source, s.context, s.text).where(s.doc_id == doc_id).order_by(s.section))]
+            return dicts(conn.execute(
+                select(s.section, s.page, s.source, s.context, s.text).where(s.doc_id == doc_id).order_by(s.section)))
 
     def chunk_count_of(self, doc_id: int) -> int:
         with self.db.connect() as conn:
@@ -266,21 +275,17 @@ class DocumentStore:
     def chunks_of(self, doc_id: int) -> list[dict]:
         c = C.c
         with self.db.connect() as conn:
-            rows = conn.execute(select(c.chunk_id, c.chunk_index, c.text, c.page, c.char_start, c.char_end, c.source,
-                                       c.context, c.section).where(c.doc_id == doc_id).order_by(c.chunk_index)).all()
-        return [as_dict(r) for r in rows]
+            return dicts(conn.execute(select(c.chunk_id, c.chunk_index, c.text, c.page, c.char_start, c.char_end,
+                                             c.source, c.context, c.section).where(c.doc_id == doc_id)
+                                      .order_by(c.chunk_index)))
 
     def get_chunks(self, chunk_ids: Iterable[int]) -> dict[int, dict]:
         ids = list({int(i) for i in chunk_ids})
         out: dict[int, dict] = {}
-        c, d = C.c, D.c
-        query = (select(c.chunk_id, c.doc_id, c.chunk_index, c.text, c.page, c.source, c.context, d.file_name,
-                        d.status, d.file_type, d.active, d.version, d.kb_id, kb_base.c.name.label("kb_name"))
-                 .select_from(_CHUNKS_OF_DOCS.outerjoin(kb_base, kb_base.c.kb_id == d.kb_id)))
         with self.db.connect() as conn:
             for i in range(0, len(ids), 500):
-                for r in conn.execute(query.where(c.chunk_id.in_(ids[i:i + 500]))):
-                    out[r.chunk_id] = as_dict(r)
+                for d in dicts(conn.execute(_CHUNK_ROWS, {"ids": ids[i:i + 500]})):
+                    out[d["chunk_id"]] = d
         return out
 
     def _ready_chunks(self, *columns, kb_id: int | None = None, retrievable: bool = True):

@@ -11,7 +11,7 @@ from datetime import datetime
 
 from sqlalchemy import func, select
 
-from .db import Database, row_with_json
+from .db import Database, as_dict, dicts, with_json
 from .schema import answer_feedback
 
 F = answer_feedback.c
@@ -21,9 +21,10 @@ def _now() -> str:
     return datetime.now().isoformat(sep=" ", timespec="seconds")
 
 
-def _row(r) -> dict:
-    d = row_with_json(r, "sources")
-    d["rating"] = "up" if d["rating"] == 1 else "down"
+def _row(d: dict | None) -> dict | None:
+    if d is not None:
+        with_json(d, "sources")
+        d["rating"] = "up" if d["rating"] == 1 else "down"
     return d
 
 
@@ -36,20 +37,20 @@ class FeedbackStore:
         self.db = db
 
     def upsert(self, turn: dict, rating: int, reason: str | None, comment: str | None) -> dict:
-        stmt = self.db.insert(answer_feedback).values(
-            turn_id=turn["turn_id"], conv_id=turn["conv_id"], user=turn["user"], rating=rating, reason=reason,
-            comment=comment, question=turn["question"], rewritten=turn.get("rewritten"), answer=turn["answer"],
-            sources=json.dumps(turn.get("sources") or [], ensure_ascii=False), created_at=_now())
+        stmt = self.db.insert(answer_feedback)
         new = stmt.excluded
         with self.db.transaction() as conn:
             conn.execute(stmt.on_conflict_do_update(index_elements=[F.turn_id], set_={
-                "rating": new.rating, "reason": new.reason, "comment": new.comment, "created_at": new.created_at}))
+                "rating": new.rating, "reason": new.reason, "comment": new.comment, "created_at": new.created_at}), {
+                "turn_id": turn["turn_id"], "conv_id": turn["conv_id"], "user": turn["user"], "rating": rating,
+                "reason": reason, "comment": comment, "question": turn["question"], "rewritten": turn.get("rewritten"),
+                "answer": turn["answer"], "sources": json.dumps(turn.get("sources") or [], ensure_ascii=False),
+                "created_at": _now()})
         return self.get_by_turn(turn["turn_id"])
 
     def _one(self, *where) -> dict | None:
         with self.db.connect() as conn:
-            r = conn.execute(select(answer_feedback).where(*where)).first()
-        return _row(r) if r else None
+            return _row(as_dict(conn.execute(select(answer_feedback).where(*where)).first()))
 
     def get_by_turn(self, turn_id: int) -> dict | None:
         return self._one(F.turn_id == turn_id)
@@ -60,11 +61,13 @@ class FeedbackStore:
     def list(self, rating: int | None = None, limit: int = 50, offset: int = 0) -> tuple[list[dict], int]:
         with self.db.connect() as conn:
             total = conn.execute(select(func.count()).select_from(answer_feedback).where(*_rated(rating))).scalar_one()
-            rows = conn.execute(select(answer_feedback).where(*_rated(rating)).order_by(F.fb_id.desc())
-                                .limit(limit).offset(offset)).all()
-        return [_row(r) for r in rows], total
+            rows = dicts(conn.execute(select(answer_feedback).where(*_rated(rating)).order_by(F.fb_id.desc())
+                                      .limit(limit).offset(offset)))
+        return [_row(d) for d in rows], total
 
     def iter_all(self, rating: int | None = None):
         with self.db.connect() as conn:
-            for r in conn.execute(select(answer_feedback).where(*_rated(rating)).order_by(F.fb_id)):
-                yield _row(r)
+            result = conn.execute(select(answer_feedback).where(*_rated(rating)).order_by(F.fb_id))
+            keys = tuple(result.keys())
+            for row in result:  # streamed: an export may hold many rows
+                yield _row(dict(zip(keys, row)))

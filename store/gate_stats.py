@@ -33,13 +33,13 @@ class GateStatsStore:
             return None
 
     def save(self, kb_id: int, fingerprint: str, stats: dict) -> None:
-        stmt = self.db.insert(kb_gate_background).values(
-            kb_id=int(kb_id), fingerprint=fingerprint, stats=json.dumps(stats, ensure_ascii=False),
-            updated_at=datetime.now().isoformat(sep=" ", timespec="seconds"))
+        stmt = self.db.insert(kb_gate_background)
         new = stmt.excluded
         with self.db.transaction() as conn:
             conn.execute(stmt.on_conflict_do_update(index_elements=[G.kb_id], set_={
-                "fingerprint": new.fingerprint, "stats": new.stats, "updated_at": new.updated_at}))
+                "fingerprint": new.fingerprint, "stats": new.stats, "updated_at": new.updated_at}), {
+                "kb_id": int(kb_id), "fingerprint": fingerprint, "stats": json.dumps(stats, ensure_ascii=False),
+                "updated_at": datetime.now().isoformat(sep=" ", timespec="seconds")})
 
     def delete(self, kb_id: int) -> None:
         with self.db.transaction() as conn:

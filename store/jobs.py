@@ -50,10 +50,9 @@ class JobStore:
         return or_(J.owner.is_(None), J.lease_until < self.clock.now())
 
     def _add(self, conn, doc_id: int) -> bool:
-        row = {"doc_id": doc_id, "created_at": self.clock.now()}
         # RETURNING tells whether a row went in (an INSERT's rowcount is not reliable across drivers)
-        return conn.execute(self.db.insert(ingest_job).values(row).on_conflict_do_nothing()
-                            .returning(J.doc_id)).first() is not None
+        return conn.execute(self.db.insert(ingest_job).values(created_at=self.clock.now()).on_conflict_do_nothing()
+                            .returning(J.doc_id), {"doc_id": doc_id}).first() is not None
 
     def add(self, doc_id: int) -> bool:
         """Queue the document (no-op when it already has a job). True when a job was created."""

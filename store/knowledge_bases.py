@@ -11,7 +11,7 @@ from datetime import datetime
 
 from sqlalchemy import and_, delete, func, or_, select, update
 
-from .db import Database, as_dict
+from .db import Database, as_dict, dicts
 from .migrations import DEFAULT_KB_ID
 from .schema import kb_base, kb_chunk, kb_document
 
@@ -24,8 +24,9 @@ _CHUNKS = (select(func.count()).select_from(kb_chunk.join(kb_document, D.doc_id 
 _COUNTS = select(B.kb_id, B.name, B.description, B.created_at, B.readers, _DOCS, _CHUNKS)
 
 
-def _kb_dict(row) -> dict:
-    d = as_dict(row)
+def _kb_dict(d: dict | None) -> dict | None:
+    if d is None:
+        return None
     d["is_default"] = d["kb_id"] == DEFAULT_KB_ID
     d["readers"] = json.loads(d["readers"]) if d.get("readers") is not None else None  # None = every user
     return d
@@ -41,12 +42,11 @@ class KBStore:
 
     def list(self) -> list[dict]:
         with self.db.connect() as conn:
-            return [_kb_dict(r) for r in conn.execute(_COUNTS.order_by(B.kb_id))]
+            return [_kb_dict(d) for d in dicts(conn.execute(_COUNTS.order_by(B.kb_id)))]
 
     def get(self, kb_id: int) -> dict | None:
         with self.db.connect() as conn:
-            row = conn.execute(_COUNTS.where(B.kb_id == int(kb_id))).first()
-        return _kb_dict(row) if row else None
+            return _kb_dict(as_dict(conn.execute(_COUNTS.where(B.kb_id == int(kb_id))).first()))
 
     def exists(self, kb_id: int) -> bool:
         with self.db.connect() as conn:
@@ -67,9 +67,10 @@ class KBStore:
 
     def create(self, name: str, description: str = "", readers: list[str] | None = None) -> dict:
         with self.db.transaction() as conn:
-            kb_id = conn.execute(kb_base.insert().values(
-                name=name, description=description, created_at=datetime.now().isoformat(sep=" ", timespec="seconds"),
-                readers=_readers_json(readers)).returning(B.kb_id)).scalar_one()
+            kb_id = conn.execute(kb_base.insert().returning(B.kb_id), {
+                "name": name, "description": description,
+                "created_at": datetime.now().isoformat(sep=" ", timespec="seconds"),
+                "readers": _readers_json(readers)}).scalar_one()
         return self.get(kb_id)
 
     def update(self, kb_id: int, name: str | None = None, description: str | None = None,

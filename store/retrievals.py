@@ -20,12 +20,12 @@ class RetrievalStore:
             return conn.execute(select(R.result).where(R.question == question)).scalar()
 
     def put(self, question: str, result_json: str) -> None:
-        stmt = self.db.insert(qa_retrieval).values(question=question, result=result_json,
-                                                   stored_at=self.db.clock.now())
+        stmt = self.db.insert(qa_retrieval).values(stored_at=self.db.clock.now())
         newest = select(R.question).order_by(R.stored_at.desc()).limit(self.capacity).correlate(None)
         with self.db.transaction() as conn:
             conn.execute(stmt.on_conflict_do_update(index_elements=[R.question], set_={
-                "result": stmt.excluded.result, "stored_at": stmt.excluded.stored_at}))
+                "result": stmt.excluded.result, "stored_at": stmt.excluded.stored_at}),
+                {"question": question, "result": result_json})
             conn.execute(delete(qa_retrieval).where(R.question.not_in(newest)))
 
     def clear(self) -> None:

@@ -8,7 +8,7 @@ from datetime import datetime
 
 from sqlalchemy import delete, insert, select
 
-from .db import Database, row_with_json
+from .db import Database, as_dict, dicts, with_json
 from .schema import kb_document, verified_qa
 
 Q = verified_qa.c
@@ -20,22 +20,22 @@ class VerifiedQAStore:
 
     def add(self, doc_id: int, question: str, answer: str, cited: list, turn_id: int | None, user: str) -> dict:
         with self.db.transaction() as conn:
-            qa_id = conn.execute(insert(verified_qa).values(
-                doc_id=doc_id, question=question, answer=answer, cited=json.dumps(cited, ensure_ascii=False),
-                turn_id=turn_id, created_by=user, created_at=datetime.now().isoformat(sep=" ", timespec="seconds"),
-            ).returning(Q.qa_id)).scalar_one()
+            qa_id = conn.execute(insert(verified_qa).returning(Q.qa_id), {
+                "doc_id": doc_id, "question": question, "answer": answer, "cited": json.dumps(cited, ensure_ascii=False),
+                "turn_id": turn_id, "created_by": user,
+                "created_at": datetime.now().isoformat(sep=" ", timespec="seconds")}).scalar_one()
         return self.get(qa_id)
 
     def get(self, qa_id: int) -> dict | None:
         with self.db.connect() as conn:
-            r = conn.execute(select(verified_qa).where(Q.qa_id == qa_id)).first()
-        return row_with_json(r, "cited") if r else None
+            d = as_dict(conn.execute(select(verified_qa).where(Q.qa_id == qa_id)).first())
+        return with_json(d, "cited") if d else None
 
     def list(self) -> list[dict]:
         with self.db.connect() as conn:
-            return [row_with_json(r, "cited") for r in conn.execute(
+            return [with_json(d, "cited") for d in dicts(conn.execute(
                 select(verified_qa, kb_document.c.status)
-                .join_from(verified_qa, kb_document, kb_document.c.doc_id == Q.doc_id).order_by(Q.qa_id.desc()))]
+                .join_from(verified_qa, kb_document, kb_document.c.doc_id == Q.doc_id).order_by(Q.qa_id.desc())))]
 
     def delete(self, qa_id: int) -> None:
         with self.db.transaction() as conn:
