@@ -15,9 +15,7 @@ import pytest
 from pipeline.access import AccessPolicy
 from pipeline.engine import Engine
 from tests.live import LiveApp as _BaseLiveApp
-
-ROOT = Path(__file__).resolve().parents[1]
-DOCS = ROOT.parent / "shared" / "docs"
+from tests.shared_data import DOCS, needs
 
 KB_TEXT = ("星河电子公司退货政策：自签收之日起 7 天内可无理由退货。"
            "星河电子公司的客服电话是 400-800-1234，服务时间为每天 9 点到 21 点。\n"
@@ -141,6 +139,7 @@ def test_bad_requests_are_1001_not_500(http):
     assert r.json()["code"] == 1001
 
 
+@needs(DOCS / "mineru/zh_union_rules_table_1p.pdf", DOCS / "mineru/zh_procurement_contract_template.docx")
 def test_srs_acceptance_end_to_end(http, live, fake_llm, tmp_path):
     # --- configure the LLM (a scripted OpenAI-compatible server on 127.0.0.1) and reload
     r = http.put("/api/config", json={"llm": {"llm_api_url": fake_llm.base_url, "llm_model": "fake-model",

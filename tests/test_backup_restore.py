@@ -9,12 +9,12 @@ import pytest
 
 from pipeline.engine import Engine
 from tests.live import LiveApp
-from tests.tiny_engine import DOCS, RULES, tiny_engine, tiny_model, wait_idle
+from tests.shared_data import DOCS, NOVEL, RULES, needs
+from tests.tiny_engine import tiny_engine, tiny_model, wait_idle
 from tools import backup as backup_cli
 from tools import restore as restore_cli
 
 SMALL = [RULES, DOCS / "chatchat" / "test.txt", DOCS / "mineru" / "zh_union_rules_table_1p.pdf"]
-NOVEL = DOCS / "gbk" / "sanguoyanyi_gbk.txt"
 QUESTIONS = ["人民检察院对行政诉讼实行法律监督的范围是什么", "工会会员的权利有哪些", "刘备 关羽 张飞 桃园结义"]
 
 
@@ -34,6 +34,7 @@ def wait_embedding(engine: Engine, doc_id: int, timeout: float = 120) -> None:
 
 
 @pytest.mark.slow
+@needs(*SMALL, NOVEL)
 def test_backup_during_ingest_restores_to_the_same_answers(tmp_path, capsys):
     data, dest, restored = tmp_path / "data", tmp_path / "backup", tmp_path / "restored"
     data.mkdir()
@@ -95,6 +96,7 @@ def test_backup_during_ingest_restores_to_the_same_answers(tmp_path, capsys):
         e2.close()
 
 
+@needs(RULES)
 def test_restore_refuses_a_tampered_backup_and_a_used_dir(tmp_path, capsys):
     data, dest = tmp_path / "data", tmp_path / "bk"
     engine = tiny_engine(data, tiny_model(tmp_path / "tiny"))

@@ -3,7 +3,6 @@ from __future__ import annotations
 
 import threading
 import time
-from pathlib import Path
 
 import bm25s
 import numpy as np
@@ -13,9 +12,7 @@ from pipeline.retrieval import bm25 as bm25_mod
 from pipeline.retrieval.bm25 import BM25Index, build_snapshot
 from pipeline.retrieval.bm25_delta import DeltaBM25
 from pipeline.tokenize_zh import ChineseTokenizer
-
-DOCS = Path(__file__).resolve().parents[2] / "shared" / "docs"
-RULES = DOCS / "chatchat" / "人民检察院行政诉讼监督规则（试行）(2016-04-15).md"
+from tests.shared_data import RULES, require
 
 
 @pytest.fixture(scope="module")
@@ -26,7 +23,7 @@ def tok():
 @pytest.fixture(scope="module")
 def corpus(tok):
     """Paragraphs of a real regulation text: (chunk_id, text, tokens)."""
-    paras = [p.strip() for p in RULES.read_text(encoding="utf-8").split("\n") if len(p.strip()) > 20]
+    paras = [p.strip() for p in require(RULES).read_text(encoding="utf-8").split("\n") if len(p.strip()) > 20]
     assert len(paras) > 60
     return [(i + 1, p, tok(p)) for i, p in enumerate(paras)]
 

@@ -13,15 +13,15 @@ from pathlib import Path
 import pytest
 
 from tests.live import LiveApp
+from tests.shared_data import NOVEL, needs
 from tests.test_knowledge_bases import CONTRACT_V1, CONTRACT_V2, MANUAL
 
 CHROMIUM = "/usr/bin/chromium"
 ARGS = ["--no-sandbox", "--disable-gpu", "--disable-background-networking", "--disable-component-update",
         "--disable-sync", "--no-first-run"]
-DOCS = Path(__file__).resolve().parents[1].parent / "shared" / "docs"
 QUESTION = "收到货物后多少天内支付全部货款？"
 
-pytestmark = [pytest.mark.slow,
+pytestmark = [pytest.mark.slow, needs(NOVEL),
               pytest.mark.skipif(not Path(CHROMIUM).exists(), reason=f"{CHROMIUM} missing (apt-get install chromium)")]
 
 
@@ -69,7 +69,7 @@ def test_browser_kbs_versions_progress_viewer(tmp_path):
     manual = tmp_path / "路由器手册.txt"
     manual.write_text(MANUAL + "\n本手册第九条：付款后 30 天内可以申请发票。", encoding="utf-8")
     assert engine.upload([(manual.name, manual)])[0].ok  # the default knowledge base holds the manual
-    novel = (DOCS / "gbk" / "sanguoyanyi_gbk.txt").read_bytes().decode("gb18030")
+    novel = NOVEL.read_bytes().decode("gb18030")
     long_doc = tmp_path / "三国演义节选.txt"
     long_doc.write_text(novel[:40_000], encoding="utf-8")
     live = LiveApp(engine)

@@ -14,9 +14,9 @@ import pytest
 
 from pipeline.engine import Engine, EngineError
 from pipeline.events import source_list
+from tests.shared_data import DOCS, ROOT, needs
 
-ROOT = Path(__file__).resolve().parents[1]
-DOCS = ROOT.parent / "shared" / "docs"
+pytestmark = needs(DOCS)
 
 
 def wait_docs(engine: Engine, timeout: float = 300) -> None:
@@ -111,7 +111,7 @@ BAD = [
     ("virus.exe", b"MZ\x90\x00binary", "不支持"),
     ("renamed.txt", b"\x7fELF\x02\x01\x01" + bytes(range(256)) * 20, None),
     ("random.pdf", os.urandom(4096), None),
-    ("truncated.pdf", (DOCS / "mineru/zh_union_rules_table_1p.pdf").read_bytes()[:3000], None),
+    ("truncated.pdf", lambda: (DOCS / "mineru/zh_union_rules_table_1p.pdf").read_bytes()[:3000], None),  # read late
     ("notzip.docx", "这不是一个 docx 文件".encode() * 50, None),
     ("empty.txt", b"", None),
 ]
@@ -120,7 +120,7 @@ BAD = [
 @pytest.mark.parametrize("name,data,reason_part", BAD, ids=[b[0] for b in BAD])
 def test_bad_files_fail_cleanly(engine, tmp_path, name, data, reason_part):
     p = tmp_path / "upload.bin"
-    p.write_bytes(data)
+    p.write_bytes(data() if callable(data) else data)
     before = engine.components.vectors.count()
     r = engine.upload([(name, p)])[0]
     if r.ok:  # accepted at the door, must fail in the worker with a reason

@@ -11,7 +11,10 @@ import pytest
 
 from pipeline.ingestion.parsing import ParseError, parse_file
 from pipeline.ingestion.parsing import ocr as ocr_mod
-from tests.test_parsing import DOCS, parse_doc
+from tests.shared_data import DOCS, needs
+from tests.test_parsing import parse_doc
+
+pytestmark = needs(DOCS)
 
 
 def _ok(rel: str, **kw):

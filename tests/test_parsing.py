@@ -28,8 +28,9 @@ from pipeline.ingestion.parsing import (
     validate,
 )
 from pipeline.ingestion.parsing import ocr as ocr_mod
+from tests.shared_data import DOCS, needs
 
-DOCS = Path(__file__).resolve().parents[1] / ".." / "shared" / "docs"
+pytestmark = needs(DOCS)
 NOT_DOCUMENTS = {"LICENSE", "LICENSE.md", "MANIFEST.tsv", "SOURCE.txt"}
 
 

@@ -4,13 +4,11 @@ their place, and the header badge shows the queue."""
 from __future__ import annotations
 
 import time
-from pathlib import Path
 
 import pytest
 
 from pipeline.ingestion.progress import ProgressBoard, format_eta, stage_text
-
-DOCS = Path(__file__).resolve().parents[1].parent / "shared" / "docs"
+from tests.shared_data import NOVEL, needs
 
 
 class Clock:
@@ -69,12 +67,13 @@ def test_texts():
 
 # --- through the app -----------------------------------------------------------------------------------------
 @pytest.mark.slow
+@needs(NOVEL)
 def test_long_document_shows_moving_progress(tmp_path):
     from pipeline.engine import Engine
     from tests.live import LiveApp
     from ui.header import badge_html
 
-    novel = (DOCS / "gbk" / "sanguoyanyi_gbk.txt").read_bytes().decode("gb18030")
+    novel = NOVEL.read_bytes().decode("gb18030")
     long_doc = tmp_path / "三国演义节选.txt"
     long_doc.write_text(novel[:60_000], encoding="utf-8")
     small = []

@@ -6,12 +6,14 @@ import time
 
 import pytest
 
-from tests.tiny_engine import DOCS, real_paragraphs, tiny_engine, tiny_model, wait_idle
+from tests.shared_data import NOVEL, RULES, needs
+from tests.tiny_engine import real_paragraphs, tiny_engine, tiny_model, wait_idle
 
 N_SMALL = 30
 
 
 @pytest.mark.slow
+@needs(RULES, NOVEL)
 def test_every_document_is_bm25_searchable_as_soon_as_it_reads_ready(tmp_path):
     engine = tiny_engine(tmp_path / "data", tiny_model(tmp_path / "tiny"))
     try:
@@ -25,7 +27,7 @@ def test_every_document_is_bm25_searchable_as_soon_as_it_reads_ready(tmp_path):
                          encoding="utf-8")
             idents[p.name] = ident
             files.append(p)
-        long_doc = DOCS / "gbk" / "sanguoyanyi_gbk.txt"  # a long novel in the queue keeps it from draining
+        long_doc = NOVEL  # a long novel in the queue keeps it from draining
 
         checked: dict[int, dict] = {}
         stop = threading.Event()

@@ -22,11 +22,10 @@ from store.vectors import parse_chroma_url
 from tests.fake_llm import FakeLLMServer
 from tests.live import AppProcess
 from tests.servers import fresh_deployment
+from tests.shared_data import DOCS, NOVEL, needs
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, needs(NOVEL, DOCS / "chatchat/test.txt")]
 
-ROOT = Path(__file__).resolve().parents[1]
-DOCS = ROOT.parent / "shared" / "docs"
 LEASE_S = 4
 
 KB_TEXT = ("蓝鲸物流公司的仓库位于宁波北仑港区，占地十二万平方米。"
@@ -212,7 +211,7 @@ def test_kb_deleted_through_a_is_gone_in_b(team):
 def test_progress_of_a_document_shows_in_both_processes(team):
     """Whichever process ingests it, both lists show the long document's stage and moving counts (the holder
     from its board, the other from the job row the holder writes about once a second)."""
-    text = (DOCS / "gbk" / "sanguoyanyi_gbk.txt").read_bytes().decode("gb18030")[:50_000]
+    text = NOVEL.read_bytes().decode("gb18030")[:50_000]
     rec = upload(team.a, "三国演义节选-进度.txt", text.encode("utf-8"))
     seen: dict[str, set] = {"A": set(), "B": set()}
     deadline = time.time() + 600

@@ -5,7 +5,6 @@ import logging
 import re
 import time
 import urllib.request
-from pathlib import Path
 from types import SimpleNamespace
 
 import gradio as gr  # noqa: E402
@@ -14,8 +13,8 @@ import pytest  # noqa: E402
 from pipeline.access import AccessPolicy  # noqa: E402
 from pipeline.settings import GROUPS, Settings  # noqa: E402
 from tests.live import launched_ui  # noqa: E402
+from tests.shared_data import DOCS, needs  # noqa: E402
 
-DOCS = Path(__file__).resolve().parents[1].parent / "shared" / "docs"
 TEST_TXT = DOCS / "chatchat" / "test.txt"
 FIELDS = [f for fs in GROUPS.values() for f in fs]
 N = len(FIELDS)
@@ -94,9 +93,8 @@ def test_out_of_range_shows_message_and_saves_nothing(live):
     assert live.engine.settings.model_dump() == before
 
 
+@needs(TEST_TXT)
 def test_retrieval_param_takes_effect_on_next_question(live):
-    if not TEST_TXT.exists():
-        pytest.skip("shared/docs not present")
     form = load(live)
     # min_similarity 0: the question must pass the relevance gate whatever embedding model is installed
     values, errors, banner = save(live, form, final_top_k=2, min_similarity=0.0)

@@ -5,9 +5,11 @@ from __future__ import annotations
 import numpy as np
 
 from store.documents import ChunkRow
-from tests.tiny_engine import RULES, real_paragraphs, tiny_engine, tiny_model, wait_idle
+from tests.shared_data import RULES, needs
+from tests.tiny_engine import real_paragraphs, tiny_engine, tiny_model, wait_idle
 
 
+@needs(RULES)
 def test_ready_hits_survive_a_crowd_of_not_ready_vectors(tmp_path):
     engine = tiny_engine(tmp_path / "data", tiny_model(tmp_path / "tiny"))
     try:
