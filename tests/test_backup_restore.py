@@ -3,7 +3,6 @@ from __future__ import annotations
 
 import json
 import threading
-import time
 
 import pytest
 
@@ -11,6 +10,7 @@ from pipeline.engine import Engine
 from tests.live import LiveApp
 from tests.shared_data import DOCS, NOVEL, RULES, needs
 from tests.tiny_engine import tiny_engine, tiny_model, wait_idle
+from tests.waiting import wait_until
 from tools import backup as backup_cli
 from tools import restore as restore_cli
 
@@ -24,13 +24,11 @@ def cited(res: dict) -> list[tuple]:
 
 
 def wait_embedding(engine: Engine, doc_id: int, timeout: float = 120) -> None:
-    deadline = time.time() + timeout
-    while time.time() < deadline:
+    def embedding() -> bool:
         snap = engine.components.ingest.progress.snapshot(doc_id)  # the ingest worker's structured progress
-        if snap is not None and snap["stage"] == "embed":
-            return
-        time.sleep(0.05)
-    raise AssertionError("the novel never started embedding")
+        return snap is not None and snap["stage"] == "embed"
+
+    wait_until(embedding, timeout, 0.05, "the novel to start embedding")
 
 
 @pytest.mark.slow

@@ -2,7 +2,6 @@
 from __future__ import annotations
 
 import threading
-import time
 
 import bm25s
 import numpy as np
@@ -13,6 +12,7 @@ from pipeline.retrieval.bm25 import BM25Index, build_snapshot
 from pipeline.retrieval.bm25_delta import DeltaBM25
 from pipeline.tokenize_zh import ChineseTokenizer
 from tests.shared_data import RULES, require
+from tests.waiting import wait_until
 
 
 @pytest.fixture(scope="module")
@@ -156,9 +156,7 @@ def test_big_delta_is_folded_in_the_background(corpus, tok, tmp_path, monkeypatc
     assert idx.delta.size == 9 and idx.snapshot.size == 0
     ready.append(items[9])
     idx.add_ready([items[9]])
-    deadline = time.time() + 20
-    while idx.snapshot.size < 10 and time.time() < deadline:
-        time.sleep(0.05)
+    wait_until(lambda: idx.snapshot.size >= 10, 20, 0.05, "the background fold into the main index")
     assert idx.snapshot.size == 10 and idx.delta.size == 0
     assert idx.indexed_ids() == {c for c, _ in items[:10]}
 

@@ -7,7 +7,6 @@ cited passage (highlighted, in view); a new version replaces the old one in answ
 from __future__ import annotations
 
 import re
-import time
 from pathlib import Path
 
 import pytest
@@ -15,6 +14,7 @@ import pytest
 from tests.live import LiveApp
 from tests.shared_data import NOVEL, needs
 from tests.test_knowledge_bases import CONTRACT_V1, CONTRACT_V2, MANUAL
+from tests.waiting import wait_until
 
 CHROMIUM = "/usr/bin/chromium"
 ARGS = ["--no-sandbox", "--disable-gpu", "--disable-background-networking", "--disable-component-update",
@@ -85,8 +85,8 @@ def test_browser_kbs_versions_progress_viewer(tmp_path):
             page.wait_for_selector("#kb-table", timeout=20_000)
             _upload(page, long_doc, wait_ready=False)
             seen: set[int] = set()
-            deadline = time.time() + 300
-            while time.time() < deadline:
+
+            def look() -> bool:  # note the bar's value; True once the row reads ready
                 bar = page.locator("#kb-table .kbt-bar")
                 if bar.count():
                     try:
@@ -94,9 +94,9 @@ def test_browser_kbs_versions_progress_viewer(tmp_path):
                     except Exception:
                         pass
                 row = page.locator("#kb-table tr", has_text=long_doc.name)
-                if row.count() and row.first.get_attribute("data-status") == "ready":
-                    break
-                time.sleep(0.4)
+                return bool(row.count() and row.first.get_attribute("data-status") == "ready")
+
+            wait_until(look, 300, 0.4, "the long document's row to read ready")
             assert len(seen) >= 2, f"progress values seen: {seen}"
 
             # --- a second knowledge base, created in the UI, with the contract -------------------------------

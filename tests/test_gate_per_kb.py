@@ -18,6 +18,7 @@ from store.migrations import MIGRATIONS, migrate
 from tests.live import engine_with_texts
 from tests.test_kb_migration_dialects import target  # noqa: F401, F811 — the fixture: SQLite file or PostgreSQL db
 from tests.test_support import DOCS as SHOP_DOCS
+from tests.waiting import holds_for, wait_until
 
 NOVEL = {
     "三国演义.txt": "刘备听说诸葛亮隐居在隆中卧龙岗，便同关羽、张飞一起前去拜访。第一次去，诸葛亮出游未归；第二次冒着"
@@ -205,9 +206,7 @@ def test_a_change_in_one_kb_remeasures_that_kb_only(two_kbs, tmp_path):
     p.write_text("曹操败走华容道，关羽念及旧恩，放走了曹操。", encoding="utf-8")
     assert e.upload([(p.name, p)], kb)[0].ok and e.wait_idle(300)
     # the engine's post-change hook (debounced REFRESH_DELAY_S after the ingest queue drains) re-measures KB B
-    deadline = time.monotonic() + 120
-    while c.gate_stats.load(kb)[0] == before_b[0] and time.monotonic() < deadline:
-        time.sleep(0.5)
+    wait_until(lambda: c.gate_stats.load(kb)[0] != before_b[0], 120, 0.5, "KB B's gate background to be re-measured")
     after_b = c.gate_stats.load(kb)
     assert after_b[0] != before_b[0] and after_b[1]["probes"] == 64
     assert after_b[0] == c.gate_background.of(kb).fingerprint()
@@ -235,7 +234,7 @@ def test_closing_waits_for_a_running_background_refresh_and_stops_the_rest():
         def refresh_if_changed(self):
             started.append(self.kb_id)
             inside.set()
-            time.sleep(0.5)
+            time.sleep(0.5)  # a refresh that takes a while (the work this stand-in simulates, not a wait)
             finished.append(self.kb_id)
 
     bgs = GateBackgrounds(None, SlowRefresh, lambda: [1, 2, 3])
@@ -244,13 +243,11 @@ def test_closing_waits_for_a_running_background_refresh_and_stops_the_rest():
     bgs.cancel()
     assert started == [1] and finished == [1]  # waited for KB 1, KB 2 and 3 never started
     bgs.refresh_soon(delay=0)
-    time.sleep(0.2)
-    assert started == [1]
+    holds_for(lambda: started == [1], 0.2, message="nothing scheduled after close")
 
 
 def test_a_stale_background_from_an_older_release_is_remeasured_after_start_without_a_question(tmp_path):
     import sqlite3
-    import time
 
     from pipeline.engine import Engine
     from tests.live import engine_with_texts
@@ -267,13 +264,9 @@ def test_a_stale_background_from_an_older_release_is_remeasured_after_start_with
     db.commit()
     e2 = Engine(tmp_path / "data")
     try:
-        deadline = time.monotonic() + 120
-        while time.monotonic() < deadline:
-            now = db.execute("SELECT fingerprint FROM kb_gate_background WHERE kb_id = 1").fetchone()[0]
-            if now == fp:
-                break
-            time.sleep(0.5)
-        assert now == fp  # re-measured in the background after the load, no question asked
+        # re-measured in the background after the load, no question asked
+        wait_until(lambda: db.execute("SELECT fingerprint FROM kb_gate_background WHERE kb_id = 1").fetchone()[0] == fp,
+                   120, 0.5, "the stale background to be re-measured")
         stats = e2.components.gate_stats.load(1)[1]
         assert stats["sent_median"] is not None and len(stats["probe_sents"]) == stats["probes"]
     finally:

@@ -15,6 +15,7 @@ import pytest
 from pipeline.engine import Engine, EngineError
 from pipeline.events import source_list
 from tests.shared_data import DOCS, ROOT, needs
+from tests.waiting import wait_until
 
 pytestmark = needs(DOCS)
 
@@ -199,6 +200,8 @@ def test_delete_removes_from_all_stores(engine, tmp_path):
     chunk_ids = [c["chunk_id"] for c in engine.document_chunks(r.doc_id)]
     stored = engine.components.files.path_of(engine.components.docs.get(r.doc_id)["stored_name"])
     assert engine.search("紫藤萝计划负责人", 5)["bm25"][0]["chunk_id"] in chunk_ids
+    bm25 = engine.components.bm25
+    built = bm25.snapshot.generation
     engine.delete_document(r.doc_id)
     assert engine.components.docs.get(r.doc_id) is None
     assert engine.components.docs.chunks_of(r.doc_id) == []
@@ -207,7 +210,8 @@ def test_delete_removes_from_all_stores(engine, tmp_path):
     res = engine.search("紫藤萝计划负责人", 10)
     for group in ("bm25", "vector", "rrf"):
         assert not {h["chunk_id"] for h in res[group]} & set(chunk_ids)
-    time.sleep(0.5)  # background BM25 rebuild lands; still gone
+    wait_until(lambda: bm25.snapshot.generation > built, 60, 0.05, "the background BM25 rebuild after the delete")
+    # it landed; still gone
     assert not {h["chunk_id"] for h in engine.search("紫藤萝计划", 10)["bm25"]} & set(chunk_ids)
     with pytest.raises(EngineError) as ei:
         engine.delete_document(r.doc_id)
@@ -263,7 +267,7 @@ CRASH_SCRIPT = textwrap.dedent("""
         def get_text_embedding_batch(self, texts, **kw):
             out = self.m.get_text_embedding_batch(texts, **kw)
             print("EMBEDDED", flush=True)
-            time.sleep(0.5)
+            time.sleep(0.5)  # a slow model: what this stand-in simulates
             return out
     real = e.components.models.embedding.embed_model
     e.components.ingest.get_embedding = lambda: Slow(real)
@@ -271,7 +275,7 @@ CRASH_SCRIPT = textwrap.dedent("""
     e.update_settings(dict(chunk_size=100, chunk_overlap=10))
     r = e.upload([("big.txt", Path({src!r}))])
     print("UPLOADED", r[0].doc_id, flush=True)
-    time.sleep(600)
+    time.sleep(600)  # keeps ingesting until the test kills it
 """)
 
 
