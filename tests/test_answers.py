@@ -14,6 +14,8 @@ from pipeline.events import EXTRACTIVE_LABEL
 from tests.shared_data import DATA, DOCS, needs
 from tools import evaluate
 
+# Marked slow: every test here (the evaluate slice too) — the packaged e5 model (real quality, minutes on 2 cores).
+
 CASES = {
     "contract": (DOCS / "mineru/zh_procurement_contract_template.docx",
                  "这份采购合同中，乙方逾期交货要承担什么违约责任？", ("违约金", "万分之")),
@@ -101,6 +103,7 @@ def test_unanswerable_question_about_the_same_document(engines):
 
 
 @needs(DATA / "xquad" / "xquad.zh.json")
+@pytest.mark.slow
 def test_evaluate_answers_slice(tmp_path):
     out = tmp_path / "xq.json"
     evaluate.main(["--squad", str(DATA / "xquad" / "xquad.zh.json"), "--limit", "40", "--contexts", "60",

@@ -15,6 +15,8 @@ from tests.live import LiveApp
 from tests.shared_data import DOCS, needs
 from tests.waiting import wait_until
 
+pytestmark = pytest.mark.slow  # the packaged e5 model: the module's engine loads it
+
 KB_TEXT = ("星河电子公司退货政策：自签收之日起 7 天内可无理由退货。"
            "星河电子公司的客服电话是 400-800-1234，服务时间为每天 9 点到 21 点。\n"
            "星河电子公司成立于 2003 年，总部位于杭州。")

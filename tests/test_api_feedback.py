@@ -11,6 +11,8 @@ from tests.live import live_with_doc
 from tests.test_ui_chat import QUESTION
 from tests.waiting import wait_until
 
+pytestmark = pytest.mark.slow  # the packaged e5 model: the module's engine loads it
+
 ADMIN, USER = ("root", "pw-r"), ("bob", "pw-b")
 
 

@@ -8,9 +8,12 @@ import time
 from pathlib import Path
 
 import httpx
+import pytest
 
 from tests.live import free_port
 from tests.waiting import wait_until
+
+pytestmark = pytest.mark.slow  # each test starts `python app.py` (imports gradio + llama-index); the first loads e5
 
 ROOT = Path(__file__).resolve().parents[1]
 

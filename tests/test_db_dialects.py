@@ -21,7 +21,7 @@ from store.sql_dialect import UnportableSQL, to_postgres
 from tests.waiting import wait_until
 
 
-@pytest.fixture(params=["sqlite", "postgresql"])
+@pytest.fixture(params=["sqlite", pytest.param("postgresql", marks=pytest.mark.slow)])  # a PostgreSQL server: slow
 def target(request, tmp_path):
     if request.param == "sqlite":
         return tmp_path / "app.db"
@@ -69,6 +69,7 @@ def test_migrations_recorded_once(db, target):
         migrate(db, MIGRATIONS)  # the database is newer than this program
 
 
+@pytest.mark.slow  # a PostgreSQL server
 def test_concurrent_migration_runs_once(pg_server):
     url = pg_server.create_database()
     results, errors = [], []

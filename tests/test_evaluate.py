@@ -9,6 +9,8 @@ from tests.shared_data import DATA, needs
 from tools import evaluate
 from tools.evaluate import metrics
 
+# Marked slow: the dev-set slices (cmrc, dureader) — the packaged e5 model (real quality, minutes on 2 cores).
+
 
 def test_metrics_arithmetic():
     m = metrics([[False, True, False], [True], [False] * 10], [1, 1, 1], [1.0, 2.0, 3.0])
@@ -20,6 +22,7 @@ def test_metrics_arithmetic():
 
 
 @needs(DATA / "cmrc2018" / "cmrc2018_dev.json")
+@pytest.mark.slow
 def test_cmrc_slice(tmp_path):
     out = tmp_path / "cmrc.json"
     evaluate.main(["--squad", str(DATA / "cmrc2018" / "cmrc2018_dev.json"), "--limit", "50",
@@ -41,6 +44,7 @@ def test_cmrc_slice(tmp_path):
 
 
 @needs(DATA / "dureader2_demo" / "search.dev.json")
+@pytest.mark.slow
 def test_dureader_slice(tmp_path):
     out = tmp_path / "du.json"
     evaluate.main(["--dureader", str(DATA / "dureader2_demo" / "search.dev.json"), "--limit", "8",

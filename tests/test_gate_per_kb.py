@@ -20,6 +20,8 @@ from tests.test_kb_migration_dialects import target  # noqa: F401, F811 — the 
 from tests.test_support import DOCS as SHOP_DOCS
 from tests.waiting import holds_for, wait_until
 
+# Marked slow: tests on the `two_kbs` fixture and the stale-background test — the packaged e5 model (real quality, minutes on 2 cores).
+
 NOVEL = {
     "三国演义.txt": "刘备听说诸葛亮隐居在隆中卧龙岗，便同关羽、张飞一起前去拜访。第一次去，诸葛亮出游未归；第二次冒着"
                  "大雪前往，又没有见到。第三次刘备斋戒三日，终于见到了诸葛亮。诸葛亮为刘备分析天下形势，提出先取荆州、"
@@ -143,6 +145,7 @@ def two_kbs(tmp_path_factory):
     e.close()
 
 
+@pytest.mark.slow
 def test_each_kb_gets_its_own_stored_background(two_kbs):
     e, kb = two_kbs
     c = e.components
@@ -159,6 +162,7 @@ def test_each_kb_gets_its_own_stored_background(two_kbs):
     assert rs.term_weights((1, kb)).n == rs.term_weights((1,)).n + rs.term_weights((kb,)).n
 
 
+@pytest.mark.slow
 def test_a_question_scoped_to_kb_b_is_gated_with_b_background(two_kbs):
     e, kb = two_kbs
     gb = e.components.gate_background
@@ -172,6 +176,7 @@ def test_a_question_scoped_to_kb_b_is_gated_with_b_background(two_kbs):
     assert e.ask_sync("刘备第三次去隆中见到了谁？", kb_ids=[1])["trace"]["gate"]["outcome"] == "refuse"
 
 
+@pytest.mark.slow
 def test_extractive_picker_and_support_check_read_the_sources_kb(two_kbs):
     """The picker's 「未找到」 level and the citation check read the background, IDF and stored vectors of the
     knowledge base the sources come from — not the default one's (whose collection does not hold KB B's chunks)."""
@@ -197,6 +202,7 @@ def test_extractive_picker_and_support_check_read_the_sources_kb(two_kbs):
     assert c.picker.weights_of([kb]).df_of("诸葛亮") > 0  # B's IDF table, where 诸葛亮 is a known word
 
 
+@pytest.mark.slow
 def test_a_change_in_one_kb_remeasures_that_kb_only(two_kbs, tmp_path):
     e, kb = two_kbs
     c = e.components
@@ -246,6 +252,7 @@ def test_closing_waits_for_a_running_background_refresh_and_stops_the_rest():
     holds_for(lambda: started == [1], 0.2, message="nothing scheduled after close")
 
 
+@pytest.mark.slow
 def test_a_stale_background_from_an_older_release_is_remeasured_after_start_without_a_question(tmp_path):
     import sqlite3
 

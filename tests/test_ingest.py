@@ -17,7 +17,7 @@ from pipeline.events import source_list
 from tests.shared_data import DOCS, ROOT, needs
 from tests.waiting import wait_until
 
-pytestmark = needs(DOCS)
+pytestmark = [pytest.mark.slow, needs(DOCS)]  # the packaged e5 model: the module's engine loads it
 
 
 def wait_docs(engine: Engine, timeout: float = 300) -> None:

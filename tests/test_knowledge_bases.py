@@ -11,6 +11,8 @@ import pytest
 from pipeline.engine import Engine
 from tests.live import LiveApp
 
+pytestmark = pytest.mark.slow  # the packaged e5 model: the module's engine loads it
+
 CONTRACT_V1 = ("采购合同第八条 付款：乙方应在收到货物并验收合格后 30 天内支付全部货款。"
                "逾期付款的，每日按未付金额的万分之五支付违约金。")
 CONTRACT_V2 = ("采购合同第八条 付款：乙方应在收到货物并验收合格后 45 天内支付全部货款。"

@@ -20,6 +20,8 @@ from store.config_store import ConfigStore
 from store.db import Database
 from tests.waiting import wait_until
 
+# Marked slow: the engine restart test — the packaged e5 model (real quality, minutes on 2 cores).
+
 
 def test_defaults_match_the_contract():
     s = Settings()
@@ -92,6 +94,7 @@ def test_persistence_and_updated_at(tmp_path):
     assert ConfigStore(Database(tmp_path / "app.db")).load()["recall_size"] == 80
 
 
+@pytest.mark.slow
 def test_engine_settings_survive_restart_and_never_log_key(tmp_path, caplog):
     from pipeline.engine import Engine
 

@@ -13,6 +13,8 @@ from pipeline.ingestion.structured_chunking import chunk_page, indexed_text
 from tests.shared_data import DOCS, RULES, needs
 from tests.table_files import COMPONENT_ROWS, SALES_HEADER, write_csv, write_readme, write_workbook
 
+# Marked slow: the test on the `engine` fixture — the packaged e5 model (real quality, minutes on 2 cores).
+
 pytestmark = needs(DOCS)
 SIZE, OVERLAP = 300, 50
 
@@ -240,6 +242,7 @@ def engine(tmp_path_factory):
     e.close()
 
 
+@pytest.mark.slow
 def test_engine_ingests_sheets_and_markdown_with_context(engine, tmp_path):
     xlsx = tmp_path / "订单.xlsx"
     write_workbook(xlsx)

@@ -18,7 +18,7 @@ from tests.shared_data import DOCS, needs  # noqa: E402
 TEST_TXT = DOCS / "chatchat" / "test.txt"
 CARD = re.compile(r'class="kbd-card" data-chunk="(\d+)" data-rank="(\d+)" data-hue="(\d+)"')
 
-pytestmark = needs(TEST_TXT)
+pytestmark = [pytest.mark.slow, needs(TEST_TXT)]  # the packaged e5 model: the module's engine loads it
 
 
 @pytest.fixture(scope="module")

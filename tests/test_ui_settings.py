@@ -15,6 +15,8 @@ from tests.live import launch_local, launched_ui  # noqa: E402
 from tests.shared_data import DOCS, needs  # noqa: E402
 from tests.waiting import wait_until  # noqa: E402
 
+pytestmark = pytest.mark.slow  # the packaged e5 model: the module's engine loads it
+
 TEST_TXT = DOCS / "chatchat" / "test.txt"
 FIELDS = [f for fs in GROUPS.values() for f in fs]
 N = len(FIELDS)

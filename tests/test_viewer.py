@@ -11,6 +11,8 @@ from pipeline.engine import Engine
 from tests.live import LiveApp
 from tests.shared_data import DOCS, NOVEL, needs
 
+# Marked slow: tests on the `live` app — the packaged e5 model (real quality, minutes on 2 cores).
+
 REPORT = DOCS / "mineru" / "zh_broker_research_report_tables_4p.pdf"
 SCAN = DOCS / "mineru" / "zh_scanned_book_2p.pdf"
 needs_docs = needs(NOVEL, REPORT, SCAN)  # the tests that read the `docs` fixture
@@ -51,6 +53,7 @@ def get(live, path, user=("reader", "pw2"), **params):
 
 
 @needs_docs
+@pytest.mark.slow
 def test_long_text_in_parts_with_chunk_spans(live, docs):
     doc = docs["txt"]
     first = get(live, f"/api/kb/documents/{doc}/text").json()["data"]
@@ -76,6 +79,7 @@ def test_long_text_in_parts_with_chunk_spans(live, docs):
 
 
 @needs_docs
+@pytest.mark.slow
 def test_pdf_pages_and_ocr_pages(live, docs):
     chunks = live.engine.document_chunks(docs["pdf"])
     on_p3 = next(c for c in chunks if c["page"] == 3)
@@ -86,6 +90,7 @@ def test_pdf_pages_and_ocr_pages(live, docs):
 
 
 @needs_docs
+@pytest.mark.slow
 def test_viewer_html_marks_passage_page_and_ocr(live, docs):
     from ui.viewer import viewer_html
 
@@ -98,6 +103,7 @@ def test_viewer_html_marks_passage_page_and_ocr(live, docs):
 
 
 @needs_docs
+@pytest.mark.slow
 def test_file_download_is_login_checked(live, docs):
     path = docs["paths"][1]
     r = get(live, f"/api/kb/documents/{docs['pdf']}/file")
@@ -113,6 +119,7 @@ def test_file_download_is_login_checked(live, docs):
 
 
 @needs_docs
+@pytest.mark.slow
 def test_pdf_page_rendered_with_the_passage_boxed(live, docs):
     from PIL import Image
 
