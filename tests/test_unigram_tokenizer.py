@@ -71,6 +71,7 @@ def _texts() -> list[str]:
 
 @pytest.mark.skipif(not E5_TOKENIZER.exists(), reason=f"{E5_TOKENIZER} not built yet (built on first start)")
 @needs(NOVEL, DOCS / "chatchat", DATA / "cmrc2018" / "cmrc2018_trial.json")
+@pytest.mark.slow
 def test_packaged_e5_ids_identical_on_real_text():
     ref = Tokenizer.from_file(str(E5_TOKENIZER))
     lean = load_tokenizer(E5_TOKENIZER)
