@@ -15,6 +15,7 @@ from tests.shared_data import DOCS, needs
 from tests.test_parsing import parse_doc
 
 pytestmark = needs(DOCS)
+# Marked slow: the tests that run the real rapidocr engine on pages (seconds to a minute each on 2 cores).
 
 
 def _ok(rel: str, **kw):

@@ -159,7 +159,7 @@ def assert_outcome(rel: str, outcome, result) -> None:
 
 def _params(ocr_on: bool):
     out = []
-    for rel, case in sorted(CASES.items()):
+    for rel in sorted(CASES):
         marks = [pytest.mark.slow] if ocr_on else []  # OCR on: the real rapidocr engine (loads in seconds, pages take more)
         out.append(pytest.param(rel, marks=marks, id=rel))
     return out
