@@ -8,6 +8,16 @@ from pipeline.models.offline import enable_offline
 enable_offline()  # before any test module imports gradio / transformers / onnxruntime
 
 
+@pytest.hookimpl(tryfirst=True)
+def pytest_runtest_setup(item):
+    """`needs_shared(path, ...)` (tests/shared_data.py): skip — or fail with CI=true — naming a missing path,
+    before any fixture starts work that needs it."""
+    from tests.shared_data import require
+
+    for mark in item.iter_markers("needs_shared"):
+        require(*mark.args)
+
+
 @pytest.fixture
 def http(live):
     """An HTTP client on the module's `live` app (tests/live.py); modules may define their own."""

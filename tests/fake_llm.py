@@ -141,6 +141,8 @@ class _Handler(BaseHTTPRequestHandler):
                 self._complete("".join(chunks), model or fake.model_name)
         except (BrokenPipeError, ConnectionResetError, ConnectionAbortedError):
             self.close_connection = True  # the client gave up (e.g. it timed out first)
+            with fake.lock:
+                fake.hangups += 1
 
     def _auth_error(self) -> None:
         self._error(401, "Incorrect API key provided: sk-****. You can find your API key at the dashboard.",
@@ -215,6 +217,7 @@ class FakeLLMServer:
         self.chunk_delay = 0.0
         self.requests: list[dict] = []
         self.sent_chunks = 0         # content chunks written to streams so far (all requests)
+        self.hangups = 0             # responses cut short because the client closed the connection
         self.lock = threading.Lock()
         self.stop_event = threading.Event()
         self._httpd: _Server | None = None
@@ -266,3 +269,4 @@ class FakeLLMServer:
         with self.lock:
             self.requests.clear()
             self.sent_chunks = 0
+            self.hangups = 0

@@ -1,10 +1,15 @@
-"""Shared test plumbing: free ports, the real app served by uvicorn in a thread or as a process, a launched UI."""
+"""Shared test plumbing: free ports, the real app served by uvicorn in a thread or as a process, a launched UI.
+
+Every server a test starts listens on 127.0.0.1 on a port of its own: the in-thread app on a socket bound to
+port 0, `launch_local` / AppProcess on a probed free port. Never Gradio's default 7860+ scan, which other apps
+on the same machine use too (a launch that landed on a busy one failed with 「When localhost is not accessible,
+a shareable link must be created」).
+"""
 from __future__ import annotations
 
 import os
 import socket
 import threading
-import time
 from contextlib import contextmanager
 from pathlib import Path
 from types import SimpleNamespace
@@ -13,32 +18,46 @@ import httpx
 import uvicorn
 
 from pipeline.access.policy import AccessPolicy
+from tests.waiting import wait_until
 
 
 def free_port() -> int:
+    """A port nothing listens on now (for a server that takes a port number, not a socket)."""
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
 
 
 class LiveApp:
-    """The real app (app.build_app: REST API + Gradio mounted at /) served by uvicorn in a thread."""
+    """The real app (app.build_app: REST API + Gradio mounted at /) served by uvicorn in a thread.
 
-    def __init__(self, engine, policy: AccessPolicy | None = None):
+    `LiveApp(engine)` serves an engine the test made (stop(close_engine=True) closes it);
+    `LiveApp.on_data_dir(dir)` makes its own engine there and closes it on stop()."""
+
+    def __init__(self, engine, policy: AccessPolicy | None = None, *, owns_engine: bool = False):
         import app as app_module
 
         self.engine = engine
+        self.owns_engine = owns_engine
         self.app, self.blocks = app_module.build_app(engine, policy or AccessPolicy())
-        self.port = free_port()
+        # Bound here, handed to uvicorn: the port is ours from the start (no probe-then-bind race).
+        self._sock = socket.socket()
+        self._sock.bind(("127.0.0.1", 0))
+        self.port = self._sock.getsockname()[1]
         self.server = uvicorn.Server(uvicorn.Config(self.app, host="127.0.0.1", port=self.port,
                                                     log_level="warning"))
-        self.thread = threading.Thread(target=self.server.run, daemon=True)
+        self.thread = threading.Thread(target=self.server.run, kwargs={"sockets": [self._sock]}, daemon=True)
         self.thread.start()
-        deadline = time.time() + 60
-        while not self.server.started and time.time() < deadline:
-            time.sleep(0.05)
-        assert self.server.started, "app did not start"
+        wait_until(lambda: self.server.started or not self.thread.is_alive(), 60, 0.05, "the app to start")
+        assert self.server.started, "app did not start (its thread ended)"
         self.url = f"http://127.0.0.1:{self.port}/"
+
+    @classmethod
+    def on_data_dir(cls, data_dir: Path, policy: AccessPolicy | None = None, deployment=None) -> "LiveApp":
+        """The app on a new engine in `data_dir` (`deployment`: where its state lives; None: embedded)."""
+        from pipeline.engine import Engine
+
+        return cls(Engine(data_dir, deployment=deployment), policy, owns_engine=True)
 
     def http(self, **kw) -> httpx.Client:
         return httpx.Client(base_url=self.url.rstrip("/"), timeout=120, **kw)
@@ -48,10 +67,12 @@ class LiveApp:
 
         return Client(self.url, analytics_enabled=False, verbose=False, **kw)
 
-    def stop(self, close_engine: bool = False):
+    def stop(self, close_engine: bool | None = None):
+        """Stop serving; close the engine when asked, or by default when this app made it."""
         self.server.should_exit = True
         self.thread.join(15)
-        if close_engine:
+        self._sock.close()
+        if close_engine or (close_engine is None and self.owns_engine):
             self.engine.close()
 
 
@@ -67,6 +88,20 @@ def live_with_doc(tmp_path_factory, name: str, policy: AccessPolicy | None = Non
         app.stop(close_engine=True)
 
 
+def launch_local(demo, **kw) -> int:
+    """`demo.launch(**kw)` on 127.0.0.1, on a free port chosen here, without blocking; returns the port. A port
+    taken between the probe and Gradio's bind is tried again with another."""
+    for attempt in range(3):
+        port = free_port()
+        try:
+            demo.launch(server_name="127.0.0.1", server_port=port, prevent_thread_lock=True, quiet=True, **kw)
+            return port
+        except OSError:
+            if attempt == 2:
+                raise
+    raise AssertionError("unreachable")
+
+
 @contextmanager
 def launched_ui(engine):
     """build_ui(engine) launched on 127.0.0.1 with the page look; yields (demo, gradio client)."""
@@ -75,7 +110,7 @@ def launched_ui(engine):
     from ui import build_ui, page_kwargs
 
     demo = build_ui(engine)
-    demo.launch(server_name="127.0.0.1", prevent_thread_lock=True, quiet=True, show_error=True, **page_kwargs())
+    launch_local(demo, show_error=True, **page_kwargs())
     try:
         yield SimpleNamespace(demo=demo, client=Client(demo.local_url, analytics_enabled=False, verbose=False))
     finally:
@@ -116,18 +151,17 @@ class AppProcess:
                                      stdout=self._log, stderr=subprocess.STDOUT)
 
     def wait_ready(self, timeout: float = 300) -> "AppProcess":
-        deadline = time.time() + timeout
-        while time.time() < deadline:
-            assert self.proc.poll() is None, f"app exited: {self.log_tail()}"
-            try:
-                h = httpx.get(f"{self.url}/api/health", timeout=5).json()["data"]
-                if h["state"] == "ready":
-                    return self
-                assert h["state"] != "error", h
-            except httpx.HTTPError:
-                pass
-            time.sleep(0.3)
-        raise AssertionError(f"app not ready in {timeout} s: {self.log_tail()}")
+        def ready() -> bool:
+            assert self.proc.poll() is None, f"app exited with {self.proc.returncode}"
+            h = httpx.get(f"{self.url}/api/health", timeout=5).json()["data"]
+            assert h["state"] != "error", h
+            return h["state"] == "ready"
+
+        try:
+            wait_until(ready, timeout, 0.3, "the app process to read ready", ignoring=(httpx.HTTPError,))
+        except AssertionError as exc:
+            raise AssertionError(f"{exc}\n{self.log_tail()}") from None
+        return self
 
     def http(self, **kw) -> httpx.Client:
         return httpx.Client(base_url=self.url, timeout=120, **kw)

@@ -15,13 +15,13 @@ import os
 import shutil
 import subprocess
 import tempfile
-import time
 import uuid
 from pathlib import Path
 
 import httpx
 
 from tests.live import free_port
+from tests.waiting import wait_until
 
 
 class ServerUnavailable(RuntimeError):
@@ -107,17 +107,13 @@ class ChromaServer:
         self.proc = subprocess.Popen([self.exe, "run", "--path", str(self.root / "db"), "--host", "127.0.0.1",
                                       "--port", str(self.port)], stdout=self.log, stderr=subprocess.STDOUT,
                                      env={**os.environ, "ANONYMIZED_TELEMETRY": "False"})
-        deadline = time.time() + 60
-        while time.time() < deadline:
+        def beating() -> bool:
             if self.proc.poll() is not None:
                 raise RuntimeError(f"chroma exited: {(self.root / 'server.log').read_text(errors='replace')[-2000:]}")
-            try:
-                if httpx.get(f"{self.url}/api/v2/heartbeat", timeout=1).status_code == 200:
-                    return self
-            except httpx.HTTPError:
-                pass
-            time.sleep(0.2)
-        raise RuntimeError("chroma server did not answer its heartbeat in 60 s")
+            return httpx.get(f"{self.url}/api/v2/heartbeat", timeout=1).status_code == 200
+
+        wait_until(beating, 60, 0.2, "the chroma server's heartbeat", ignoring=(httpx.HTTPError,))
+        return self
 
     def create_database(self) -> str:
         """A fresh Chroma database on this server, as the URL form `--chroma-url` takes."""

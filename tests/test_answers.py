@@ -6,17 +6,15 @@ from __future__ import annotations
 
 import json
 import re
-from pathlib import Path
 
 import pytest
 
 from pipeline.engine import Engine
 from pipeline.events import EXTRACTIVE_LABEL
+from tests.shared_data import DATA, DOCS, needs
 from tools.eval import evaluate
 
-ROOT = Path(__file__).resolve().parents[1]
-DOCS = ROOT.parent / "shared" / "docs"
-DATA = ROOT.parent / "shared" / "data"
+# Marked slow: every test here (the evaluate slice too) — the packaged e5 model (real quality, minutes on 2 cores).
 
 CASES = {
     "contract": (DOCS / "mineru/zh_procurement_contract_template.docx",
@@ -27,7 +25,7 @@ CASES = {
     "novel": (DOCS / "gbk/sanguoyanyi_gbk.txt", "刘备三顾茅庐请的是谁？", ("诸葛亮", "孔明")),
 }
 
-pytestmark = pytest.mark.skipif(not DOCS.exists(), reason="../shared/docs not present")
+pytestmark = needs(*(path for path, _, _ in CASES.values()))
 
 
 class _Engines:
@@ -104,6 +102,8 @@ def test_unanswerable_question_about_the_same_document(engines):
     assert r["sources"] == [] or "资料中未找到直接回答该问题的内容" in r["answer"] or r["weak"], r["answer"]
 
 
+@needs(DATA / "xquad" / "xquad.zh.json")
+@pytest.mark.slow
 def test_evaluate_answers_slice(tmp_path):
     out = tmp_path / "xq.json"
     evaluate.main(["--squad", str(DATA / "xquad" / "xquad.zh.json"), "--limit", "40", "--contexts", "60",

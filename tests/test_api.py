@@ -6,59 +6,36 @@ and in team mode (a real PostgreSQL + a real Chroma server, tests/servers.py; ma
 from __future__ import annotations
 
 import json
-import time
 from pathlib import Path
 
-import httpx
 import pytest
 
 from pipeline.access.policy import AccessPolicy
-from pipeline.engine import Engine
-from tests.live import LiveApp as _BaseLiveApp
+from tests.live import LiveApp
+from tests.shared_data import DOCS, needs
+from tests.waiting import wait_until
 
-ROOT = Path(__file__).resolve().parents[1]
-DOCS = ROOT.parent / "shared" / "docs"
+pytestmark = pytest.mark.slow  # the packaged e5 model: the module's engine loads it
 
 KB_TEXT = ("星河电子公司退货政策：自签收之日起 7 天内可无理由退货。"
            "星河电子公司的客服电话是 400-800-1234，服务时间为每天 9 点到 21 点。\n"
            "星河电子公司成立于 2003 年，总部位于杭州。")
 
 
-class LiveApp(_BaseLiveApp):
-    """The app on its own engine in `data_dir`; stop() closes the engine too."""
-
-    def __init__(self, data_dir: Path, policy: AccessPolicy | None = None, deployment=None):
-        super().__init__(Engine(data_dir, deployment=deployment), policy)
-
-    def client(self, **kw) -> httpx.Client:
-        return self.http(**kw)
-
-    def stop(self):
-        super().stop(close_engine=True)
-
-
 @pytest.fixture(scope="module")
 def live(tmp_path_factory, make_deployment):
-    a = LiveApp(tmp_path_factory.mktemp("api") / "data", deployment=make_deployment())
+    a = LiveApp.on_data_dir(tmp_path_factory.mktemp("api") / "data", deployment=make_deployment())
     yield a
     a.stop()
 
 
-@pytest.fixture
-def http(live):
-    with live.client() as c:
-        yield c
-
-
 def wait_ready(http, doc_ids, timeout=300):
-    deadline = time.time() + timeout
-    while time.time() < deadline:
+    def settled():
         items = http.get("/api/kb/documents", params={"size": 200}).json()["data"]["items"]
         st = {d["doc_id"]: d["status"] for d in items}
-        if all(st.get(i) in ("ready", "failed") for i in doc_ids):
-            return {d["doc_id"]: d for d in items}
-        time.sleep(0.3)
-    raise AssertionError("documents not ready in time")
+        return {d["doc_id"]: d for d in items} if all(st.get(i) in ("ready", "failed") for i in doc_ids) else None
+
+    return wait_until(settled, timeout, 0.3, f"documents {doc_ids} to read ready or failed")
 
 
 def sse_events(resp) -> list[tuple[str, dict]]:
@@ -141,6 +118,7 @@ def test_bad_requests_are_1001_not_500(http):
     assert r.json()["code"] == 1001
 
 
+@needs(DOCS / "mineru/zh_union_rules_table_1p.pdf", DOCS / "mineru/zh_procurement_contract_template.docx")
 def test_srs_acceptance_end_to_end(http, live, fake_llm, tmp_path):
     # --- configure the LLM (a scripted OpenAI-compatible server on 127.0.0.1) and reload
     r = http.put("/api/config", json={"llm": {"llm_api_url": fake_llm.base_url, "llm_model": "fake-model",
@@ -243,9 +221,7 @@ def test_srs_acceptance_end_to_end(http, live, fake_llm, tmp_path):
     assert r["need_rebuild"] == ["chunk_size", "chunk_overlap"]
     assert http.post("/api/kb/rebuild").json()["code"] == 0
     assert http.post("/api/kb/rebuild").json()["code"] == 2002  # refused while one runs
-    deadline = time.time() + 300
-    while http.get("/api/kb/rebuild").json()["data"]["running"] and time.time() < deadline:
-        time.sleep(0.3)
+    wait_until(lambda: not http.get("/api/kb/rebuild").json()["data"]["running"], 300, 0.3, "the rebuild to end")
     after_counts = {d_["doc_id"]: d_["chunk_count"]
                     for d_ in http.get("/api/kb/documents").json()["data"]["items"]}
     assert all(after_counts[i] > before[i] for i in before), (before, after_counts)
@@ -262,6 +238,12 @@ def test_test_llm_with_unsaved_values(http, fake_llm):
     assert bad["ok"] is False and "Key" in bad["msg"]
 
 
+# Measured: after the hang-up the app's LLM stream stays open until the request's generator is collected — the
+# fake LLM writes all 400 chunks and never sees the connection close. The old check (< 300 chunks after a fixed
+# 1.5 s) could not fail: at 0.02 s a chunk only ~75 are written by then. Likely cause: api/server.py's
+# `finally: await run_in_threadpool(gen.close)` runs inside the cancelled response task, so that await is
+# cancelled too and gen.close never runs. Strict: the day it is fixed, this xfail fails and is removed.
+@pytest.mark.xfail(strict=True, reason="SSE hang-up does not close the LLM stream (see comment above)")
 def test_sse_client_disconnect_stops_generation(http, live, fake_llm, tmp_path):
     http.put("/api/config", json={"llm": {"llm_api_url": fake_llm.base_url, "llm_model": "fake-model"}})
     http.post("/api/config/reload")
@@ -275,18 +257,18 @@ def test_sse_client_disconnect_stops_generation(http, live, fake_llm, tmp_path):
         for line in resp.iter_lines():
             if line.startswith("event: delta"):
                 break  # hang up mid-answer
-    time.sleep(1.5)
-    # the server stopped pulling from the LLM: far fewer than 400 chunks were sent
+    # the server stopped pulling from the LLM: it closed its LLM stream, far fewer than 400 chunks were sent
+    wait_until(lambda: fake_llm.hangups, 30, 0.05, "the app to close its LLM stream")
     assert fake_llm.sent_chunks < 300
     fake_llm.chunks = None
     fake_llm.chunk_delay = 0
 
 
 def test_auth_required_for_api(tmp_path, make_deployment):
-    a = LiveApp(tmp_path / "data", AccessPolicy.from_args(["boss:pw1", "user:pw2"], admins=["boss"]),
-                deployment=make_deployment())
+    a = LiveApp.on_data_dir(tmp_path / "data", AccessPolicy.from_args(["boss:pw1", "user:pw2"], admins=["boss"]),
+                            deployment=make_deployment())
     try:
-        with a.client() as c:
+        with a.http() as c:
             assert c.get("/api/kb/documents").status_code == 401
             assert c.post("/api/qa/ask/sync", json={"question": "x"}).status_code == 401
             assert c.get("/api/kb/documents", auth=("user", "wrong")).status_code == 401

@@ -9,6 +9,8 @@ from tests.live import live_with_doc
 from tests.test_api import sse_events
 from tests.test_ui_chat import QUESTION
 
+pytestmark = pytest.mark.slow  # the packaged e5 model: the module's engine loads it
+
 ALICE, BOB = ("alice", "pw-a"), ("bob", "pw-b")
 
 

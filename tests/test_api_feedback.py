@@ -3,13 +3,15 @@ GET /api/feedback and /api/feedback/export (KB admins), POST/GET/DELETE /api/ver
 from __future__ import annotations
 
 import json
-import time
 
 import pytest
 
 from pipeline.access.policy import AccessPolicy
 from tests.live import live_with_doc
 from tests.test_ui_chat import QUESTION
+from tests.waiting import wait_until
+
+pytestmark = pytest.mark.slow  # the packaged e5 model: the module's engine loads it
 
 ADMIN, USER = ("root", "pw-r"), ("bob", "pw-b")
 
@@ -57,13 +59,8 @@ def test_verified_endpoints(http, live):
     r = http.post("/api/verified", json=body, auth=ADMIN).json()
     assert r["code"] == 0 and r["data"]["cited"]
     qa_id = r["data"]["qa_id"]
-    deadline = time.time() + 120
-    while time.time() < deadline:
-        st = http.get("/api/verified", auth=ADMIN).json()["data"][0]["status"]
-        if st == "ready":
-            break
-        time.sleep(0.3)
-    assert st == "ready"
+    wait_until(lambda: http.get("/api/verified", auth=ADMIN).json()["data"][0]["status"] == "ready", 120, 0.3,
+               "the verified answer to be indexed (ready)")
     ans = _ask(http, USER, q)
     assert ans["sources"][0]["verified"] and a in ans["answer"]
     r = http.delete(f"/api/verified/{qa_id}", auth=ADMIN).json()

@@ -8,8 +8,12 @@ import time
 from pathlib import Path
 
 import httpx
+import pytest
 
 from tests.live import free_port
+from tests.waiting import wait_until
+
+pytestmark = pytest.mark.slow  # each test starts `python app.py` (imports gradio + llama-index); the first loads e5
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -37,11 +41,11 @@ def test_app_starts_and_serves_locally(tmp_path):
         page = httpx.get(url + "/", timeout=30)
         assert page.status_code == 200 and "<html" in page.text.lower()
         # the engine loads in the background; health says loading, then ready
-        for _ in range(240):
+        def health_once_ready():
             h = httpx.get(url + "/api/health", timeout=10).json()["data"]
-            if h["engine"] == "ready":
-                break
-            time.sleep(0.5)
+            return h if h["engine"] == "ready" else None
+
+        h = wait_until(health_once_ready, 120, 0.5, "the engine to load (health: ready)")
         assert h["engine"] == "ready" and h["chunks"] == 0
         assert "multilingual-e5-small" in h["embedding_model"]
         # bound to loopback only: every listening socket on our port is 127.0.0.1 (from /proc, no tools needed)
@@ -63,13 +67,15 @@ def test_app_starts_and_serves_locally(tmp_path):
 
 
 def test_share_without_auth_is_refused(tmp_path):
-    r = subprocess.run([sys.executable, "app.py", "--share", "--data-dir", str(tmp_path / "d")], cwd=ROOT,
+    r = subprocess.run([sys.executable, "app.py", "--share", "--data-dir", str(tmp_path / "d"), "--port",
+                        str(free_port())], cwd=ROOT,
                        capture_output=True, text=True, timeout=120)
     assert r.returncode == 2 and "--auth" in r.stderr
     assert not (tmp_path / "d").exists()  # refused before anything was written
 
 
 def test_bad_auth_argument_is_refused(tmp_path):
-    r = subprocess.run([sys.executable, "app.py", "--auth", "nopassword", "--data-dir", str(tmp_path / "d")],
+    r = subprocess.run([sys.executable, "app.py", "--auth", "nopassword", "--data-dir", str(tmp_path / "d"),
+                        "--port", str(free_port())],
                        cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert r.returncode == 2 and "USER:PASS" in r.stderr

@@ -12,10 +12,13 @@ import numpy as np
 import pytest
 from sqlalchemy import text as sql_text
 
-from tests.tiny_engine import DOCS, RULES, tiny_engine, tiny_model, wait_idle
+from tests.shared_data import DOCS, RULES, needs
+from tests.tiny_engine import tiny_engine, tiny_model, wait_idle
 
 FILES = [RULES, DOCS / "chatchat" / "test.txt", DOCS / "gbk" / "iconv-lite_gbkFile_baidu_html.txt",
          DOCS / "mineru" / "zh_union_rules_table_1p.pdf"]
+
+pytestmark = needs(*FILES, DOCS / "gbk" / "chardet_GB2312__ude_1.txt")
 
 
 @pytest.fixture(scope="module")

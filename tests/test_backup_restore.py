@@ -3,18 +3,18 @@ from __future__ import annotations
 
 import json
 import threading
-import time
 
 import pytest
 
 from pipeline.engine import Engine
 from tests.live import LiveApp
-from tests.tiny_engine import DOCS, RULES, tiny_engine, tiny_model, wait_idle
+from tests.shared_data import DOCS, NOVEL, RULES, needs
+from tests.tiny_engine import tiny_engine, tiny_model, wait_idle
+from tests.waiting import wait_until
 from tools.ops import backup as backup_cli
 from tools.ops import restore as restore_cli
 
 SMALL = [RULES, DOCS / "chatchat" / "test.txt", DOCS / "mineru" / "zh_union_rules_table_1p.pdf"]
-NOVEL = DOCS / "gbk" / "sanguoyanyi_gbk.txt"
 QUESTIONS = ["人民检察院对行政诉讼实行法律监督的范围是什么", "工会会员的权利有哪些", "刘备 关羽 张飞 桃园结义"]
 
 
@@ -24,16 +24,15 @@ def cited(res: dict) -> list[tuple]:
 
 
 def wait_embedding(engine: Engine, doc_id: int, timeout: float = 120) -> None:
-    deadline = time.time() + timeout
-    while time.time() < deadline:
+    def embedding() -> bool:
         snap = engine.components.ingest.progress.snapshot(doc_id)  # the ingest worker's structured progress
-        if snap is not None and snap["stage"] == "embed":
-            return
-        time.sleep(0.05)
-    raise AssertionError("the novel never started embedding")
+        return snap is not None and snap["stage"] == "embed"
+
+    wait_until(embedding, timeout, 0.05, "the novel to start embedding")
 
 
 @pytest.mark.slow
+@needs(*SMALL, NOVEL)
 def test_backup_during_ingest_restores_to_the_same_answers(tmp_path, capsys):
     data, dest, restored = tmp_path / "data", tmp_path / "backup", tmp_path / "restored"
     data.mkdir()
@@ -95,6 +94,7 @@ def test_backup_during_ingest_restores_to_the_same_answers(tmp_path, capsys):
         e2.close()
 
 
+@needs(RULES)
 def test_restore_refuses_a_tampered_backup_and_a_used_dir(tmp_path, capsys):
     data, dest = tmp_path / "data", tmp_path / "bk"
     engine = tiny_engine(data, tiny_model(tmp_path / "tiny"))

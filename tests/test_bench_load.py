@@ -6,8 +6,11 @@ import json
 import pytest
 
 from tests.live import LiveApp
-from tests.tiny_engine import RULES, real_paragraphs, tiny_engine, tiny_model, wait_idle
+from tests.shared_data import RULES, needs
+from tests.tiny_engine import real_paragraphs, tiny_engine, tiny_model, wait_idle
 from tools.bench import bench_load
+
+pytestmark = needs(RULES)
 
 
 @pytest.fixture(scope="module")

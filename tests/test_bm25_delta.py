@@ -2,8 +2,6 @@
 from __future__ import annotations
 
 import threading
-import time
-from pathlib import Path
 
 import bm25s
 import numpy as np
@@ -13,9 +11,8 @@ from pipeline.models.tokenize_zh import ChineseTokenizer
 from pipeline.retrieval import bm25 as bm25_mod
 from pipeline.retrieval.bm25 import BM25Index, build_snapshot
 from pipeline.retrieval.bm25_delta import DeltaBM25
-
-DOCS = Path(__file__).resolve().parents[2] / "shared" / "docs"
-RULES = DOCS / "chatchat" / "人民检察院行政诉讼监督规则（试行）(2016-04-15).md"
+from tests.shared_data import RULES, require
+from tests.waiting import wait_until
 
 
 @pytest.fixture(scope="module")
@@ -26,7 +23,7 @@ def tok():
 @pytest.fixture(scope="module")
 def corpus(tok):
     """Paragraphs of a real regulation text: (chunk_id, text, tokens)."""
-    paras = [p.strip() for p in RULES.read_text(encoding="utf-8").split("\n") if len(p.strip()) > 20]
+    paras = [p.strip() for p in require(RULES).read_text(encoding="utf-8").split("\n") if len(p.strip()) > 20]
     assert len(paras) > 60
     return [(i + 1, p, tok(p)) for i, p in enumerate(paras)]
 
@@ -159,9 +156,7 @@ def test_big_delta_is_folded_in_the_background(corpus, tok, tmp_path, monkeypatc
     assert idx.delta.size == 9 and idx.snapshot.size == 0
     ready.append(items[9])
     idx.add_ready([items[9]])
-    deadline = time.time() + 20
-    while idx.snapshot.size < 10 and time.time() < deadline:
-        time.sleep(0.05)
+    wait_until(lambda: idx.snapshot.size >= 10, 20, 0.05, "the background fold into the main index")
     assert idx.snapshot.size == 10 and idx.delta.size == 0
     assert idx.indexed_ids() == {c for c, _ in items[:10]}
 

@@ -7,21 +7,21 @@ cited passage (highlighted, in view); a new version replaces the old one in answ
 from __future__ import annotations
 
 import re
-import time
 from pathlib import Path
 
 import pytest
 
 from tests.live import LiveApp
+from tests.shared_data import NOVEL, needs
 from tests.test_knowledge_bases import CONTRACT_V1, CONTRACT_V2, MANUAL
+from tests.waiting import wait_until
 
 CHROMIUM = "/usr/bin/chromium"
 ARGS = ["--no-sandbox", "--disable-gpu", "--disable-background-networking", "--disable-component-update",
         "--disable-sync", "--no-first-run"]
-DOCS = Path(__file__).resolve().parents[1].parent / "shared" / "docs"
 QUESTION = "收到货物后多少天内支付全部货款？"
 
-pytestmark = [pytest.mark.slow,
+pytestmark = [pytest.mark.slow, needs(NOVEL),
               pytest.mark.skipif(not Path(CHROMIUM).exists(), reason=f"{CHROMIUM} missing (apt-get install chromium)")]
 
 
@@ -69,7 +69,7 @@ def test_browser_kbs_versions_progress_viewer(tmp_path):
     manual = tmp_path / "路由器手册.txt"
     manual.write_text(MANUAL + "\n本手册第九条：付款后 30 天内可以申请发票。", encoding="utf-8")
     assert engine.upload([(manual.name, manual)])[0].ok  # the default knowledge base holds the manual
-    novel = (DOCS / "gbk" / "sanguoyanyi_gbk.txt").read_bytes().decode("gb18030")
+    novel = NOVEL.read_bytes().decode("gb18030")
     long_doc = tmp_path / "三国演义节选.txt"
     long_doc.write_text(novel[:40_000], encoding="utf-8")
     live = LiveApp(engine)
@@ -85,8 +85,8 @@ def test_browser_kbs_versions_progress_viewer(tmp_path):
             page.wait_for_selector("#kb-table", timeout=20_000)
             _upload(page, long_doc, wait_ready=False)
             seen: set[int] = set()
-            deadline = time.time() + 300
-            while time.time() < deadline:
+
+            def look() -> bool:  # note the bar's value; True once the row reads ready
                 bar = page.locator("#kb-table .kbt-bar")
                 if bar.count():
                     try:
@@ -94,9 +94,9 @@ def test_browser_kbs_versions_progress_viewer(tmp_path):
                     except Exception:
                         pass
                 row = page.locator("#kb-table tr", has_text=long_doc.name)
-                if row.count() and row.first.get_attribute("data-status") == "ready":
-                    break
-                time.sleep(0.4)
+                return bool(row.count() and row.first.get_attribute("data-status") == "ready")
+
+            wait_until(look, 300, 0.4, "the long document's row to read ready")
             assert len(seen) >= 2, f"progress values seen: {seen}"
 
             # --- a second knowledge base, created in the UI, with the contract -------------------------------

@@ -13,6 +13,8 @@ from store.conversations import ConversationStore, title_from
 from store.db import Database
 from tests.test_ui_chat import KB_NAME, QUESTION, make_engine
 
+# Marked slow: tests on the `engine` fixture — the packaged e5 model (real quality, minutes on 2 cores).
+
 
 @pytest.fixture
 def service(tmp_path):
@@ -103,6 +105,7 @@ def _events(engine, q, **kw):
     return [(e.type, e.data) for e in engine.ask(q, **kw)]
 
 
+@pytest.mark.slow
 def test_ask_creates_a_conversation_and_follow_up_is_rewritten(engine):
     evs = _events(engine, QUESTION, user="u1")
     done = evs[-1][1]
@@ -125,6 +128,7 @@ def test_ask_creates_a_conversation_and_follow_up_is_rewritten(engine):
     assert t2["mode"] == "extractive" and t2["elapsed_ms"] is not None
 
 
+@pytest.mark.slow
 def test_ask_with_unknown_or_foreign_conversation_is_an_error_not_a_new_one(engine):
     before = engine.list_conversations("u2")["total"]
     evs = _events(engine, QUESTION, user="u2", conversation_id="f" * 32)
@@ -136,6 +140,7 @@ def test_ask_with_unknown_or_foreign_conversation_is_an_error_not_a_new_one(engi
     assert engine.get_conversation(cid, "u3")["turn_count"] == 1
 
 
+@pytest.mark.slow
 def test_chitchat_goes_direct_without_retrieval(engine):
     calls = engine.retrieval_calls
     evs = _events(engine, "你好呀！")
@@ -152,6 +157,7 @@ def test_chitchat_goes_direct_without_retrieval(engine):
     assert "知识库检索" in "".join(d["text"] for t, d in evs if t == "delta")
 
 
+@pytest.mark.slow
 def test_follow_up_prompt_carries_history_apart_from_materials(engine, fake_llm):
     from pipeline.generation.llm_client import build_llm
     from pipeline.settings import Settings
@@ -179,6 +185,7 @@ def test_follow_up_prompt_carries_history_apart_from_materials(engine, fake_llm)
         models.llm, models.rewriter = old_llm, old_rewriter
 
 
+@pytest.mark.slow
 def test_direct_with_an_llm_streams_a_short_reply_without_citations(engine, fake_llm):
     from pipeline.conversation.direct import KB_OFF_LABEL
     from pipeline.generation.llm_client import build_llm

@@ -28,7 +28,7 @@ from store.shared_state import KB_GENERATION, SharedState
 from store.verified import VerifiedQAStore
 
 
-@pytest.fixture(params=["sqlite", "postgresql"])
+@pytest.fixture(params=["sqlite", pytest.param("postgresql", marks=pytest.mark.slow)])  # a PostgreSQL server: slow
 def target(request, tmp_path):
     if request.param == "sqlite":
         return tmp_path / "app.db"
@@ -145,6 +145,7 @@ def test_database_clock_and_nested_blocks(db):
     assert docs.get(d["doc_id"])["progress"] == "kept"
 
 
+@pytest.mark.slow  # a PostgreSQL server
 def test_concurrent_migration_runs_once(pg_server):
     url = pg_server.create_database()
     results, errors = [], []

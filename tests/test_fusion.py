@@ -27,6 +27,8 @@ from pipeline.retrieval.fusion import (
 # the packaged e5's calibration profile: what rescore_dump re-fuses a dump with (dumps are the packaged e5's)
 _PACKAGED = profile_for(PACKAGED_MODEL_ID).profile
 
+# Marked slow: tests on the `engine` fixture — the packaged e5 model (real quality, minutes on 2 cores).
+
 
 def _cands(rows, texts=None):
     """rows: (chunk_id, bm25_rank, vector_rank, bm25_score, cosine); texts: chunk id → text (default "t<id>")."""
@@ -229,6 +231,7 @@ def _route_lists(engine, question):
     return bm25, vec
 
 
+@pytest.mark.slow
 def test_missing_chunk_gets_its_real_score_from_that_route(engine):
     res = engine.retrieve(QUESTION)
     metas = [n.node.metadata for n in res.fused]
@@ -252,6 +255,7 @@ def test_missing_chunk_gets_its_real_score_from_that_route(engine):
             assert n.node.metadata["similarity"] == pytest.approx(max(0.0, cos), abs=1e-4)
 
 
+@pytest.mark.slow
 def test_trace_shows_fused_and_both_routes(engine):
     from pipeline import events as ev
 
@@ -271,6 +275,7 @@ def test_trace_shows_fused_and_both_routes(engine):
     assert all(r["bm25_score"] is not None and r["similarity"] is not None for r in dbg["fused"])
 
 
+@pytest.mark.slow
 def test_the_gate_reads_the_order_without_the_prior(engine):
     """The fragment prior orders what is shown; the gate's features come from the prior-free order, so they are
     the same with the prior on or off."""
@@ -294,6 +299,7 @@ def test_the_gate_reads_the_order_without_the_prior(engine):
         svc.gate_features(QUESTION, f_off)
 
 
+@pytest.mark.slow
 def test_mode_switch_takes_effect_without_reload(engine):
     reload_ms, emb = engine.last_reload_ms, engine.components.models.embedding
     try:
@@ -320,6 +326,7 @@ def test_mode_switch_takes_effect_without_reload(engine):
     assert engine.last_reload_ms == reload_ms and engine.components.models.embedding is emb  # no reload
 
 
+@pytest.mark.slow
 def test_invalid_mode_is_refused_with_a_clear_message(engine):
     from pipeline.settings import SettingsError
 
@@ -402,6 +409,7 @@ def _synthetic_set(rng, n_q: int, vector_better: bool) -> list:
     return out
 
 
+@pytest.mark.slow  # a full cross-validated fit: ~90 s of CPU on a busy 2-core machine
 def test_cv_never_fits_on_the_left_out_set():
     """--cv: the fit scored on a set is made without it — changing that set's hits leaves its fit unchanged,
     and the auto weight learns which route a kind of question needs."""

@@ -23,6 +23,8 @@ from store.gate_stats import GateStatsStore
 from tests.live import engine_with_texts
 from tests.test_support import DOCS
 
+# Marked slow: tests on the `engine` fixture — the packaged e5 model (real quality, minutes on 2 cores).
+
 BG = Background(probes=64, sim_median=0.85, sim_scale=0.01, cov_median=0.1, cov_scale=0.1, sent_median=0.84)
 # quick = -6 + 100·(sim − 0.85) + 5·coverage·phrase + 2·top_agreement;
 # full  = -6 + 100·(sim − 0.85) + 100·(best sentence − 0.84) + 5·coverage·phrase + 2·top_agreement
@@ -229,6 +231,7 @@ def engine(tmp_path_factory):
     e.close()
 
 
+@pytest.mark.slow
 def test_background_measured_at_ingest_and_stored(engine):
     gb = engine.components.gate_background.of(1)
     bg = gb.current()
@@ -237,6 +240,7 @@ def test_background_measured_at_ingest_and_stored(engine):
     assert stored is not None and stored[0] == gb.fingerprint()
 
 
+@pytest.mark.slow
 def test_engine_answers_on_topic_and_refuses_off_topic(engine):
     on = engine.ask_sync("退货期限是几天？")
     gate = on["trace"]["gate"]
@@ -249,6 +253,7 @@ def test_engine_answers_on_topic_and_refuses_off_topic(engine):
     assert "gate" in off["trace"]["ms"]
 
 
+@pytest.mark.slow
 def test_gate_can_be_switched_to_the_floor_alone(engine):
     engine.update_settings({"adaptive_gate": False, "min_similarity": 0.0})
     try:
@@ -258,6 +263,7 @@ def test_gate_can_be_switched_to_the_floor_alone(engine):
         engine.update_settings({"adaptive_gate": True, "min_similarity": engine.default_settings().min_similarity})
 
 
+@pytest.mark.slow
 def test_results_removed_before_the_fusion_for_gold_removed_negatives(engine):
     """tools/eval/gate_dataset's gold-removed negatives: hits dropped from both routes, then the app's own fusion."""
     rs, s = engine.components.retrieval, engine.settings
@@ -314,6 +320,7 @@ def test_sentence_evidence_is_the_best_sentence_and_embeds_each_sentence_once():
     assert ev.best(None, nodes) is None and ev.best(q, []) is None
 
 
+@pytest.mark.slow
 def test_engine_measures_the_sentence_evidence_in_the_open_band_only(engine):
     c = engine.components
     bg = c.gate_background.current()

@@ -19,6 +19,9 @@ from store.migrations import MIGRATIONS, migrate
 from tests.live import engine_with_texts
 from tests.test_kb_migration_dialects import target  # noqa: F401, F811 — the fixture: SQLite file or PostgreSQL db
 from tests.test_support import DOCS as SHOP_DOCS
+from tests.waiting import holds_for, wait_until
+
+# Marked slow: tests on the `two_kbs` fixture and the stale-background test — the packaged e5 model (real quality, minutes on 2 cores).
 
 NOVEL = {
     "三国演义.txt": "刘备听说诸葛亮隐居在隆中卧龙岗，便同关羽、张飞一起前去拜访。第一次去，诸葛亮出游未归；第二次冒着"
@@ -143,6 +146,7 @@ def two_kbs(tmp_path_factory):
     e.close()
 
 
+@pytest.mark.slow
 def test_each_kb_gets_its_own_stored_background(two_kbs):
     e, kb = two_kbs
     c = e.components
@@ -159,6 +163,7 @@ def test_each_kb_gets_its_own_stored_background(two_kbs):
     assert rs.term_weights((1, kb)).n == rs.term_weights((1,)).n + rs.term_weights((kb,)).n
 
 
+@pytest.mark.slow
 def test_a_question_scoped_to_kb_b_is_gated_with_b_background(two_kbs):
     e, kb = two_kbs
     gb = e.components.gate_background
@@ -172,6 +177,7 @@ def test_a_question_scoped_to_kb_b_is_gated_with_b_background(two_kbs):
     assert e.ask_sync("刘备第三次去隆中见到了谁？", kb_ids=[1])["trace"]["gate"]["outcome"] == "refuse"
 
 
+@pytest.mark.slow
 def test_extractive_picker_and_support_check_read_the_sources_kb(two_kbs):
     """The picker's 「未找到」 level and the citation check read the background, IDF and stored vectors of the
     knowledge base the sources come from — not the default one's (whose collection does not hold KB B's chunks)."""
@@ -197,6 +203,7 @@ def test_extractive_picker_and_support_check_read_the_sources_kb(two_kbs):
     assert c.picker.weights_of([kb]).df_of("诸葛亮") > 0  # B's IDF table, where 诸葛亮 is a known word
 
 
+@pytest.mark.slow
 def test_a_change_in_one_kb_remeasures_that_kb_only(two_kbs, tmp_path):
     e, kb = two_kbs
     c = e.components
@@ -206,9 +213,7 @@ def test_a_change_in_one_kb_remeasures_that_kb_only(two_kbs, tmp_path):
     p.write_text("曹操败走华容道，关羽念及旧恩，放走了曹操。", encoding="utf-8")
     assert e.upload([(p.name, p)], kb)[0].ok and e.wait_idle(300)
     # the engine's post-change hook (debounced REFRESH_DELAY_S after the ingest queue drains) re-measures KB B
-    deadline = time.monotonic() + 120
-    while c.gate_stats.load(kb)[0] == before_b[0] and time.monotonic() < deadline:
-        time.sleep(0.5)
+    wait_until(lambda: c.gate_stats.load(kb)[0] != before_b[0], 120, 0.5, "KB B's gate background to be re-measured")
     after_b = c.gate_stats.load(kb)
     assert after_b[0] != before_b[0] and after_b[1]["probes"] == 64
     assert after_b[0] == c.gate_background.of(kb).fingerprint()
@@ -236,7 +241,7 @@ def test_closing_waits_for_a_running_background_refresh_and_stops_the_rest():
         def refresh_if_changed(self):
             started.append(self.kb_id)
             inside.set()
-            time.sleep(0.5)
+            time.sleep(0.5)  # a refresh that takes a while (the work this stand-in simulates, not a wait)
             finished.append(self.kb_id)
 
     bgs = GateBackgrounds(None, SlowRefresh, lambda: [1, 2, 3])
@@ -245,13 +250,12 @@ def test_closing_waits_for_a_running_background_refresh_and_stops_the_rest():
     bgs.cancel()
     assert started == [1] and finished == [1]  # waited for KB 1, KB 2 and 3 never started
     bgs.refresh_soon(delay=0)
-    time.sleep(0.2)
-    assert started == [1]
+    holds_for(lambda: started == [1], 0.2, message="nothing scheduled after close")
 
 
+@pytest.mark.slow
 def test_a_stale_background_from_an_older_release_is_remeasured_after_start_without_a_question(tmp_path):
     import sqlite3
-    import time
 
     from pipeline.engine import Engine
     from tests.live import engine_with_texts
@@ -268,13 +272,9 @@ def test_a_stale_background_from_an_older_release_is_remeasured_after_start_with
     db.commit()
     e2 = Engine(tmp_path / "data")
     try:
-        deadline = time.monotonic() + 120
-        while time.monotonic() < deadline:
-            now = db.execute("SELECT fingerprint FROM kb_gate_background WHERE kb_id = 1").fetchone()[0]
-            if now == fp:
-                break
-            time.sleep(0.5)
-        assert now == fp  # re-measured in the background after the load, no question asked
+        # re-measured in the background after the load, no question asked
+        wait_until(lambda: db.execute("SELECT fingerprint FROM kb_gate_background WHERE kb_id = 1").fetchone()[0] == fp,
+                   120, 0.5, "the stale background to be re-measured")
         stats = e2.components.gate_stats.load(1)[1]
         assert stats["sent_median"] is not None and len(stats["probe_sents"]) == stats["probes"]
     finally:

@@ -20,6 +20,7 @@ from pipeline.generation.llm_client import test_llm_connection as check_connecti
 from pipeline.generation.prompting import SYSTEM_PROMPT, build_prompt, neutralise
 from pipeline.settings import Settings
 from tests.live import free_port
+from tests.waiting import holds_for, wait_until
 
 # --- helpers ------------------------------------------------------------------------------------------------------
 
@@ -525,9 +526,9 @@ def test_closing_the_answer_stops_the_llm_stream(fake_llm):
     first = next(gen)
     assert first.type == "delta"
     gen.close()  # the consumer hangs up
-    time.sleep(0.5)
+    wait_until(lambda: fake_llm.hangups, 10, 0.02, "the LLM stream to be closed")
     sent = fake_llm.sent_chunks
-    time.sleep(0.5)
-    assert fake_llm.sent_chunks == sent < 100  # the server's writes failed: the HTTP response was closed
+    holds_for(lambda: fake_llm.sent_chunks == sent, 0.5, message="no chunk sent after the close")
+    assert sent < 100  # the server's writes failed: the HTTP response was closed
     from pipeline.generation import llm_client
     assert llm_client._open_responses == {}  # nothing left registered

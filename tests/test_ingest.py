@@ -14,9 +14,10 @@ import pytest
 
 from pipeline.engine import Engine, EngineError
 from pipeline.events import source_list
+from tests.shared_data import DOCS, ROOT, needs
+from tests.waiting import wait_until
 
-ROOT = Path(__file__).resolve().parents[1]
-DOCS = ROOT.parent / "shared" / "docs"
+pytestmark = [pytest.mark.slow, needs(DOCS)]  # the packaged e5 model: the module's engine loads it
 
 
 def wait_docs(engine: Engine, timeout: float = 300) -> None:
@@ -111,7 +112,7 @@ BAD = [
     ("virus.exe", b"MZ\x90\x00binary", "不支持"),
     ("renamed.txt", b"\x7fELF\x02\x01\x01" + bytes(range(256)) * 20, None),
     ("random.pdf", os.urandom(4096), None),
-    ("truncated.pdf", (DOCS / "mineru/zh_union_rules_table_1p.pdf").read_bytes()[:3000], None),
+    ("truncated.pdf", lambda: (DOCS / "mineru/zh_union_rules_table_1p.pdf").read_bytes()[:3000], None),  # read late
     ("notzip.docx", "这不是一个 docx 文件".encode() * 50, None),
     ("empty.txt", b"", None),
 ]
@@ -120,7 +121,7 @@ BAD = [
 @pytest.mark.parametrize("name,data,reason_part", BAD, ids=[b[0] for b in BAD])
 def test_bad_files_fail_cleanly(engine, tmp_path, name, data, reason_part):
     p = tmp_path / "upload.bin"
-    p.write_bytes(data)
+    p.write_bytes(data() if callable(data) else data)
     before = engine.components.vectors.count()
     r = engine.upload([(name, p)])[0]
     if r.ok:  # accepted at the door, must fail in the worker with a reason
@@ -199,6 +200,8 @@ def test_delete_removes_from_all_stores(engine, tmp_path):
     chunk_ids = [c["chunk_id"] for c in engine.document_chunks(r.doc_id)]
     stored = engine.components.files.path_of(engine.components.docs.get(r.doc_id)["stored_name"])
     assert engine.search("紫藤萝计划负责人", 5)["bm25"][0]["chunk_id"] in chunk_ids
+    bm25 = engine.components.bm25
+    built = bm25.snapshot.generation
     engine.delete_document(r.doc_id)
     assert engine.components.docs.get(r.doc_id) is None
     assert engine.components.docs.chunks_of(r.doc_id) == []
@@ -207,7 +210,8 @@ def test_delete_removes_from_all_stores(engine, tmp_path):
     res = engine.search("紫藤萝计划负责人", 10)
     for group in ("bm25", "vector", "fused"):
         assert not {h["chunk_id"] for h in res[group]} & set(chunk_ids)
-    time.sleep(0.5)  # background BM25 rebuild lands; still gone
+    wait_until(lambda: bm25.snapshot.generation > built, 60, 0.05, "the background BM25 rebuild after the delete")
+    # it landed; still gone
     assert not {h["chunk_id"] for h in engine.search("紫藤萝计划", 10)["bm25"]} & set(chunk_ids)
     with pytest.raises(EngineError) as ei:
         engine.delete_document(r.doc_id)
@@ -263,7 +267,7 @@ CRASH_SCRIPT = textwrap.dedent("""
         def get_text_embedding_batch(self, texts, **kw):
             out = self.m.get_text_embedding_batch(texts, **kw)
             print("EMBEDDED", flush=True)
-            time.sleep(0.5)
+            time.sleep(0.5)  # a slow model: what this stand-in simulates
             return out
     real = e.components.models.embedding.embed_model
     e.components.ingest.get_embedding = lambda: Slow(real)
@@ -271,7 +275,7 @@ CRASH_SCRIPT = textwrap.dedent("""
     e.update_settings(dict(chunk_size=100, chunk_overlap=10))
     r = e.upload([("big.txt", Path({src!r}))])
     print("UPLOADED", r[0].doc_id, flush=True)
-    time.sleep(600)
+    time.sleep(600)  # keeps ingesting until the test kills it
 """)
 
 

@@ -13,7 +13,7 @@ from store.knowledge_bases import KBStore
 from store.migrations import MIGRATIONS, migrate
 
 
-@pytest.fixture(params=["sqlite", "postgresql"])
+@pytest.fixture(params=["sqlite", pytest.param("postgresql", marks=pytest.mark.slow)])  # a PostgreSQL server: slow
 def target(request, tmp_path):
     if request.param == "sqlite":
         return tmp_path / "app.db"

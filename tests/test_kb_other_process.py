@@ -8,6 +8,8 @@ from pipeline.access.policy import Reader
 from pipeline.engine import Engine
 from pipeline.errors import CODE_FORBIDDEN, CODE_NO_DOC, EngineError
 
+pytestmark = pytest.mark.slow  # the packaged e5 model: the module's engine loads it
+
 TEXT = "星河路由器使用手册：长按背面的复位键十秒，指示灯闪烁后路由器恢复出厂设置。"
 QUESTION = "路由器怎么恢复出厂设置？"
 

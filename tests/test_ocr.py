@@ -11,7 +11,11 @@ import pytest
 
 from pipeline.ingestion.parsing import ParseError, parse_file
 from pipeline.ingestion.parsing import ocr as ocr_mod
-from tests.test_parsing import DOCS, parse_doc
+from tests.shared_data import DOCS, needs
+from tests.test_parsing import parse_doc
+
+pytestmark = needs(DOCS)
+# Marked slow: the tests that run the real rapidocr engine on pages (seconds to a minute each on 2 cores).
 
 
 def _ok(rel: str, **kw):
@@ -24,6 +28,7 @@ def test_telemetry_disabled_before_onnxruntime_import():
     assert os.environ.get("ORT_DISABLE_TELEMETRY") == "1"
 
 
+@pytest.mark.slow
 def test_engine_is_lazy_singleton_without_cls_on_two_threads():
     e1 = ocr_mod.get_engine()
     assert ocr_mod.get_engine() is e1
@@ -31,6 +36,7 @@ def test_engine_is_lazy_singleton_without_cls_on_two_threads():
     assert e1.cfg.EngineConfig.onnxruntime.intra_op_num_threads == ocr_mod.ocr_threads() == 2
 
 
+@pytest.mark.slow
 def test_scanned_book_2p():
     doc, msgs = _ok("mineru/zh_scanned_book_2p.pdf")
     assert [(p.page, p.source) for p in doc.pages] == [(1, "ocr"), (2, "ocr")]
@@ -43,6 +49,7 @@ def test_scanned_book_2p():
     assert list(msgs) == ["OCR 1/2 页", "OCR 2/2 页"]
 
 
+@pytest.mark.slow
 def test_garbled_text_layer_is_replaced_by_ocr():
     assert ocr_mod.find_cjk_font(), "no CJK font for pdfium: apt-get install fonts-wqy-microhei"
     doc, msgs = _ok("mineru/zh_garbled_textlayer_gbk_bytes_1p.pdf")
@@ -59,6 +66,7 @@ def test_garbled_text_layer_is_replaced_by_ocr():
     assert list(msgs) == ["OCR 1/1 页"]
 
 
+@pytest.mark.slow
 def test_mixed_text_and_image_page():
     doc, _ = _ok("chatchat/ocr_test.pdf")
     (page,) = doc.pages
@@ -68,6 +76,7 @@ def test_mixed_text_and_image_page():
     assert page.text.count("我是文字") == 1  # OCR's copy of the text layer line is dropped
 
 
+@pytest.mark.slow
 def test_text_layer_pdf_not_ocrd_with_real_engine(monkeypatch):
     calls = []
     real = ocr_mod.ocr_page_image

@@ -7,10 +7,12 @@ import pytest
 
 from pipeline.access.policy import AccessPolicy
 from tests.live import LiveApp
-from tests.tiny_engine import DOCS, RULES, tiny_engine, tiny_model, wait_idle
+from tests.shared_data import DOCS, RULES, needs
+from tests.tiny_engine import tiny_engine, tiny_model, wait_idle
 from tools.ops import audit as audit_cli
 from tools.ops import backup as backup_cli
 
+pytestmark = needs(RULES, DOCS / "gbk" / "iconv-lite_gbkFile_baidu_html.txt")
 USERS = AccessPolicy.from_args(["boss:pw-b", "kb:pw-k", "reader:pw-r"], admins=["boss"], kb_admins=["kb"])
 
 

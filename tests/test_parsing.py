@@ -28,8 +28,9 @@ from pipeline.ingestion.parsing import (
     validate,
 )
 from pipeline.ingestion.parsing import ocr as ocr_mod
+from tests.shared_data import DOCS, needs
 
-DOCS = Path(__file__).resolve().parents[1] / ".." / "shared" / "docs"
+pytestmark = needs(DOCS)
 NOT_DOCUMENTS = {"LICENSE", "LICENSE.md", "MANIFEST.tsv", "SOURCE.txt"}
 
 
@@ -158,8 +159,8 @@ def assert_outcome(rel: str, outcome, result) -> None:
 
 def _params(ocr_on: bool):
     out = []
-    for rel, case in sorted(CASES.items()):
-        marks = [pytest.mark.slow] if (ocr_on and case.on_slow) else []
+    for rel in sorted(CASES):
+        marks = [pytest.mark.slow] if ocr_on else []  # OCR on: the real rapidocr engine (loads in seconds, pages take more)
         out.append(pytest.param(rel, marks=marks, id=rel))
     return out
 
@@ -473,6 +474,7 @@ def _fake_ocr_factory(calls: list, text: str = "假文字"):
     return fake
 
 
+@pytest.mark.slow
 def test_text_layer_pdfs_are_not_ocrd(monkeypatch):
     calls: list = []
     real = ocr_mod.ocr_page_image

@@ -3,14 +3,11 @@ through the real app: the list API shows moving 向量化 n/m with an ETA while 
 their place, and the header badge shows the queue."""
 from __future__ import annotations
 
-import time
-from pathlib import Path
-
 import pytest
 
 from pipeline.ingestion.progress import ProgressBoard, format_eta, stage_text
-
-DOCS = Path(__file__).resolve().parents[1].parent / "shared" / "docs"
+from tests.shared_data import NOVEL, needs
+from tests.waiting import wait_until
 
 
 class Clock:
@@ -69,12 +66,13 @@ def test_texts():
 
 # --- through the app -----------------------------------------------------------------------------------------
 @pytest.mark.slow
+@needs(NOVEL)
 def test_long_document_shows_moving_progress(tmp_path):
     from pipeline.engine import Engine
     from tests.live import LiveApp
     from ui.header import badge_html
 
-    novel = (DOCS / "gbk" / "sanguoyanyi_gbk.txt").read_bytes().decode("gb18030")
+    novel = NOVEL.read_bytes().decode("gb18030")
     long_doc = tmp_path / "三国演义节选.txt"
     long_doc.write_text(novel[:60_000], encoding="utf-8")
     small = []
@@ -93,11 +91,11 @@ def test_long_document_shows_moving_progress(tmp_path):
             ids = post([long_doc])
             long_id = ids[long_doc.name]
             seen, queued, badges, etas = [], {}, set(), []
-            deadline = time.time() + 600
-            while time.time() < deadline:
+
+            def look() -> bool:  # one look at the list and the badge; True once every document reads ready
                 if len(ids) == 1 and seen and seen[-1][0] == "embed":  # the worker is busy: queue more behind it
-                    ids |= post(small)
-                    continue
+                    ids.update(post(small))
+                    return False
                 items = {d["doc_id"]: d for d in http.get("/api/kb/documents", params={"size": 50}).json()["data"]["items"]}
                 d = items[long_id]
                 for key in ("stage", "done", "total", "eta_s"):
@@ -113,9 +111,9 @@ def test_long_document_shows_moving_progress(tmp_path):
                     if s["status"] == "processing" and s["stage"] == "queued" and s["position"]:
                         queued[p.name] = s["position"]
                 badges.add(badge_html(engine))
-                if len(ids) > 1 and all(items[i]["status"] == "ready" for i in ids.values()):
-                    break
-                time.sleep(0.15)
+                return len(ids) > 1 and all(items[i]["status"] == "ready" for i in ids.values())
+
+            wait_until(look, 600, 0.15, "the long document and the ones queued behind it to read ready")
             final = engine.get_document(long_id)
             assert final["status"] == "ready", final
     finally:

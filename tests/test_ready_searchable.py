@@ -2,16 +2,18 @@
 from __future__ import annotations
 
 import threading
-import time
 
 import pytest
 
-from tests.tiny_engine import DOCS, real_paragraphs, tiny_engine, tiny_model, wait_idle
+from tests.shared_data import NOVEL, RULES, needs
+from tests.tiny_engine import real_paragraphs, tiny_engine, tiny_model, wait_idle
+from tests.waiting import wait_until
 
 N_SMALL = 30
 
 
 @pytest.mark.slow
+@needs(RULES, NOVEL)
 def test_every_document_is_bm25_searchable_as_soon_as_it_reads_ready(tmp_path):
     engine = tiny_engine(tmp_path / "data", tiny_model(tmp_path / "tiny"))
     try:
@@ -25,7 +27,7 @@ def test_every_document_is_bm25_searchable_as_soon_as_it_reads_ready(tmp_path):
                          encoding="utf-8")
             idents[p.name] = ident
             files.append(p)
-        long_doc = DOCS / "gbk" / "sanguoyanyi_gbk.txt"  # a long novel in the queue keeps it from draining
+        long_doc = NOVEL  # a long novel in the queue keeps it from draining
 
         checked: dict[int, dict] = {}
         stop = threading.Event()
@@ -52,7 +54,7 @@ def test_every_document_is_bm25_searchable_as_soon_as_it_reads_ready(tmp_path):
                 except Exception as exc:  # a crashed watcher must fail the test, not end it quietly
                     errors.append(f"watcher: {type(exc).__name__}: {exc}")
                     return
-                time.sleep(0.01)
+                stop.wait(0.01)  # the watcher's sampling interval (returns at once when stopped)
 
         watcher = threading.Thread(target=watch, daemon=True)
         watcher.start()
@@ -63,7 +65,7 @@ def test_every_document_is_bm25_searchable_as_soon_as_it_reads_ready(tmp_path):
             res += engine.upload([(p.name, p) for p in files[start:start + 10]])
         assert all(r.ok for r in res), [r.msg for r in res if not r.ok]
         wait_idle(engine, 900)
-        time.sleep(0.3)
+        wait_until(lambda: len(checked) == N_SMALL or errors, 30, 0.05, "the watcher to check every document")
         stop.set()
         watcher.join(10)
 

@@ -11,16 +11,15 @@ from pathlib import Path
 import pytest
 
 from pipeline.conversation.router import DIRECT, LIGHT, STRONG, Router, chitchat_kind
+from tests.shared_data import DATA as SHARED_DATA
+from tests.shared_data import require
 
-ROOT = Path(__file__).resolve().parents[1]
-CMRC = ROOT.parent / "shared" / "data" / "cmrc2018" / "cmrc2018_dev.json"
+CMRC = SHARED_DATA / "cmrc2018" / "cmrc2018_dev.json"
 DATA = Path(__file__).parent / "data"
 
 
 def cmrc_questions(n: int) -> list[str]:
-    if not CMRC.exists():
-        pytest.skip(f"{CMRC} missing")
-    d = json.loads(CMRC.read_text(encoding="utf-8"))
+    d = json.loads(require(CMRC).read_text(encoding="utf-8"))
     qs = [qa["question"] for art in d["data"] for p in art["paragraphs"] for qa in p["qas"]]
     return qs[:n]
 

@@ -2,16 +2,16 @@
 from __future__ import annotations
 
 import json
-from pathlib import Path
 
 import pytest
 
+from tests.shared_data import DATA, needs
 from tools.eval import small_kb_check as sk
 
-DATA = Path(__file__).resolve().parents[1].parent / "shared" / "data"
 XQUAD = DATA / "xquad" / "xquad.zh.json"
 
 
+@needs(XQUAD)
 def test_whole_articles_become_one_document_each_and_negatives_come_from_the_others():
     corpus, others = sk.articles_corpus(XQUAD, 3, seed=5)
     data = json.loads(XQUAD.read_text(encoding="utf-8"))["data"]
@@ -43,6 +43,7 @@ def test_outcomes_and_oracle_curve_arithmetic():
 
 
 @pytest.mark.slow
+@needs(XQUAD)
 def test_small_kb_run_end_to_end(tmp_path):
     out = tmp_path / "small.json"
     assert sk.main(["--squad", str(XQUAD), "--articles", "2", "--seed", "1", "--questions", "12",
@@ -57,6 +58,7 @@ def test_small_kb_run_end_to_end(tmp_path):
 
 
 @pytest.mark.slow
+@needs(XQUAD)
 def test_a_negative_whose_answer_stands_in_the_kb_is_dropped_even_when_refused(tmp_path):
     from pipeline.engine import Engine
     from tools.eval.devsets import Question

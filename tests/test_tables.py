@@ -10,9 +10,12 @@ import pytest
 
 from pipeline.ingestion.parsing import ParseError, parse_file, sniff_content
 from pipeline.ingestion.structured_chunking import chunk_page, indexed_text
+from tests.shared_data import DOCS, RULES, needs
 from tests.table_files import COMPONENT_ROWS, SALES_HEADER, write_csv, write_readme, write_workbook
 
-DOCS = Path(__file__).resolve().parents[1].parent / "shared" / "docs"
+# Marked slow: the test on the `engine` fixture — the packaged e5 model (real quality, minutes on 2 cores).
+
+pytestmark = needs(DOCS)
 SIZE, OVERLAP = 300, 50
 
 
@@ -75,7 +78,7 @@ def test_markdown_context_is_indexed_with_the_text():
 
 
 def test_real_markdown_file_follows_its_chapters():
-    path = DOCS / "chatchat" / "人民检察院行政诉讼监督规则（试行）(2016-04-15).md"
+    path = RULES
     doc, pieces = pieces_of(path, "md")
     contexts = {pc.context for _, pc in pieces}
     assert "人民检察院行政诉讼监督规则（试行） › 第二章 受 理" in contexts
@@ -239,6 +242,7 @@ def engine(tmp_path_factory):
     e.close()
 
 
+@pytest.mark.slow
 def test_engine_ingests_sheets_and_markdown_with_context(engine, tmp_path):
     xlsx = tmp_path / "订单.xlsx"
     write_workbook(xlsx)

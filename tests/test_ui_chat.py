@@ -17,6 +17,8 @@ from pipeline import events as ev  # noqa: E402
 from pipeline.access.policy import AccessPolicy  # noqa: E402
 from tests.live import LiveApp  # noqa: E402
 
+# Marked slow: tests on the `engine` / `client` fixtures — the packaged e5 model (real quality, minutes on 2 cores).
+
 KB_NAME = "星河电子客服手册.txt"
 KB_TEXT = ("星河电子公司退货政策：自签收之日起 7 天内可无理由退货，商品需保持完好。\n"
            "星河电子公司的客服电话是 400-800-1234，服务时间为每天 9 点到 21 点。\n"
@@ -94,6 +96,7 @@ CHAT, STAGE, SOURCES, TRACE, TURNS, LAST_CONV, QUESTION_BOX, HISTORY_LIST = rang
 V_CHAT, V_STAGE, V_SOURCES, V_TRACE, V_TURNS, V_LAST_CONV = range(6)
 
 
+@pytest.mark.slow
 def test_ask_streams_stages_partial_answer_and_sources(client, engine):
     outputs, final = run_ask(client, QUESTION)
     stages = " ".join(o[STAGE] for o in outputs if isinstance(o[STAGE], str))
@@ -125,6 +128,7 @@ def test_ask_streams_stages_partial_answer_and_sources(client, engine):
     assert final[LAST_CONV] in str(final[HISTORY_LIST])  # the 历史 list shows it, selected
 
 
+@pytest.mark.slow
 def test_follow_up_in_the_same_conversation(client, engine):
     _, first = run_ask(client, QUESTION)
     _, second = run_ask(client, "那服务时间呢？", new=False)
@@ -140,6 +144,7 @@ def test_follow_up_in_the_same_conversation(client, engine):
         == [QUESTION, "那服务时间呢？"]
 
 
+@pytest.mark.slow
 def test_no_answer_shows_fixed_refusal(client, engine):
     _, final = run_ask(client, OFF_TOPIC)
     text = plain(assistant_text(final[CHAT]))
@@ -148,6 +153,7 @@ def test_no_answer_shows_fixed_refusal(client, engine):
     assert engine.get_conversation(final[LAST_CONV], None)["turns"][-1]["no_answer"] is True
 
 
+@pytest.mark.slow
 def test_chitchat_and_knowledge_switch(client, engine):
     calls = engine.retrieval_calls
     _, final = run_ask(client, "你好！")
@@ -158,6 +164,7 @@ def test_chitchat_and_knowledge_switch(client, engine):
     assert engine.retrieval_calls == calls
 
 
+@pytest.mark.slow
 def test_retry_reuses_the_same_retrieval(client, engine):
     _, first = run_ask(client, QUESTION)
     calls = engine.retrieval_calls
@@ -168,6 +175,7 @@ def test_retry_reuses_the_same_retrieval(client, engine):
     assert len(engine.get_conversation(first[LAST_CONV], None)["turns"]) == 2
 
 
+@pytest.mark.slow
 def test_validation_error_is_shown_in_the_bubble(client):
     _, final = run_ask(client, "问" * 2500)
     text = plain(assistant_text(final[CHAT]))
@@ -175,6 +183,7 @@ def test_validation_error_is_shown_in_the_bubble(client):
     assert "1001" in final[STAGE]
 
 
+@pytest.mark.slow
 def test_history_open_select_rename_export_delete_clear(client, engine):
     _, first = run_ask(client, QUESTION)
     _, second = run_ask(client, "那服务时间呢？", new=False)
@@ -204,6 +213,7 @@ def test_history_open_select_rename_export_delete_clear(client, engine):
     assert engine.list_conversations(None, 1, 1)["total"] == 0
 
 
+@pytest.mark.slow
 def test_reload_restores_the_open_conversation(client, engine):
     _, final = run_ask(client, QUESTION)
     cid = final[LAST_CONV]
@@ -213,6 +223,7 @@ def test_reload_restores_the_open_conversation(client, engine):
     assert gone[V_LAST_CONV] == ""  # an id the server does not know is dropped, nothing opens
 
 
+@pytest.mark.slow
 def test_header_badge(client, engine):
     html = client.predict(api_name="/header_badge")
     assert f"知识库: {engine.health()['chunks']} 块" in html
@@ -220,6 +231,7 @@ def test_header_badge(client, engine):
     assert "原文摘录" in html or "大模型" in html
 
 
+@pytest.mark.slow
 def test_logged_in_user_can_ask_and_history_is_per_user(engine):
     policy = AccessPolicy.from_args(["alice:pw-a", "bob:pw-b"], admins=["alice"])
     ui = LiveUI(engine, policy)
@@ -295,6 +307,7 @@ def test_share_tunnel_failure_is_reported(monkeypatch, capsys):
     assert "未能创建公网分享链接" in out and "本地" in out
 
 
+@pytest.mark.slow
 def test_restricted_tabs_start_hidden_with_logins(engine):
     """With --auth, 知识库/配置 are not rendered until the load event shows them to kb-admins/admins."""
     from ui import build_ui

@@ -7,6 +7,8 @@ from pipeline.access.policy import AccessPolicy
 from tests.live import live_with_doc
 from tests.test_ui_chat import LAST_CONV, QUESTION, LiveUI, run_ask
 
+pytestmark = pytest.mark.slow  # the packaged e5 model: the module's engine loads it
+
 
 @pytest.fixture(scope="module")
 def live(tmp_path_factory):

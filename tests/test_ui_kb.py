@@ -13,12 +13,12 @@ import pytest  # noqa: E402
 
 from pipeline.access.policy import AccessPolicy  # noqa: E402
 from tests.live import launched_ui  # noqa: E402
+from tests.shared_data import DOCS, needs  # noqa: E402
 
-DOCS = Path(__file__).resolve().parents[1].parent / "shared" / "docs"
 TEST_TXT = DOCS / "chatchat" / "test.txt"
 CARD = re.compile(r'class="kbd-card" data-chunk="(\d+)" data-rank="(\d+)" data-hue="(\d+)"')
 
-pytestmark = pytest.mark.skipif(not TEST_TXT.exists(), reason="shared/docs not present")
+pytestmark = [pytest.mark.slow, needs(TEST_TXT)]  # the packaged e5 model: the module's engine loads it
 
 
 @pytest.fixture(scope="module")

@@ -3,9 +3,7 @@ from __future__ import annotations
 
 import logging
 import re
-import time
 import urllib.request
-from pathlib import Path
 from types import SimpleNamespace
 
 import gradio as gr  # noqa: E402
@@ -13,9 +11,12 @@ import pytest  # noqa: E402
 
 from pipeline.access.policy import AccessPolicy  # noqa: E402
 from pipeline.settings import GROUPS, Settings  # noqa: E402
-from tests.live import launched_ui  # noqa: E402
+from tests.live import launch_local, launched_ui  # noqa: E402
+from tests.shared_data import DOCS, needs  # noqa: E402
+from tests.waiting import wait_until  # noqa: E402
 
-DOCS = Path(__file__).resolve().parents[1].parent / "shared" / "docs"
+pytestmark = pytest.mark.slow  # the packaged e5 model: the module's engine loads it
+
 TEST_TXT = DOCS / "chatchat" / "test.txt"
 FIELDS = [f for fs in GROUPS.values() for f in fs]
 N = len(FIELDS)
@@ -94,9 +95,8 @@ def test_out_of_range_shows_message_and_saves_nothing(live):
     assert live.engine.settings.model_dump() == before
 
 
+@needs(TEST_TXT)
 def test_retrieval_param_takes_effect_on_next_question(live):
-    if not TEST_TXT.exists():
-        pytest.skip("shared/docs not present")
     form = load(live)
     # min_similarity 0: the question must pass the relevance gate whatever embedding model is installed
     values, errors, banner = save(live, form, final_top_k=2, min_similarity=0.0)
@@ -214,14 +214,17 @@ def test_restore_defaults_fills_form_without_saving(live):
 def test_reload_window_answers_2002(live):
     job = live.client.submit(api_name="/settings_reload")
     seen = None
-    deadline = time.time() + 60
-    while time.time() < deadline and not job.done():
+
+    def window_seen_or_over() -> bool:  # ask once the engine reads reloading; stop when the reload is over
+        nonlocal seen
         if live.engine.state == "reloading":
             events = list(live.engine.ask(QUESTION))
             if live.engine.state == "reloading" or events[0].type == "error":
                 seen = events
-                break
-        time.sleep(0.002)
+                return True
+        return job.done()
+
+    wait_until(window_seen_or_over, 60, 0.002, "the reload window (or the reload's end)")
     final = job.result(timeout=300)
     assert seen is not None, "never observed the reload window"
     assert seen[0].type == "error" and seen[0].data["code"] == 2002
@@ -269,7 +272,7 @@ def test_only_admins_through_login(live):
     policy = AccessPolicy(users={"a": "x", "u": "y"}, admins={"a"}, kb_admins={"a"})
     with gr.Blocks() as demo:
         build_settings_tab(live.engine, policy=policy)
-    demo.launch(server_name="127.0.0.1", prevent_thread_lock=True, quiet=True, auth=policy.gradio_auth())
+    launch_local(demo, auth=policy.gradio_auth())
     try:
         before = live.engine.settings.model_dump()
         user = Client(demo.local_url, auth=("u", "y"), analytics_enabled=False, verbose=False)

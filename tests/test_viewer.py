@@ -3,16 +3,19 @@ PDF page numbers, OCR pages marked, old versions marked, the original file for d
 from __future__ import annotations
 
 import base64
-from pathlib import Path
 
 import pytest
 
 from pipeline.access.policy import AccessPolicy
 from pipeline.engine import Engine
 from tests.live import LiveApp
+from tests.shared_data import DOCS, NOVEL, needs
 
-DOCS = Path(__file__).resolve().parents[1].parent / "shared" / "docs"
+# Marked slow: tests on the `live` app — the packaged e5 model (real quality, minutes on 2 cores).
 
+REPORT = DOCS / "mineru" / "zh_broker_research_report_tables_4p.pdf"
+SCAN = DOCS / "mineru" / "zh_scanned_book_2p.pdf"
+needs_docs = needs(NOVEL, REPORT, SCAN)  # the tests that read the `docs` fixture
 
 @pytest.fixture(scope="module")
 def live(tmp_path_factory):
@@ -29,11 +32,10 @@ def auth(user: str, pw: str) -> dict:
 @pytest.fixture(scope="module")
 def docs(live, tmp_path_factory):
     tmp = tmp_path_factory.mktemp("viewer-src")
-    novel = (DOCS / "gbk" / "sanguoyanyi_gbk.txt").read_bytes().decode("gb18030")[:45_000]
+    novel = NOVEL.read_bytes().decode("gb18030")[:45_000]
     long_txt = tmp / "三国演义节选.txt"
     long_txt.write_text(novel, encoding="utf-8")
-    files = [long_txt, DOCS / "mineru" / "zh_broker_research_report_tables_4p.pdf",
-             DOCS / "mineru" / "zh_scanned_book_2p.pdf"]
+    files = [long_txt, REPORT, SCAN]
     with live.http(headers=auth("admin", "pw")) as http:
         res = http.post("/api/kb/documents", files=[("file", (p.name, p.read_bytes())) for p in files]).json()
     assert res["code"] == 0, res
@@ -50,6 +52,8 @@ def get(live, path, user=("reader", "pw2"), **params):
         return http.get(path, params=params)
 
 
+@needs_docs
+@pytest.mark.slow
 def test_long_text_in_parts_with_chunk_spans(live, docs):
     doc = docs["txt"]
     first = get(live, f"/api/kb/documents/{doc}/text").json()["data"]
@@ -74,6 +78,8 @@ def test_long_text_in_parts_with_chunk_spans(live, docs):
     assert get(live, "/api/kb/documents/99999/text").json()["code"] == 3002
 
 
+@needs_docs
+@pytest.mark.slow
 def test_pdf_pages_and_ocr_pages(live, docs):
     chunks = live.engine.document_chunks(docs["pdf"])
     on_p3 = next(c for c in chunks if c["page"] == 3)
@@ -83,6 +89,8 @@ def test_pdf_pages_and_ocr_pages(live, docs):
     assert scan["source"] == "ocr" and scan["page"] == 1 and scan["text"].strip()
 
 
+@needs_docs
+@pytest.mark.slow
 def test_viewer_html_marks_passage_page_and_ocr(live, docs):
     from ui.viewer import viewer_html
 
@@ -94,6 +102,8 @@ def test_viewer_html_marks_passage_page_and_ocr(live, docs):
     assert "本页文字由 OCR 识别" in html
 
 
+@needs_docs
+@pytest.mark.slow
 def test_file_download_is_login_checked(live, docs):
     path = docs["paths"][1]
     r = get(live, f"/api/kb/documents/{docs['pdf']}/file")
@@ -108,6 +118,8 @@ def test_file_download_is_login_checked(live, docs):
     assert get(live, "/api/kb/documents/99999/file").json()["code"] == 3002
 
 
+@needs_docs
+@pytest.mark.slow
 def test_pdf_page_rendered_with_the_passage_boxed(live, docs):
     from PIL import Image
 

@@ -10,10 +10,7 @@ from pathlib import Path
 from pipeline.engine import Engine
 from store.config_store import ConfigStore
 from store.db import Database
-
-ROOT = Path(__file__).resolve().parents[1]
-DOCS = ROOT.parent / "shared" / "docs"
-RULES = DOCS / "chatchat" / "人民检察院行政诉讼监督规则（试行）(2016-04-15).md"
+from tests.shared_data import RULES, require
 
 
 def tiny_model(dir: Path) -> Path:
@@ -31,7 +28,7 @@ def tiny_engine(data: Path, model_dir: Path, **settings) -> Engine:
 
 def real_paragraphs(path: Path = RULES, min_len: int = 40) -> list[str]:
     """Paragraphs of a real document in /work/shared/docs (text used in place, never copied into the repo)."""
-    return [p.strip() for p in path.read_text(encoding="utf-8").split("\n") if len(p.strip()) >= min_len]
+    return [p.strip() for p in require(path).read_text(encoding="utf-8").split("\n") if len(p.strip()) >= min_len]
 
 
 def wait_idle(engine: Engine, timeout: float = 300) -> None:
