@@ -21,7 +21,6 @@ from store.vectors import parse_chroma_url
 from tests.fake_llm import FakeLLMServer
 from tests.live import AppProcess
 from tests.servers import fresh_deployment
-from tests.waiting import wait_until
 from tests.shared_data import DOCS, NOVEL, needs
 from tests.waiting import holds_for, wait_until
 
