@@ -11,6 +11,7 @@ import base64
 import logging
 import shutil
 import tempfile
+import threading
 from pathlib import Path
 from typing import Any
 
@@ -430,18 +431,29 @@ def create_api(engine: Engine, policy: AccessPolicy | None = None) -> FastAPI:
         gen = engine.ask(body.question, retry=body.retry, conversation_id=body.conversation_id, user=user,
                          use_kb=body.use_kb, kb_ids=body.scope(), reader=policy.reader(user))
         sentinel = object()
+        pulling = threading.Lock()  # a generator may not be closed while a `next` on it runs in another thread
+
+        def pull():
+            with pulling:
+                return next(gen, sentinel)
+
+        def close():
+            with pulling:  # after the `next` in flight returns
+                gen.close()  # GeneratorExit reaches the LLM stream and closes it
 
         async def stream():
             try:
                 while True:
                     if await request.is_disconnected():
                         break
-                    event = await run_in_threadpool(next, gen, sentinel)
+                    event = await run_in_threadpool(pull)
                     if event is sentinel:
                         break
                     yield event.to_sse()
             finally:
-                await run_in_threadpool(gen.close)  # GeneratorExit reaches the LLM stream and closes it
+                # A client that hangs up cancels this task, and an await here would be cancelled with it (the
+                # generator, and so the LLM stream, would never be closed): close it from a thread of its own.
+                threading.Thread(target=close, name="sse-close", daemon=True).start()
 
         return StreamingResponse(stream(), media_type="text/event-stream",
                                  headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})

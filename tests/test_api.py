@@ -238,12 +238,8 @@ def test_test_llm_with_unsaved_values(http, fake_llm):
     assert bad["ok"] is False and "Key" in bad["msg"]
 
 
-# Measured: after the hang-up the app's LLM stream stays open until the request's generator is collected — the
-# fake LLM writes all 400 chunks and never sees the connection close. The old check (< 300 chunks after a fixed
-# 1.5 s) could not fail: at 0.02 s a chunk only ~75 are written by then. Likely cause: api/server.py's
-# `finally: await run_in_threadpool(gen.close)` runs inside the cancelled response task, so that await is
-# cancelled too and gen.close never runs. Strict: the day it is fixed, this xfail fails and is removed.
-@pytest.mark.xfail(strict=True, reason="SSE hang-up does not close the LLM stream (see comment above)")
+# The old check (< 300 chunks after a fixed 1.5 s) could not fail: at 0.02 s a chunk only ~75 are written by
+# then. Now the app must really close its LLM stream (the fake LLM sees the hang-up).
 def test_sse_client_disconnect_stops_generation(http, live, fake_llm, tmp_path):
     http.put("/api/config", json={"llm": {"llm_api_url": fake_llm.base_url, "llm_model": "fake-model"}})
     http.post("/api/config/reload")
