@@ -55,7 +55,14 @@ class Engine:
         self.services.sync.catch_up()
         return self.settings_service.current
 
-    state = property(lambda self: self.lifecycle.state)
+    @property
+    def state(self) -> str:
+        return self.lifecycle.state
+
+    @state.setter
+    def state(self, value: str) -> None:  # what a reload looks like to a client (tests set it)
+        self.lifecycle.state = value
+
     load_error = property(lambda self: self.lifecycle.load_error)
     last_reload_ms = property(lambda self: self.lifecycle.last_reload_ms)
     model_warning = property(lambda self: self.lifecycle.model_warning)

@@ -11,7 +11,7 @@ from pathlib import Path
 
 
 def main(data_dir: str, models_dir: str, docs_dir: str, out: str) -> int:
-    from pipeline.models.offline import enable_offline
+    from pipeline.offline import enable_offline
 
     enable_offline()
     from pipeline.engine import Engine
@@ -34,7 +34,7 @@ def main(data_dir: str, models_dir: str, docs_dir: str, out: str) -> int:
                    for d in c.docs.all_docs()},
         "vectors": c.vectors.count(),
         "deleted_doc_id": res[-1].doc_id,
-        "search": {q: [r["chunk_id"] for r in e.search(q, 5)["fused"]] for q in ("监督程序", "ChatGPT 是什么")},
+        "search": {q: [r["chunk_id"] for r in e.search(q, 5)["rrf"]] for q in ("监督程序", "ChatGPT 是什么")},
         "answer_chunks": [s["chunk_id"] for s in e.ask_sync("人民检察院如何对行政诉讼实行法律监督")["sources"]],
         "settings": {"chunk_size": e.settings.chunk_size, "bm25_weight": e.settings.bm25_weight},
         "min_similarity": e.settings.min_similarity,  # that release's default for the packaged e5 (0.88)

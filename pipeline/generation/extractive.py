@@ -26,7 +26,7 @@ above this knowledge base's background (w_cos × the median best cosine of the g
 pipeline/retrieval/gate_background.py), since e5 cosines shift by domain — no sentence addresses the question:
 the answer says 「资料中未找到直接回答该问题的内容」 and points at the closest sources instead of quoting unrelated
 sentences. Weights and thresholds belong to the embedding model (its calibration profile, pipeline/calibration,
-section `extractive`); they are fitted with `python -m tools.calibrate` (tools/eval/calibrate_extractive.py,
+section `extractive`); they are fitted with `python -m tools.eval.calibrate` (tools/eval/calibrate_extractive.py,
 leave-one-set-out; docs/retrieval-eval.md). Without an embedding model (unit tests) the lexical part alone decides and "not found"
 means no content word matches at all.
 """

@@ -9,7 +9,7 @@ A citation [n] is unsupported when the support by n is below `floor` while anoth
 at least `margin` more — the model cited the wrong material — or when it is below `hard_floor` however the others
 score (nothing backs it).
 The weights and thresholds belong to the embedding model (its calibration profile, pipeline/calibration, section
-`support`); fitted by `python -m tools.calibrate` (tools/eval/calibrate_support.py, leave-one-set-out;
+`support`); fitted by `python -m tools.eval.calibrate` (tools/eval/calibrate_support.py, leave-one-set-out;
 docs/retrieval-eval.md).
 The engine reports the result per source (`sources[i].support`), per sentence (`done.support`) and as a count
 in the trace (检索过程).

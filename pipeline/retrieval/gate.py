@@ -17,7 +17,7 @@ A logistic score decides: ≥ answer_at → answer, ≥ refuse_below → weak ev
 「资料相关度较低，请核对原文」), else refuse (fixed text, no LLM call). `min_similarity` stays the admin's hard
 floor: below it the gate refuses whatever the score. Coefficients and thresholds belong to the embedding model
 (its calibration profile, pipeline/calibration, section `gate`: the inputs are on that model's cosine scale); they
-are fitted by `python -m tools.calibrate` (tools/eval/calibrate_gate.py) with leave-one-set-out over the dev sets
+are fitted by `python -m tools.eval.calibrate` (tools/eval/calibrate_gate.py) with leave-one-set-out over the dev sets
 (docs/retrieval-eval.md).
 """
 from __future__ import annotations

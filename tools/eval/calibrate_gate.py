@@ -15,7 +15,7 @@ knowledge base is then scored by gate.decide itself: false refusals and weak sha
 refusals of out-of-KB questions (those whose answer string stands in this KB's top-6 are not counted as
 negatives), refusals of its gold-removed questions, and how many questions needed the sentence evidence.
 Last, the same fit on all sets gives the shipped model and the calibrated hard floor min_similarity for the
-embedding model the dumps were made with (printed; `python -m tools.calibrate` runs this fit and writes both into
+embedding model the dumps were made with (printed; `python -m tools.eval.calibrate` runs this fit and writes both into
 that model's calibration profile).
 """
 from __future__ import annotations
@@ -183,7 +183,7 @@ def main(argv=None) -> int:
     shipped = fit(rows, bg)
     floor = hard_floor(rows)
     fields = ", ".join(f"{k}={_fmt(v)}" for k, v in dataclasses.asdict(shipped).items())
-    print(f"\nall sets → GateModel({fields})  (python -m tools.calibrate writes it into the profile)")
+    print(f"\nall sets → GateModel({fields})  (python -m tools.eval.calibrate writes it into the profile)")
     print(f"hard floor (min_similarity) for this embedding model: {floor:.2f}")
     print("\nshipped model on each set (in-sample):")
     print_table({k: score_set(shipped, [r for r in rows if r["kb"] == k], bg[k]) for k in sorted(bg)})

@@ -280,7 +280,7 @@ def run_cv(args) -> dict:
     from pipeline.calibration import profile_for
 
     data = {n: fusion_cv.load_dump(dump_dir / f"{n}.jsonl") for n in names}
-    # the dev-set KB cache is built with the packaged e5 (another model: python -m tools.calibrate)
+    # the dev-set KB cache is built with the packaged e5 (another model: python -m tools.eval.calibrate)
     result = fusion_cv.cross_validate(data, adaptive=profile_for(PACKAGED_MODEL_ID).profile.fusion.adaptive_rrf)
     fusion_cv.print_cv(result)
     if args.write_weights:  # the shipped weights: the same procedure fitted on every set
@@ -346,7 +346,7 @@ def main(argv=None) -> int:
     p.add_argument("--redump", action="store_true", help="--cv: re-run retrieval even if a dump exists")
     p.add_argument("--write-weights", default=None,
                    help="--cv: also fit the auto weight on every set and write that fit as JSON (a report; the "
-                        "app reads the calibration profile that `python -m tools.calibrate` writes)")
+                        "app reads the calibration profile that `python -m tools.eval.calibrate` writes)")
     p.add_argument("--distractors", help="one document per line (e.g. CRUD-RAG news)")
     p.add_argument("--max-distractors", type=int, default=None)
     p.add_argument("--limit", type=int, default=None, help="number of questions (corpus kept whole for SQuAD)")
