@@ -37,7 +37,10 @@ class OperationsService:
         with self.lifecycle.lock:
             res = self.repairer.repair(
                 wait_requeued=(lambda: self.c.ingest.wait_idle(timeout)) if wait else lambda: None)
-        self.changes.changed()  # repaired chunks, vectors or tokens: caches, BM25 and other processes follow
+        # repaired chunks, vectors or tokens: caches, BM25 and other processes follow — once (a BM25 repair already
+        # went through the hook, inside the repair, before its closing audit)
+        if res.actions and not any(a["check"] == "bm25_missing" for a in res.actions):
+            self.changes.changed()
         return res.to_dict()
 
     def backup(self, dest: str | Path) -> dict:
