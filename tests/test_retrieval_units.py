@@ -6,7 +6,7 @@ import pytest
 from llama_index.core.schema import NodeWithScore, TextNode
 from llama_index.retrievers.bm25 import BM25Retriever
 
-from pipeline.ingestion.chunking import ChineseChunker, split_text
+from pipeline.ingestion.chunking import split_text
 from pipeline.models.tokenize_zh import ChineseTokenizer
 from pipeline.retrieval.bm25 import BM25Index, build_snapshot
 from pipeline.retrieval.fusion import rrf_fuse
@@ -179,20 +179,6 @@ def test_chunker_hard_cut_without_punctuation_and_surrogates():
     spans = split_text(text, 120, 10)
     assert all(e - s <= 120 for s, e in spans)
     assert "".join(text[s:e] for s, e in spans).count("😀") >= 500
-
-
-def test_chunker_nodes_carry_offsets_and_page():
-    from llama_index.core import Document
-
-    docs = [Document(text="第一页。" * 50, metadata={"page": 1, "source": "text"}),
-            Document(text="第二页。" * 50, metadata={"page": 2, "source": "ocr"})]
-    nodes = ChineseChunker(chunk_size=60, chunk_overlap=8).get_nodes_from_documents(docs)
-    assert [n.metadata["chunk_index"] for n in nodes] == list(range(len(nodes)))
-    assert {n.metadata["page"] for n in nodes} == {1, 2}
-    assert all(len(n.get_content()) <= 60 for n in nodes)
-    p2 = [n for n in nodes if n.metadata["page"] == 2][0]
-    assert p2.metadata["source"] == "ocr" and p2.get_content().startswith("第二页")
-    assert p2.metadata["char_start"] == 0
 
 
 def test_adaptive_bm25_weight():

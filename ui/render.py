@@ -117,15 +117,6 @@ def _claim_key(text: str) -> str:
     return re.sub(r"[\W_]+", "", text or "")
 
 
-def cited_numbers(text: str) -> list[int]:
-    seen: list[int] = []
-    for m in _CITE.finditer(text or ""):
-        n = int(m.group(1))
-        if n not in seen:
-            seen.append(n)
-    return seen
-
-
 # ---------------------------------------------------------------------------------------------- stage
 def render_stage(phase: str | None = None, *, done_ms: Any = None, error: str | None = None,
                  note: str | None = None) -> str:

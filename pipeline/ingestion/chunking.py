@@ -1,7 +1,7 @@
-"""Character-based Chinese chunker (a LlamaIndex NodeParser).
+"""Character-based Chinese chunking (`split_text`), under the structured chunker of ingest.
 
 SentenceSplitter counts tiktoken tokens (~0.64 Chinese chars per token) and cuts at English punctuation; the
-settings contract says chunk_size / chunk_overlap are *characters*. This parser:
+settings contract says chunk_size / chunk_overlap are *characters*. It:
 - never emits a chunk longer than `chunk_size` characters;
 - cuts after a sentence end (。！？；… and their ASCII forms, or a newline) whenever one falls in the window,
   else at a weaker boundary (，、：space), else hard at chunk_size;
@@ -12,17 +12,9 @@ Python strings are code-point sequences, so a cut can never split a surrogate pa
 from __future__ import annotations
 
 import re
-from collections.abc import Sequence
-from typing import Any
-
-from llama_index.core.node_parser import NodeParser
-from llama_index.core.schema import BaseNode, MetadataMode, TextNode
-from pydantic import Field
 
 _STRONG = re.compile(r"(?:[。！？；!?;…]+[”’」』）)\"']*|\n+)")
 _WEAK = re.compile(r"[，,、：:\s]")
-
-CHUNK_META_KEYS = ["doc_id", "doc_name", "chunk_index", "page", "char_start", "char_end", "source"]
 
 
 def _boundaries(text: str) -> list[int]:
@@ -76,28 +68,3 @@ def split_text(text: str, chunk_size: int, chunk_overlap: int) -> list[tuple[int
             nxt = cand[0] if cand else window_start
         s = max(nxt, s + 1)
     return spans
-
-
-class ChineseChunker(NodeParser):
-    """Splits Documents (one per page, metadata `page`/`source`) into TextNodes with offsets."""
-
-    chunk_size: int = Field(default=300, gt=0)
-    chunk_overlap: int = Field(default=50, ge=0)
-
-    def _parse_nodes(self, nodes: Sequence[BaseNode], show_progress: bool = False, **kwargs: Any) -> list[BaseNode]:
-        out: list[BaseNode] = []
-        index = 0
-        for node in nodes:
-            text = node.get_content(metadata_mode=MetadataMode.NONE)
-            base_meta = dict(node.metadata)
-            for start, end in split_text(text, self.chunk_size, self.chunk_overlap):
-                meta = {**base_meta, "chunk_index": index, "char_start": start, "char_end": end}
-                chunk = TextNode(
-                    text=text[start:end], metadata=meta, start_char_idx=start, end_char_idx=end,
-                    # Metadata must not count against chunk_size nor leak into embeddings.
-                    excluded_embed_metadata_keys=list(meta.keys()),
-                    excluded_llm_metadata_keys=list(meta.keys()),
-                )
-                out.append(chunk)
-                index += 1
-        return out

@@ -414,20 +414,12 @@ class OnnxEmbedding(BaseEmbedding):
         self._runner = _Runner(model_dir, onnx_path, num_threads=num_threads, max_length=max_length)
 
     @classmethod
-    def from_folder(cls, model_dir: str | Path, **kwargs: Any) -> "OnnxEmbedding":
-        return cls(model_dir, **kwargs)
-
-    @classmethod
     def class_name(cls) -> str:
         return "OnnxEmbedding"
 
     @property
     def dim(self) -> int:
         return self._runner.dim
-
-    def embed_raw(self, texts: list[str]) -> np.ndarray:
-        """Embed texts exactly as given (no prefix); (n, dim) float32, normalised."""
-        return self._runner.embed(list(texts))
 
     def _get_query_embedding(self, query: str) -> list[float]:
         return self._runner.embed([self.query_instruction + query])[0].tolist()

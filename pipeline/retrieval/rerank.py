@@ -69,10 +69,6 @@ class SafeRerank(BaseNodePostprocessor):
     def available(self) -> bool:
         return self._model is not None
 
-    @property
-    def model_label(self) -> str:
-        return self._model.label if self._model else ""
-
     def _postprocess_nodes(self, nodes: list[NodeWithScore],
                            query_bundle: QueryBundle | None = None) -> list[NodeWithScore]:
         pool = list(nodes[: max(self.candidates, self.top_n)])

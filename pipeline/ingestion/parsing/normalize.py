@@ -47,6 +47,3 @@ def normalize_text(text: str) -> str:
     text = _MANY_BLANK_LINES_RE.sub("\n\n", text)
     return text.strip()
 
-
-def has_text(text: str) -> bool:
-    return bool(text and text.strip())
