@@ -112,6 +112,8 @@ def test_a_model_without_a_profile_runs_on_the_generic_one_and_says_so(tmp_path,
         engine.close()
 
 
+# The whole calibration (dev-set KBs built, five fits) even on a tiny model: minutes, not the fast loop.
+@pytest.mark.slow
 def test_calibrate_fits_a_tiny_model_and_an_engine_then_runs_on_its_profile(tmp_path, monkeypatch):
     from pipeline import events as ev
     from tools.eval.calibrate import calibrate
