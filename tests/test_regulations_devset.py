@@ -34,13 +34,16 @@ def test_the_checker_names_each_kind_of_violation(tmp_path, capsys):
     wrong_article = dataclasses.replace(b, gold=dataclasses.replace(b.gold, article="第一条"))
     u = items.unanswerable[0]
     present = dataclasses.replace(u, grep_absent=(*u.grep_absent[:1], "人民币"))  # in many files
+    v = items.unanswerable[1]
+    no_such_article = dataclasses.replace(v, near_article="第九百九十九条")
     bad = dataclasses.replace(items, answerable=[wrong_span, wrong_article, *items.answerable[2:]],
-                              unanswerable=[present, *items.unanswerable[1:]])
+                              unanswerable=[present, no_such_article, *items.unanswerable[2:]])
     errors = check(bad, texts)
     assert any(e.startswith(f"{a.id}: span not found") for e in errors)
     assert any(e.startswith(f"{b.id}: span is in {b.gold.article}") for e in errors)
     assert any(e.startswith(f"{u.id}: grep_absent term '人民币'") for e in errors)
-    assert len(errors) == 3
+    assert any(e.startswith(f"{v.id}: ") and "第九百九十九条" in e for e in errors)
+    assert len(errors) == 4
 
     # The command line exits non-zero on a broken file.
     raw = json.loads(QUESTIONS.read_text(encoding="utf-8"))

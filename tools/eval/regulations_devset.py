@@ -69,6 +69,7 @@ class Unanswerable:
     domain_of: str  # the corpus file it is near
     why_unanswerable: str  # which law (not in the corpus) holds the answer
     grep_absent: tuple[str, ...]  # terms verified to occur in no corpus file
+    near_article: str = ""  # a near miss: the article of domain_of holding the general rule, not the point asked
 
 
 @dataclass(frozen=True)
@@ -97,8 +98,8 @@ def load_items(path: Path = QUESTIONS) -> DevItems:
     raw = json.loads(Path(path).read_text(encoding="utf-8"))
     return DevItems(
         [Answerable(d["id"], d["question"], d["type"], _gold(d), d["answer"], d["writer"]) for d in raw["answerable"]],
-        [Unanswerable(d["id"], d["question"], d["domain_of"], d["why_unanswerable"], tuple(d["grep_absent"]))
-         for d in raw["unanswerable"]],
+        [Unanswerable(d["id"], d["question"], d["domain_of"], d["why_unanswerable"], tuple(d["grep_absent"]),
+                      d.get("near_article", "")) for d in raw["unanswerable"]],
         [FollowUp(d["id"], d["first"], _gold(d, "first_"), d["followup"], _gold(d, "followup_"),
                   d["followup_answer"], d.get("first_id", "")) for d in raw["followups"]],
     )
@@ -161,6 +162,8 @@ def check(items: DevItems, texts: dict[str, str]) -> list[str]:
     for u in items.unanswerable:
         if u.domain_of not in texts:
             errors.append(f"{u.id}: domain_of {u.domain_of!r} is not in the corpus")
+        elif u.near_article and u.near_article not in {h for h, _ in arts[u.domain_of]}:
+            errors.append(f"{u.id}: {u.domain_of} has no article heading {u.near_article!r}")
         if not 2 <= len(u.grep_absent) <= 4:
             errors.append(f"{u.id}: {len(u.grep_absent)} grep_absent terms (2–4 wanted)")
         for term in u.grep_absent:
@@ -178,7 +181,8 @@ def check(items: DevItems, texts: dict[str, str]) -> list[str]:
 def summary(items: DevItems) -> str:
     a = items.answerable
     lines = [f"answerable {len(a)} over {len({x.gold.file for x in a})} regulations, "
-             f"unanswerable {len(items.unanswerable)}, follow-up pairs {len(items.followups)}",
+             f"unanswerable {len(items.unanswerable)} ({sum(1 for u in items.unanswerable if u.near_article)} near misses), "
+             f"follow-up pairs {len(items.followups)}",
              "types: " + ", ".join(f"{t} {n}" for t, n in Counter(x.type for x in a).most_common()),
              "writers: " + ", ".join(f"{w} {n}" for w, n in Counter(x.writer for x in a).most_common()),
              "most used files: " + ", ".join(f"{f.split('(')[0]} {n}"
