@@ -80,6 +80,7 @@ class FollowUp:
     followup: str
     followup_gold: Gold
     followup_answer: str
+    followup_standalone: str  # a hand-written standalone form (what a good rewrite gives), as in followups.json
     first_id: str = ""  # the answerable item the first question is, when it is one
 
 
@@ -101,7 +102,7 @@ def load_items(path: Path = QUESTIONS) -> DevItems:
         [Unanswerable(d["id"], d["question"], d["domain_of"], d["why_unanswerable"], tuple(d["grep_absent"]),
                       d.get("near_article", "")) for d in raw["unanswerable"]],
         [FollowUp(d["id"], d["first"], _gold(d, "first_"), d["followup"], _gold(d, "followup_"),
-                  d["followup_answer"], d.get("first_id", "")) for d in raw["followups"]],
+                  d["followup_answer"], d["followup_standalone"], d.get("first_id", "")) for d in raw["followups"]],
     )
 
 
@@ -173,6 +174,8 @@ def check(items: DevItems, texts: dict[str, str]) -> list[str]:
     for f in items.followups:
         errors += check_gold(f"{f.id} (first)", f.first_gold, texts, arts)
         errors += check_gold(f"{f.id} (follow-up)", f.followup_gold, texts, arts)
+        if not f.followup.strip() or not f.followup_standalone.strip() or not f.followup_answer.strip():
+            errors.append(f"{f.id}: empty follow-up, standalone form or answer")
         if f.first_id and (f.first_id not in by_id or by_id[f.first_id].question != f.first):
             errors.append(f"{f.id}: first_id {f.first_id} is not the answerable item with this first question")
     return errors
