@@ -3,6 +3,7 @@
     python app.py [--host 127.0.0.1] [--port 7860] [--data-dir data] [--share] [--auth USER:PASS ...]
                   [--admin USER ...] [--kb-admin USER ...]
                   [--database-url postgresql://…] [--chroma-url http://host:port] [--files-dir DIR]
+    python app.py --mcp-stdio [--data-dir data] …    (MCP over stdin/stdout for a desktop assistant; no web server)
 
 Without the last three everything lives in the data dir (SQLite, embedded Chroma, uploads/): no server needed.
 With them several app processes can serve one knowledge base (docs/deploy.md).
@@ -40,17 +41,20 @@ def parse_args(argv=None):
                         "else <data-dir>/uploads)")
     p.add_argument("--ingest-lease", type=float, default=None, metavar="SECONDS",
                    help="how long a dead process keeps an ingest job before another takes it over (default 60)")
+    p.add_argument("--mcp-stdio", action="store_true",
+                   help="serve the knowledge base as an MCP server over stdin/stdout (desktop assistants) "
+                        "instead of the web app; the caller is the local user")
     return p.parse_args(argv)
 
 
-def build_app(engine, policy, share_requested: bool = False):
-    """FastAPI app with the REST API and the Gradio Blocks mounted at /."""
+def build_app(engine, policy, bind_host: str = "127.0.0.1"):
+    """FastAPI app with the REST API (and MCP at /mcp) and the Gradio Blocks mounted at /."""
     import gradio as gr
 
     from api.server import create_api
     from ui import build_ui, page_kwargs
 
-    api = create_api(engine, policy)
+    api = create_api(engine, policy, bind_host)
     blocks = build_ui(engine, policy)
     # Gradio 6: theme/css/head (the citation click script) are mount/launch arguments, not Blocks() ones.
     return gr.mount_gradio_app(api, blocks, path="/", auth=policy.gradio_auth(),
@@ -76,12 +80,14 @@ def main(argv=None) -> int:
         print("拒绝创建公网分享链接：未设置登录（--auth USER:PASS）时公开知识库会造成泄露。", file=sys.stderr)
         return 2
 
+    if args.mcp_stdio:
+        return serve_mcp_stdio(args.data_dir, deployment)
     try:
         engine = Engine(args.data_dir, load_async=True, deployment=deployment)
     except ConnectionError as exc:  # a configured server is down or unreachable: say which, no traceback
         print(f"启动失败：{exc}", file=sys.stderr)
         return 2
-    app, blocks = build_app(engine, policy)
+    app, blocks = build_app(engine, policy, args.host)
 
     import uvicorn
 
@@ -104,6 +110,27 @@ def main(argv=None) -> int:
     threading.Thread(target=announce, name="announce", daemon=True).start()
     server.run()
     engine.close()
+    return 0
+
+
+def serve_mcp_stdio(data_dir: str, deployment) -> int:
+    """MCP over stdin/stdout: the protocol owns stdout, so everything the libraries print goes to stderr."""
+    import contextlib
+
+    from api.mcp_server import Caller, run_stdio
+    from pipeline.access.policy import EVERYONE
+    from pipeline.engine import Engine
+
+    try:
+        with contextlib.redirect_stdout(sys.stderr):
+            engine = Engine(data_dir, deployment=deployment)
+    except ConnectionError as exc:
+        print(f"启动失败：{exc}", file=sys.stderr)
+        return 2
+    try:
+        run_stdio(engine, Caller(None, EVERYONE))
+    finally:
+        engine.close()
     return 0
 
 

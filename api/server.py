@@ -22,6 +22,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from starlette.concurrency import run_in_threadpool
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
+from api.mcp_server import Caller, CallerRefused, mount_mcp
 from pipeline.access.policy import AccessPolicy, Reader, Role
 from pipeline.engine import Engine
 from pipeline.errors import (
@@ -135,7 +136,7 @@ class Envelope(BaseModel):
     data: Any = None
 
 
-def create_api(engine: Engine, policy: AccessPolicy | None = None) -> FastAPI:
+def create_api(engine: Engine, policy: AccessPolicy | None = None, bind_host: str = "127.0.0.1") -> FastAPI:
     policy = policy or AccessPolicy()
     app = FastAPI(
         title="中文知识库问答 API",
@@ -536,5 +537,14 @@ def create_api(engine: Engine, policy: AccessPolicy | None = None) -> FastAPI:
         login (holds no content)."""
         return ok(engine.health(kb_id))
 
+    # --- MCP (streamable HTTP at /mcp): the same callers and readers as above ------------------------
+    def mcp_caller(request: Request) -> Caller:
+        try:
+            user = current_user(request)
+        except ApiError as exc:
+            raise CallerRefused(401, exc.code, exc.msg) from None
+        return Caller(user, policy.reader(user))
+
+    mount_mcp(app, engine, mcp_caller, bind_host)
     return app
 

@@ -231,7 +231,8 @@ class RetrievalService:
         def row(n):
             m = n.node.metadata
             return {"chunk_id": int(n.node.node_id), "doc_id": m.get("doc_id"), "doc_name": m.get("doc_name"),
-                    "kb_id": m.get("kb_id"), "kb_name": m.get("kb_name"), "text": n.node.get_content()}
+                    "kb_id": m.get("kb_id"), "kb_name": m.get("kb_name"), "page": m.get("page"),
+                    "text": n.node.get_content()}
 
         return {
             "bm25": [row(n) | {"score": _r(n.score)} for n in fusion.bm25[:top_k]],
