@@ -25,6 +25,7 @@ from starlette.routing import Route
 from pipeline.access.kb_readers import Reader
 from pipeline.engine import Engine
 from pipeline.errors import CODE_AUTH, EngineError
+from pipeline.services.audit_log import Actor
 
 CONTEXT_CHARS = 400  # read_document: text kept on each side of the chunk
 LOOPBACK = ("127.0.0.1", "localhost", "::1")
@@ -150,7 +151,8 @@ def build_mcp(engine: Engine, caller_of: Callable[[Context], Caller]) -> MCPServ
             question: Annotated[str, Field(description="问题 / the question")],
             kb_ids: KbIds = None) -> Answer:
         who = caller_of(ctx)
-        res = run(lambda: engine.ask_sync(question, kb_ids=kb_ids, user=who.user, reader=who.reader))
+        res = run(lambda: engine.ask_sync(question, kb_ids=kb_ids, user=who.user, reader=who.reader,
+                                          actor=Actor(who.user, "mcp")))
         return Answer(answer=res["answer"], outcome=outcome_of(res), sources=[source_row(s) for s in res["sources"]])
 
     @mcp.tool(description="读取文档原文：给出 chunk_id 时返回该段及其前后文，否则返回文档开头。 / Read a document: with "

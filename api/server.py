@@ -37,6 +37,7 @@ from pipeline.errors import (
 )
 from pipeline.ingestion.parsing import MAX_BATCH_FILES, MAX_FILE_BYTES
 from pipeline.retrieval.kb_indexes import DEFAULT_KB_ID
+from pipeline.services.audit_log import Actor
 from pipeline.settings import SettingsError
 
 log = logging.getLogger(__name__)
@@ -226,10 +227,10 @@ def create_api(engine: Engine, policy: AccessPolicy | None = None, bind_host: st
         return ok(engine.settings.grouped(mask=True))
 
     @app.put("/api/config", response_model=Envelope, tags=["config"])
-    def put_config(payload: dict[str, Any], _: str | None = Depends(admin_user)):
+    def put_config(payload: dict[str, Any], user: str | None = Depends(admin_user)):
         """Partial update in the grouped shape. Keys not sent and masked secrets stay unchanged. Reply lists
         `immediate` (took effect now), `need_reload` (重载引擎) and `need_rebuild` (全量重建 for old docs)."""
-        return ok(engine.update_settings(payload))
+        return ok(engine.update_settings(payload, actor=Actor(user, "rest")))
 
     @app.post("/api/config/test-llm", response_model=Envelope, tags=["config"])
     def test_llm(payload: dict[str, Any] | None = None, _: str | None = Depends(admin_user)):
@@ -237,9 +238,9 @@ def create_api(engine: Engine, policy: AccessPolicy | None = None, bind_host: st
         return ok(engine.test_llm(payload or {}))
 
     @app.post("/api/config/reload", response_model=Envelope, tags=["config"])
-    def reload(_: str | None = Depends(admin_user)):
+    def reload(user: str | None = Depends(admin_user)):
         """Reload models and indexes (blocking). Questions get 2002 meanwhile."""
-        ms = engine.reload()
+        ms = engine.reload(actor=Actor(user, "rest"))
         return ok({"elapsed_ms": round(ms)})
 
     # --- knowledge bases ----------------------------------------------------------------------
@@ -250,33 +251,33 @@ def create_api(engine: Engine, policy: AccessPolicy | None = None, bind_host: st
         return ok(engine.list_kbs(reader))
 
     @app.post("/api/kbs", response_model=Envelope, tags=["kbs"])
-    def create_kb(body: KBCreate, _: str | None = Depends(kb_admin_user)):
+    def create_kb(body: KBCreate, user: str | None = Depends(kb_admin_user)):
         """Create a knowledge base (its own vector collection and BM25 index). Names are unique; `readers`
         restricts who may read it."""
         check_readers(body.readers)
-        return ok(engine.create_kb(body.name, body.description, body.readers))
+        return ok(engine.create_kb(body.name, body.description, body.readers, actor=Actor(user, "rest")))
 
     @app.get("/api/kbs/{kb_id}", response_model=Envelope, tags=["kbs"])
     def get_kb(kb_id: int, reader: Reader = Depends(reader_of)):
         return ok(engine.get_kb(kb_id, reader))
 
     @app.put("/api/kbs/{kb_id}", response_model=Envelope, tags=["kbs"])
-    def update_kb(kb_id: int, body: KBUpdate, _: str | None = Depends(kb_admin_user)):
+    def update_kb(kb_id: int, body: KBUpdate, user: str | None = Depends(kb_admin_user)):
         """Rename and/or re-describe a knowledge base; `readers` (when sent) sets who may read it, null opens it."""
         readers = body.readers if "readers" in body.model_fields_set else ...
         if readers is not ...:
             check_readers(readers)
-        return ok(engine.update_kb(kb_id, body.name, body.description, readers))
+        return ok(engine.update_kb(kb_id, body.name, body.description, readers, actor=Actor(user, "rest")))
 
     @app.delete("/api/kbs/{kb_id}", response_model=Envelope, tags=["kbs"])
     def delete_kb(kb_id: int, confirm: bool = Query(False, description="must be true"),
-                  _: str | None = Depends(kb_admin_user)):
+                  user: str | None = Depends(kb_admin_user)):
         """Delete a knowledge base with all its documents, versions, vectors, BM25 entries and files
         (`?confirm=true` required). The default knowledge base cannot be deleted."""
         if not confirm:
             raise ApiError(CODE_VALIDATION, "删除知识库会同时删除其中全部文档，请确认后带 confirm=true 重试",
                            {"field": "confirm"})
-        return ok(engine.delete_kb(kb_id))
+        return ok(engine.delete_kb(kb_id, actor=Actor(user, "rest")))
 
     # --- knowledge base -----------------------------------------------------------------------
     @app.post("/api/kb/documents", response_model=Envelope, tags=["kb"])
@@ -370,10 +371,10 @@ def create_api(engine: Engine, policy: AccessPolicy | None = None, bind_host: st
         return ok(engine.restore_version(doc_id))
 
     @app.delete("/api/kb/documents/{doc_id}", response_model=Envelope, tags=["kb"])
-    def delete_document(doc_id: int, _: str | None = Depends(kb_admin_user)):
+    def delete_document(doc_id: int, user: str | None = Depends(kb_admin_user)):
         """Delete the document, its chunks, its vectors, its BM25 entries and its stored file. The active version
         deletes the whole document (all versions); an old or failed version deletes only itself."""
-        return ok(engine.delete_document(doc_id))
+        return ok(engine.delete_document(doc_id, actor=Actor(user, "rest")))
 
     @app.post("/api/kb/rebuild", response_model=Envelope, tags=["kb"])
     def rebuild(kb_id: int | None = Query(None, ge=1, description="one knowledge base (default: all)"),
@@ -420,7 +421,8 @@ def create_api(engine: Engine, policy: AccessPolicy | None = None, bind_host: st
         """{answer, sources, elapsed_ms, trace, conversation_id, turn_id, route, rewritten_query} from the same
         pipeline as the stream; `kb_id` / `kb_ids` pick the knowledge bases (default: the default one)."""
         return ok(engine.ask_sync(body.question, retry=body.retry, conversation_id=body.conversation_id,
-                                  user=user, use_kb=body.use_kb, kb_ids=body.scope(), reader=policy.reader(user)))
+                                  user=user, use_kb=body.use_kb, kb_ids=body.scope(), reader=policy.reader(user),
+                                  actor=Actor(user, "rest")))
 
     @app.post("/api/qa/ask", tags=["qa"], response_class=StreamingResponse,
               responses={200: {"content": {"text/event-stream": {}},
@@ -430,7 +432,8 @@ def create_api(engine: Engine, policy: AccessPolicy | None = None, bind_host: st
         stored retrieval of the same question. A client that disconnects stops generation. `done` carries
         conversation_id (created when absent), turn_id, route and rewritten_query."""
         gen = engine.ask(body.question, retry=body.retry, conversation_id=body.conversation_id, user=user,
-                         use_kb=body.use_kb, kb_ids=body.scope(), reader=policy.reader(user))
+                         use_kb=body.use_kb, kb_ids=body.scope(), reader=policy.reader(user),
+                         actor=Actor(user, "rest"))
         sentinel = object()
         pulling = threading.Lock()  # a generator may not be closed while a `next` on it runs in another thread
 
@@ -458,6 +461,30 @@ def create_api(engine: Engine, policy: AccessPolicy | None = None, bind_host: st
 
         return StreamingResponse(stream(), media_type="text/event-stream",
                                  headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
+
+    # --- the audit log (admins): questions through every door, admin actions -------------------------
+    def audit_filters(actor: str | None = Query(None, description="user name or key:<name>"),
+                      door: str | None = Query(None, description="page / rest / openai / mcp / internal"),
+                      kind: str | None = Query(None, description="question / admin"),
+                      outcome: str | None = Query(None, description="answer / weak / refuse / error / aborted / ok"),
+                      kb_id: int | None = Query(None), since: str | None = Query(None, description="ISO date"),
+                      until: str | None = Query(None, description="ISO date (a bare date includes that day)")):
+        return {"actor": actor, "door": door, "kind": kind, "outcome": outcome, "kb_id": kb_id, "since": since,
+                "until": until}
+
+    @app.get("/api/audit-log", response_model=Envelope, tags=["audit"])
+    def audit_log(filters: dict = Depends(audit_filters), page: int = Query(1, ge=1),
+                  size: int = Query(50, ge=1, le=500), _: str | None = Depends(admin_user)):
+        """Newest first: time, actor, door, kind, action, kb_ids, question, outcome, latency_ms, cited, detail."""
+        return ok(engine.audit_log(page, size, **filters))
+
+    @app.get("/api/audit-log/export", tags=["audit"], response_class=PlainTextResponse)
+    def audit_log_export(filters: dict = Depends(audit_filters),
+                         format: str = Query("jsonl", pattern="^(jsonl|csv)$"), _: str | None = Depends(admin_user)):
+        """The matching entries, oldest first, as JSON lines or CSV (UTF-8 with BOM)."""
+        media = "text/csv" if format == "csv" else "application/x-ndjson"
+        return PlainTextResponse(engine.export_audit_log(format, **filters), media_type=f"{media}; charset=utf-8",
+                                 headers={"Content-Disposition": f'attachment; filename="audit-log.{format}"'})
 
     # --- conversations (server-side history; a user sees only their own) -------------------------
     @app.get("/api/conversations", response_model=Envelope, tags=["conversations"])

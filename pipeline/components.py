@@ -40,6 +40,7 @@ from pipeline.retrieval.rerank import CrossEncoder, load_cross_encoder
 from pipeline.retrieval.sentence_evidence import SentenceEvidence
 from pipeline.retrieval.service import RetrievalService
 from pipeline.services.answering import AnswerService
+from pipeline.services.audit_log import AuditLog
 from pipeline.services.changes import SearchableChanges
 from pipeline.services.conversations import ConversationDesk
 from pipeline.services.documents import DocumentService
@@ -50,6 +51,7 @@ from pipeline.services.retry_cache import StoredRetrievals
 from pipeline.services.settings import SettingsService
 from pipeline.services.shared_sync import SharedSync
 from pipeline.settings import Settings
+from store.audit_log import AuditLogStore
 from store.config_store import ConfigStore
 from store.conversations import ConversationStore
 from store.db import Database
@@ -232,6 +234,7 @@ class Services:
     answers: AnswerService
     conversations: ConversationDesk
     ops: OperationsService
+    audit: AuditLog                # who asked what through which door, and the admin actions
 
 
 def build_services(data_dir: Path | str, *, project_root: Path | None = None, models_dir: Path | None = None,
@@ -245,17 +248,18 @@ def build_services(data_dir: Path | str, *, project_root: Path | None = None, mo
         busy_reason=lambda: svc.lifecycle.busy_reason(), delete_document=lambda doc_id: svc.documents.delete(doc_id),
         deployment=deployment, calibration_dir=calibration_dir)
     recent = StoredRetrievals(c.retrievals, c.docs.get_chunks)
+    audit = AuditLog(AuditLogStore(c.db), retention_days=lambda: svc.settings.current.audit_retention_days)
     settings = SettingsService(c.config, c.project_root, c.calibration_dir, bump=lambda name: svc.sync.bump(name),
                                on_bm25_params=lambda s: svc.lifecycle.rebuild_bm25(s),
-                               catch_up=lambda: svc.sync.catch_up())
+                               catch_up=lambda: svc.sync.catch_up(), audit=audit)
     rebuild = Rebuild(c, on_change=lambda **kw: svc.changes.changed(**kw))
     lifecycle = Lifecycle(c, settings, rebuild, load_models=lambda s: load_models(c, s), sync=lambda: svc.sync,
-                          clear_caches=recent.clear)
+                          clear_caches=recent.clear, audit=audit)
     sync = SharedSync(c.state, on_kb=lifecycle.refresh_indexes, on_config=settings.reread,
                       on_engine=lifecycle.reload_from_elsewhere)
     changes = SearchableChanges(sync, clear_caches=recent.clear)
     access = KBAccess(c.kbs)  # per-KB readers: every read takes a `reader` (None = everyone)
-    kbs = KnowledgeBaseService(c, access, lifecycle, changes)
+    kbs = KnowledgeBaseService(c, access, lifecycle, changes, audit)
 
     def model_ids() -> ModelIds:
         stored, stored_dim = c.kbs.all_vectors.model_info()
@@ -269,9 +273,10 @@ def build_services(data_dir: Path | str, *, project_root: Path | None = None, mo
     auditor, repairer = build_ops(c, model_ids=model_ids,
                                   has_job=lambda doc_id: c.ingest.is_queued(doc_id) or rebuild.running,
                                   rebuild_bm25=lambda: changes.changed(wait=True), on_model_fixed=model_fixed)
-    svc = Services(c, settings, lifecycle, changes, sync, kbs, DocumentService(c, access, lifecycle, changes, rebuild),
-                   AnswerService(c, settings, lifecycle, kbs, recent, catch_up=sync.catch_up),
-                   ConversationDesk(c, access), OperationsService(c, lifecycle, changes, auditor, repairer))
+    svc = Services(c, settings, lifecycle, changes, sync, kbs,
+                   DocumentService(c, access, lifecycle, changes, rebuild, audit),
+                   AnswerService(c, settings, lifecycle, kbs, recent, catch_up=sync.catch_up, audit=audit),
+                   ConversationDesk(c, access), OperationsService(c, lifecycle, changes, auditor, repairer), audit)
     return svc
 
 

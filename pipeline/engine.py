@@ -41,6 +41,7 @@ class Engine:
         self.components = s.components
         self.settings_service, self.lifecycle, self.kbs = s.settings, s.lifecycle, s.kbs
         self.documents, self.answers, self.conversations, self.ops = s.documents, s.answers, s.conversations, s.ops
+        self.audit_log_service = s.audit  # (engine.audit is the consistency audit of the stores)
         self.data_dir, self.project_root, self.models_dir = (s.components.data_dir, s.components.project_root,
                                                              s.components.models_dir)
         if load_async:
@@ -125,6 +126,10 @@ class Engine:
     create_verified = _To("conversations")
     list_verified = _To("conversations")
     delete_verified = _To("conversations")
+
+    # ---- the audit log (admins)
+    audit_log = _To("audit_log_service", "list")
+    export_audit_log = _To("audit_log_service", "export")
 
     # ---- operations
     audit = _To("ops")

@@ -16,7 +16,7 @@ from urllib.parse import urlsplit
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 Effect = Literal["immediate", "reload", "rebuild"]
-GROUP_ORDER = ("llm", "retrieval", "chunking", "models", "ocr")
+GROUP_ORDER = ("llm", "retrieval", "chunking", "models", "ocr", "api")
 SRS_BGE_EMBEDDING_DIR = "models/bge-small-zh-v1.5"
 SRS_BGE_RERANKER_DIR = "models/bge-reranker-base"
 
@@ -106,6 +106,10 @@ class Settings(BaseModel):
                                 description="扫描页/乱码页走离线 OCR")
     ocr_max_pages: int = setting(50, group="ocr", effect="immediate", label="OCR 页数上限",
                                  description="每个文档最多 OCR 的页数", ge=1, le=2000)
+    # the audit log (pipeline/services/audit_log.py)
+    audit_retention_days: int = setting(
+        180, group="api", effect="immediate", label="审计日志保留(天)",
+        description="审计日志（提问与管理操作）保留的天数，过期记录由应用自动删除；0 = 永久保留", ge=0, le=36500)
 
     # --- meaning, not only type: a bad value is refused on save, naming the field ---------------
     @field_validator("llm_api_url")

@@ -348,6 +348,29 @@ MIGRATIONS += [
 ]
 
 
+# --- issue 26 (session 6) -------------------------------------------------------------------------------------
+MIGRATIONS += [
+    # v15: the audit log — who asked what through which door with what outcome, and the admin actions.
+    Migration(15, "audit log", (
+        """CREATE TABLE audit_log (
+            entry_id    INTEGER PRIMARY KEY AUTOINCREMENT,
+            at          REAL NOT NULL,
+            actor       TEXT,
+            door        TEXT NOT NULL,
+            kind        TEXT NOT NULL,
+            action      TEXT NOT NULL,
+            kb_ids      TEXT,
+            question    TEXT,
+            outcome     TEXT NOT NULL,
+            latency_ms  INTEGER,
+            cited       TEXT,
+            detail      TEXT
+        )""",
+        "CREATE INDEX idx_audit_at ON audit_log(at)",
+    )),
+]
+
+
 def _check_order(migrations: list[Migration]) -> None:
     versions = [m.version for m in migrations]
     if versions != list(range(1, len(versions) + 1)):
@@ -408,3 +431,4 @@ def _migrate(db, migrations: list[Migration], check_foreign_keys: bool = False) 
             if bad:
                 raise RuntimeError(f"schema migration left {len(bad)} broken foreign keys: {bad[:5]}")
     return applied
+

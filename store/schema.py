@@ -175,6 +175,22 @@ kb_gate_background = Table(
     Column("updated_at", Text, nullable=False),
 )
 
+audit_log = Table(
+    "audit_log", metadata,
+    _id("entry_id"),
+    Column("at", Double, nullable=False),  # seconds since the epoch (retention and date filters compare it)
+    Column("actor", Text),  # the user, key:<name> or 本机
+    Column("door", Text, nullable=False),  # page / rest / openai / mcp / internal
+    Column("kind", Text, nullable=False),  # question / admin
+    Column("action", Text, nullable=False),  # ask, or the admin action (settings.update, document.delete …)
+    Column("kb_ids", Text),  # ",1,3," — filterable with LIKE on both dialects
+    Column("question", Text),
+    Column("outcome", Text, nullable=False),  # answer / weak / refuse / error / aborted; ok for admin actions
+    Column("latency_ms", BigInteger),
+    Column("cited", Text),  # JSON [{doc_id, doc_name}]
+    Column("detail", Text),  # JSON
+)
+
 schema_version = Table(
     "schema_version", metadata,
     Column("version", BigInteger, primary_key=True, autoincrement=False),

@@ -11,6 +11,7 @@ import gradio as gr
 
 from pipeline.access.policy import AccessPolicy
 
+from .audit_log_tab import build_audit_log_tab
 from .chat_tab import build_chat_tab
 from .feedback_tab import build_feedback_tab
 from .header import build_header
@@ -42,8 +43,11 @@ def build_ui(engine, policy: AccessPolicy | None = None) -> gr.Blocks:
                 build_settings_tab(engine, policy)
             with gr.Tab("反馈", id="feedback", visible=shown, elem_id="tab-feedback") as fb_tab:
                 fb_list, fb_verified, show_fb, show_verified, fb_filter = build_feedback_tab(engine, policy)
+            with gr.Tab("审计", id="audit-log", visible=shown, elem_id="tab-audit-log") as audit_tab:
+                audit_list, show_audit, audit_inputs = build_audit_log_tab(engine, policy)
         fb_tab.select(show_fb, [fb_filter], [fb_list], api_visibility="private", queue=False)
         fb_tab.select(show_verified, None, [fb_verified], api_visibility="private", queue=False)
+        audit_tab.select(show_audit, audit_inputs, [audit_list], api_visibility="private", queue=False)
 
         chat.goto_kb.click(lambda: gr.Tabs(selected="kb"), None, tabs, api_visibility="private", queue=False)
         # Every page load: the user's conversations → the 历史 list, and the conversation that was open before
@@ -57,8 +61,9 @@ def build_ui(engine, policy: AccessPolicy | None = None) -> gr.Blocks:
                 user = getattr(request, "username", None) if request else None
                 return (gr.Tab(visible=True) if policy.is_kb_admin(user) else gr.skip(),
                         gr.Tab(visible=True) if policy.is_admin(user) else gr.skip(),
-                        gr.Tab(visible=True) if policy.is_kb_admin(user) else gr.skip())
+                        gr.Tab(visible=True) if policy.is_kb_admin(user) else gr.skip(),
+                        gr.Tab(visible=True) if policy.is_admin(user) else gr.skip())
 
-            demo.load(roles, None, [kb_tab, cfg_tab, fb_tab], api_visibility="private", queue=False)
+            demo.load(roles, None, [kb_tab, cfg_tab, fb_tab, audit_tab], api_visibility="private", queue=False)
     demo.page_kwargs = page_kwargs()
     return demo

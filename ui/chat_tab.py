@@ -26,6 +26,7 @@ import gradio as gr
 from pipeline import events as ev
 from pipeline.access.policy import AccessPolicy
 from pipeline.errors import CODE_ENGINE, CODE_LLM, EngineError
+from pipeline.services.audit_log import Actor
 
 from . import history as hist
 from .answer_feedback import build_answer_feedback
@@ -180,7 +181,7 @@ def build_chat_tab(engine, policy: AccessPolicy | None = None) -> ChatTab:
         try:
             for e in engine.ask(q, retry=retry_flag, conversation_id=conv_id, user=user, use_kb=bool(use_kb_value),
                                 kb_ids=scope_ids(engine, kb_value, policy.reader(user)),
-                                reader=policy.reader(user)):
+                                reader=policy.reader(user), actor=Actor(user, "page")):
                 if e.type is ev.EventType.STAGE:
                     yield {stage: render_stage(e.data.get("phase"))}
                 elif e.type is ev.EventType.TRACE:

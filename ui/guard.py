@@ -10,6 +10,7 @@ from typing import Any
 import gradio as gr
 
 from pipeline.access.policy import EVERYONE, AccessPolicy, Reader, Role
+from pipeline.services.audit_log import Actor
 
 log = logging.getLogger(__name__)
 
@@ -17,6 +18,11 @@ log = logging.getLogger(__name__)
 def request_user(request: Any) -> str | None:
     """The logged-in user of a Gradio request (None without logins or outside a request)."""
     return getattr(request, "username", None) if request is not None else None
+
+
+def page_actor(request: Any) -> Actor:
+    """Who acts through the page, for the audit log."""
+    return Actor(request_user(request), "page")
 
 
 def reader_of(policy: AccessPolicy | None, request: Any) -> Reader:

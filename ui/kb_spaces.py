@@ -112,10 +112,10 @@ def _wire(engine, policy, refresh, refresh_outputs, pick, info, mode, form, name
             if unknown:
                 raise ValueError(f"可读用户中有不存在的用户：{'、'.join(unknown)}")
             if mode_value == "rename":
-                kb = engine.update_kb(int(kb_id), name_value, desc_value, who)
+                kb = engine.update_kb(int(kb_id), name_value, desc_value, who, actor=guard.page_actor(request))
                 text = f"已保存「{esc(kb['name'])}」"
             else:
-                kb = engine.create_kb(name_value, desc_value or "", who)
+                kb = engine.create_kb(name_value, desc_value or "", who, actor=guard.page_actor(request))
                 text = f"已新建知识库「{esc(kb['name'])}」"
         except Exception as exc:  # EngineError: empty / duplicate name …
             return (gr.skip(), gr.skip(), f"⚠️ {esc(_err(exc))}", gr.skip(), *(gr.skip(),) * len(refresh_outputs))
@@ -134,7 +134,7 @@ def _wire(engine, policy, refresh, refresh_outputs, pick, info, mode, form, name
     def kb_spaces_delete(kb_id, request: gr.Request):
         guard.require(policy, request, Role.KB_ADMIN)
         try:
-            res = engine.delete_kb(int(kb_id))
+            res = engine.delete_kb(int(kb_id), actor=guard.page_actor(request))
             text = f"已删除知识库「{esc(res['name'])}」（{res['docs_removed']} 个文档）"
             kb_id = DEFAULT_KB_ID
         except Exception as exc:

@@ -448,7 +448,7 @@ def build_kb_tab(engine, badge=None, policy: AccessPolicy | None = None) -> dict
             return (gr.update(visible=False), "", None, *list_values(pg, kw, request, kb))
         did = _int(doc_id, -1)
         try:
-            res = engine.delete_document(did)
+            res = engine.delete_document(did, actor=guard.page_actor(request))
             msg = f"已删除「{esc(res.get('file_name'))}」（{res.get('chunks_removed', 0)} 个块）"
         except Exception as exc:
             if not getattr(exc, "code", None):

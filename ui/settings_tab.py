@@ -44,7 +44,7 @@ log = logging.getLogger(__name__)
 DENIED = DENIED_TEXT[Role.ADMIN]
 FIELDS: list[str] = [f for fields in GROUPS.values() for f in fields]
 CARDS: list[tuple[str, list[str]]] = [
-    ("llm", ["llm"]), ("retrieval", ["retrieval"]), ("chunking", ["chunking", "ocr"]), ("models", ["models"]),
+    ("llm", ["llm", "api"]), ("retrieval", ["retrieval"]), ("chunking", ["chunking", "ocr"]), ("models", ["models"]),
 ]
 CARD_TITLES = {"llm": "LLM 生成", "retrieval": "检索参数", "chunking": "切块参数 · OCR", "models": "模型路径"}
 
@@ -211,6 +211,8 @@ def build_settings_tab(engine, policy: AccessPolicy | None = None) -> dict[str, 
             for group in dict(CARDS)[key]:
                 if group == "ocr":
                     gr.Markdown("**OCR（扫描版 PDF）**")
+                if group == "api":
+                    gr.Markdown("**开放接口（API Key 与 /v1）**")
                 for name in GROUPS[group]:
                     make_field(name)
 
@@ -261,7 +263,7 @@ def build_settings_tab(engine, policy: AccessPolicy | None = None) -> dict[str, 
         require(request)
         payload = payload_from_form(values)
         try:
-            result = engine.update_settings(payload)
+            result = engine.update_settings(payload, actor=guard.page_actor(request))
         except SettingsError as exc:
             known = {k: v for k, v in exc.errors.items() if k in errs}
             other = [f"{esc(LABELS.get(k, k))}：{esc(v)}" for k, v in exc.errors.items() if k not in errs]
@@ -314,7 +316,7 @@ def build_settings_tab(engine, policy: AccessPolicy | None = None) -> dict[str, 
         require(request)
         yield banner("info", "⏳ 正在重载引擎…", ["期间提问会收到 2002「引擎重载中，请稍后」"])
         try:
-            ms = engine.reload()
+            ms = engine.reload(actor=guard.page_actor(request))
         except Exception as exc:
             if not getattr(exc, "code", None):
                 log.exception("engine reload failed")

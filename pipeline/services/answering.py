@@ -5,6 +5,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable, Iterator
+from contextlib import closing
 from typing import TYPE_CHECKING, Any
 
 from pipeline import events as ev
@@ -15,6 +16,7 @@ from pipeline.conversation.router import DIRECT, Route
 from pipeline.conversation.service import TurnRecorder
 from pipeline.errors import CODE_ENGINE, CODE_LLM, CODE_VALIDATION, EngineError
 from pipeline.retrieval.result import RetrievalResult
+from pipeline.services.audit_log import Actor, AuditLog
 from pipeline.services.knowledge_bases import KnowledgeBaseService
 from pipeline.services.lifecycle import Lifecycle
 from pipeline.services.retry_cache import StoredRetrievals
@@ -33,8 +35,9 @@ class AnswerService:
     counters); `recent` holds the retrieval behind each recent answer (重试)."""
 
     def __init__(self, c: Components, settings: SettingsService, lifecycle: Lifecycle, kbs: KnowledgeBaseService,
-                 recent: StoredRetrievals, catch_up: Callable[[], None]):
+                 recent: StoredRetrievals, catch_up: Callable[[], None], audit: AuditLog):
         self.c = c
+        self.audit = audit
         self.settings = settings
         self.lifecycle = lifecycle
         self.kbs = kbs
@@ -69,7 +72,19 @@ class AnswerService:
     # ---- the answer stream; conversations, routing and query rewriting (pipeline/conversation/) ----
     def ask(self, question: str, retry: bool = False, conversation_id: str | None = None,
             user: str | None = None, use_kb: bool = True, kb_ids: Any = None,
-            reader: Reader | None = None) -> Iterator[ev.Event]:
+            reader: Reader | None = None, actor: Actor | None = None) -> Iterator[ev.Event]:
+        """The one answer event stream (`_answer`), recorded in the audit log as asked by `actor` (default: `user`
+        through no door, i.e. a script) whichever door consumes it."""
+        try:
+            scope = self.kbs.resolve(kb_ids, reader)
+        except EngineError:  # the stream says why; the log keeps what was asked for
+            scope = [int(k) for k in kb_ids if str(k).isdigit()] if isinstance(kb_ids, list | tuple) else None
+        stream = self._answer(question, retry, conversation_id, user, use_kb, kb_ids, reader)
+        return self.audit.audited(stream, actor or Actor(user), scope, question if isinstance(question, str) else "")
+
+    def _answer(self, question: str, retry: bool = False, conversation_id: str | None = None,
+                user: str | None = None, use_kb: bool = True, kb_ids: Any = None,
+                reader: Reader | None = None) -> Iterator[ev.Event]:
         """The one answer event stream: stage → trace → stage → delta* → sources → done (or error).
         `kb_ids`: the knowledge bases to search (default: the default one); each must be readable by `reader`
         (4003 otherwise).
@@ -171,25 +186,26 @@ class AnswerService:
 
     def ask_sync(self, question: str, retry: bool = False, conversation_id: str | None = None,
                  user: str | None = None, use_kb: bool = True, kb_ids: Any = None,
-                 reader: Reader | None = None) -> dict:
+                 reader: Reader | None = None, actor: Actor | None = None) -> dict:
         """The synchronous form over the same stream: {answer, sources, elapsed_ms, trace, weak, support,
         conversation_id, turn_id, route, rewritten_query, mode, no_answer} or EngineError."""
         parts: list[str] = []
         sources: list = []
         trace = None
         done: dict = {}
-        for e in self.ask(question, retry=retry, conversation_id=conversation_id, user=user, use_kb=use_kb,
-                          kb_ids=kb_ids, reader=reader):
-            if e.type is ev.EventType.DELTA:
-                parts.append(e.data["text"])
-            elif e.type is ev.EventType.SOURCES:
-                sources = e.data["sources"]
-            elif e.type is ev.EventType.TRACE:
-                trace = e.data
-            elif e.type is ev.EventType.DONE:
-                done = e.data
-            elif e.type is ev.EventType.ERROR:
-                raise EngineError(e.data["code"], e.data["msg"])
+        with closing(self.ask(question, retry=retry, conversation_id=conversation_id, user=user, use_kb=use_kb,
+                              kb_ids=kb_ids, reader=reader, actor=actor)) as events:
+            for e in events:
+                if e.type is ev.EventType.DELTA:
+                    parts.append(e.data["text"])
+                elif e.type is ev.EventType.SOURCES:
+                    sources = e.data["sources"]
+                elif e.type is ev.EventType.TRACE:
+                    trace = e.data
+                elif e.type is ev.EventType.DONE:
+                    done = e.data
+                elif e.type is ev.EventType.ERROR:
+                    raise EngineError(e.data["code"], e.data["msg"])
         trace = ev.trace_with_support(trace, done)  # 检索过程 counts unsupported citations
         return {"answer": "".join(parts), "sources": sources, "elapsed_ms": done.get("elapsed_ms"), "trace": trace,
                 "weak": bool(done.get("weak")), "support": done.get("support"),

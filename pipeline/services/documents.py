@@ -10,6 +10,7 @@ from pipeline.errors import CODE_ENGINE, CODE_NO_DOC, CODE_VALIDATION, EngineErr
 from pipeline.ingestion.progress import shared_snapshot
 from pipeline.ingestion.rebuild import Rebuild
 from pipeline.ingestion.service import IngestBusy, UploadResult
+from pipeline.services.audit_log import Actor, AuditLog
 from pipeline.services.changes import SearchableChanges
 from pipeline.services.lifecycle import Lifecycle
 from store.migrations import DEFAULT_KB_ID
@@ -22,8 +23,9 @@ _NO_PROGRESS = {"stage": None, "stage_label": None, "done": None, "total": None,
 
 class DocumentService:
     def __init__(self, c: Components, access: KBAccess, lifecycle: Lifecycle, changes: SearchableChanges,
-                 rebuild: Rebuild):
+                 rebuild: Rebuild, audit: AuditLog):
         self.c = c
+        self.audit = audit
         self.access = access
         self.lifecycle = lifecycle
         self.changes = changes
@@ -139,7 +141,7 @@ class DocumentService:
         return self.c.docs.active_states(doc_ids)
 
     # ---- changes
-    def delete(self, doc_id: int) -> dict:
+    def delete(self, doc_id: int, actor: Actor | None = None) -> dict:
         """Delete a document: its active version deletes the whole document (every version); an old, a failed
         or a still-processing new version deletes only that version."""
         self.lifecycle.refuse_while_rebuilding()
@@ -161,6 +163,8 @@ class DocumentService:
                 c.files.delete(d.get("stored_name"))
             removed += len(chunk_ids)
         self.changes.changed()  # the lookups of both routes already skip it; BM25 rebuilds in the background
+        self.audit.admin(actor, "document.delete", {"doc_id": doc_id, "file_name": doc["file_name"],
+                                                    "versions_removed": len(targets)}, [doc["kb_id"]])
         return {"doc_id": doc_id, "file_name": doc["file_name"], "chunks_removed": removed,
                 "versions_removed": len(targets)}
 

@@ -5,6 +5,7 @@ from typing import TYPE_CHECKING, Any
 
 from pipeline.access.kb_readers import KBAccess, Reader
 from pipeline.errors import CODE_VALIDATION, EngineError
+from pipeline.services.audit_log import Actor, AuditLog
 from pipeline.services.changes import SearchableChanges
 from pipeline.services.lifecycle import Lifecycle
 from store.migrations import DEFAULT_KB_ID
@@ -14,8 +15,10 @@ if TYPE_CHECKING:
 
 
 class KnowledgeBaseService:
-    def __init__(self, c: Components, access: KBAccess, lifecycle: Lifecycle, changes: SearchableChanges):
+    def __init__(self, c: Components, access: KBAccess, lifecycle: Lifecycle, changes: SearchableChanges,
+                 audit: AuditLog):
         self.c = c
+        self.audit = audit
         self.access = access
         self.lifecycle = lifecycle
         self.changes = changes
@@ -28,15 +31,26 @@ class KnowledgeBaseService:
     def get(self, kb_id: int, reader: Reader | None = None) -> dict:
         return self.c.kbs.store.get(self.access.check(kb_id, reader))
 
-    def create(self, name: str, description: str = "", readers: list[str] | None = None) -> dict:
-        return self.c.kbs.create(name, description, readers)
+    def create(self, name: str, description: str = "", readers: list[str] | None = None,
+               actor: Actor | None = None) -> dict:
+        kb = self.c.kbs.create(name, description, readers)
+        self.audit.admin(actor, "kb.create", {"name": kb["name"], "readers": kb.get("readers")}, [kb["kb_id"]])
+        return kb
 
     def update(self, kb_id: int, name: str | None = None, description: str | None = None,
-               readers: Any = ...) -> dict:
-        """`readers`: ... unchanged, None = every logged-in user, a list = only these users (and KB admins)."""
-        return self.c.kbs.update(kb_id, name, description, readers)
+               readers: Any = ..., actor: Actor | None = None) -> dict:
+        """`readers`: ... unchanged, None = every logged-in user, a list = only these users (and KB admins).
+        A change of readers is its own audit entry (kb.readers): it changes who may read what."""
+        before = self.c.kbs.store.get(kb_id) if readers is not ... else None
+        kb = self.c.kbs.update(kb_id, name, description, readers)
+        if readers is not ... and (before or {}).get("readers") != kb.get("readers"):
+            self.audit.admin(actor, "kb.readers", {"name": kb["name"], "before": (before or {}).get("readers"),
+                                                   "after": kb.get("readers")}, [kb["kb_id"]])
+        if name is not None or description is not None:
+            self.audit.admin(actor, "kb.update", {"name": kb["name"]}, [kb["kb_id"]])
+        return kb
 
-    def delete(self, kb_id: int) -> dict:
+    def delete(self, kb_id: int, actor: Actor | None = None) -> dict:
         """Delete a knowledge base and everything in it (documents, versions, chunks, vectors, BM25, files).
         The default knowledge base stays (the SRS §7 paths work on it)."""
         c = self.c
@@ -57,6 +71,7 @@ class KnowledgeBaseService:
         if c.gate_background is not None:
             c.gate_background.forget(kb_id)
         self.changes.changed()  # other processes drop their handles of it (Lifecycle.refresh_indexes)
+        self.audit.admin(actor, "kb.delete", {"name": kb["name"], "docs_removed": len(docs)}, [kb_id])
         return {"kb_id": kb_id, "name": kb["name"], "docs_removed": len(docs)}
 
     def resolve(self, kb_ids: Any = None, reader: Reader | None = None) -> list[int]:

@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING
 
 from pipeline.errors import CODE_ENGINE, EngineError
 from pipeline.ingestion.rebuild import Rebuild
+from pipeline.services.audit_log import Actor, AuditLog
 from pipeline.services.settings import SettingsService
 from pipeline.services.shared_sync import SharedSync
 from pipeline.settings import Settings
@@ -24,8 +25,9 @@ log = logging.getLogger(__name__)
 class Lifecycle:
     def __init__(self, c: Components, settings: SettingsService, rebuild: Rebuild, *,
                  load_models: Callable[[Settings], object], sync: Callable[[], SharedSync],
-                 clear_caches: Callable[[], None]):
+                 clear_caches: Callable[[], None], audit: AuditLog):
         self.c = c
+        self.audit = audit
         self._load_models = load_models  # pipeline.components.load_models over these components
         self.settings = settings
         self.rebuild = rebuild
@@ -76,10 +78,11 @@ class Lifecycle:
                  m.embedding.label, c.retrieval.rerank_label or "无", self.settings.current.llm_model or "未配置")
         return self.last_reload_ms
 
-    def reload(self) -> float:
+    def reload(self, actor: Actor | None = None) -> float:
         """重载引擎 here and, through the engine version in the database, on every other app process."""
         if self.rebuild_busy():
             raise EngineError(CODE_ENGINE, "全量重建进行中，请完成后再重载引擎")
+        self.audit.admin(actor, "engine.reload")
         self._sync().bump(ENGINE_VERSION)
         return self.load()
 

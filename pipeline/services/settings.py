@@ -9,6 +9,7 @@ from typing import Any
 
 from pipeline.calibration import profile_for
 from pipeline.models.paths import embedding_model_id, resolve_model_dir
+from pipeline.services.audit_log import Actor, AuditLog
 from pipeline.settings import (
     LABELS,
     SECRET_FIELDS,
@@ -35,8 +36,9 @@ class SettingsService:
 
     def __init__(self, config: ConfigStore, project_root: Path, calibration_dir: Path | None, *,
                  bump: Callable[[str], int],
-                 on_bm25_params: Callable[[Settings], None], catch_up: Callable[[], None]):
+                 on_bm25_params: Callable[[Settings], None], catch_up: Callable[[], None], audit: AuditLog):
         self.config = config
+        self.audit = audit
         self.project_root = project_root
         self.calibration_dir = calibration_dir  # where the profiles live (None: the packaged ones)
         self._bump = bump
@@ -75,8 +77,9 @@ class SettingsService:
         if (old.bm25_k1, old.bm25_b) != (self.current.bm25_k1, self.current.bm25_b):
             self._on_bm25_params(self.current)
 
-    def update(self, payload: dict[str, Any]) -> dict:
-        """Validate, persist and apply a partial settings change (grouped or flat)."""
+    def update(self, payload: dict[str, Any], actor: Actor | None = None) -> dict:
+        """Validate, persist and apply a partial settings change (grouped or flat); the names changed (never
+        their values: a key may be among them) go to the audit log."""
         flat = flatten_grouped(payload)
         self._catch_up()  # merge onto the newest settings, whichever process saved them
         new, changed = merge_update(self.current, flat)
@@ -84,6 +87,7 @@ class SettingsService:
         self.config.save({k: new.model_dump()[k] for k in changed})
         if changed:
             self._bump(CONFIG_VERSION)
+            self.audit.admin(actor, "settings.update", {"changed": sorted(changed)})
         old = self.current
         self.current = new
         if {"bm25_k1", "bm25_b"} & set(changed):
