@@ -40,16 +40,19 @@ from pipeline.retrieval.rerank import CrossEncoder, load_cross_encoder
 from pipeline.retrieval.sentence_evidence import SentenceEvidence
 from pipeline.retrieval.service import RetrievalService
 from pipeline.services.answering import AnswerService
+from pipeline.services.api_keys import ApiKeyService
 from pipeline.services.changes import SearchableChanges
 from pipeline.services.conversations import ConversationDesk
 from pipeline.services.documents import DocumentService
 from pipeline.services.knowledge_bases import KnowledgeBaseService
 from pipeline.services.lifecycle import Lifecycle
 from pipeline.services.operations import OperationsService
+from pipeline.services.rate_limits import RateLimiter
 from pipeline.services.retry_cache import StoredRetrievals
 from pipeline.services.settings import SettingsService
 from pipeline.services.shared_sync import SharedSync
 from pipeline.settings import Settings
+from store.api_keys import ApiKeyStore, RateWindowStore
 from store.config_store import ConfigStore
 from store.conversations import ConversationStore
 from store.db import Database
@@ -232,6 +235,8 @@ class Services:
     answers: AnswerService
     conversations: ConversationDesk
     ops: OperationsService
+    api_keys: ApiKeyService        # API keys of /api and /v1 (the caller resolution: pipeline/access/callers.py)
+    rate_limits: RateLimiter       # requests per minute per key / login, counted in the database
 
 
 def build_services(data_dir: Path | str, *, project_root: Path | None = None, models_dir: Path | None = None,
@@ -271,7 +276,9 @@ def build_services(data_dir: Path | str, *, project_root: Path | None = None, mo
                                   rebuild_bm25=lambda: changes.changed(wait=True), on_model_fixed=model_fixed)
     svc = Services(c, settings, lifecycle, changes, sync, kbs, DocumentService(c, access, lifecycle, changes, rebuild),
                    AnswerService(c, settings, lifecycle, kbs, recent, catch_up=sync.catch_up),
-                   ConversationDesk(c, access), OperationsService(c, lifecycle, changes, auditor, repairer))
+                   ConversationDesk(c, access), OperationsService(c, lifecycle, changes, auditor, repairer),
+                   ApiKeyService(ApiKeyStore(c.db), check_kb=lambda kb_id: c.kbs.check(kb_id, fresh=True)),
+                   RateLimiter(RateWindowStore(c.db), lambda: settings.current.api_rate_limit_per_min))
     return svc
 
 

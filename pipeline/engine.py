@@ -41,6 +41,7 @@ class Engine:
         self.components = s.components
         self.settings_service, self.lifecycle, self.kbs = s.settings, s.lifecycle, s.kbs
         self.documents, self.answers, self.conversations, self.ops = s.documents, s.answers, s.conversations, s.ops
+        self.api_keys, self.rate_limits = s.api_keys, s.rate_limits
         self.data_dir, self.project_root, self.models_dir = (s.components.data_dir, s.components.project_root,
                                                              s.components.models_dir)
         if load_async:
@@ -125,6 +126,11 @@ class Engine:
     create_verified = _To("conversations")
     list_verified = _To("conversations")
     delete_verified = _To("conversations")
+
+    # ---- API keys
+    create_api_key = _To("api_keys", "create")
+    list_api_keys = _To("api_keys", "list")
+    revoke_api_key = _To("api_keys", "revoke")
 
     # ---- operations
     audit = _To("ops")

@@ -16,7 +16,7 @@ from urllib.parse import urlsplit
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 Effect = Literal["immediate", "reload", "rebuild"]
-GROUP_ORDER = ("llm", "retrieval", "chunking", "models", "ocr")
+GROUP_ORDER = ("llm", "retrieval", "chunking", "models", "ocr", "api")
 SRS_BGE_EMBEDDING_DIR = "models/bge-small-zh-v1.5"
 SRS_BGE_RERANKER_DIR = "models/bge-reranker-base"
 
@@ -106,6 +106,11 @@ class Settings(BaseModel):
                                 description="扫描页/乱码页走离线 OCR")
     ocr_max_pages: int = setting(50, group="ocr", effect="immediate", label="OCR 页数上限",
                                  description="每个文档最多 OCR 的页数", ge=1, le=2000)
+    # api (the OpenAI-compatible endpoint and the REST API: pipeline/access/callers.py)
+    api_rate_limit_per_min: int = setting(
+        60, group="api", effect="immediate", label="每分钟请求上限",
+        description="每个 API Key / 每个登录用户每分钟最多请求 /api 与 /v1 的次数（Key 可单独设置）；0 = 不限",
+        ge=0, le=100000)
 
     # --- meaning, not only type: a bad value is refused on save, naming the field ---------------
     @field_validator("llm_api_url")

@@ -44,7 +44,7 @@ log = logging.getLogger(__name__)
 DENIED = DENIED_TEXT[Role.ADMIN]
 FIELDS: list[str] = [f for fields in GROUPS.values() for f in fields]
 CARDS: list[tuple[str, list[str]]] = [
-    ("llm", ["llm"]), ("retrieval", ["retrieval"]), ("chunking", ["chunking", "ocr"]), ("models", ["models"]),
+    ("llm", ["llm", "api"]), ("retrieval", ["retrieval"]), ("chunking", ["chunking", "ocr"]), ("models", ["models"]),
 ]
 CARD_TITLES = {"llm": "LLM 生成", "retrieval": "检索参数", "chunking": "切块参数 · OCR", "models": "模型路径"}
 
@@ -211,6 +211,8 @@ def build_settings_tab(engine, policy: AccessPolicy | None = None) -> dict[str, 
             for group in dict(CARDS)[key]:
                 if group == "ocr":
                     gr.Markdown("**OCR（扫描版 PDF）**")
+                if group == "api":
+                    gr.Markdown("**开放接口（API Key 与 /v1）**")
                 for name in GROUPS[group]:
                     make_field(name)
 
