@@ -278,7 +278,8 @@ def build_services(data_dir: Path | str, *, project_root: Path | None = None, mo
                    AnswerService(c, settings, lifecycle, kbs, recent, catch_up=sync.catch_up),
                    ConversationDesk(c, access), OperationsService(c, lifecycle, changes, auditor, repairer),
                    ApiKeyService(ApiKeyStore(c.db), check_kb=lambda kb_id: c.kbs.check(kb_id, fresh=True)),
-                   RateLimiter(RateWindowStore(c.db), lambda: settings.current.api_rate_limit_per_min))
+                   RateLimiter(RateWindowStore(c.db), lambda: settings.current.api_rate_limit_per_min,
+                               lambda: settings.current.login_rate_limit_per_min))
     return svc
 
 

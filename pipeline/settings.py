@@ -108,8 +108,12 @@ class Settings(BaseModel):
                                  description="每个文档最多 OCR 的页数", ge=1, le=2000)
     # api (the OpenAI-compatible endpoint and the REST API: pipeline/access/callers.py)
     api_rate_limit_per_min: int = setting(
-        60, group="api", effect="immediate", label="每分钟请求上限",
-        description="每个 API Key / 每个登录用户每分钟最多请求 /api 与 /v1 的次数（Key 可单独设置）；0 = 不限",
+        60, group="api", effect="immediate", label="Key 每分钟请求上限",
+        description="每个 API Key 每分钟最多请求 /api 与 /v1 的次数（创建 Key 时可单独设置）；0 = 不限",
+        ge=0, le=100000)
+    login_rate_limit_per_min: int = setting(
+        0, group="api", effect="immediate", label="登录用户每分钟请求上限",
+        description="每个登录用户（HTTP Basic）每分钟最多请求 /api 与 /v1 的次数；0 = 不限（页面本身不计）",
         ge=0, le=100000)
 
     # --- meaning, not only type: a bad value is refused on save, naming the field ---------------

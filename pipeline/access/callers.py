@@ -9,7 +9,8 @@ for every `/api/*` and `/v1/*` request), with the rate limit counted on the way.
 - Nothing (or, while no key exists, any bearer token — clients send placeholders): without `--auth` the app is
   the open local tool (role admin, every knowledge base) — except `/v1`,
   which requires a key once any usable key exists; with `--auth` a login or a key is required.
-Rate limits: per key (its own `rate_limit`, else the setting api_rate_limit_per_min) and per login user.
+Rate limits: per key (its own `rate_limit`, else the setting api_rate_limit_per_min) and per login user (the
+setting login_rate_limit_per_min, off by default: logins were never limited before).
 """
 from __future__ import annotations
 
@@ -81,7 +82,7 @@ class CallerResolver:
                 if not self.policy.enabled and not self.keys.any_active():
                     return OPEN  # the open local tool: clients send some placeholder key (the SDK requires one)
                 raise EngineError(CODE_AUTH, BAD_KEY_TEXT)
-            self.limits.check(f"key:{row['key_id']}", row["rate_limit"])
+            self.limits.check_key(row["key_id"], row["rate_limit"])
             return key_caller(row)
         if not self.policy.enabled:
             if key_required_if_any and self.keys.any_active():
@@ -93,7 +94,7 @@ class CallerResolver:
             except (ValueError, UnicodeDecodeError):
                 user, pw = "", ""
             if user and self.policy.check(user, pw):
-                self.limits.check(f"user:{user}")
+                self.limits.check_login(user)
                 role = (Role.ADMIN if self.policy.is_admin(user) else
                         Role.KB_ADMIN if self.policy.is_kb_admin(user) else Role.USER)
                 return Caller("login", user, role, self.policy.reader(user))

@@ -1,4 +1,4 @@
-"""Requests per minute per API key and per login, counted in the database (store.api_keys.RateWindowStore).
+"""Requests per minute per API key and per login user, counted in the database (store.api_keys.RateWindowStore).
 
 Fixed one-minute windows by the wall clock: one upsert per request adds to the row of (bucket, minute) that
 every app process of a team deployment shares. Over the limit: RateLimited with the seconds left in the window
@@ -17,11 +17,19 @@ PRUNE_EVERY_S = 300.0
 
 
 class RateLimiter:
-    def __init__(self, store: RateWindowStore, default_limit: Callable[[], int], clock: Callable[[], float] = time.time):
+    def __init__(self, store: RateWindowStore, default_limit: Callable[[], int],
+                 login_limit: Callable[[], int] = lambda: 0, clock: Callable[[], float] = time.time):
         self.store = store
-        self.default_limit = default_limit  # the setting api_rate_limit_per_min
+        self.default_limit = default_limit  # keys: the setting api_rate_limit_per_min
+        self.login_limit = login_limit      # logins: the setting login_rate_limit_per_min
         self.clock = clock
         self._pruned = 0.0
+
+    def check_key(self, key_id: int, limit: int | None) -> None:
+        self.check(f"key:{key_id}", limit)
+
+    def check_login(self, user: str) -> None:
+        self.check(f"user:{user}", self.login_limit())
 
     def check(self, bucket: str, limit: int | None = None) -> None:
         """Count one request of `bucket`; RateLimited when it is over `limit` (None: the setting; 0: no limit)."""
