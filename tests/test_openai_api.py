@@ -9,6 +9,7 @@ unknown model → 404; 429 with Retry-After after the key's limit; 503 while the
 """
 from __future__ import annotations
 
+import json
 import os
 import re
 import subprocess
@@ -64,7 +65,7 @@ def keys(live):
             r = http.post("/api/keys", json=body).json()
             assert r["code"] == 0, r
             return r["data"]["secret"]
-        return {"all": make(name="全部"), "a": make(name="只读默认库", kb_ids=[1]),
+        return {"all": make(name="全部", rate_limit=0), "a": make(name="只读默认库", kb_ids=[1], rate_limit=0),
                 "limited": make(name="限流", rate_limit=2)}
 
 
@@ -226,6 +227,18 @@ def test_readme_examples_run_verbatim(live, keys):
     frames = [line for line in sh.stdout.splitlines() if line.startswith("data: ")]
     assert frames[-1] == "data: [DONE]" and '"citations"' in frames[-2] and "chat.completion.chunk" in frames[0]
 
+
+def test_benchmark_prints_both_doors(live, keys, capsys):
+    """Before the LLM test (it reloads the engine with an LLM): both doors answer extractively here."""
+    from tools.bench import bench_openai
+
+    out = live.engine.data_dir.parent / "bench-openai.json"
+    assert bench_openai.main(["--url", live.url, "--key", keys["all"], "--rounds", "3", "--json", str(out)]) == 0
+    printed = capsys.readouterr().out
+    assert "/api/qa/ask" in printed and "/v1/chat/completions" in printed and "overhead" in printed
+    r = json.loads(out.read_text(encoding="utf-8"))
+    assert r["rest"]["total"]["n"] == r["openai"]["total"]["n"] == 3
+    assert 0 < r["openai"]["first_token"]["p50_ms"] <= r["openai"]["total"]["p50_ms"]
 
 def test_temperature_and_max_tokens_reach_the_llm(live, keys, fake_llm):
     """Last in the module: it configures an LLM (the scripted fake server) and reloads."""
