@@ -221,10 +221,12 @@ def create_api(engine: Engine, policy: AccessPolicy | None = None) -> FastAPI:
     # --- auth: one resolution per request (pipeline/access/callers.py), cached by FastAPI for the request ----
     def caller_of(request: Request) -> Caller:
         try:
-            return callers.resolve(request.headers.get("authorization"),
-                                   key_required_if_any=openai_compat.is_v1(request))
+            caller = callers.resolve(request.headers.get("authorization"),
+                                     key_required_if_any=openai_compat.is_v1(request))
         except EngineError as exc:
             raise ApiError(exc.code, exc.msg, headers=error_headers(exc)) from None
+        request.state.caller = caller  # for whatever looks at the request afterwards (logs, audit)
+        return caller
 
     def current_user(caller: Caller = Depends(caller_of)) -> str | None:
         return caller.user

@@ -96,6 +96,10 @@ def test_non_stream_completion_with_citations(live, keys):
     with live.http(headers={"Authorization": f"Bearer {keys['all']}"}) as http:
         page = http.post("/api/qa/ask/sync", json={"question": QUESTION, "kb_id": 1}).json()["data"]
     assert page["answer"] == text and [s["chunk_id"] for s in page["sources"]] == [c["chunk_id"] for c in cites]
+    # what a key stores on /api belongs to the key, not to the page's local user
+    key_id = next(k["key_id"] for k in live.engine.list_api_keys() if k["name"] == "全部")
+    assert live.engine.list_conversations(f"key:{key_id}")["total"] == 1
+    assert live.engine.list_conversations(None)["total"] == 0
 
 
 def test_stream_completion_with_citations(live, keys):

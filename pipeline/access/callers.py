@@ -4,7 +4,8 @@ for every `/api/*` and `/v1/*` request), with the rate limit counted on the way.
 - `Authorization: Bearer kbqa-…`: an API key (pipeline/services/api_keys.py). It has a role of its own (never
   more than that) and optionally a list of knowledge bases: a reader key without a list reads the knowledge bases
   open to every logged-in user; a key with a list reads exactly those (an admin granted them); KB-admin and
-  admin keys read every knowledge base, or those of their list. A key acts on behalf of its creator (`user`).
+  admin keys read every knowledge base, or those of their list. What a key stores (conversations through
+  /api/qa/ask, feedback) belongs to `key:<key_id>`, apart from every login's own.
 - `Authorization: Basic …` with `--auth`: a login, with its role and per-KB readers (pipeline/access/policy.py).
 - Nothing (or, while no key exists, any bearer token — clients send placeholders): without `--auth` the app is
   the open local tool (role admin, every knowledge base) — except `/v1`,
@@ -32,7 +33,7 @@ BAD_KEY_TEXT = "API Key 无效、已吊销或已过期"
 @dataclass(frozen=True)
 class Caller:
     kind: Literal["open", "login", "key"]
-    user: str | None          # the login; a key: the user who created it; open: None
+    user: str | None          # who owns what the call stores: the login; a key: `key:<key_id>`; open: None
     role: Role
     reader: Reader
     key_id: int | None = None
@@ -63,7 +64,7 @@ def key_reader(row: dict) -> Reader:
 
 
 def key_caller(row: dict) -> Caller:
-    return Caller("key", row["created_by"], Role(row["role"]), key_reader(row), row["key_id"], row["name"],
+    return Caller("key", f"key:{row['key_id']}", Role(row["role"]), key_reader(row), row["key_id"], row["name"],
                   row["prefix"])
 
 
