@@ -211,6 +211,30 @@ def test_engine_loading_is_503(live, keys):
         live.engine.state = "ready"
 
 
+def test_weak_evidence_opens_with_the_page_banner():
+    """The gate's weak flag arrives in the trace, before the text: both shapes open the answer with the banner the
+    page shows, and say `weak` (the event stream of a weak answer, as AnswerService yields it)."""
+    from api import openai_compat as oc
+
+    source = {"no": 1, "chunk_id": 5, "doc_id": 2, "doc_name": "d.txt", "page": 3, "kb_id": 1, "kb_name": "默认知识库",
+              "text": "正文" * 400, "similarity": 0.41, "rerank_score": None, "cited": True, "verified": False}
+
+    def events():
+        return iter([ev.stage("recall"), ev.Event(ev.EventType.TRACE, {"gate": {"weak": True, "outcome": "weak"}}),
+                     ev.stage("generate"), ev.delta("答案[1]。"), ev.sources([source]), ev.done(12, False, weak=True)])
+
+    done = oc._complete(events(), "chatcmpl-x", 0, "kb-1", [1])
+    assert done["choices"][0]["message"]["content"] == oc.WEAK_PREFIX + "答案[1]。"
+    assert done["kbqa"]["outcome"] == "weak"
+    c = done["citations"][0]
+    assert (c["n"], c["file_name"], c["page"], c["score"]) == (1, "d.txt", 3, 0.41) and len(c["text"]) == 501
+    writer = oc.ChunkWriter("chatcmpl-x", 0, "kb-1", [1])
+    frames = "".join(writer(e) for e in events()).split("\n\n")
+    payloads = [json.loads(f[6:]) for f in frames if f.startswith("data: {")]
+    assert payloads[1]["choices"][0]["delta"]["content"] == oc.WEAK_PREFIX
+    assert payloads[-1]["kbqa"]["outcome"] == "weak" and frames[-2] == "data: [DONE]"
+
+
 def _readme_block(marker: str) -> str:
     text = (ROOT / "README.md").read_text(encoding="utf-8")
     m = re.search(re.escape(f"<!-- connect-example:{marker} -->") + r"\s*```\w+\n(.*?)```", text, re.S)
