@@ -117,8 +117,8 @@ def serve_mcp_stdio(data_dir: str, deployment) -> int:
     """MCP over stdin/stdout: the protocol owns stdout, so everything the libraries print goes to stderr."""
     import contextlib
 
-    from api.mcp_server import Caller, run_stdio
-    from pipeline.access.policy import EVERYONE
+    from api.mcp_server import run_stdio
+    from pipeline.access.callers import OPEN
     from pipeline.engine import Engine
 
     try:
@@ -128,7 +128,7 @@ def serve_mcp_stdio(data_dir: str, deployment) -> int:
         print(f"启动失败：{exc}", file=sys.stderr)
         return 2
     try:
-        run_stdio(engine, Caller(None, EVERYONE))
+        run_stdio(engine, OPEN)  # whoever started the process: the local tool's caller
     finally:
         engine.close()
     return 0

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Callable
-from dataclasses import dataclass
 from typing import Annotated, Any
 
 from mcp.server.mcpserver import Context, MCPServer
@@ -22,7 +21,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse
 from starlette.routing import Route
 
-from pipeline.access.kb_readers import Reader
+from pipeline.access.callers import Caller
 from pipeline.engine import Engine
 from pipeline.errors import CODE_AUTH, EngineError
 from pipeline.services.audit_log import Actor
@@ -31,18 +30,13 @@ CONTEXT_CHARS = 400  # read_document: text kept on each side of the chunk
 LOOPBACK = ("127.0.0.1", "localhost", "::1")
 
 
-@dataclass(frozen=True)
-class Caller:
-    user: str | None
-    reader: Reader
-
-
 class CallerRefused(Exception):
-    """Raised by a caller resolver: the request's credentials are missing or wrong (→ HTTP `status`)."""
+    """Raised by a caller resolver: the request's credentials are missing or wrong, or its rate limit is spent
+    (→ HTTP `status` with `headers`, e.g. Retry-After)."""
 
-    def __init__(self, status: int, code: int, msg: str):
+    def __init__(self, status: int, code: int, msg: str, headers: dict | None = None):
         super().__init__(msg)
-        self.status, self.code, self.msg = status, code, msg
+        self.status, self.code, self.msg, self.headers = status, code, msg, headers
 
 
 INSTRUCTIONS = (
@@ -152,7 +146,7 @@ def build_mcp(engine: Engine, caller_of: Callable[[Context], Caller]) -> MCPServ
             kb_ids: KbIds = None) -> Answer:
         who = caller_of(ctx)
         res = run(lambda: engine.ask_sync(question, kb_ids=kb_ids, user=who.user, reader=who.reader,
-                                          actor=Actor(who.user, "mcp")))
+                                          actor=Actor(who.label, "mcp")))
         return Answer(answer=res["answer"], outcome=outcome_of(res), sources=[source_row(s) for s in res["sources"]])
 
     @mcp.tool(description="读取文档原文：给出 chunk_id 时返回该段及其前后文，否则返回文档开头。 / Read a document: with "
@@ -209,7 +203,8 @@ class _Gate:
         try:
             caller = self.resolve(Request(scope))
         except CallerRefused as exc:
-            headers = {"WWW-Authenticate": 'Basic realm="kbqa", Bearer'} if exc.code == CODE_AUTH else None
+            headers = {**(exc.headers or {}),
+                       **({"WWW-Authenticate": 'Basic realm="kbqa", Bearer'} if exc.code == CODE_AUTH else {})}
             await JSONResponse({"code": exc.code, "msg": exc.msg, "data": None}, status_code=exc.status,
                                headers=headers)(scope, receive, send)
             return

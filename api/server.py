@@ -7,11 +7,9 @@ the envelope, never a stack trace.
 """
 from __future__ import annotations
 
-import base64
 import logging
 import shutil
 import tempfile
-import threading
 from pathlib import Path
 from typing import Any
 
@@ -22,7 +20,10 @@ from pydantic import BaseModel, ConfigDict, Field
 from starlette.concurrency import run_in_threadpool
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from api.mcp_server import Caller, CallerRefused, mount_mcp
+from api import openai_compat
+from api.mcp_server import CallerRefused, mount_mcp
+from api.sse import sse_frames
+from pipeline.access.callers import Caller, CallerResolver
 from pipeline.access.policy import AccessPolicy, Reader, Role
 from pipeline.engine import Engine
 from pipeline.errors import (
@@ -32,8 +33,10 @@ from pipeline.errors import (
     CODE_LLM,
     CODE_NO_DOC,
     CODE_PARSE,
+    CODE_RATE_LIMIT,
     CODE_VALIDATION,
     EngineError,
+    RateLimited,
 )
 from pipeline.ingestion.parsing import MAX_BATCH_FILES, MAX_FILE_BYTES
 from pipeline.retrieval.kb_indexes import DEFAULT_KB_ID
@@ -47,7 +50,7 @@ MEDIA_TYPES = {"txt": "text/plain", "md": "text/markdown", "csv": "text/csv",  #
                "docx": "application/vnd.openxmlformats-officedocument.wordprocessingml.document",
                "xlsx": "application/vnd.openxmlformats-officedocument.spreadsheetml.sheet"}
 HTTP_STATUS = {CODE_VALIDATION: 400, CODE_LLM: 502, CODE_ENGINE: 503, CODE_PARSE: 422, CODE_NO_DOC: 404,
-               CODE_AUTH: 401, CODE_FORBIDDEN: 403}
+               CODE_AUTH: 401, CODE_FORBIDDEN: 403, CODE_RATE_LIMIT: 429}
 
 
 def ok(data: Any = None) -> dict:
@@ -60,8 +63,14 @@ def fail(code: int, msg: str, data: Any = None, headers: dict | None = None) -> 
 
 
 class ApiError(Exception):
-    def __init__(self, code: int, msg: str, data: Any = None):
-        self.code, self.msg, self.data = code, msg, data
+    def __init__(self, code: int, msg: str, data: Any = None, headers: dict | None = None):
+        self.code, self.msg, self.data, self.headers = code, msg, data, headers
+
+
+def error_headers(exc: EngineError) -> dict | None:
+    if isinstance(exc, RateLimited):
+        return {"Retry-After": str(exc.retry_after)}
+    return None
 
 
 # --- request bodies (extra keys refused so typos are reported, not ignored) ----------------------------
@@ -131,6 +140,18 @@ class KBUpdate(BaseModel):
     readers: list[str] | None = Field(None, max_length=200, description=READERS_DOC + " (omit: unchanged)")
 
 
+class KeyCreate(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    name: str = Field(min_length=1, max_length=50)
+    role: str = Field("reader", description="reader | kb-admin | admin")
+    kb_ids: list[int] | None = Field(None, max_length=200, description="knowledge bases it may read; null = all "
+                                                                         "its role may read")
+    expires_at: str | None = Field(None, description="ISO 8601 time it stops working; null = never")
+    expires_in_days: float | None = Field(None, gt=0, le=3650)
+    rate_limit: int | None = Field(None, ge=0, le=100000, description="requests per minute; null = the setting "
+                                                                       "api_rate_limit_per_min; 0 = no limit")
+
+
 class Envelope(BaseModel):
     code: int = 0
     msg: str = "ok"
@@ -143,12 +164,14 @@ def create_api(engine: Engine, policy: AccessPolicy | None = None, bind_host: st
         title="中文知识库问答 API",
         version="1.0",
         description="SRS §7 interface. All responses use the envelope {code, msg, data}. With --auth, send "
-                    "HTTP Basic credentials of an app user.",
+                    "HTTP Basic credentials of an app user, or an API key (Authorization: Bearer kbqa-…). "
+                    "/v1: the OpenAI-compatible API (OpenAI's error shape).",
     )
+    callers = CallerResolver(policy, engine.api_keys, engine.rate_limits)
 
     # --- errors → envelope --------------------------------------------------------------------
     @app.exception_handler(RequestValidationError)
-    async def _validation(_: Request, exc: RequestValidationError):
+    async def _validation(request: Request, exc: RequestValidationError):
         errs = exc.errors()
         first = errs[0] if errs else {}
         loc = [str(x) for x in first.get("loc", ()) if x not in ("body", "query", "path")]
@@ -158,17 +181,23 @@ def create_api(engine: Engine, policy: AccessPolicy | None = None, bind_host: st
             field = "body"
         else:
             msg = f"参数 {field} 无效：{first.get('msg', '')}"
+        if openai_compat.is_v1(request):
+            return openai_compat.error_response(400, msg, "invalid_request_error", "invalid_request", param=field)
         return fail(CODE_VALIDATION, msg, {"field": field, "errors": [
             {"field": ".".join(str(x) for x in e.get("loc", ())), "msg": e.get("msg")} for e in errs]})
 
     @app.exception_handler(ApiError)
-    async def _api_error(_: Request, exc: ApiError):
+    async def _api_error(request: Request, exc: ApiError):
+        if openai_compat.is_v1(request):
+            return openai_compat.engine_error_response(exc.code, exc.msg, exc.headers)
         headers = {"WWW-Authenticate": 'Basic realm="kbqa"'} if exc.code == CODE_AUTH else None
-        return fail(exc.code, exc.msg, exc.data, headers)
+        return fail(exc.code, exc.msg, exc.data, {**(headers or {}), **(exc.headers or {})} or None)
 
     @app.exception_handler(EngineError)
-    async def _engine_error(_: Request, exc: EngineError):
-        return fail(exc.code, exc.msg, {"field": exc.field} if exc.field else None)
+    async def _engine_error(request: Request, exc: EngineError):
+        if openai_compat.is_v1(request):
+            return openai_compat.engine_error_response(exc.code, exc.msg, error_headers(exc))
+        return fail(exc.code, exc.msg, {"field": exc.field} if exc.field else None, error_headers(exc))
 
     @app.exception_handler(SettingsError)
     async def _settings_error(_: Request, exc: SettingsError):
@@ -176,44 +205,54 @@ def create_api(engine: Engine, policy: AccessPolicy | None = None, bind_host: st
         return fail(CODE_VALIDATION, str(exc), {"field": field, "errors": exc.errors})
 
     @app.exception_handler(StarletteHTTPException)
-    async def _http_error(_: Request, exc: StarletteHTTPException):
+    async def _http_error(request: Request, exc: StarletteHTTPException):
+        if openai_compat.is_v1(request):
+            return openai_compat.error_response(exc.status_code, str(exc.detail), "invalid_request_error",
+                                                "not_found" if exc.status_code == 404 else "invalid_request")
         code = CODE_NO_DOC if exc.status_code == 404 else CODE_VALIDATION
         return JSONResponse({"code": code, "msg": str(exc.detail), "data": None}, status_code=exc.status_code)
 
     @app.exception_handler(Exception)
-    async def _unexpected(_: Request, exc: Exception):
+    async def _unexpected(request: Request, exc: Exception):
         log.exception("unhandled API error")
+        if openai_compat.is_v1(request):
+            return openai_compat.error_response(500, f"内部错误：{type(exc).__name__}", "server_error", "internal_error")
         return JSONResponse({"code": CODE_ENGINE, "msg": f"内部错误：{type(exc).__name__}", "data": None},
                             status_code=500)
 
-    # --- auth ---------------------------------------------------------------------------------
-    def current_user(request: Request) -> str | None:
-        if not policy.enabled:
-            return None
-        header = request.headers.get("authorization", "")
-        if header.lower().startswith("basic "):
-            try:
-                user, _, pw = base64.b64decode(header[6:]).decode("utf-8").partition(":")
-            except (ValueError, UnicodeDecodeError):
-                user, pw = "", ""
-            if policy.check(user, pw):
-                return user
-        raise ApiError(CODE_AUTH, "需要登录：请使用 HTTP Basic 认证")
+    # --- auth: one resolution per request (pipeline/access/callers.py), cached by FastAPI for the request ----
+    def caller_of(request: Request) -> Caller:
+        try:
+            # /v1 and /mcp (the doors of other tools) are open only while no usable key exists
+            caller = callers.resolve(request.headers.get("authorization"),
+                                     key_required_if_any=openai_compat.is_v1(request)
+                                     or request.url.path.startswith("/mcp"))
+        except EngineError as exc:
+            raise ApiError(exc.code, exc.msg, headers=error_headers(exc)) from None
+        request.state.caller = caller  # for whatever looks at the request afterwards (logs, audit)
+        return caller
+
+    def current_user(caller: Caller = Depends(caller_of)) -> str | None:
+        return caller.user
+
+    def rest_actor(caller: Caller = Depends(caller_of)) -> Actor:
+        """Who acts, for the audit log: the user, key:<name>, or 本机."""
+        return Actor(caller.label, "rest")
 
     def role_user(role: Role):
-        def dependency(user: str | None = Depends(current_user)) -> str | None:
-            denied = policy.denial(user, role)
+        def dependency(caller: Caller = Depends(caller_of)) -> str | None:
+            denied = caller.denial(role)
             if denied:
                 raise ApiError(CODE_FORBIDDEN, denied)
-            return user
+            return caller.user
         return dependency
 
     admin_user = role_user(Role.ADMIN)
     kb_admin_user = role_user(Role.KB_ADMIN)
 
-    def reader_of(user: str | None = Depends(current_user)) -> Reader:
-        """Who reads (per-KB readers: a knowledge base they may not read answers 4003)."""
-        return policy.reader(user)
+    def reader_of(caller: Caller = Depends(caller_of)) -> Reader:
+        """Who reads (per-KB readers, a key's knowledge bases: a knowledge base they may not read answers 4003)."""
+        return caller.reader
 
     def check_readers(readers: list[str] | None) -> None:
         unknown = policy.unknown_users(readers)
@@ -227,10 +266,11 @@ def create_api(engine: Engine, policy: AccessPolicy | None = None, bind_host: st
         return ok(engine.settings.grouped(mask=True))
 
     @app.put("/api/config", response_model=Envelope, tags=["config"])
-    def put_config(payload: dict[str, Any], user: str | None = Depends(admin_user)):
+    def put_config(payload: dict[str, Any], _: str | None = Depends(admin_user),
+                   actor: Actor = Depends(rest_actor)):
         """Partial update in the grouped shape. Keys not sent and masked secrets stay unchanged. Reply lists
         `immediate` (took effect now), `need_reload` (重载引擎) and `need_rebuild` (全量重建 for old docs)."""
-        return ok(engine.update_settings(payload, actor=Actor(user, "rest")))
+        return ok(engine.update_settings(payload, actor=actor))
 
     @app.post("/api/config/test-llm", response_model=Envelope, tags=["config"])
     def test_llm(payload: dict[str, Any] | None = None, _: str | None = Depends(admin_user)):
@@ -238,10 +278,31 @@ def create_api(engine: Engine, policy: AccessPolicy | None = None, bind_host: st
         return ok(engine.test_llm(payload or {}))
 
     @app.post("/api/config/reload", response_model=Envelope, tags=["config"])
-    def reload(user: str | None = Depends(admin_user)):
+    def reload(_: str | None = Depends(admin_user),
+               actor: Actor = Depends(rest_actor)):
         """Reload models and indexes (blocking). Questions get 2002 meanwhile."""
-        ms = engine.reload(actor=Actor(user, "rest"))
+        ms = engine.reload(actor=actor)
         return ok({"elapsed_ms": round(ms)})
+
+    # --- API keys (admins) ----------------------------------------------------------------------
+    @app.post("/api/keys", response_model=Envelope, tags=["keys"])
+    def create_key(body: KeyCreate, caller: Caller = Depends(caller_of), _: str | None = Depends(admin_user)):
+        """Create an API key. The reply's `secret` (kbqa-…) is shown this once; only its hash is stored."""
+        return ok(engine.create_api_key(body.name, body.role, body.kb_ids, expires_at=body.expires_at,
+                                        expires_in_days=body.expires_in_days, rate_limit=body.rate_limit,
+                                        created_by=caller.label if caller.kind == "key" else caller.user,
+                                        actor=Actor(caller.label, "rest")))
+
+    @app.get("/api/keys", response_model=Envelope, tags=["keys"])
+    def list_keys(_: str | None = Depends(admin_user)):
+        """Every key: key_id, name, role, kb_ids, prefix, rate_limit, expires_at, created_by, created_at,
+        last_used_at, revoked, active — never the secret."""
+        return ok(engine.list_api_keys())
+
+    @app.delete("/api/keys/{key_id}", response_model=Envelope, tags=["keys"])
+    def revoke_key(key_id: int, _: str | None = Depends(admin_user), actor: Actor = Depends(rest_actor)):
+        """Revoke a key: every process refuses it from the next request on."""
+        return ok(engine.revoke_api_key(key_id, actor=actor))
 
     # --- knowledge bases ----------------------------------------------------------------------
     @app.get("/api/kbs", response_model=Envelope, tags=["kbs"])
@@ -251,33 +312,35 @@ def create_api(engine: Engine, policy: AccessPolicy | None = None, bind_host: st
         return ok(engine.list_kbs(reader))
 
     @app.post("/api/kbs", response_model=Envelope, tags=["kbs"])
-    def create_kb(body: KBCreate, user: str | None = Depends(kb_admin_user)):
+    def create_kb(body: KBCreate, _: str | None = Depends(kb_admin_user),
+                  actor: Actor = Depends(rest_actor)):
         """Create a knowledge base (its own vector collection and BM25 index). Names are unique; `readers`
         restricts who may read it."""
         check_readers(body.readers)
-        return ok(engine.create_kb(body.name, body.description, body.readers, actor=Actor(user, "rest")))
+        return ok(engine.create_kb(body.name, body.description, body.readers, actor=actor))
 
     @app.get("/api/kbs/{kb_id}", response_model=Envelope, tags=["kbs"])
     def get_kb(kb_id: int, reader: Reader = Depends(reader_of)):
         return ok(engine.get_kb(kb_id, reader))
 
     @app.put("/api/kbs/{kb_id}", response_model=Envelope, tags=["kbs"])
-    def update_kb(kb_id: int, body: KBUpdate, user: str | None = Depends(kb_admin_user)):
+    def update_kb(kb_id: int, body: KBUpdate, _: str | None = Depends(kb_admin_user),
+                  actor: Actor = Depends(rest_actor)):
         """Rename and/or re-describe a knowledge base; `readers` (when sent) sets who may read it, null opens it."""
         readers = body.readers if "readers" in body.model_fields_set else ...
         if readers is not ...:
             check_readers(readers)
-        return ok(engine.update_kb(kb_id, body.name, body.description, readers, actor=Actor(user, "rest")))
+        return ok(engine.update_kb(kb_id, body.name, body.description, readers, actor=actor))
 
     @app.delete("/api/kbs/{kb_id}", response_model=Envelope, tags=["kbs"])
     def delete_kb(kb_id: int, confirm: bool = Query(False, description="must be true"),
-                  user: str | None = Depends(kb_admin_user)):
+                  _: str | None = Depends(kb_admin_user), actor: Actor = Depends(rest_actor)):
         """Delete a knowledge base with all its documents, versions, vectors, BM25 entries and files
         (`?confirm=true` required). The default knowledge base cannot be deleted."""
         if not confirm:
             raise ApiError(CODE_VALIDATION, "删除知识库会同时删除其中全部文档，请确认后带 confirm=true 重试",
                            {"field": "confirm"})
-        return ok(engine.delete_kb(kb_id, actor=Actor(user, "rest")))
+        return ok(engine.delete_kb(kb_id, actor=actor))
 
     # --- knowledge base -----------------------------------------------------------------------
     @app.post("/api/kb/documents", response_model=Envelope, tags=["kb"])
@@ -371,10 +434,11 @@ def create_api(engine: Engine, policy: AccessPolicy | None = None, bind_host: st
         return ok(engine.restore_version(doc_id))
 
     @app.delete("/api/kb/documents/{doc_id}", response_model=Envelope, tags=["kb"])
-    def delete_document(doc_id: int, user: str | None = Depends(kb_admin_user)):
+    def delete_document(doc_id: int, _: str | None = Depends(kb_admin_user),
+                        actor: Actor = Depends(rest_actor)):
         """Delete the document, its chunks, its vectors, its BM25 entries and its stored file. The active version
         deletes the whole document (all versions); an old or failed version deletes only itself."""
-        return ok(engine.delete_document(doc_id, actor=Actor(user, "rest")))
+        return ok(engine.delete_document(doc_id, actor=actor))
 
     @app.post("/api/kb/rebuild", response_model=Envelope, tags=["kb"])
     def rebuild(kb_id: int | None = Query(None, ge=1, description="one knowledge base (default: all)"),
@@ -417,49 +481,25 @@ def create_api(engine: Engine, policy: AccessPolicy | None = None, bind_host: st
 
     # --- question answering -------------------------------------------------------------------
     @app.post("/api/qa/ask/sync", response_model=Envelope, tags=["qa"])
-    def ask_sync(body: AskBody, user: str | None = Depends(current_user)):
+    def ask_sync(body: AskBody, caller: Caller = Depends(caller_of)):
         """{answer, sources, elapsed_ms, trace, conversation_id, turn_id, route, rewritten_query} from the same
         pipeline as the stream; `kb_id` / `kb_ids` pick the knowledge bases (default: the default one)."""
         return ok(engine.ask_sync(body.question, retry=body.retry, conversation_id=body.conversation_id,
-                                  user=user, use_kb=body.use_kb, kb_ids=body.scope(), reader=policy.reader(user),
-                                  actor=Actor(user, "rest")))
+                                  user=caller.user, use_kb=body.use_kb, kb_ids=body.scope(), reader=caller.reader,
+                                  actor=Actor(caller.label, "rest")))
 
     @app.post("/api/qa/ask", tags=["qa"], response_class=StreamingResponse,
               responses={200: {"content": {"text/event-stream": {}},
                                "description": "events stage / trace / delta / sources / done / error"}})
-    async def ask(body: AskBody, request: Request, user: str | None = Depends(current_user)):
+    async def ask(body: AskBody, request: Request, caller: Caller = Depends(caller_of)):
         """Server-Sent Events: the engine's event stream, serialized. `retry: true` regenerates from the
         stored retrieval of the same question. A client that disconnects stops generation. `done` carries
         conversation_id (created when absent), turn_id, route and rewritten_query."""
-        gen = engine.ask(body.question, retry=body.retry, conversation_id=body.conversation_id, user=user,
-                         use_kb=body.use_kb, kb_ids=body.scope(), reader=policy.reader(user),
-                         actor=Actor(user, "rest"))
-        sentinel = object()
-        pulling = threading.Lock()  # a generator may not be closed while a `next` on it runs in another thread
-
-        def pull():
-            with pulling:
-                return next(gen, sentinel)
-
-        def close():
-            with pulling:  # after the `next` in flight returns
-                gen.close()  # GeneratorExit reaches the LLM stream and closes it
-
-        async def stream():
-            try:
-                while True:
-                    if await request.is_disconnected():
-                        break
-                    event = await run_in_threadpool(pull)
-                    if event is sentinel:
-                        break
-                    yield event.to_sse()
-            finally:
-                # A client that hangs up cancels this task, and an await here would be cancelled with it (the
-                # generator, and so the LLM stream, would never be closed): close it from a thread of its own.
-                threading.Thread(target=close, name="sse-close", daemon=True).start()
-
-        return StreamingResponse(stream(), media_type="text/event-stream",
+        gen = engine.ask(body.question, retry=body.retry, conversation_id=body.conversation_id, user=caller.user,
+                         use_kb=body.use_kb, kb_ids=body.scope(), reader=caller.reader,
+                         actor=Actor(caller.label, "rest"))
+        return StreamingResponse(sse_frames(gen, request, lambda event: event.to_sse()),
+                                 media_type="text/event-stream",
                                  headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
 
     # --- the audit log (admins): questions through every door, admin actions -------------------------
@@ -499,10 +539,10 @@ def create_api(engine: Engine, policy: AccessPolicy | None = None, bind_host: st
         return ok(engine.clear_conversations(user))
 
     @app.get("/api/conversations/{conv_id}", response_model=Envelope, tags=["conversations"])
-    def get_conversation(conv_id: str, user: str | None = Depends(current_user)):
+    def get_conversation(conv_id: str, caller: Caller = Depends(caller_of)):
         """One conversation with every turn (question, rewritten query, answer, sources, trace, route …).
         3002 unknown id; 4003 another user's."""
-        return ok(engine.get_conversation(conv_id, user, policy.reader(user)))
+        return ok(engine.get_conversation(conv_id, caller.user, caller.reader))
 
     @app.patch("/api/conversations/{conv_id}", response_model=Envelope, tags=["conversations"])
     def rename_conversation(conv_id: str, body: RenameBody, user: str | None = Depends(current_user)):
@@ -516,9 +556,9 @@ def create_api(engine: Engine, policy: AccessPolicy | None = None, bind_host: st
 
     @app.get("/api/conversations/{conv_id}/export", tags=["conversations"], response_class=PlainTextResponse,
              responses={200: {"content": {"text/markdown": {}}}})
-    def export_conversation(conv_id: str, user: str | None = Depends(current_user)):
+    def export_conversation(conv_id: str, caller: Caller = Depends(caller_of)):
         """The conversation as Markdown with each answer's citations (a download)."""
-        md = engine.export_conversation(conv_id, user, policy.reader(user))
+        md = engine.export_conversation(conv_id, caller.user, caller.reader)
         return PlainTextResponse(md, media_type="text/markdown; charset=utf-8", headers={
             "Content-Disposition": f'attachment; filename="conversation-{conv_id}.md"'})
 
@@ -564,13 +604,15 @@ def create_api(engine: Engine, policy: AccessPolicy | None = None, bind_host: st
         login (holds no content)."""
         return ok(engine.health(kb_id))
 
-    # --- MCP (streamable HTTP at /mcp): the same callers and readers as above ------------------------
+    app.include_router(openai_compat.router(engine, caller_of))
+
+    # --- MCP (streamable HTTP at /mcp): the same callers, readers and rate limits as above ---------------
     def mcp_caller(request: Request) -> Caller:
         try:
-            user = current_user(request)
+            return caller_of(request)
         except ApiError as exc:
-            raise CallerRefused(401, exc.code, exc.msg) from None
-        return Caller(user, policy.reader(user))
+            raise CallerRefused(429 if exc.headers and "Retry-After" in exc.headers else 401, exc.code, exc.msg,
+                                exc.headers) from None
 
     mount_mcp(app, engine, mcp_caller, bind_host)
     return app

@@ -40,6 +40,7 @@ from pipeline.retrieval.rerank import CrossEncoder, load_cross_encoder
 from pipeline.retrieval.sentence_evidence import SentenceEvidence
 from pipeline.retrieval.service import RetrievalService
 from pipeline.services.answering import AnswerService
+from pipeline.services.api_keys import ApiKeyService
 from pipeline.services.audit_log import AuditLog
 from pipeline.services.changes import SearchableChanges
 from pipeline.services.conversations import ConversationDesk
@@ -47,10 +48,12 @@ from pipeline.services.documents import DocumentService
 from pipeline.services.knowledge_bases import KnowledgeBaseService
 from pipeline.services.lifecycle import Lifecycle
 from pipeline.services.operations import OperationsService
+from pipeline.services.rate_limits import RateLimiter
 from pipeline.services.retry_cache import StoredRetrievals
 from pipeline.services.settings import SettingsService
 from pipeline.services.shared_sync import SharedSync
 from pipeline.settings import Settings
+from store.api_keys import ApiKeyStore, RateWindowStore
 from store.audit_log import AuditLogStore
 from store.config_store import ConfigStore
 from store.conversations import ConversationStore
@@ -234,6 +237,8 @@ class Services:
     answers: AnswerService
     conversations: ConversationDesk
     ops: OperationsService
+    api_keys: ApiKeyService        # API keys of /api and /v1 (the caller resolution: pipeline/access/callers.py)
+    rate_limits: RateLimiter       # requests per minute per key / login, counted in the database
     audit: AuditLog                # who asked what through which door, and the admin actions
 
 
@@ -276,7 +281,10 @@ def build_services(data_dir: Path | str, *, project_root: Path | None = None, mo
     svc = Services(c, settings, lifecycle, changes, sync, kbs,
                    DocumentService(c, access, lifecycle, changes, rebuild, audit),
                    AnswerService(c, settings, lifecycle, kbs, recent, catch_up=sync.catch_up, audit=audit),
-                   ConversationDesk(c, access), OperationsService(c, lifecycle, changes, auditor, repairer), audit)
+                   ConversationDesk(c, access), OperationsService(c, lifecycle, changes, auditor, repairer),
+                   ApiKeyService(ApiKeyStore(c.db), lambda kb_id: c.kbs.check(kb_id, fresh=True), audit),
+                   RateLimiter(RateWindowStore(c.db), lambda: settings.current.api_rate_limit_per_min,
+                               lambda: settings.current.login_rate_limit_per_min), audit)
     return svc
 
 

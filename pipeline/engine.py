@@ -42,6 +42,7 @@ class Engine:
         self.settings_service, self.lifecycle, self.kbs = s.settings, s.lifecycle, s.kbs
         self.documents, self.answers, self.conversations, self.ops = s.documents, s.answers, s.conversations, s.ops
         self.audit_log_service = s.audit  # (engine.audit is the consistency audit of the stores)
+        self.api_keys, self.rate_limits = s.api_keys, s.rate_limits
         self.data_dir, self.project_root, self.models_dir = (s.components.data_dir, s.components.project_root,
                                                              s.components.models_dir)
         if load_async:
@@ -130,6 +131,10 @@ class Engine:
     # ---- the audit log (admins)
     audit_log = _To("audit_log_service", "list")
     export_audit_log = _To("audit_log_service", "export")
+    # ---- API keys
+    create_api_key = _To("api_keys", "create")
+    list_api_keys = _To("api_keys", "list")
+    revoke_api_key = _To("api_keys", "revoke")
 
     # ---- operations
     audit = _To("ops")

@@ -11,6 +11,7 @@ CODE_PARSE = 3001       # a document could not be parsed
 CODE_NO_DOC = 3002      # no such document
 CODE_AUTH = 4001        # login required
 CODE_FORBIDDEN = 4003   # logged in, but the role does not allow it
+CODE_RATE_LIMIT = 4029  # too many requests from this key / login this minute (HTTP 429 with Retry-After)
 
 
 class EngineError(Exception):
@@ -21,3 +22,11 @@ class EngineError(Exception):
         self.code = code
         self.msg = msg
         self.field = field
+
+
+class RateLimited(EngineError):
+    """Over the per-minute request limit: `retry_after` whole seconds until the window ends (HTTP Retry-After)."""
+
+    def __init__(self, msg: str, retry_after: int):
+        super().__init__(CODE_RATE_LIMIT, msg)
+        self.retry_after = retry_after

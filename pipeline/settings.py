@@ -106,6 +106,15 @@ class Settings(BaseModel):
                                 description="扫描页/乱码页走离线 OCR")
     ocr_max_pages: int = setting(50, group="ocr", effect="immediate", label="OCR 页数上限",
                                  description="每个文档最多 OCR 的页数", ge=1, le=2000)
+    # api (the OpenAI-compatible endpoint and the REST API: pipeline/access/callers.py)
+    api_rate_limit_per_min: int = setting(
+        60, group="api", effect="immediate", label="Key 每分钟请求上限",
+        description="每个 API Key 每分钟最多请求 /api 与 /v1 的次数（创建 Key 时可单独设置）；0 = 不限",
+        ge=0, le=100000)
+    login_rate_limit_per_min: int = setting(
+        0, group="api", effect="immediate", label="登录用户每分钟请求上限",
+        description="每个登录用户（HTTP Basic）每分钟最多请求 /api 与 /v1 的次数；0 = 不限（页面本身不计）",
+        ge=0, le=100000)
     # the audit log (pipeline/services/audit_log.py)
     audit_retention_days: int = setting(
         180, group="api", effect="immediate", label="审计日志保留(天)",

@@ -1,4 +1,4 @@
-"""The audit log (`audit_log`, migration 15): one row per question through any door and per admin action.
+"""The audit log (`audit_log`, migration 17): one row per question through any door and per admin action.
 
 Rows are written once and never changed; the app deletes those older than the retention (pipeline/services/
 audit_log.py). Knowledge bases are kept as ",1,3," so a filter on one is a LIKE on both dialects.

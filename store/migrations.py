@@ -347,11 +347,36 @@ MIGRATIONS += [
     )),
 ]
 
-
 # --- issue 26 (session 6) -------------------------------------------------------------------------------------
 MIGRATIONS += [
-    # v15: the audit log — who asked what through which door with what outcome, and the admin actions.
-    Migration(15, "audit log", (
+    # v15: API keys — only a hash of each secret is stored (the secret is shown once, at creation).
+    Migration(15, "api keys", (
+        """CREATE TABLE IF NOT EXISTS api_key (
+            key_id       INTEGER PRIMARY KEY AUTOINCREMENT,
+            name         TEXT NOT NULL,
+            role         TEXT NOT NULL,
+            kb_ids       TEXT,
+            secret_hash  TEXT NOT NULL UNIQUE,
+            prefix       TEXT NOT NULL,
+            rate_limit   INTEGER,
+            expires_at   REAL,
+            created_by   TEXT,
+            created_at   TEXT NOT NULL,
+            last_used_at TEXT,
+            revoked_at   TEXT
+        )""",
+    )),
+    # v16: per-minute request counters shared by every app process (rate limits of keys and logins).
+    Migration(16, "rate limit windows", (
+        """CREATE TABLE IF NOT EXISTS rate_window (
+            bucket TEXT NOT NULL,
+            minute INTEGER NOT NULL,
+            hits   INTEGER NOT NULL,
+            PRIMARY KEY (bucket, minute)
+        )""",
+    )),
+    # v17: the audit log — who asked what through which door with what outcome, and the admin actions.
+    Migration(17, "audit log", (
         """CREATE TABLE audit_log (
             entry_id    INTEGER PRIMARY KEY AUTOINCREMENT,
             at          REAL NOT NULL,

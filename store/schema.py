@@ -175,6 +175,29 @@ kb_gate_background = Table(
     Column("updated_at", Text, nullable=False),
 )
 
+api_key = Table(
+    "api_key", metadata,
+    _id("key_id"),
+    Column("name", Text, nullable=False),
+    Column("role", Text, nullable=False),  # pipeline.access.policy.Role value: user | kb_admin | admin
+    Column("kb_ids", Text),  # JSON list of knowledge base ids it may read; NULL = every one its role may read
+    Column("secret_hash", Text, nullable=False, unique=True),  # sha256 hex of the secret; the secret is not kept
+    Column("prefix", Text, nullable=False),  # the first characters of the secret, to recognise it in lists
+    Column("rate_limit", BigInteger),  # requests per minute; NULL = the setting api_rate_limit_per_min
+    Column("expires_at", Double),  # seconds since the epoch; NULL = never
+    Column("created_by", Text),
+    Column("created_at", Text, nullable=False),
+    Column("last_used_at", Text),
+    Column("revoked_at", Text),  # NULL = active
+)
+
+rate_window = Table(
+    "rate_window", metadata,
+    Column("bucket", Text, primary_key=True),  # "key:<key_id>" | "user:<name>"
+    Column("minute", BigInteger, primary_key=True, autoincrement=False),  # minutes since the epoch
+    Column("hits", BigInteger, nullable=False),
+)
+
 audit_log = Table(
     "audit_log", metadata,
     _id("entry_id"),

@@ -36,6 +36,7 @@ from pipeline.settings import (
 )
 
 from . import guard
+from .api_keys_section import build_api_keys_section
 from .guard import request_user
 from .render import esc
 
@@ -230,6 +231,7 @@ def build_settings_tab(engine, policy: AccessPolicy | None = None) -> dict[str, 
         reload_btn = gr.Button("重载引擎", variant="stop", elem_id="cfg-reload")
     check_msg = gr.HTML("", elem_id="cfg-check")
     status = gr.HTML("", elem_id="cfg-banner")
+    build_api_keys_section(engine, policy)  # 开放接口: its own handlers, admins only
 
     field_list = [comps[n] for n in FIELDS]
     err_list = [errs[n] for n in FIELDS]

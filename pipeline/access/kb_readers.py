@@ -35,8 +35,10 @@ class KBAccess:
         """kb_id checked to exist (3002) and to be readable (4003)."""
         kb_id = self.kbs.check(kb_id, fresh=True)  # deleted by another process: 3002 here too
         reader = reader or EVERYONE
-        if not reader.privileged:
+        if not reader.unrestricted:
             kb = self.kbs.store.get(kb_id)
+            if kb is not None and reader.kb_ids is not None and kb_id not in reader.kb_ids:
+                raise EngineError(CODE_FORBIDDEN, f"该 API Key 无权访问知识库「{kb['name']}」", "kb_id")
             if kb is not None and not reader.may_read(kb):
                 raise denied(kb["name"])
         return kb_id
@@ -61,7 +63,7 @@ class KBAccess:
         """A replayed conversation: sources from knowledge bases the reader may no longer read lose their text
         (marked `restricted`), and such a turn's retrieval trace is dropped (it quotes the same chunks)."""
         reader = reader or EVERYONE
-        if reader.privileged:
+        if reader.unrestricted:
             return conv
         closed = {kb["kb_id"] for kb in self.kbs.store.list() if not reader.may_read(kb)}
         if not closed:

@@ -29,8 +29,16 @@ class Reader:
 
     user: str | None = None
     privileged: bool = True
+    kb_ids: frozenset[int] | None = None  # an API key's knowledge bases: nothing outside them (None: no such bound)
+
+    @property
+    def unrestricted(self) -> bool:
+        """Reads every knowledge base (no per-KB check needed)."""
+        return self.privileged and self.kb_ids is None
 
     def may_read(self, kb: dict) -> bool:
+        if self.kb_ids is not None and kb.get("kb_id") not in self.kb_ids:
+            return False
         readers = kb.get("readers")
         return self.privileged or readers is None or (self.user is not None and self.user in readers)
 

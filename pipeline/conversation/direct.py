@@ -40,7 +40,7 @@ def direct_messages(question: str, history: Sequence[dict]) -> list:
 
 
 def direct_reply(question: str, route: Route, history: Sequence[dict], llm: Any,
-                 temperature: float) -> Generator[Event, None, str]:
+                 temperature: float, max_tokens: int | None = None) -> Generator[Event, None, str]:
     """Yield the reply's delta events; return the answer mode ("llm" or "fixed"). LLM failures raise LLMError."""
     if llm is None:
         text = KB_OFF_OFFLINE if route.kind == "kb_off" else FIXED_REPLIES.get(route.kind or "", FIXED_REPLIES["ack"])
@@ -50,5 +50,5 @@ def direct_reply(question: str, route: Route, history: Sequence[dict], llm: Any,
 
     if route.kind == "kb_off":
         yield delta(KB_OFF_LABEL)
-    yield from stream_llm(direct_messages(question, history), llm, temperature, materials=0)
+    yield from stream_llm(direct_messages(question, history), llm, temperature, materials=0, max_tokens=max_tokens)
     return "llm"

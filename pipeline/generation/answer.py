@@ -93,14 +93,15 @@ def _llm_context(llm: Any) -> dict:
 def stream_answer(question: str, nodes: Sequence[Any], llm: Any, temperature: float,
                   *, history: Sequence[dict] = (),
                   retrieval_query: str | None = None, picker: Any = None,
-                  query_embedding: Any = None) -> Generator[Event, None, GenerationResult]:
+                  query_embedding: Any = None, max_tokens: int | None = None) -> Generator[Event, None, GenerationResult]:
     """Yield delta events of the answer; return GenerationResult(text, cited).
 
     `nodes` are the reranked NodeWithScore list (material [n] = nodes[n-1]). `llm` None → extractive answer
     with the engine's `picker` (pipeline.generation.extractive.ExtractivePicker, built by pipeline.components over
     the tokenizer and the embedding model) and the retrieval query's `query_embedding`.
     No nodes → the standard no-answer text without calling the LLM. `history` (the last few turns) and the
-    rewritten `retrieval_query` of a follow-up go into the prompt, apart from the materials.
+    rewritten `retrieval_query` of a follow-up go into the prompt, apart from the materials. `max_tokens` caps
+    the LLM's answer (a client of the OpenAI-compatible API may ask for it; None: the server's default).
     """
     nodes = list(nodes or [])
     if not nodes:
@@ -117,11 +118,11 @@ def stream_answer(question: str, nodes: Sequence[Any], llm: Any, temperature: fl
         return GenerationResult("".join(deltas), cited, sorted(cited))
 
     messages = build_messages(question, nodes, history=history, retrieval_query=retrieval_query)
-    return (yield from stream_llm(messages, llm, temperature, materials=len(nodes)))
+    return (yield from stream_llm(messages, llm, temperature, materials=len(nodes), max_tokens=max_tokens))
 
 
 def stream_llm(messages: list, llm: Any, temperature: float,
-               *, materials: int = 0) -> Generator[Event, None, GenerationResult]:
+               *, materials: int = 0, max_tokens: int | None = None) -> Generator[Event, None, GenerationResult]:
     """Stream one chat call as delta events: citations beyond `materials` removed, a leading <think> dropped,
     every failure raised as LLMError (also used for the no-retrieval replies of the router's DIRECT route)."""
     guard = CitationGuard(materials)
@@ -134,6 +135,8 @@ def stream_llm(messages: list, llm: Any, temperature: float,
     stream = None
     tag = new_stream_tag() if supports_stream_tag(llm) else None
     kwargs: dict[str, Any] = {"temperature": temperature}
+    if max_tokens is not None:
+        kwargs["max_tokens"] = max_tokens
     if tag:
         kwargs["extra_headers"] = {STREAM_TAG_HEADER: tag}
     try:

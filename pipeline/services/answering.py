@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import closing
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from pipeline import events as ev
@@ -13,7 +14,7 @@ from pipeline.access.kb_readers import Reader
 from pipeline.conversation.direct import direct_reply
 from pipeline.conversation.rewrite import Rewrite
 from pipeline.conversation.router import DIRECT, Route
-from pipeline.conversation.service import TurnRecorder
+from pipeline.conversation.service import HISTORY_TURNS, TurnRecorder
 from pipeline.errors import CODE_ENGINE, CODE_LLM, CODE_VALIDATION, EngineError
 from pipeline.retrieval.result import RetrievalResult
 from pipeline.services.audit_log import Actor, AuditLog
@@ -28,6 +29,15 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 MAX_QUESTION_CHARS = 2000
+
+
+@dataclass(frozen=True)
+class Generation:
+    """What a client may ask of the LLM for one answer (the OpenAI-compatible API's temperature / max_tokens);
+    None = the settings. Extractive answers (no LLM) ignore both."""
+
+    temperature: float | None = None
+    max_tokens: int | None = None
 
 
 class AnswerService:
@@ -72,19 +82,21 @@ class AnswerService:
     # ---- the answer stream; conversations, routing and query rewriting (pipeline/conversation/) ----
     def ask(self, question: str, retry: bool = False, conversation_id: str | None = None,
             user: str | None = None, use_kb: bool = True, kb_ids: Any = None,
-            reader: Reader | None = None, actor: Actor | None = None) -> Iterator[ev.Event]:
+            reader: Reader | None = None, history: Sequence[dict] | None = None,
+            generation: Generation | None = None, actor: Actor | None = None) -> Iterator[ev.Event]:
         """The one answer event stream (`_answer`), recorded in the audit log as asked by `actor` (default: `user`
         through no door, i.e. a script) whichever door consumes it."""
         try:
             scope = self.kbs.resolve(kb_ids, reader)
         except EngineError:  # the stream says why; the log keeps what was asked for
             scope = [int(k) for k in kb_ids if str(k).isdigit()] if isinstance(kb_ids, list | tuple) else None
-        stream = self._answer(question, retry, conversation_id, user, use_kb, kb_ids, reader)
+        stream = self._answer(question, retry, conversation_id, user, use_kb, kb_ids, reader, history, generation)
         return self.audit.audited(stream, actor or Actor(user), scope, question if isinstance(question, str) else "")
 
     def _answer(self, question: str, retry: bool = False, conversation_id: str | None = None,
                 user: str | None = None, use_kb: bool = True, kb_ids: Any = None,
-                reader: Reader | None = None) -> Iterator[ev.Event]:
+                reader: Reader | None = None, history: Sequence[dict] | None = None,
+                generation: Generation | None = None) -> Iterator[ev.Event]:
         """The one answer event stream: stage → trace → stage → delta* → sources → done (or error).
         `kb_ids`: the knowledge bases to search (default: the default one); each must be readable by `reader`
         (4003 otherwise).
@@ -92,6 +104,10 @@ class AnswerService:
         `conversation_id` None starts a conversation (its id comes back in `done`); an unknown id is a 3002
         error, another user's a 4003. The router may answer DIRECT (chit-chat, or `use_kb=False`) without
         retrieval; follow-ups are rewritten before retrieval. The finished turn is stored before `done`.
+
+        `history` instead of a conversation: the earlier turns as the client holds them ([{question, answer}],
+        oldest first; the OpenAI-compatible API), rewritten against exactly like a stored conversation's; nothing
+        is stored then (no conversation_id / turn_id in `done`). `generation`: temperature / max_tokens overrides.
         """
         t0 = time.perf_counter()
         c = self.c
@@ -100,21 +116,28 @@ class AnswerService:
             self.catch_up()
             scope = self.kbs.resolve(kb_ids, reader)
             self.lifecycle.require_ready()
+            if history is not None and conversation_id is not None:
+                raise EngineError(CODE_VALIDATION, "history 与 conversation_id 只能给一个", "history")
             conv = c.conversations.resolve(conversation_id, user) if conversation_id is not None else None
         except EngineError as exc:
             yield ev.error(exc.code, exc.msg)
             return
         question = question.strip()
         conv_id = conv["conv_id"] if conv else None
-        history = c.conversations.history(conv_id)
+        stateless = history is not None
+        history = (_client_history(history) if stateless else c.conversations.history(conv_id))
+        gen = generation or Generation()
         route = c.router.route(question, use_kb=use_kb, has_history=bool(history),
                                rerank_available=c.models.cross_encoder is not None)
         recorder = TurnRecorder(c.conversations, conv_id, user, question)
         qkey = f"{question}\x00{','.join(map(str, scope))}"  # a retry reuses the retrieval of the same scope
-        inner = (self._direct_answer(question, route, history, t0) if route.route == DIRECT
-                 else self._kb_answer(question, route, history, conv_id, retry, t0, scope, qkey))
+        inner = (self._direct_answer(question, route, history, t0, gen) if route.route == DIRECT
+                 else self._kb_answer(question, route, history, conv_id, retry, t0, scope, qkey, gen))
         try:
             for e in inner:
+                if stateless:  # nothing stored: done says the route itself
+                    yield ev.Event(ev.EventType.DONE, {**e.data, "route": route.route}) if e.type is ev.EventType.DONE else e
+                    continue
                 if e.type is ev.EventType.DONE:
                     e = ev.Event(ev.EventType.DONE, recorder.finish(e.data, route.route))
                     if conv_id is None and self.recent.get(("", qkey)):  # 重试 in the conversation just made
@@ -124,14 +147,18 @@ class AnswerService:
         finally:
             inner.close()  # a consumer that hangs up closes the LLM stream now
 
-    def _direct_answer(self, question: str, route: Route, history: list[dict], t0: float) -> Iterator[ev.Event]:
+    def _temperature(self, gen: Generation) -> float:
+        return self.settings.current.llm_temperature if gen.temperature is None else gen.temperature
+
+    def _direct_answer(self, question: str, route: Route, history: list[dict], t0: float,
+                       gen: Generation) -> Iterator[ev.Event]:
         from pipeline.generation.llm_client import LLMError
 
         yield ev.route_trace(route.to_dict(), Rewrite(question, question, "none").to_dict())
         yield ev.stage("generate")
         try:
-            mode = yield from direct_reply(question, route, history, self.c.models.llm,
-                                           self.settings.current.llm_temperature)
+            mode = yield from direct_reply(question, route, history, self.c.models.llm, self._temperature(gen),
+                                           max_tokens=gen.max_tokens)
         except LLMError as exc:
             yield ev.error(CODE_LLM, exc.msg)
             return
@@ -139,7 +166,7 @@ class AnswerService:
         yield ev.done((time.perf_counter() - t0) * 1000, no_answer=False, mode=mode)
 
     def _kb_answer(self, question: str, route: Route, history: list[dict], conv_id: str | None, retry: bool,
-                   t0: float, scope: list[int], qkey: str) -> Iterator[ev.Event]:
+                   t0: float, scope: list[int], qkey: str, gen: Generation) -> Iterator[ev.Event]:
         from pipeline.generation.answer import stream_answer
         from pipeline.generation.llm_client import LLMError
 
@@ -171,9 +198,9 @@ class AnswerService:
         yield ev.stage("generate")
         llm = c.models.llm
         try:
-            result = yield from stream_answer(question, res.final, llm, s.llm_temperature,
+            result = yield from stream_answer(question, res.final, llm, self._temperature(gen),
                                               history=history, retrieval_query=rw.query, picker=c.picker,
-                                              query_embedding=res.query_embedding)
+                                              query_embedding=res.query_embedding, max_tokens=gen.max_tokens)
         except LLMError as exc:
             yield ev.error(CODE_LLM, exc.msg)
             return
@@ -186,7 +213,8 @@ class AnswerService:
 
     def ask_sync(self, question: str, retry: bool = False, conversation_id: str | None = None,
                  user: str | None = None, use_kb: bool = True, kb_ids: Any = None,
-                 reader: Reader | None = None, actor: Actor | None = None) -> dict:
+                 reader: Reader | None = None, history: Sequence[dict] | None = None,
+                 generation: Generation | None = None, actor: Actor | None = None) -> dict:
         """The synchronous form over the same stream: {answer, sources, elapsed_ms, trace, weak, support,
         conversation_id, turn_id, route, rewritten_query, mode, no_answer} or EngineError."""
         parts: list[str] = []
@@ -194,7 +222,8 @@ class AnswerService:
         trace = None
         done: dict = {}
         with closing(self.ask(question, retry=retry, conversation_id=conversation_id, user=user, use_kb=use_kb,
-                              kb_ids=kb_ids, reader=reader, actor=actor)) as events:
+                              kb_ids=kb_ids, reader=reader, history=history, generation=generation,
+                              actor=actor)) as events:
             for e in events:
                 if e.type is ev.EventType.DELTA:
                     parts.append(e.data["text"])
@@ -211,3 +240,13 @@ class AnswerService:
                 "weak": bool(done.get("weak")), "support": done.get("support"),
                 **{k: done.get(k) for k in ("conversation_id", "turn_id", "route", "rewritten_query", "mode",
                                             "no_answer")}}
+
+
+def _client_history(turns: Sequence[dict]) -> list[dict]:
+    """A client's earlier turns in the shape the rewrite and the prompts read (the last HISTORY_TURNS, as a stored
+    conversation's `recent_turns`): question, answer; nothing else is known of them."""
+    out = []
+    for t in list(turns)[-HISTORY_TURNS:]:
+        out.append({"question": str(t.get("question") or ""), "answer": str(t.get("answer") or ""),
+                    "rewritten": None, "route": None, "no_answer": 0})
+    return out
