@@ -22,6 +22,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from starlette.concurrency import run_in_threadpool
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
+from api import security_headers
 from pipeline.access.policy import AccessPolicy, Reader, Role
 from pipeline.engine import Engine
 from pipeline.errors import (
@@ -143,6 +144,7 @@ def create_api(engine: Engine, policy: AccessPolicy | None = None) -> FastAPI:
         description="SRS §7 interface. All responses use the envelope {code, msg, data}. With --auth, send "
                     "HTTP Basic credentials of an app user.",
     )
+    security_headers.install(app)  # CSP, nosniff, frame-ancestors, Referrer-Policy on the API and the page
 
     # --- errors → envelope --------------------------------------------------------------------
     @app.exception_handler(RequestValidationError)
@@ -382,10 +384,10 @@ def create_api(engine: Engine, policy: AccessPolicy | None = None) -> FastAPI:
         return ok(engine.start_rebuild(kb_id))
 
     @app.get("/api/kb/rebuild", response_model=Envelope, tags=["kb"])
-    def rebuild_status(_: str | None = Depends(current_user)):
+    def rebuild_status(reader: Reader = Depends(reader_of)):
         """Progress of the running/last full rebuild: running, done, total (documents), eta_s, current,
         current_stage, elapsed_ms."""
-        return ok(engine.rebuild_status())
+        return ok(engine.rebuild_status(reader))
 
     @app.get("/api/kb/audit", response_model=Envelope, tags=["kb"])
     def audit(quick: bool = Query(False, description="skip re-tokenizing every chunk"),
@@ -531,10 +533,14 @@ def create_api(engine: Engine, policy: AccessPolicy | None = None) -> FastAPI:
         return ok(engine.delete_verified(qa_id))
 
     @app.get("/api/health", response_model=Envelope, tags=["status"])
-    def health(kb_id: int | None = Query(None, ge=1)):
+    def health(request: Request, kb_id: int | None = Query(None, ge=1)):
         """{status, chunks, docs, engine: ready|loading, …} of all knowledge bases or of `kb_id`. Open without
-        login (holds no content)."""
-        return ok(engine.health(kb_id))
+        login, but then (logins on) only {status, engine, state}: counts and file names only to readers."""
+        try:
+            user = current_user(request)
+        except ApiError:
+            return ok(engine.public_health())
+        return ok(engine.health(kb_id, policy.reader(user)))
 
     return app
 

@@ -18,8 +18,12 @@ from store.migrations import DEFAULT_KB_ID
 RESTRICTED_TEXT = "（无权查看：该来源所在的知识库只对指定用户开放）"
 
 
-def denied(name: str) -> EngineError:
-    return EngineError(CODE_FORBIDDEN, f"无权访问知识库「{name}」：它只对指定用户开放，请联系知识库管理员", "kb_id")
+DENIED_KB_TEXT = "无权访问该知识库：它只对指定用户开放，请联系知识库管理员"
+
+
+def denied(name: str | None = None) -> EngineError:
+    """The one refusal. It never names the knowledge base: ids could be enumerated into names (issue 27)."""
+    return EngineError(CODE_FORBIDDEN, DENIED_KB_TEXT, "kb_id")
 
 
 class KBAccess:
@@ -38,7 +42,7 @@ class KBAccess:
         if not reader.privileged:
             kb = self.kbs.store.get(kb_id)
             if kb is not None and not reader.may_read(kb):
-                raise denied(kb["name"])
+                raise denied()
         return kb_id
 
     def scope(self, kb_ids: Any, reader: Reader | None) -> list[int]:
@@ -56,6 +60,25 @@ class KBAccess:
         if isinstance(kb_ids, (int, str)):
             kb_ids = [kb_ids]
         return sorted({self.check(k, reader) for k in kb_ids})
+
+    def readable_ids(self, reader: Reader | None) -> set[int] | None:
+        """The ids the reader may read; None = all (a privileged reader, or no logins)."""
+        reader = reader or EVERYONE
+        return None if reader.privileged else {kb["kb_id"] for kb in self.readable(reader)}
+
+    def redact_progress(self, st: dict, reader: Reader | None) -> dict:
+        """Rebuild / ingest progress as a reader may see it: the current file's name and stage only when its
+        knowledge base is readable to them (counts of a one-KB rebuild likewise)."""
+        ids = self.readable_ids(reader)
+        if ids is None:
+            return st
+        st = dict(st)
+        if st.get("current") and st.get("current_kb_id") not in ids:
+            st["current"] = ""
+            st.pop("current_stage", None)
+        if st.get("kb_id") is not None and st["kb_id"] not in ids:
+            st.update(done=None, total=None, eta_s=None)
+        return st
 
     def redact_conversation(self, conv: dict, reader: Reader | None) -> dict:
         """A replayed conversation: sources from knowledge bases the reader may no longer read lose their text
