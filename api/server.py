@@ -101,6 +101,8 @@ class VerifiedBody(BaseModel):
     question: str = Field(min_length=1, max_length=500)
     answer: str = Field(min_length=1, max_length=4000)
     feedback_id: int | None = Field(None, description="the feedback item (and so the answer) it comes from")
+    kb_id: int | None = Field(None, ge=1, description="where to store it (default: the knowledge base of its "
+                                                       "sources; refused where that would widen who reads them)")
 
 
 class RenameBody(BaseModel):
@@ -520,7 +522,7 @@ def create_api(engine: Engine, policy: AccessPolicy | None = None) -> FastAPI:
     def create_verified(body: VerifiedBody, user: str | None = Depends(kb_admin_user)):
         """A verified Q&A entry (question + checked answer [+ the cited chunks of feedback_id's answer]),
         indexed like a small document on both routes and cited as 「已核实问答」 (KB admins)."""
-        return ok(engine.create_verified(body.question, body.answer, user, body.feedback_id))
+        return ok(engine.create_verified(body.question, body.answer, user, body.feedback_id, body.kb_id))
 
     @app.get("/api/verified", response_model=Envelope, tags=["feedback"])
     def list_verified(_: str | None = Depends(kb_admin_user)):

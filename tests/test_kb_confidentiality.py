@@ -124,3 +124,24 @@ def test_gradio_handlers_refuse_a_kb_the_caller_may_not_read(live):
     assert "薪酬" in json.dumps(ok, ensure_ascii=False)  # a reader still gets it
     boss = _gradio_call(live, "boss", "open_rename", [live.hr])
     assert "alice" in json.dumps(boss, ensure_ascii=False)
+
+
+def test_verified_entry_stays_in_its_sources_kb(live):
+    """An entry made from an answer whose sources sit in alice's KB goes there by default, and is refused in the
+    open default KB (bob would then retrieve its text)."""
+    with live.http(headers=auth("alice")) as http:
+        r = data(http.post("/api/qa/ask/sync", json={"question": "高级工程师的年度奖金是多少？", "kb_ids": [live.hr]}))
+        assert r["sources"] and {s["kb_id"] for s in r["sources"]} == {live.hr}, r
+        fb = data(http.post("/api/feedback", json={"turn_id": r["turn_id"], "rating": "up"}))
+    with live.http(headers=auth("boss")) as http:
+        body = {"question": "高级工程师奖金怎么算？", "answer": "十二个月基本工资的百分之三十。", "feedback_id": fb["fb_id"]}
+        refused = http.post("/api/verified", json={**body, "kb_id": 1}).json()
+        assert refused["code"] == 4003 and "只对部分用户开放" in refused["msg"], refused
+        entry = data(http.post("/api/verified", json=body))
+        doc = live.engine.get_document(entry["doc_id"])
+        assert doc["kb_id"] == live.hr
+        assert data(http.post("/api/verified", json={"question": "开门时间？", "answer": "九点。"}))  # no sources
+    assert live.engine.wait_idle(120)
+    with live.http(headers=auth("bob")) as http:
+        found = data(http.post("/api/kb/search", json={"query": "高级工程师奖金怎么算", "top_k": 10}))
+        assert "百分之三十" not in json.dumps(found, ensure_ascii=False)

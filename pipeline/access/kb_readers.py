@@ -11,7 +11,7 @@ from __future__ import annotations
 from typing import Any
 
 from pipeline.access.policy import EVERYONE, Reader
-from pipeline.errors import CODE_FORBIDDEN, EngineError
+from pipeline.errors import CODE_FORBIDDEN, CODE_VALIDATION, EngineError
 from pipeline.retrieval.kb_indexes import KnowledgeBases
 from store.migrations import DEFAULT_KB_ID
 
@@ -24,6 +24,15 @@ DENIED_KB_TEXT = "无权访问该知识库：它只对指定用户开放，请�
 def denied(name: str | None = None) -> EngineError:
     """The one refusal. It never names the knowledge base: ids could be enumerated into names (issue 27)."""
     return EngineError(CODE_FORBIDDEN, DENIED_KB_TEXT, "kb_id")
+
+
+def widens(source: dict, target: dict) -> bool:
+    """Whether copying text of knowledge base `source` into `target` shows it to someone who may not read
+    `source`: target open to all while source is restricted, or a target reader missing from source's list."""
+    src, dst = source.get("readers"), target.get("readers")
+    if src is None:
+        return False
+    return dst is None or not set(dst) <= set(src)
 
 
 class KBAccess:
@@ -79,6 +88,24 @@ class KBAccess:
         if st.get("kb_id") is not None and st["kb_id"] not in ids:
             st.update(done=None, total=None, eta_s=None)
         return st
+
+    def place_copy(self, source_kb_ids: set[int], target: int | None) -> int:
+        """Where content drawn from `source_kb_ids` may be stored (a verified Q&A entry): `target` if given,
+        else the one knowledge base the sources share (the default one when there are none). Refused (4003)
+        when the target's readers include someone who may not read one of the sources."""
+        if target is None:
+            if len(source_kb_ids) > 1:
+                raise EngineError(CODE_VALIDATION, "来源分属多个知识库：请指定要保存到的知识库（kb_id）", "kb_id")
+            target = next(iter(source_kb_ids), DEFAULT_KB_ID)
+        target = self.kbs.check(target, fresh=True)
+        dst = self.kbs.store.get(target)
+        for sid in sorted(source_kb_ids):
+            src = self.kbs.store.get(sid)
+            if src is not None and widens(src, dst):
+                raise EngineError(CODE_FORBIDDEN, f"不能保存到「{dst['name']}」：来源所在的知识库只对部分用户开放，"
+                                                  "保存后会被无权查看来源的用户检索到；请保存到来源所在的知识库",
+                                  "kb_id")
+        return target
 
     def redact_conversation(self, conv: dict, reader: Reader | None) -> dict:
         """A replayed conversation: sources from knowledge bases the reader may no longer read lose their text
