@@ -118,10 +118,10 @@ def _wire(engine, policy, refresh, refresh_outputs, pick, info, mode, form, name
                 raise ValueError(f"可读用户中有不存在的用户：{'、'.join(unknown)}")
             if mode_value == "rename":
                 kb = engine.update_kb(int(kb_id), name_value, desc_value, who)
-                text = f"已保存「{esc(kb['name'])}」"
+                text = f"已保存「{safe_markdown(kb['name'])}」"
             else:
                 kb = engine.create_kb(name_value, desc_value or "", who)
-                text = f"已新建知识库「{esc(kb['name'])}」"
+                text = f"已新建知识库「{safe_markdown(kb['name'])}」"
         except Exception as exc:  # EngineError: empty / duplicate name …
             return (gr.skip(), gr.skip(), f"⚠️ {esc(_err(exc))}", gr.skip(), *(gr.skip(),) * len(refresh_outputs))
         return (gr.update(visible=False), gr.Dropdown(choices=kb_choices(engine), value=kb["kb_id"]), text,
@@ -133,14 +133,14 @@ def _wire(engine, policy, refresh, refresh_outputs, pick, info, mode, form, name
         if kb.get("is_default"):
             return gr.update(visible=False), "", "⚠️ 默认知识库不能删除（可以重命名）"
         return (gr.update(visible=True),
-                f"**确定删除知识库「{esc(kb['name'])}」吗？** 其中的 {kb['docs']} 个文档（含全部版本）、"
+                f"**确定删除知识库「{safe_markdown(kb['name'])}」吗？** 其中的 {kb['docs']} 个文档（含全部版本）、"
                 f"{kb['chunks']} 个块、向量和原文件都会被删除，无法恢复。", "")
 
     def kb_spaces_delete(kb_id, request: gr.Request):
         guard.require(policy, request, Role.KB_ADMIN)
         try:
             res = engine.delete_kb(int(kb_id))
-            text = f"已删除知识库「{esc(res['name'])}」（{res['docs_removed']} 个文档）"
+            text = f"已删除知识库「{safe_markdown(res['name'])}」（{res['docs_removed']} 个文档）"
             kb_id = DEFAULT_KB_ID
         except Exception as exc:
             text = f"⚠️ 删除失败：{esc(_err(exc))}"

@@ -24,6 +24,7 @@ _INLINE = re.compile(r"(!?)\[([^\[\]\n]{0,500})\]\(\s*<?((?:[^()\s<>]|\([^()\s<>
 _REF_IMAGE = re.compile(r"!\[([^\[\]\n]{0,500})\]\s?\[([^\[\]\n]{0,200})\]")
 _REF_DEF = re.compile(r"^(\s{0,3})\[([^\[\]\n]+)\]:", re.M)
 _BANG = re.compile(r"!(?=\[)")
+_KEPT = re.compile("\x00(\\d+)\x00")
 
 
 def host_of(url: str) -> str:
@@ -34,25 +35,30 @@ def host_of(url: str) -> str:
     return parts.hostname or ("本站" if not parts.scheme else parts.scheme)
 
 
-def _inline(m: re.Match) -> str:
+def _inline(m: re.Match, kept: list[str]) -> str:
     bang, label, url = m.group(1), m.group(2), m.group(3)
     host = host_of(url)
     if bang:
         return f"［图片：{label or '无说明'}（未加载：{host}）］"
     scheme = (urlsplit(url).scheme if url else "").lower()
     if scheme in ("http", "https"):
-        return f"[{label}]({url})（↗ {host}）"
+        kept.append(f"[{label}]({url})（↗ {host}）")
+        return f"\x00{len(kept) - 1}\x00"  # set aside: the passes below must not touch the links we keep
     if not scheme and url.startswith("#"):  # an in-page anchor (our citation links are HTML, not this)
-        return m.group(0)
+        kept.append(m.group(0))
+        return f"\x00{len(kept) - 1}\x00"
     return f"{label}（链接已移除：{host}）"
 
 
 def defuse_markdown(text: str) -> str:
     """Markdown (already HTML-escaped) with no image and no hidden link target left."""
-    text = _INLINE.sub(_inline, text)
+    kept: list[str] = []
+    text = _INLINE.sub(lambda m: _inline(m, kept), text.replace("\x00", ""))
     text = _REF_IMAGE.sub(lambda m: f"［图片：{m.group(1) or '无说明'}（未加载）］", text)
     text = _REF_DEF.sub(lambda m: f"{m.group(1)}\\[{m.group(2)}\\]:", text)
-    return _BANG.sub("!\\\\", text)  # any `![` left over (nested brackets …): a literal "![", not an image
+    text = _BANG.sub("!\\\\", text)  # any `![` left over (nested brackets …): a literal "![", not an image
+    text = text.replace("](", "]\\(")  # nor a link whose target the text hides (nested brackets …)
+    return _KEPT.sub(lambda m: kept[int(m.group(1))], text)
 
 
 def safe_markdown(text: str | None) -> str:
