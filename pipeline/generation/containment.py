@@ -67,6 +67,17 @@ def _fold_char(ch: str) -> str:
     return "".join(_FOLD.get(c, c) for c in unicodedata.normalize("NFKC", _FOLD.get(ch, ch))).lower()
 
 
+def _triggers() -> re.Pattern:
+    """The characters a marker can start with once folded (<, [, & and every look-alike NFKC or the fold maps
+    there): a text without any of them holds no marker, and the per-character fold is skipped (the common case)."""
+    chars = {chr(cp) for cp in range(0x20, 0x10000) if not 0xD800 <= cp < 0xE000
+             and any(c in "<[&" for c in _fold_char(chr(cp)))}
+    return re.compile("[" + "".join(re.escape(c) for c in sorted(chars)) + "]")
+
+
+_TRIGGER = _triggers()
+
+
 def _decoded(text: str) -> str:
     for _ in range(3):  # &amp;lt; → &lt; → <
         nxt = html.unescape(text)
@@ -93,7 +104,10 @@ def _inert(folded_marker: str) -> str:
 
 def contain(text: object) -> str:
     """`text` with every marker (see module doc) replaced by an inert 「…」 form; entities decoded."""
-    s = _decoded("" if text is None else str(text))
+    s = "" if text is None else str(text)
+    if not _TRIGGER.search(s):
+        return s
+    s = _decoded(s)
     folded, owner = _folded(s)
     spans = [(owner[m.start()], owner[m.end() - 1] + 1, m.group(0)) for m in _MARKER.finditer(folded)]
     if not spans:
@@ -111,4 +125,6 @@ def contain(text: object) -> str:
 
 def markers(text: str) -> list[str]:
     """The markers `text` still holds (in the detection view): [] after contain()."""
-    return [m.group(0) for m in _MARKER.finditer(_folded(_decoded(text or ""))[0])]
+    if not text or not _TRIGGER.search(text):
+        return []
+    return [m.group(0) for m in _MARKER.finditer(_folded(_decoded(text))[0])]
