@@ -20,7 +20,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from starlette.concurrency import run_in_threadpool
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from api import openai_compat
+from api import openai_compat, security_headers
 from api.mcp_server import CallerRefused, mount_mcp
 from api.sse import sse_frames
 from pipeline.access.callers import Caller, CallerResolver
@@ -111,6 +111,8 @@ class VerifiedBody(BaseModel):
     question: str = Field(min_length=1, max_length=500)
     answer: str = Field(min_length=1, max_length=4000)
     feedback_id: int | None = Field(None, description="the feedback item (and so the answer) it comes from")
+    kb_id: int | None = Field(None, ge=1, description="where to store it (default: the knowledge base of its "
+                                                       "sources; refused where that would widen who reads them)")
 
 
 class RenameBody(BaseModel):
@@ -168,6 +170,7 @@ def create_api(engine: Engine, policy: AccessPolicy | None = None, bind_host: st
                     "/v1: the OpenAI-compatible API (OpenAI's error shape).",
     )
     callers = CallerResolver(policy, engine.api_keys, engine.rate_limits)
+    security_headers.install(app)  # CSP, nosniff, frame-ancestors, Referrer-Policy on the API and the page
 
     # --- errors → envelope --------------------------------------------------------------------
     @app.exception_handler(RequestValidationError)
@@ -448,10 +451,10 @@ def create_api(engine: Engine, policy: AccessPolicy | None = None, bind_host: st
         return ok(engine.start_rebuild(kb_id))
 
     @app.get("/api/kb/rebuild", response_model=Envelope, tags=["kb"])
-    def rebuild_status(_: str | None = Depends(current_user)):
+    def rebuild_status(reader: Reader = Depends(reader_of)):
         """Progress of the running/last full rebuild: running, done, total (documents), eta_s, current,
         current_stage, elapsed_ms."""
-        return ok(engine.rebuild_status())
+        return ok(engine.rebuild_status(reader))
 
     @app.get("/api/kb/audit", response_model=Envelope, tags=["kb"])
     def audit(quick: bool = Query(False, description="skip re-tokenizing every chunk"),
@@ -586,7 +589,7 @@ def create_api(engine: Engine, policy: AccessPolicy | None = None, bind_host: st
     def create_verified(body: VerifiedBody, user: str | None = Depends(kb_admin_user)):
         """A verified Q&A entry (question + checked answer [+ the cited chunks of feedback_id's answer]),
         indexed like a small document on both routes and cited as 「已核实问答」 (KB admins)."""
-        return ok(engine.create_verified(body.question, body.answer, user, body.feedback_id))
+        return ok(engine.create_verified(body.question, body.answer, user, body.feedback_id, body.kb_id))
 
     @app.get("/api/verified", response_model=Envelope, tags=["feedback"])
     def list_verified(_: str | None = Depends(kb_admin_user)):
@@ -599,10 +602,14 @@ def create_api(engine: Engine, policy: AccessPolicy | None = None, bind_host: st
         return ok(engine.delete_verified(qa_id))
 
     @app.get("/api/health", response_model=Envelope, tags=["status"])
-    def health(kb_id: int | None = Query(None, ge=1)):
+    def health(request: Request, kb_id: int | None = Query(None, ge=1)):
         """{status, chunks, docs, engine: ready|loading, …} of all knowledge bases or of `kb_id`. Open without
-        login (holds no content)."""
-        return ok(engine.health(kb_id))
+        login, but then (logins on) only {status, engine, state}: counts and file names only to readers."""
+        try:
+            caller = caller_of(request)
+        except ApiError:
+            return ok(engine.public_health())
+        return ok(engine.health(kb_id, caller.reader))
 
     app.include_router(openai_compat.router(engine, caller_of))
 

@@ -78,7 +78,8 @@ class Engine:
     test_llm = _To("settings_service")
     load = _To("lifecycle")
     reload = _To("lifecycle")
-    health = _To("lifecycle")
+    health = _To("kbs", "health")  # per-reader view over Lifecycle.health
+    public_health = _To("kbs")
 
     # ---- knowledge bases
     list_kbs = _To("kbs", "list")

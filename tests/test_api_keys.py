@@ -15,8 +15,10 @@ import pytest
 from pipeline.access.policy import AccessPolicy
 from pipeline.errors import RateLimited
 from pipeline.services.api_keys import ApiKeyService
+from pipeline.services.audit_log import AuditLog
 from pipeline.services.rate_limits import RateLimiter
 from store.api_keys import ApiKeyStore, RateWindowStore
+from store.audit_log import AuditLogStore
 from store.db import Database
 from tests.live import LiveApp
 from tests.tiny_engine import tiny_engine, tiny_model
@@ -35,8 +37,9 @@ def target(request, tmp_path):
 
 
 def services(db: Database, limit: int = 3) -> tuple[ApiKeyService, RateLimiter]:
-    return ApiKeyService(ApiKeyStore(db), check_kb=lambda kb_id: int(kb_id)), RateLimiter(RateWindowStore(db),
-                                                                                         lambda: limit)
+    audit = AuditLog(AuditLogStore(db), retention_days=lambda: 0)
+    return (ApiKeyService(ApiKeyStore(db), lambda kb_id: int(kb_id), audit),
+            RateLimiter(RateWindowStore(db), lambda: limit))
 
 
 def test_revocation_and_counters_are_shared_between_processes(target):

@@ -91,7 +91,7 @@ def test_llm_rewrite_uses_history_and_its_answer(fake_llm, rules):
     assert body.get("stream") in (None, False) and body["temperature"] == 0.0
     prompt = body["messages"][-1]["content"]
     assert "用户：采购合同里甲方的违约责任是什么？" in prompt and "助手：甲方无正当理由拒收货物" in prompt
-    assert "用户最后的问题：那乙方呢？" in prompt
+    assert "用户最后的问题：\n<question>\n那乙方呢？\n</question>" in prompt
 
 
 @pytest.mark.parametrize("mode,reply,why", [

@@ -30,7 +30,7 @@ def launch_kwargs() -> dict:
 def build_ui(engine, policy: AccessPolicy | None = None) -> gr.Blocks:
     policy = policy or AccessPolicy()
     with gr.Blocks(title="中文知识库问答", analytics_enabled=False) as demo:
-        badge = build_header(engine)
+        badge = build_header(engine, policy)
         with gr.Tabs(selected="qa", elem_id="kb-tabs") as tabs:
             with gr.Tab("问答", id="qa", elem_id="tab-qa"):
                 chat = build_chat_tab(engine, policy)

@@ -38,6 +38,12 @@ def audit_html(report: dict) -> str:
         parts.append(f'<div class="kba-find" data-check="{esc(f.get("check"))}"><b>✗ {esc(f.get("label"))}</b>'
                      f'：{esc(f.get("count"))} 项<div class="{cls}">{how}</div>'
                      f'<ul class="kba-items">{items}{more}</ul></div>')
+    flags = report.get("instruction_flags") or []
+    if flags:  # information, not a consistency problem
+        items = "".join(f"<li>{esc(f.get('file_name'))}（doc_id={esc(f.get('doc_id'))}）：{esc(f.get('count'))} 句，"
+                        f"如「{esc((f.get('sentences') or [''])[0][:60])}」</li>" for f in flags[:SHOWN])
+        parts.append(f'<div class="kba-find kba-flags" data-check="instruction_flags"><b>⚠ 含疑似指令文字的文档</b>'
+                     f'：{len(flags)} 个（已在提示中标记，不会被原文摘录引用）<ul class="kba-items">{items}</ul></div>')
     return f'<div class="kba">{"".join(parts)}{_counts(report)}</div>'
 
 

@@ -33,6 +33,7 @@ from .answer_feedback import build_answer_feedback
 from .guard import request_user
 from .kb_spaces import refresh_scope, scope_ids, scope_picker
 from .render import answer_markdown, mark_replaced, render_sources, render_stage, render_trace, trace_marks
+from .safe_markdown import safe_markdown
 from .viewer import OPENER_JS, build_viewer
 
 log = logging.getLogger(__name__)
@@ -168,7 +169,7 @@ def build_chat_tab(engine, policy: AccessPolicy | None = None) -> ChatTab:
         earlier = hist.messages(turns, None, _suffixes(turns, user))
 
         def pending(body: str) -> list:
-            return earlier + [{"role": "user", "content": html.escape(q, quote=False)},
+            return earlier + [{"role": "user", "content": safe_markdown(q)},
                               {"role": "assistant", "content": body}]
 
         # The previous answer area clears, the button disables, the stage indicator starts.

@@ -55,6 +55,9 @@ def render_verified(entries: list[dict]) -> str:
             f'<tbody>{"".join(rows)}</tbody></table>')
 
 
+SOURCES_KB = "来源所在的知识库（默认）"
+
+
 def build_feedback_tab(engine, policy: AccessPolicy | None = None):
     policy = policy or AccessPolicy()
     export_dir = Path(tempfile.mkdtemp(prefix="kbqa-feedback-"))
@@ -75,6 +78,9 @@ def build_feedback_tab(engine, policy: AccessPolicy | None = None):
     qa_question = gr.Textbox(label="问题", elem_id="kb-qa-question")
     qa_answer = gr.Textbox(label="核实后的答案（可修改）", lines=4, elem_id="kb-qa-answer")
     cited_view = gr.HTML("", elem_id="kb-qa-cited")
+    # filled in when an item is loaded (KB admins only: the page built before login names no restricted KB)
+    target = gr.Dropdown(choices=[(SOURCES_KB, 0)], value=0, label="保存到知识库", elem_id="kb-qa-kb",
+                         interactive=True, filterable=False)
     with gr.Row():
         create = gr.Button("创建已核实问答", variant="primary", size="sm", elem_id="kb-qa-create")
         qa_status = gr.HTML("", elem_id="kb-qa-status")
@@ -103,26 +109,29 @@ def build_feedback_tab(engine, policy: AccessPolicy | None = None):
 
     def do_pick(fb_id, request: gr.Request):
         if not _allowed(request):
-            return gr.skip(), gr.skip(), gr.skip()
+            return gr.skip(), gr.skip(), gr.skip(), gr.skip()
         try:
             fb = engine.get_feedback(int(fb_id)) if fb_id is not None else None
         except EngineError as exc:
             gr.Warning(exc.msg)
-            return gr.skip(), gr.skip(), gr.skip()
+            return gr.skip(), gr.skip(), gr.skip(), gr.skip()
         if fb is None:
             gr.Warning("请填写反馈编号")
-            return gr.skip(), gr.skip(), gr.skip()
+            return gr.skip(), gr.skip(), gr.skip(), gr.skip()
         cited = [s for s in fb["sources"] if s.get("cited")] or fb["sources"]
         cards = "".join(f'<li>[{esc(s.get("no"))}] {esc(doc_label(s))}：{esc(snippet(s.get("text"), 80))}</li>'
                         for s in cited)
         cited_html = f'<div class="kb-muted">依据的片段：</div><ul>{cards or "<li>无</li>"}</ul>'
-        return fb["question"], fb["answer"], cited_html
+        kbs = gr.Dropdown(choices=[(SOURCES_KB, 0), *((k["name"], k["kb_id"]) for k in engine.list_kbs())], value=0)
+        return fb["question"], fb["answer"], cited_html, kbs
 
-    def do_create(fb_id, question, answer, request: gr.Request):
+    def do_create(fb_id, question, answer, request: gr.Request, kb=0):
         if not _allowed(request):
             return gr.skip(), gr.skip()
         try:
-            e = engine.create_verified(question, answer, request_user(request), int(fb_id) if fb_id else None)
+            # kb 0: where its sources are (refused where that would widen who reads them: KBAccess.place_copy)
+            e = engine.create_verified(question, answer, request_user(request), int(fb_id) if fb_id else None,
+                                       int(kb) if kb else None)
         except EngineError as exc:
             gr.Warning(exc.msg)
             return f'<span class="kb-qa-error">⚠️ {esc(exc.msg)}</span>', gr.skip()
@@ -144,8 +153,8 @@ def build_feedback_tab(engine, policy: AccessPolicy | None = None):
 
     gr.on([flt.change, refresh.click], show_list, [flt], [listing], api_name="feedback_list", queue=False)
     export_btn.click(do_export, [flt], [export_file], api_name="feedback_export", queue=False)
-    load.click(do_pick, [pick], [qa_question, qa_answer, cited_view], api_name="feedback_pick", queue=False)
-    create.click(do_create, [pick, qa_question, qa_answer], [qa_status, verified], api_name="verified_create",
+    load.click(do_pick, [pick], [qa_question, qa_answer, cited_view, target], api_name="feedback_pick", queue=False)
+    create.click(do_create, [pick, qa_question, qa_answer, target], [qa_status, verified], api_name="verified_create",
                  queue=False)
     refresh.click(show_verified, None, [verified], api_name="verified_list", queue=False)
     delete.click(do_delete, [del_id], [verified], api_name="verified_delete", queue=False)

@@ -8,16 +8,19 @@ from __future__ import annotations
 
 import gradio as gr
 
+from pipeline.access.policy import Reader
 from pipeline.ingestion.progress import format_eta
 
+from .guard import reader_of
 from .render import esc
 
 REFRESH_SECONDS = 5
 
 
-def badge_html(engine) -> str:
+def badge_html(engine, reader=None) -> str:
+    """`reader` (pipeline.access.Reader): counts and the rebuild's file only of what they may read."""
     try:
-        h = engine.health()
+        h = engine.health(None, reader)
     except Exception as exc:  # the header must never break the page
         return f'<div class="kb-badges" id="kb-badges"><span class="kb-badge kb-badge-warn">引擎状态未知：{esc(exc)}</span></div>'
     state = h.get("state")
@@ -51,11 +54,17 @@ def badge_html(engine) -> str:
     return f'<div class="kb-badges" id="kb-badges" data-state="{esc(state)}">' + "".join(items) + "</div>"
 
 
-def build_header(engine) -> gr.HTML:
+def build_header(engine, policy=None) -> gr.HTML:
     with gr.Row(elem_id="kb-header", equal_height=True):
         gr.HTML("<h1>中文知识库问答</h1>", elem_id="kb-title")
-        badge = gr.HTML(badge_html(engine), elem_id="kb-badge")
+        # built before anyone logs in: with logins on, only the open knowledge bases are counted
+        first = Reader(None, privileged=False) if policy is not None and policy.enabled else None
+        badge = gr.HTML(badge_html(engine, first), elem_id="kb-badge")
     timer = gr.Timer(REFRESH_SECONDS)
-    timer.tick(lambda: badge_html(engine), None, badge, api_name="header_badge", show_progress="hidden",
+
+    def header_badge(request: gr.Request):
+        return badge_html(engine, reader_of(policy, request))
+
+    timer.tick(header_badge, None, badge, api_name="header_badge", show_progress="hidden",
                queue=False)
     return badge

@@ -9,11 +9,11 @@ a citation always points at the sources on screen.
 from __future__ import annotations
 
 import hashlib
-import html
 import re
 from typing import Any
 
 from .render import answer_markdown, trace_marks
+from .safe_markdown import safe_markdown
 
 STORAGE_VERSION = "v2"
 _CITE = re.compile(r"\[(\d{1,3})\]")
@@ -52,14 +52,14 @@ def turn_choices(turns: list[dict]) -> list[tuple[str, int]]:
 
 def plain_answer(text: str) -> str:
     """An inactive answer: escaped, citations left as text (they belong to that turn's sources)."""
-    return _CITE.sub(r"<span class='kb-cite-off'>[\1]</span>", html.escape(text or "", quote=False))
+    return _CITE.sub(r"<span class='kb-cite-off'>[\1]</span>", safe_markdown(text))
 
 
 def messages(turns: list[dict], active: int | None, suffix: dict[int, str] | None = None) -> list[dict]:
     """Chatbot messages of a conversation; `suffix` adds text under some answers (e.g. the KB hint)."""
     out: list[dict] = []
     for i, t in enumerate(turns):
-        out.append({"role": "user", "content": html.escape(str(t.get("question") or ""), quote=False)})
+        out.append({"role": "user", "content": safe_markdown(str(t.get("question") or ""))})
         body = (answer_markdown(t.get("answer") or "", **trace_marks(t.get("trace"))) if i == active
                 else plain_answer(t.get("answer") or ""))
         if t.get("route") == "DIRECT":

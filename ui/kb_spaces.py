@@ -19,6 +19,7 @@ from pipeline.retrieval.kb_indexes import DEFAULT_KB_ID
 from . import guard
 from .confirm import confirm_panel
 from .render import esc
+from .safe_markdown import safe_markdown
 
 
 def kb_choices(engine, reader: Reader | None = None) -> list[tuple[str, int]]:
@@ -39,16 +40,17 @@ def parse_readers(text: str | None) -> list[str] | None:
 OPEN_ONLY = Reader(None, privileged=False)  # sees only the knowledge bases open to every logged-in user
 
 
-def kb_summary(engine, kb_id: Any) -> str:
+def kb_summary(engine, kb_id: Any, reader: Reader | None = None) -> str:
+    """The line under the selector; '' for a knowledge base the reader may not read (the same check as REST)."""
     try:
-        kb = engine.get_kb(int(kb_id))
+        kb = engine.get_kb(int(kb_id), reader)
     except Exception:
         return ""
-    desc = f" · {esc(kb['description'])}" if kb.get("description") else ""
+    desc = f" · {safe_markdown(kb['description'])}" if kb.get("description") else ""
     default = "（默认知识库：未指定知识库的接口都作用于它）" if kb.get("is_default") else ""
     who = (f" · 仅限 {esc(readers_text(kb))} 可读（知识库管理员总可读）" if kb.get("readers") is not None
            else " · 所有登录用户可读")
-    return f"**{esc(kb['name'])}**{default} · {kb['docs']} 个文档 · {kb['chunks']} 块{who}{desc}"
+    return f"**{safe_markdown(kb['name'])}**{default} · {kb['docs']} 个文档 · {kb['chunks']} 块{who}{desc}"
 
 
 @dataclass
@@ -71,7 +73,7 @@ def build_kb_manager(engine, policy: AccessPolicy) -> KBManager:
         new_btn = gr.Button("新建知识库", scale=1, min_width=100, elem_id="kb-space-new")
         rename_btn = gr.Button("重命名", scale=1, min_width=80, elem_id="kb-space-rename")
         del_btn = gr.Button("删除知识库", variant="stop", scale=1, min_width=100, elem_id="kb-space-delete")
-    info = gr.Markdown(kb_summary(engine, DEFAULT_KB_ID), elem_id="kb-space-info")
+    info = gr.Markdown(kb_summary(engine, DEFAULT_KB_ID, OPEN_ONLY), elem_id="kb-space-info")  # before login
     mode = gr.State("new")
     with gr.Group(visible=False) as form:
         name = gr.Textbox(label="名称", max_lines=1, max_length=50, elem_id="kb-space-name")
@@ -94,14 +96,17 @@ def build_kb_manager(engine, policy: AccessPolicy) -> KBManager:
 
 def _wire(engine, policy, refresh, refresh_outputs, pick, info, mode, form, name, desc, readers, confirm,
           confirm_text, msg, new_btn, rename_btn, del_btn, save, cancel, del_yes, del_no) -> None:
+    # Every handler here is reachable by fn_index through /gradio_api/queue/join whatever its api_name (Gradio's
+    # "private" only hides it from the docs and the client libraries): each checks the caller itself.
     def picked(kb_id, request: gr.Request):
-        return (kb_summary(engine, kb_id), *refresh(kb_id, request))
+        return (kb_summary(engine, kb_id, guard.reader_of(policy, request)), *refresh(kb_id, request))
 
     def open_new():
         return gr.update(visible=True), "new", "", "", ""
 
-    def open_rename(kb_id):
-        kb = engine.get_kb(int(kb_id))
+    def open_rename(kb_id, request: gr.Request):
+        guard.require(policy, request, Role.KB_ADMIN)  # renaming is a KB admin's; readers are theirs to see
+        kb = engine.get_kb(int(kb_id), guard.reader_of(policy, request))
         return gr.update(visible=True), "rename", kb["name"], kb.get("description") or "", readers_text(kb)
 
     def kb_spaces_save(mode_value, name_value, desc_value, readers_value, kb_id, request: gr.Request):
@@ -113,10 +118,10 @@ def _wire(engine, policy, refresh, refresh_outputs, pick, info, mode, form, name
                 raise ValueError(f"可读用户中有不存在的用户：{'、'.join(unknown)}")
             if mode_value == "rename":
                 kb = engine.update_kb(int(kb_id), name_value, desc_value, who, actor=guard.page_actor(request))
-                text = f"已保存「{esc(kb['name'])}」"
+                text = f"已保存「{safe_markdown(kb['name'])}」"
             else:
                 kb = engine.create_kb(name_value, desc_value or "", who, actor=guard.page_actor(request))
-                text = f"已新建知识库「{esc(kb['name'])}」"
+                text = f"已新建知识库「{safe_markdown(kb['name'])}」"
         except Exception as exc:  # EngineError: empty / duplicate name …
             return (gr.skip(), gr.skip(), f"⚠️ {esc(_err(exc))}", gr.skip(), *(gr.skip(),) * len(refresh_outputs))
         return (gr.update(visible=False), gr.Dropdown(choices=kb_choices(engine), value=kb["kb_id"]), text,
@@ -128,14 +133,14 @@ def _wire(engine, policy, refresh, refresh_outputs, pick, info, mode, form, name
         if kb.get("is_default"):
             return gr.update(visible=False), "", "⚠️ 默认知识库不能删除（可以重命名）"
         return (gr.update(visible=True),
-                f"**确定删除知识库「{esc(kb['name'])}」吗？** 其中的 {kb['docs']} 个文档（含全部版本）、"
+                f"**确定删除知识库「{safe_markdown(kb['name'])}」吗？** 其中的 {kb['docs']} 个文档（含全部版本）、"
                 f"{kb['chunks']} 个块、向量和原文件都会被删除，无法恢复。", "")
 
     def kb_spaces_delete(kb_id, request: gr.Request):
         guard.require(policy, request, Role.KB_ADMIN)
         try:
             res = engine.delete_kb(int(kb_id), actor=guard.page_actor(request))
-            text = f"已删除知识库「{esc(res['name'])}」（{res['docs_removed']} 个文档）"
+            text = f"已删除知识库「{safe_markdown(res['name'])}」（{res['docs_removed']} 个文档）"
             kb_id = DEFAULT_KB_ID
         except Exception as exc:
             text = f"⚠️ 删除失败：{esc(_err(exc))}"

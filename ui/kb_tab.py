@@ -29,6 +29,7 @@ from .guard import reader_of, request_user
 from .header import badge_html
 from .kb_spaces import build_kb_manager, kb_choices
 from .render import esc
+from .safe_markdown import safe_markdown
 from .versions_view import build_versions_panel, show_versions
 from .viewer import OPENER_JS, build_viewer
 
@@ -175,7 +176,7 @@ def rebuild_text(st: dict) -> str:
     text = f"全量重建 {int(st.get('done') or 0)}/{int(st.get('total') or 0)} 个文档"
     if st.get("current"):
         stage = f"（{st['current_stage']}）" if st.get("current_stage") else ""
-        text += f" · 当前 {st['current']}{stage}"
+        text += f" · 当前 {safe_markdown(st['current'])}{safe_markdown(stage)}"  # shown in a gr.Markdown
     if st.get("done"):
         text += f" · 剩余{format_eta(st.get('eta_s'))}"
     return text
@@ -398,7 +399,7 @@ def build_kb_tab(engine, badge=None, policy: AccessPolicy | None = None) -> dict
             chunks = engine.document_chunks(did)
         except Exception as exc:
             return gr.update(visible=True), f"⚠️ {esc(_err_msg(exc))}", ""
-        title = f"**{esc(doc.get('file_name'))}** 的块（共 {len(chunks)} 块）"
+        title = f"**{safe_markdown(doc.get('file_name'))}** 的块（共 {len(chunks)} 块）"
         return gr.update(visible=True), title, chunks_html(chunks)
 
     def kb_action(evt: gr.EventData, request: gr.Request):
@@ -424,7 +425,7 @@ def build_kb_tab(engine, badge=None, policy: AccessPolicy | None = None) -> dict
         n = doc.get("chunk_count") or 0
         whole = doc.get("active") == 1 and int(doc.get("versions") or 1) > 1
         what = f"它的全部 {doc['versions']} 个版本、" if whole else "它的 "
-        text = (f"**确定删除「{esc(doc.get('file_name'))}」吗？** 将同时删除{what}{n} 个块、向量和原文件，"
+        text = (f"**确定删除「{safe_markdown(doc.get('file_name'))}」吗？** 将同时删除{what}{n} 个块、向量和原文件，"
                 f"删除后无法恢复。")
         return {del_id: did, del_confirm: gr.update(visible=True), del_text: text, del_msg: ""}
 
@@ -449,7 +450,7 @@ def build_kb_tab(engine, badge=None, policy: AccessPolicy | None = None) -> dict
         did = _int(doc_id, -1)
         try:
             res = engine.delete_document(did, actor=guard.page_actor(request))
-            msg = f"已删除「{esc(res.get('file_name'))}」（{res.get('chunks_removed', 0)} 个块）"
+            msg = f"已删除「{safe_markdown(res.get('file_name'))}」（{res.get('chunks_removed', 0)} 个块）"
         except Exception as exc:
             if not getattr(exc, "code", None):
                 log.exception("delete failed")

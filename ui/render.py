@@ -15,6 +15,8 @@ import re
 from collections.abc import Iterable
 from typing import Any
 
+from .safe_markdown import defuse_markdown
+
 SNIPPET_CHARS = 80
 STAGES = (("recall", "检索中"), ("rerank", "重排中"), ("generate", "生成中"))
 _CITE = re.compile(r"\[(\d{1,3})\]")
@@ -80,7 +82,8 @@ def _cite_links(safe: str, id_prefix: str, unsupported: Iterable[int] = ()) -> s
 
 def answer_markdown(text: str, id_prefix: str = "kb-src-", *, support: list[dict] | None = None,
                     weak: bool = False) -> str:
-    """Answer text for gr.Chatbot (markdown): HTML-escaped, every [n] made a clickable citation link.
+    """Answer text for gr.Chatbot (markdown): HTML-escaped, every [n] made a clickable citation link, images
+    shown as text and links with their host (ui.safe_markdown).
 
     `support` (done.support of an LLM answer): citations a sentence carries without backing are marked ⚠.
     `weak` (done.weak / trace.gate.weak): the answer opens with the 「资料相关度较低，请核对原文」 banner."""
@@ -96,7 +99,7 @@ def answer_markdown(text: str, id_prefix: str = "kb-src-", *, support: list[dict
             bad = bad_by_text.get(key, []) if bad_by_text else []
         # Keep markdown from turning "[1](…)" or "[1][2]" into links: citations become explicit anchors.
         out.append(_cite_links(html.escape(sent, quote=False), id_prefix, bad))
-    body = "".join(out)
+    body = defuse_markdown("".join(out))  # no image loads, no hidden link target (ui.safe_markdown)
     if weak:
         body = f'<div class="kb-weak-banner" data-weak="true">⚠️ {WEAK_BANNER}</div>\n\n' + body
     return body

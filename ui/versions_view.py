@@ -10,6 +10,7 @@ from dataclasses import dataclass
 import gradio as gr
 
 from .render import esc
+from .safe_markdown import safe_markdown
 
 VERSIONS_CSS = """
 table.kbv { border-collapse: collapse; font-size: .88rem; width: 100%; }
@@ -74,4 +75,4 @@ def show_versions(engine, doc_id: int) -> tuple[str, str]:
     """(title, table) of the versions of the document `doc_id` belongs to."""
     versions = engine.document_versions(doc_id)
     name = versions[0]["file_name"] if versions else ""
-    return f"**{esc(name)}** 的版本（共 {len(versions)} 个）", versions_html(versions)
+    return f"**{safe_markdown(name)}** 的版本（共 {len(versions)} 个）", versions_html(versions)

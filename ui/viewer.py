@@ -108,6 +108,11 @@ def viewer_html(view: dict, page_jpeg: bytes | None = None, boxed: bool = False)
         body = esc(text) or '<span class="kbv-note">（没有文字）</span>'
     note = ('<div class="kbv-note">此文档入库较早，原文由它的块拼接而成（空白可能与原文略有不同）。</div>'
             if view.get("rebuilt_from_chunks") else "")
+    flags = view.get("instruction_flags") or []
+    if flags:  # sentences that try to give the model orders: marked in prompts, never quoted as an answer
+        items = "".join(f"<li>{esc(f)}</li>" for f in flags[:10])
+        note += (f'<details class="kbv-note kbv-flags" data-flags="{len(flags)}"><summary>⚠ 含 {len(flags)} 句疑似指令的'
+                 f'文字（不会作为原文摘录答案，提示大模型时注明）</summary><ul>{items}</ul></details>')
     part, parts = int(view.get("part") or 1), int(view.get("parts") or 1)
     nav = ""
     if parts > 1:

@@ -11,15 +11,28 @@ from __future__ import annotations
 from typing import Any
 
 from pipeline.access.policy import EVERYONE, Reader
-from pipeline.errors import CODE_FORBIDDEN, EngineError
+from pipeline.errors import CODE_FORBIDDEN, CODE_VALIDATION, EngineError
 from pipeline.retrieval.kb_indexes import KnowledgeBases
 from store.migrations import DEFAULT_KB_ID
 
 RESTRICTED_TEXT = "（无权查看：该来源所在的知识库只对指定用户开放）"
 
 
-def denied(name: str) -> EngineError:
-    return EngineError(CODE_FORBIDDEN, f"无权访问知识库「{name}」：它只对指定用户开放，请联系知识库管理员", "kb_id")
+DENIED_KB_TEXT = "无权访问该知识库：它只对指定用户开放，请联系知识库管理员"
+
+
+def denied(name: str | None = None) -> EngineError:
+    """The one refusal. It never names the knowledge base: ids could be enumerated into names (issue 27)."""
+    return EngineError(CODE_FORBIDDEN, DENIED_KB_TEXT, "kb_id")
+
+
+def widens(source: dict, target: dict) -> bool:
+    """Whether copying text of knowledge base `source` into `target` shows it to someone who may not read
+    `source`: target open to all while source is restricted, or a target reader missing from source's list."""
+    src, dst = source.get("readers"), target.get("readers")
+    if src is None:
+        return False
+    return dst is None or not set(dst) <= set(src)
 
 
 class KBAccess:
@@ -40,7 +53,7 @@ class KBAccess:
             if kb is not None and reader.kb_ids is not None and kb_id not in reader.kb_ids:
                 raise EngineError(CODE_FORBIDDEN, f"该 API Key 无权访问知识库「{kb['name']}」", "kb_id")
             if kb is not None and not reader.may_read(kb):
-                raise denied(kb["name"])
+                raise denied()
         return kb_id
 
     def scope(self, kb_ids: Any, reader: Reader | None) -> list[int]:
@@ -58,6 +71,43 @@ class KBAccess:
         if isinstance(kb_ids, (int, str)):
             kb_ids = [kb_ids]
         return sorted({self.check(k, reader) for k in kb_ids})
+
+    def readable_ids(self, reader: Reader | None) -> set[int] | None:
+        """The ids the reader may read; None = all (a privileged reader, or no logins)."""
+        reader = reader or EVERYONE
+        return None if reader.privileged else {kb["kb_id"] for kb in self.readable(reader)}
+
+    def redact_progress(self, st: dict, reader: Reader | None) -> dict:
+        """Rebuild / ingest progress as a reader may see it: the current file's name and stage only when its
+        knowledge base is readable to them (counts of a one-KB rebuild likewise)."""
+        ids = self.readable_ids(reader)
+        if ids is None:
+            return st
+        st = dict(st)
+        if st.get("current") and st.get("current_kb_id") not in ids:
+            st["current"] = ""
+            st.pop("current_stage", None)
+        if st.get("kb_id") is not None and st["kb_id"] not in ids:
+            st.update(done=None, total=None, eta_s=None)
+        return st
+
+    def place_copy(self, source_kb_ids: set[int], target: int | None) -> int:
+        """Where content drawn from `source_kb_ids` may be stored (a verified Q&A entry): `target` if given,
+        else the one knowledge base the sources share (the default one when there are none). Refused (4003)
+        when the target's readers include someone who may not read one of the sources."""
+        if target is None:
+            if len(source_kb_ids) > 1:
+                raise EngineError(CODE_VALIDATION, "来源分属多个知识库：请指定要保存到的知识库（kb_id）", "kb_id")
+            target = next(iter(source_kb_ids), DEFAULT_KB_ID)
+        target = self.kbs.check(target, fresh=True)
+        dst = self.kbs.store.get(target)
+        for sid in sorted(source_kb_ids):
+            src = self.kbs.store.get(sid)
+            if src is not None and widens(src, dst):
+                raise EngineError(CODE_FORBIDDEN, f"不能保存到「{dst['name']}」：来源所在的知识库只对部分用户开放，"
+                                                  "保存后会被无权查看来源的用户检索到；请保存到来源所在的知识库",
+                                  "kb_id")
+        return target
 
     def redact_conversation(self, conv: dict, reader: Reader | None) -> dict:
         """A replayed conversation: sources from knowledge bases the reader may no longer read lose their text

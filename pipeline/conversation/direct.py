@@ -31,11 +31,13 @@ CHAT_SYSTEM = ("你是一个知识库问答助手。用户现在在闲聊或不�
 def direct_messages(question: str, history: Sequence[dict]) -> list:
     from llama_index.core.llms import ChatMessage, MessageRole
 
+    from pipeline.generation.containment import contain  # no role token of a past turn becomes a real one
+
     msgs = [ChatMessage(role=MessageRole.SYSTEM, content=CHAT_SYSTEM)]
     for t in history or ():
-        msgs.append(ChatMessage(role=MessageRole.USER, content=str(t.get("question") or "")))
-        msgs.append(ChatMessage(role=MessageRole.ASSISTANT, content=str(t.get("answer") or "")[:500]))
-    msgs.append(ChatMessage(role=MessageRole.USER, content=question))
+        msgs.append(ChatMessage(role=MessageRole.USER, content=contain(t.get("question") or "")))
+        msgs.append(ChatMessage(role=MessageRole.ASSISTANT, content=contain(str(t.get("answer") or "")[:500])))
+    msgs.append(ChatMessage(role=MessageRole.USER, content=contain(question)))
     return msgs
 
 

@@ -42,7 +42,7 @@ class VerifiedQAService:
         self.enqueue, self.delete_document, self.busy_reason = enqueue, delete_document, busy_reason
 
     def create(self, question: Any, answer: Any, user: str | None, cited: list | None = None,
-               turn_id: int | None = None) -> dict:
+               turn_id: int | None = None, kb_id: int | None = None) -> dict:
         q = " ".join(question.split()) if isinstance(question, str) else ""
         a = answer.strip() if isinstance(answer, str) else ""
         if not q or len(q) > MAX_QUESTION_CHARS:
@@ -57,11 +57,12 @@ class VerifiedQAService:
             src = Path(tmp) / "qa.txt"
             src.write_text(text, encoding="utf-8")
             md5 = md5_of(src)
-            if self.docs.find_by_md5(md5):
+            if self.docs.find_by_md5(md5, *([kb_id] if kb_id is not None else [])):
                 raise EngineError(CODE_VALIDATION, "同样的已核实问答已经存在", "question")
             stored = self.files.save(src, md5, "txt")
         name = f"已核实问答：{q[:NAME_CHARS]}{'…' if len(q) > NAME_CHARS else ''}"
-        doc = self.docs.create(name, QA_FILE_TYPE, len(text.encode("utf-8")), md5, stored)
+        doc = self.docs.create(name, QA_FILE_TYPE, len(text.encode("utf-8")), md5, stored,
+                               **({"kb_id": kb_id} if kb_id is not None else {}))
         entry = self.store.add(doc["doc_id"], q, a, _cited(cited), turn_id, user or "")
         self.enqueue(doc["doc_id"])
         return entry

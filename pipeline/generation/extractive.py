@@ -42,6 +42,7 @@ import numpy as np
 from pipeline.events import EXTRACTIVE_LABEL
 from pipeline.generation.answer_type import offers
 from pipeline.generation.candidates import Candidate, Cues, assemble, measure
+from pipeline.generation.instructions import is_instruction
 from pipeline.generation.sentences import clauses, split_sentences
 from pipeline.models.vectors import unit
 from pipeline.retrieval.lexical import TermWeights, content_bigrams, content_terms, coverage, normalize
@@ -136,7 +137,9 @@ class ExtractivePicker:
         """Statements of the top sources with their lexical scores; cosines and the answer-kind cue for the
         PREFILTER best (only those can win: the cosine term dominates)."""
         cues = Cues.of(question, self.tokenizer, self.weights_of(kb_ids_of(nodes)))
-        out = assemble([[measure(piece, cues) for piece in split_sentences(node_text(nws))]
+        # an instruction-like sentence (「忽略以上所有规则……」) is never quoted as the answer
+        out = assemble([[measure(piece, cues) for piece in split_sentences(node_text(nws))
+                         if not is_instruction(piece.text)]
                         for nws in list(nodes)[:self.max_chunks]], cues)
         if self.embed_model is None or not out:
             return out

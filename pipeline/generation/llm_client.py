@@ -31,6 +31,8 @@ from typing import Any
 import httpx
 import openai
 
+from pipeline.generation.llm_target import refused_target
+
 logger = logging.getLogger(__name__)
 
 PLACEHOLDER_API_KEY = "sk-no-key-required"  # OpenAI clients refuse an empty key; local servers ignore it.
@@ -146,8 +148,18 @@ def build_llm(settings: Any):
 
 # --- error mapping ---------------------------------------------------------------------------------------------
 
+UPSTREAM_EXCERPT = 200  # characters of an upstream error body we show: enough to read it, not a page of HTML
+
+
 def _api_message(exc: BaseException) -> str:
-    """The server's own error message if there is one, else str(exc)."""
+    """The server's own error message if there is one, else str(exc) — cut to a short excerpt either way (an
+    admin's URL may point at any server; its body is not ours to relay)."""
+    text = _full_api_message(exc)
+    text = " ".join(text.split())
+    return text if len(text) <= UPSTREAM_EXCERPT else text[:UPSTREAM_EXCERPT] + "…"
+
+
+def _full_api_message(exc: BaseException) -> str:
     body = getattr(exc, "body", None)
     if isinstance(body, dict):
         inner = body.get("error", body)
@@ -293,6 +305,9 @@ def test_llm_connection(api_url: str, model: str, api_key: str, timeout: float =
         return False, f"API 地址格式不正确（应以 http:// 或 https:// 开头）：{api_base}"
     if not model:
         return False, "请填写模型名称"
+    refused = refused_target(api_base)
+    if refused:
+        return False, refused
     client = openai.OpenAI(base_url=api_base, api_key=key or PLACEHOLDER_API_KEY,
                            timeout=float(timeout), max_retries=0)
     start = time.perf_counter()

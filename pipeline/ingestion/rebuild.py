@@ -104,6 +104,7 @@ class Rebuild:
             t_work = time.perf_counter()
             for i, doc in enumerate(docs):
                 st["current"], st["current_id"] = doc["file_name"], doc["doc_id"]
+                st["current_kb_id"] = doc.get("kb_id")  # who may see the name (KBAccess.redact_progress)
                 if c.docs.get(doc["doc_id"]) is not None:
                     c.docs.set_status(doc["doc_id"], "processing", None, "全量重建中")
                     c.ingest.process(doc["doc_id"])
@@ -119,6 +120,6 @@ class Rebuild:
             for doc in docs:  # skipped (deleted) or interrupted documents leave the board
                 c.ingest.progress.finish(doc["doc_id"])
             st["running"] = False
-            st["current"], st["current_id"], st["eta_s"] = "", None, None
+            st["current"], st["current_id"], st["eta_s"], st["current_kb_id"] = "", None, None, None
             c.leases.release(LEASE, c.ingest.owner)
             st["elapsed_ms"] = round((time.perf_counter() - t0) * 1000)

@@ -27,6 +27,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
+from pipeline.generation.instructions import FLAG_NOTE, flagged_sentences
 from pipeline.ingestion.parsing import (
     MAX_BATCH_FILES,
     ParsedPage,
@@ -409,7 +410,7 @@ class IngestService:
                 self._vectors(doc).delete_doc(doc_id)
             # The chunk rows are replaced only while our lease holds (checked and locked in one transaction).
             chunk_ids = self.docs.replace_chunks(
-                doc_id, rows, sections, note="；".join(parsed.warnings) or None,
+                doc_id, rows, sections, note="；".join([*parsed.warnings, *flag_note(rows)]) or None,
                 guard=lambda conn: self.jobs.fence(conn, doc_id, self.owner, self.lease_s))
         self.timer.add("write", time.perf_counter() - t3)
         return _Prepared(doc, rows, chunk_ids)
@@ -575,3 +576,9 @@ class _Prepared:
     def doc_id(self) -> int:
         return self.doc["doc_id"]
 
+
+
+def flag_note(rows: list) -> list[str]:
+    """The document's note about instruction-like sentences (pipeline.generation.instructions), [] when none."""
+    n = sum(len(flagged_sentences(r.text)) for r in rows)
+    return [FLAG_NOTE.format(n=n)] if n else []

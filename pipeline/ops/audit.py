@@ -15,6 +15,7 @@ from collections.abc import Callable
 from contextlib import nullcontext
 from dataclasses import dataclass, field
 
+from pipeline.generation.instructions import flagged_sentences
 from pipeline.ingestion.structured_chunking import indexed_text
 from pipeline.models.tokenize_zh import ChineseTokenizer
 from store.documents import DocumentStore, decode_tokens
@@ -81,6 +82,9 @@ class AuditReport:
     counts: dict = field(default_factory=dict)
     elapsed_ms: float = 0.0
     tokens_checked: bool = True
+    # documents with instruction-like sentences (pipeline.generation.instructions): information, not a problem —
+    # they are marked in prompts and never quoted, but an admin may want to look at who planted them
+    instruction_flags: list[dict] = field(default_factory=list)
 
     @property
     def problems(self) -> int:
@@ -92,7 +96,7 @@ class AuditReport:
     def to_dict(self) -> dict:
         return {"problems": self.problems, "ok": self.problems == 0, "counts": self.counts,
                 "findings": [f.to_dict() for f in self.findings], "elapsed_ms": round(self.elapsed_ms),
-                "tokens_checked": self.tokens_checked}
+                "tokens_checked": self.tokens_checked, "instruction_flags": self.instruction_flags[:SHOWN_ITEMS]}
 
 
 class KBAuditor:
@@ -175,7 +179,14 @@ class KBAuditor:
         counts = {"docs": len(docs), "ready_docs": len(ready), "chunks": len(chunks), "vectors": len(vectors),
                   "files": len(files), "bm25_chunks": None if bm25 is None else len(bm25),
                   "embedding_model": models.stored}
-        return AuditReport(findings, counts, (time.perf_counter() - t0) * 1000, check_tokens)
+        flags = []
+        for d in sorted(by_doc):
+            found = [f for _, text, _ in by_doc[d] for f in flagged_sentences(text)]
+            if found and d in docs:
+                flags.append({"doc_id": d, "file_name": docs[d]["file_name"], "kb_id": docs[d].get("kb_id"),
+                              "count": len(found), "sentences": found[:3]})
+        counts["instruction_flag_docs"] = len(flags)
+        return AuditReport(findings, counts, (time.perf_counter() - t0) * 1000, check_tokens, flags)
 
 
 def _model_mismatch(m: ModelIds, has_vectors: bool) -> list[dict]:

@@ -6,6 +6,7 @@ from typing import TYPE_CHECKING
 
 from pipeline.access.kb_readers import KBAccess, Reader
 from pipeline.conversation.service import conversation_markdown
+from store.migrations import DEFAULT_KB_ID
 
 if TYPE_CHECKING:
     from pipeline.components import Components
@@ -16,6 +17,7 @@ class ConversationDesk:
         self.conversations = c.conversations
         self.feedback = c.feedback
         self.verified = c.verified
+        self.docs = c.docs
         self.access = access
 
     # ---- conversations
@@ -54,14 +56,28 @@ class ConversationDesk:
 
     # ---- verified Q&A entries (they join retrieval: adding and removing one goes through the ingest / delete
     # paths, and so through the change hook)
-    def create_verified(self, question: str, answer: str, user: str | None, feedback_id: int | None = None) -> dict:
-        """A verified Q&A entry; from a feedback item it keeps that answer's cited chunks and turn."""
+    def create_verified(self, question: str, answer: str, user: str | None, feedback_id: int | None = None,
+                        kb_id: int | None = None) -> dict:
+        """A verified Q&A entry; from a feedback item it keeps that answer's cited chunks and turn. It is stored
+        in `kb_id`, by default the knowledge base its sources came from, and refused where the target's readers
+        may not read a source (KBAccess.place_copy): restricted text never moves into a wider knowledge base."""
         cited, turn_id = [], None
         if feedback_id is not None:
             fb = self.feedback.get(feedback_id)
             cited = [s for s in fb["sources"] if s.get("cited")] or fb["sources"]
             turn_id = fb["turn_id"]
-        return self.verified.create(question, answer, user, cited, turn_id)
+        target = self.access.place_copy(self._source_kbs(cited), kb_id)
+        return self.verified.create(question, answer, user, cited, turn_id, kb_id=target)
+
+    def _source_kbs(self, sources: list[dict]) -> set[int]:
+        out = set()
+        for s in sources:
+            kb = s.get("kb_id")
+            if kb is None and isinstance(s.get("doc_id"), int):  # a turn stored before sources carried kb_id
+                doc = self.docs.get(s["doc_id"])
+                kb = doc.get("kb_id") if doc else None
+            out.add(int(kb) if kb is not None else DEFAULT_KB_ID)
+        return out
 
     def list_verified(self) -> list[dict]:
         return self.verified.list()

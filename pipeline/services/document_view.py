@@ -11,6 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from pipeline.errors import CODE_NO_DOC, CODE_VALIDATION, EngineError
+from pipeline.generation.instructions import flagged_sentences
 from store.documents import DocumentStore
 
 PART_CHARS = 20_000
@@ -101,4 +102,6 @@ def document_view(docs: DocumentStore, doc: dict, kb_name: str | None, part: int
         "page": sec.get("page"), "source": sec.get("source") or "text", "context": sec.get("context"),
         "offset": p.start, "text": sec["text"][p.start:p.end], "chunks": spans, "highlight": highlight,
         "rebuilt_from_chunks": rebuilt,
+        # the instruction-like sentences of the whole document (its note counts them at ingest)
+        "instruction_flags": [f for c in chunks for f in flagged_sentences(c.get("text") or "")][:50],
     }

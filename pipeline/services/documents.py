@@ -195,8 +195,9 @@ class DocumentService:
         """Full rebuild of all knowledge bases, or of one."""
         return self.rebuild_job.start(require_ready=self.lifecycle.require_ready, kb_id=kb_id)
 
-    def rebuild_status(self) -> dict:
-        return self.rebuild_job.status()
+    def rebuild_status(self, reader: Reader | None = None) -> dict:
+        """The rebuild's progress; the current file named only to a reader of its knowledge base."""
+        return self.access.redact_progress(self.rebuild_job.status(), reader)
 
     def rebuild(self, timeout: float | None = None, kb_id: int | None = None) -> dict:
         """Blocking full rebuild (scripts/tests)."""

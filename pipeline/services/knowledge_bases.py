@@ -31,6 +31,24 @@ class KnowledgeBaseService:
     def get(self, kb_id: int, reader: Reader | None = None) -> dict:
         return self.c.kbs.store.get(self.access.check(kb_id, reader))
 
+    def health(self, kb_id: int | None = None, reader: Reader | None = None) -> dict:
+        """Lifecycle.health as the reader may see it: `kb_id` must be readable (4003), counts without `kb_id` are
+        those of the knowledge bases they may read, and the rebuild's current file is named only to its readers."""
+        if kb_id is not None:
+            kb_id = self.access.check(kb_id, reader)
+        h = self.lifecycle.health(kb_id)
+        if kb_id is None and self.access.readable_ids(reader) is not None:
+            rows = self.access.readable(reader)
+            h.update(docs=sum(int(r.get("docs") or 0) for r in rows),
+                     chunks=sum(int(r.get("chunks") or 0) for r in rows), kbs=len(rows))
+        h["rebuild"] = self.access.redact_progress(h["rebuild"], reader)
+        return h
+
+    def public_health(self) -> dict:
+        """What anyone may see without logging in when logins are on: that the service is up, nothing more."""
+        state = self.lifecycle.state
+        return {"status": "ok", "engine": "ready" if state == "ready" else "loading", "state": state}
+
     def create(self, name: str, description: str = "", readers: list[str] | None = None,
                actor: Actor | None = None) -> dict:
         kb = self.c.kbs.create(name, description, readers)
