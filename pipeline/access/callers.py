@@ -80,7 +80,7 @@ class CallerResolver:
         if scheme == "bearer" and value.strip():
             row = self.keys.authenticate(value.strip())
             if row is None:
-                if not self.policy.enabled and not self.keys.any_active():
+                if not self.policy.enabled and not self.keys.any_active() and not self.keys.was_issued(value.strip()):
                     return OPEN  # the open local tool: clients send some placeholder key (the SDK requires one)
                 raise EngineError(CODE_AUTH, BAD_KEY_TEXT)
             self.limits.check_key(row["key_id"], row["rate_limit"])

@@ -51,7 +51,7 @@ class KBAccess:
         if not reader.unrestricted:
             kb = self.kbs.store.get(kb_id)
             if kb is not None and reader.kb_ids is not None and kb_id not in reader.kb_ids:
-                raise EngineError(CODE_FORBIDDEN, f"该 API Key 无权访问知识库「{kb['name']}」", "kb_id")
+                raise denied()
             if kb is not None and not reader.may_read(kb):
                 raise denied()
         return kb_id

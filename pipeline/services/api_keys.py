@@ -135,6 +135,11 @@ class ApiKeyService:
             self.store.touch(row["key_id"])
         return row
 
+    def was_issued(self, secret: str) -> bool:
+        """A secret of a key this app issued, whatever its state now: a revoked or expired key is refused even
+        while no usable key exists (only unknown placeholder tokens pass then)."""
+        return secret.startswith(SECRET_PREFIX) and self.store.by_hash(hash_secret(secret)) is not None
+
     def any_active(self) -> bool:
         """Is there any usable key (then /v1 requires one)? Cached for at most a second."""
         now = time.monotonic()
