@@ -5,6 +5,7 @@ from __future__ import annotations
 import base64
 import json
 import os
+import re
 import sys
 from pathlib import Path
 
@@ -98,7 +99,7 @@ def test_search_ask_and_read_through_http(live):
     assert {"fused", "bm25", "similarity"} <= set(hits[0]["scores"]) and hits[0]["scores"]["fused"] is not None
     assert answer["outcome"] in ("answer", "weak", "refuse")
     if answer["outcome"] != "refuse":
-        cited = [int(n) for n in __import__("re").findall(r"\[(\d+)\]", answer["answer"])]
+        cited = [int(n) for n in re.findall(r"\[(\d+)\]", answer["answer"])]
         assert cited and all(1 <= n <= len(answer["sources"]) for n in cited)
         assert [s["n"] for s in answer["sources"]] == list(range(1, len(answer["sources"]) + 1))
     assert passage["chunk_id"] == hits[0]["chunk_id"] and passage["text"] == hits[0]["text"]
@@ -148,12 +149,22 @@ def stdio_data_dir(tmp_path_factory):
     return tmp / "data"
 
 
+def readme_block(marker: str) -> str:
+    text = (REPO / "README.md").read_text(encoding="utf-8")
+    m = re.search(re.escape(f"<!-- connect-example:{marker} -->") + r"\s*```\w+\n(.*?)```", text, re.S)
+    assert m, f"README has no {marker} example"
+    return m.group(1)
+
+
+@pytest.mark.slow  # a second interpreter loads the engine (~30 s)
 def test_stdio_server_for_desktop_assistants(stdio_data_dir):
     from mcp import ClientSession, StdioServerParameters
     from mcp.client.stdio import stdio_client
 
-    params = StdioServerParameters(command=sys.executable, args=["app.py", "--mcp-stdio", "--data-dir",
-                                                                 str(stdio_data_dir)],
+    # the desktop-assistant entry of the README, as written there ("python" is this interpreter, "data" the test's)
+    entry = json.loads(readme_block("mcp-stdio"))["mcpServers"]["kbqa"]
+    assert entry["command"] == "python" and entry["args"][-2:] == ["--data-dir", "data"]
+    params = StdioServerParameters(command=sys.executable, args=[*entry["args"][:-1], str(stdio_data_dir)],
                                    cwd=str(REPO), env={**os.environ, "PYTHONUNBUFFERED": "1"})
 
     async def run():
