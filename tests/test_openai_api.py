@@ -28,6 +28,8 @@ from tests.waiting import wait_until
 ROOT = Path(__file__).resolve().parents[1]
 A_TEXT = ("星河电子公司退货政策：自签收之日起 7 天内可无理由退货，商品需保持完好。\n"
           "星河电子公司的客服电话是 400-800-1234，服务时间为每天 9 点到 21 点。\n")
+# Another company's number, said more often: what the bare follow-up "那客服电话呢？" finds without the rewrite.
+C_TEXT = "客服电话变更通知：蓝鲸科技的客服电话已改为 400-900-5678，原客服电话停用。客服电话服务时间不变。\n"
 B_TEXT = "保修政策：智能手表整机保修一年，电池保修六个月，人为损坏不在保修范围内。\n"
 QUESTION = "星河电子的客服电话是多少？"
 OFF_TOPIC = "How many moons does the planet Neptune have?"
@@ -38,7 +40,7 @@ def live(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("openai")
     engine = tiny_engine(tmp / "data", tiny_model(tmp_path_factory.getbasetemp() / "tiny-bert"))
     kb_b = engine.create_kb("产品手册", "保修与售后")
-    for name, text, kb_id in (("客服手册.txt", A_TEXT, 1), ("保修.txt", B_TEXT, kb_b["kb_id"])):
+    for name, text, kb_id in (("客服手册.txt", A_TEXT, 1), ("通知.txt", C_TEXT, 1), ("保修.txt", B_TEXT, kb_b["kb_id"])):
         (tmp / name).write_text(text, encoding="utf-8")
         assert engine.upload([(name, tmp / name)], kb_id)[0].ok
     wait_idle(engine)
@@ -129,6 +131,12 @@ def test_follow_up_is_rewritten_like_the_page(live, keys):
     expected = live.engine.components.rule_rewriter.rewrite(follow, [{**history[0], "route": None}]).query
     assert info["rewritten_query"] == expected and "退货" in expected and "客服电话" in expected
     assert "400-800-1234" in reply.choices[0].message.content
+    assert reply.model_extra["citations"][0]["file_name"] == "客服手册.txt"
+    # what only the rewrite finds: asked alone, the same words retrieve the other company's notice first
+    alone = sdk(live, keys["all"]).chat.completions.create(model="kb-1", messages=[{"role": "user", "content": follow}])
+    assert alone.model_extra["citations"][0]["file_name"] == "通知.txt"
+    assert alone.choices[0].message.content.index("400-900-5678") < alone.choices[0].message.content.find(
+        "400-800-1234") or "400-800-1234" not in alone.choices[0].message.content
     # nothing stored: the OpenAI door keeps no conversation
     assert live.engine.list_conversations(None)["total"] == stored
 
