@@ -22,6 +22,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from starlette.concurrency import run_in_threadpool
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
+from api.body_limit import BodyLimit
 from pipeline.access.policy import AccessPolicy, Reader, Role
 from pipeline.engine import Engine
 from pipeline.errors import (
@@ -143,6 +144,7 @@ def create_api(engine: Engine, policy: AccessPolicy | None = None) -> FastAPI:
         description="SRS §7 interface. All responses use the envelope {code, msg, data}. With --auth, send "
                     "HTTP Basic credentials of an app user.",
     )
+    app.add_middleware(BodyLimit)  # body-size limits per route class, before anything reads a body (issue 27)
 
     # --- errors → envelope --------------------------------------------------------------------
     @app.exception_handler(RequestValidationError)
