@@ -23,6 +23,7 @@ from starlette.concurrency import run_in_threadpool
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from api.body_limit import BodyLimit
+from api.int_range import IntRange
 from pipeline.access.policy import AccessPolicy, Reader, Role
 from pipeline.engine import Engine
 from pipeline.errors import (
@@ -100,7 +101,7 @@ class VerifiedBody(BaseModel):
     model_config = ConfigDict(extra="forbid")
     question: str = Field(min_length=1, max_length=500)
     answer: str = Field(min_length=1, max_length=4000)
-    feedback_id: int | None = Field(None, description="the feedback item (and so the answer) it comes from")
+    feedback_id: int | None = Field(None, ge=1, le=2**63 - 1, description="the feedback item (and so the answer) it comes from")
 
 
 class RenameBody(BaseModel):
@@ -145,6 +146,7 @@ def create_api(engine: Engine, policy: AccessPolicy | None = None) -> FastAPI:
                     "HTTP Basic credentials of an app user.",
     )
     app.add_middleware(BodyLimit)  # body-size limits per route class, before anything reads a body (issue 27)
+    app.add_middleware(IntRange, api=app)  # ids / page numbers ≥ 2^63 in paths and queries: 3002 / 1001, not 500
 
     # --- errors → envelope --------------------------------------------------------------------
     @app.exception_handler(RequestValidationError)
