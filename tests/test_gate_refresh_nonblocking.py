@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import threading
 
+import pytest
+
 from pipeline.retrieval.gate_background import Background, GateBackground
 from pipeline.retrieval.gate_features import GateFeatures
 from store.gate_stats import GateStatsStore
@@ -21,6 +23,7 @@ def _feats(sim: float) -> GateFeatures:
                         top_agreement=0.5, bm25_top=0.0, n_terms=3)
 
 
+@pytest.mark.slow
 def test_live_question_uses_the_previous_background_while_the_refresh_runs(tmp_path):
     from tests.live import LiveApp
     from tests.tiny_engine import tiny_engine, tiny_model
