@@ -21,6 +21,9 @@ bombs fail in well under a second, before the budget is reached.
 The child is reused between documents (start-up and imports cost ~0.5 s, the OCR models ~2 s) and replaced
 after a kill, a crash, a change of the memory budget, or once it has grown past half the budget (glibc keeps
 freed memory: a later small document must not be charged for an earlier big one).
+
+The child is started by multiprocessing's spawn, which imports the parent's `__main__` module again in the child
+(as `__mp_main__`): app.py keeps its top level light (its imports are inside main()), so this costs ~10 ms.
 """
 from __future__ import annotations
 
@@ -73,6 +76,8 @@ def _child_main(conn, memory_mb: int) -> None:  # runs in the child process
         pass
     from pipeline.ingestion.parsing import parse_file
 
+    conn.send(("ready",))  # imports done: the parent takes the resident size now as this child's baseline
+
     def progress(msg) -> None:
         if isinstance(msg, Progress):
             conn.send(("progress", str(msg), msg.stage, msg.done, msg.total))
@@ -108,6 +113,7 @@ class _Child:
         self.proc.start()
         child_conn.close()
         self.cancelled = False
+        self.base_mb: float | None = None  # resident size once started (interpreter + parsing imports)
 
     def rss_mb(self) -> float:
         try:
@@ -168,6 +174,9 @@ class ParseWorker:
                     msg = ("died",)
                 if msg is not None:
                     kind = msg[0]
+                    if kind == "ready":
+                        child.base_mb = child.rss_mb()
+                        continue
                     if kind == "progress":
                         if progress is not None:
                             progress(Progress(msg[1], msg[2], msg[3], msg[4]))
@@ -242,7 +251,8 @@ class ParseWorker:
         return _Child(self._ctx, memory_mb)
 
     def _give_back(self, child: _Child, reusable: bool) -> None:
-        if reusable and child.proc.is_alive() and child.rss_mb() <= child.memory_mb / 2:
+        grown = child.rss_mb() - (child.base_mb or 0.0)
+        if reusable and child.proc.is_alive() and grown <= child.memory_mb / 2:
             with self._lock:
                 if self._idle is None and not self._closed:
                     self._idle = child
