@@ -102,3 +102,12 @@ def test_stale_background_is_not_measured_on_the_question_when_a_refresh_can(tmp
     gb.refresh_if_changed()  # what the scheduled refresh runs
     assert len(calls) == 4 and gb.current().state == "current"
     db.close()
+
+
+def test_the_trace_line_says_the_previous_background_was_used():
+    from ui.render import render_gate
+
+    gate = {"outcome": "answer", "hit": True, "max_similarity": 0.9, "min_similarity": 0.3, "similarity_above": 3.0,
+            "background_median": 0.87, "background_state": "previous"}
+    assert "本库背景正在重新测量，本次使用上一次的测量结果" in render_gate(gate)
+    assert "重新测量" not in render_gate({**gate, "background_state": "current"})
