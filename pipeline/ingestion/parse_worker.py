@@ -22,17 +22,25 @@ The child is reused between documents (start-up and imports cost ~0.5 s, the OCR
 after a kill, a crash, a change of the memory budget, or once it has grown past half the budget (glibc keeps
 freed memory: a later small document must not be charged for an earlier big one).
 
-The child is started by multiprocessing's spawn, which imports the parent's `__main__` module again in the child
-(as `__mp_main__`): app.py keeps its top level light (its imports are inside main()), so this costs ~10 ms.
+How the child starts: a fresh interpreter (`python -m pipeline.ingestion.parse_worker FD MB`, a spawn: nothing
+inherited from the parent's threads and locks, unlike fork) talking over a socket pair wrapped in
+multiprocessing's Connection. Not multiprocessing's own spawn/forkserver start: both import the parent's
+`__main__` again in the child, and a script without a `__main__` guard (tests/test_ingest.py's crash script,
+any ops script) then ran again there — a second Engine on the same data dir inside the parse worker. The child
+exits when the parent's end of the socket closes (the app exited or was killed).
 """
 from __future__ import annotations
 
 import logging
-import multiprocessing
 import os
+import socket
+import subprocess
+import sys
 import threading
 import time
 from collections.abc import Callable, Hashable
+from multiprocessing.connection import Connection
+from pathlib import Path
 
 from pipeline.ingestion.parsing import ParsedDocument, ParseError, Progress
 
@@ -104,14 +112,23 @@ def _child_main(conn, memory_mb: int) -> None:  # runs in the child process
             conn.send(("error", type(exc).__name__, str(exc)[:500]))
 
 
+_ROOT = Path(__file__).resolve().parents[2]  # the project root: the child imports `pipeline` from there
+
+
 class _Child:
-    def __init__(self, ctx, memory_mb: int):
+    def __init__(self, memory_mb: int):
         self.memory_mb = memory_mb
-        self.conn, child_conn = ctx.Pipe()
-        self.proc = ctx.Process(target=_child_main, args=(child_conn, memory_mb), name="parse-worker",
-                                daemon=True)
-        self.proc.start()
-        child_conn.close()
+        ours, theirs = socket.socketpair()
+        self.conn = Connection(ours.detach())
+        env = dict(os.environ)
+        env["PYTHONPATH"] = os.pathsep.join([str(_ROOT), *filter(None, [env.get("PYTHONPATH")])])
+        try:
+            self.proc = subprocess.Popen([sys.executable, "-m", "pipeline.ingestion.parse_worker",
+                                          str(theirs.fileno()), str(memory_mb)],
+                                         pass_fds=(theirs.fileno(),), stdin=subprocess.DEVNULL, cwd=str(_ROOT),
+                                         env=env)
+        finally:
+            theirs.close()
         self.cancelled = False
         self.base_mb: float | None = None  # resident size once started (interpreter + parsing imports)
 
@@ -122,6 +139,17 @@ class _Child:
         except (OSError, ValueError, IndexError):
             return 0.0
 
+    def alive(self) -> bool:
+        return self.proc.poll() is None
+
+    def wait(self, timeout: float) -> bool:
+        """True once the process has ended (within `timeout`)."""
+        try:
+            self.proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            return False
+        return True
+
     def kill(self) -> None:
         try:
             self.proc.kill()
@@ -130,7 +158,7 @@ class _Child:
 
     def close(self) -> None:
         self.kill()
-        self.proc.join(2)
+        self.wait(2)
         try:
             self.conn.close()
         except OSError:
@@ -141,10 +169,9 @@ class ParseWorker:
     """parse_file in a child process with a budget. Thread-safe: concurrent callers (the ingest worker and a
     full rebuild) get a child each; one idle child is kept for the next document."""
 
-    def __init__(self, start_method: str = "spawn"):
-        # spawn, not fork: the app process has many threads (uvicorn, Gradio, Chroma, onnxruntime) and locks a
-        # forked child could inherit held.
-        self._ctx = multiprocessing.get_context(start_method)
+    def __init__(self):
+        # a fresh interpreter, not fork: the app process has many threads (uvicorn, Gradio, Chroma, onnxruntime)
+        # and locks a forked child could inherit held.
         self._lock = threading.Lock()
         self._idle: _Child | None = None
         self._active: dict[Hashable, _Child] = {}
@@ -199,8 +226,8 @@ class ParseWorker:
                     # died: killed by cancel(), the OOM killer, or a crash in a C library
                     if child.cancelled:
                         raise ParseCancelled()
-                    child.proc.join(1)
-                    raise ParseCrashed(f"解析进程意外退出（exit code {child.proc.exitcode}）")
+                    child.wait(1)
+                    raise ParseCrashed(f"解析进程意外退出（exit code {child.proc.returncode}）")
                 now = time.monotonic()
                 if cancelled is not None and now >= next_cancel_check:
                     next_cancel_check = now + CANCEL_POLL_S
@@ -244,17 +271,21 @@ class ParseWorker:
             if self._closed:
                 raise ParseCancelled()  # stopping: the job is released and taken up again
             child, self._idle = self._idle, None
-        if child is not None and child.proc.is_alive() and child.memory_mb == memory_mb:
+        if child is not None and child.alive() and child.memory_mb == memory_mb:
             return child
         if child is not None:
             child.close()
-        return _Child(self._ctx, memory_mb)
+        return _Child(memory_mb)
 
     def _give_back(self, child: _Child, reusable: bool) -> None:
         grown = child.rss_mb() - (child.base_mb or 0.0)
-        if reusable and child.proc.is_alive() and grown <= child.memory_mb / 2:
+        if reusable and child.alive() and grown <= child.memory_mb / 2:
             with self._lock:
                 if self._idle is None and not self._closed:
                     self._idle = child
                     return
         child.close()
+
+
+if __name__ == "__main__":  # the child: python -m pipeline.ingestion.parse_worker FD MEMORY_MB
+    _child_main(Connection(int(sys.argv[1])), int(sys.argv[2]))
