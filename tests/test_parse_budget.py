@@ -82,6 +82,34 @@ def test_xlsx_bomb_says_xlsx(tmp_path):
     assert ei.value.reason == R_XLSX_BOMB and "XLSX" in ei.value.reason
 
 
+def test_sheet_claiming_the_whole_grid_is_bounded(tmp_path):
+    """Two cells at A1 and XFD1048576: openpyxl pads the 17-billion-cell range with empty cells as it streams."""
+    import openpyxl
+
+    wb = openpyxl.Workbook()
+    wb.active["A1"], wb.active["XFD1048576"] = "x", "y"
+    wb.save(tmp_path / "稀疏.xlsx")
+    with pytest.raises(ParseError) as ei:
+        parse_file(tmp_path / "稀疏.xlsx", "xlsx")
+    assert ei.value.reason == "超出资源限制：XLSX 单元格数（含空单元格）超过上限 20000000"
+
+
+def test_csv_cells_are_bounded(tmp_path):
+    p = tmp_path / "大.csv"
+    p.write_text(("1," * 999 + "1\n") * 2_100, encoding="utf-8")  # 2.1 M cells in 4.2 MB
+    with pytest.raises(ParseError) as ei:
+        parse_file(p, "csv")
+    assert ei.value.reason == "超出资源限制：CSV 非空单元格数超过上限 2000000"
+
+
+def test_markdown_long_blank_heading_line_is_linear(tmp_path):
+    p = tmp_path / "长行.md"
+    p.write_text("# 标题\n" + "#" + " " * 3_000_000 + "x\n正文。", encoding="utf-8")  # backtracked quadratically
+    t0 = time.monotonic()
+    doc = parse_file(p, "md")
+    assert doc.pages[0].headings[0].title == "标题" and time.monotonic() - t0 < 30
+
+
 def test_worker_memory_budget_stops_the_unprefixed_bomb(bombs):
     w = ParseWorker()
     try:
