@@ -130,3 +130,12 @@ def test_small_requests_pass(live):
         r = http.post("/api/kb/documents", auth=("alice", "pw"),
                       files=[("file", ("小.txt", "一个小文件。".encode()))])
         assert r.status_code == 200 and r.json()["data"][0]["ok"], r.json()
+
+
+def test_gradio_upload_route_has_the_upload_limit(live):
+    status, body, sent = stream_post(live.port, "/gradio_api/upload", chunked=False, content_type=MULTIPART,
+                                     total=300 * 1024 * 1024, first=FILE_PART)
+    assert status == 413 and body["limit_bytes"] == UPLOAD_LIMIT and "201 MB" in body["detail"]
+    with live.http() as http:  # a normal file through the UI's upload route still passes
+        r = http.post("/gradio_api/upload", auth=("alice", "pw"), files=[("files", ("小.txt", "一个小文件。".encode()))])
+        assert r.status_code != 413, r.text
