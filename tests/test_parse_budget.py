@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from pipeline.ingestion.parse_worker import ParseCancelled, ParseWorker
+from pipeline.ingestion.parse_worker import ParseCancelled, ParseStopped, ParseWorker
 from pipeline.ingestion.parsing import ParseError, parse_file, sniff_content
 from pipeline.ingestion.parsing.validate import R_XLSX_BOMB
 from tests.waiting import wait_until
@@ -149,6 +149,27 @@ def test_worker_time_budget_and_kill(bombs):
         assert child.wait(5), "the killed parse process is still running"
     finally:
         w.close()
+
+
+def test_close_stops_a_running_parse_as_stopped_not_cancelled(bombs):
+    """The engine stopping is not a delete: the document must be left as it was (ParseStopped, not Cancelled)."""
+    w = ParseWorker()
+    out: dict = {}
+
+    def run():
+        try:
+            w.parse(bombs[1], "docx", timeout_s=600, memory_mb=8192, key=1)
+        except BaseException as exc:  # noqa: BLE001
+            out["exc"] = exc
+
+    t = threading.Thread(target=run)
+    t.start()
+    child = wait_until(lambda: w._active.get(1), 60, 0.05, "the parse to start")
+    w.close()
+    t.join(10)
+    assert isinstance(out.get("exc"), ParseStopped) and child.wait(5)
+    with pytest.raises(ParseStopped):
+        w.parse(bombs[1], "docx", timeout_s=5, memory_mb=512)
 
 
 # --- through the real app ------------------------------------------------------------------------------------

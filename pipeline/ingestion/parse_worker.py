@@ -66,6 +66,10 @@ class ParseCancelled(Exception):
     """The document was deleted or cancelled while it parsed; its child was killed."""
 
 
+class ParseStopped(Exception):
+    """The worker was closed (the engine is stopping): the document is left as it was, its job is taken up again."""
+
+
 class ParseCrashed(RuntimeError):
     """The parser raised something else than ParseError (a bug or a library failure), or the child died."""
 
@@ -181,7 +185,8 @@ class ParseWorker:
               progress: Callable[[str], None] | None = None, cancelled: Callable[[], bool] | None = None,
               **parse_kwargs) -> ParsedDocument:
         """Like parsing.parse_file (same keyword arguments), but in the child. Raises ParseError (also for the
-        budgets: 「解析超时…」 / 「超出资源限制…」), ParseCancelled (kill(key) or cancelled() true), or ParseCrashed."""
+        budgets: 「解析超时…」 / 「超出资源限制…」), ParseCancelled (kill(key) or cancelled() true), ParseStopped
+        (close()) or ParseCrashed."""
         child = self._take(int(memory_mb))
         if key is not None:
             with self._lock:
@@ -193,7 +198,7 @@ class ParseWorker:
             next_cancel_check = 0.0
             while True:
                 if child.cancelled:
-                    raise ParseCancelled()
+                    raise ParseStopped() if self._closed else ParseCancelled()
                 try:
                     ready = child.conn.poll(POLL_S)
                     msg = child.conn.recv() if ready else None
@@ -223,9 +228,9 @@ class ParseWorker:
                     if kind == "error":
                         keep = True
                         raise ParseCrashed(f"{msg[1]}: {msg[2]}")
-                    # died: killed by cancel(), the OOM killer, or a crash in a C library
+                    # died: killed by cancel() or close(), the OOM killer, or a crash in a C library
                     if child.cancelled:
-                        raise ParseCancelled()
+                        raise ParseStopped() if self._closed else ParseCancelled()
                     child.wait(1)
                     raise ParseCrashed(f"解析进程意外退出（exit code {child.proc.returncode}）")
                 now = time.monotonic()
@@ -269,7 +274,7 @@ class ParseWorker:
     def _take(self, memory_mb: int) -> _Child:
         with self._lock:
             if self._closed:
-                raise ParseCancelled()  # stopping: the job is released and taken up again
+                raise ParseStopped()  # stopping: the job is released and taken up again
             child, self._idle = self._idle, None
         if child is not None and child.alive() and child.memory_mb == memory_mb:
             return child

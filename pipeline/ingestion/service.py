@@ -27,7 +27,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from pipeline.ingestion.parse_worker import ParseCancelled, ParseCrashed, ParseWorker
+from pipeline.ingestion.parse_worker import ParseCancelled, ParseCrashed, ParseStopped, ParseWorker
 from pipeline.ingestion.parsing import (
     MAX_BATCH_FILES,
     ParsedPage,
@@ -337,6 +337,8 @@ class IngestService:
                 self._fail(doc_id, exc.reason)
             except (_Cancelled, ParseCancelled):
                 self._cleanup(doc_id)
+            except ParseStopped:  # stop(): nothing of it is touched; its job is released and taken up again
+                log.info("doc %s: parse stopped (engine stopping)", doc_id)
             except LeaseLost:
                 log.warning("doc %s: lease lost while preparing; left to its new owner", doc_id)
             except Exception as exc:
