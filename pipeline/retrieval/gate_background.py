@@ -16,10 +16,11 @@ combination of knowledge bases a user may pick.
 No question waits for a measurement (issue 27: p95 21.9 s while a 64-probe refresh ran for 22.7 s during an
 ingest). Under GateBackgrounds, while a knowledge base's background is being measured, or is stale and a
 refresh is pending, a question uses the previous one — marked `state="previous"`, which the gate's trace
-shows — or, when there is none yet and a measurement is running, none (the gate's floor-only path, its reason
-says so). Only a knowledge base that has never been measured and has no measurement running is measured on the
-question (what a first question after the first upload did before). The refresh yields to questions: between
-two probes it pauses while a question is being retrieved (`busy`), and at least PROBE_PAUSE_S.
+shows. A knowledge base that has never been measured is the one exception: there is no previous background, and
+the floor-only path answers off-topic questions, so its first question waits for (or makes) its first
+measurement, at most FIRST_WAIT_S while another thread measures (then the floor alone, the reason says so).
+The refresh yields to questions: between two probes it pauses while a question is being retrieved (`busy`),
+and at least PROBE_PAUSE_S — except while a question waits for that very measurement.
 """
 from __future__ import annotations
 
@@ -45,6 +46,7 @@ MAD_TO_SD = 1.4826      # MAD of a normal distribution × this = its standard de
 REFRESH_DELAY_S = 2.0
 PROBE_PAUSE_S = 0.01   # between two probes of a refresh, always (other threads get the GIL and the cores)
 YIELD_MAX_S = 2.0      # the longest a refresh waits, per probe, for the questions in flight to finish
+FIRST_WAIT_S = 60.0    # a question over a knowledge base never measured waits this long for its first measurement
 
 
 @dataclass(frozen=True)
@@ -150,6 +152,7 @@ class GateBackground:
         # measure a stale background themselves), `pause()` runs between two probes (yield to questions).
         self.schedule: Callable[[], None] | None = None
         self.pause: Callable[[], None] = lambda: None
+        self._waiters = 0  # questions waiting for this KB's first measurement (the refresh must not yield then)
 
     def fingerprint(self) -> str:
         count, max_id = self.store.ready_fingerprint_parts(self.kb_id)
@@ -187,7 +190,7 @@ class GateBackground:
         feats = []
         for q in self.probes:
             feats.append(self.measure_probe(q))
-            if yield_cpu:
+            if yield_cpu and not self._waiters:
                 self.pause()
         bg = summarize(feats, (time.perf_counter() - t0) * 1000)
         self.store.save(self.kb_id, fp, bg.to_dict())
@@ -204,7 +207,17 @@ class GateBackground:
         if cached is not None and cached[0] is snap:
             return cached[1]
         if not self._lock.acquire(blocking=self.schedule is None):
-            return self._previous(cached)  # being measured now: never wait for it
+            prev = self._previous(cached)
+            if prev is not None:
+                return prev  # being measured now: never wait for it
+            # Never measured: the floor alone would answer off-topic questions (the SRS case 「2022年世界杯…」
+            # got an LLM answer), so the first measurement is waited for, up to FIRST_WAIT_S.
+            self._waiters += 1  # the refresh stops yielding: this question waits for it
+            try:
+                if not self._lock.acquire(timeout=FIRST_WAIT_S):
+                    return None
+            finally:
+                self._waiters -= 1
         try:
             cached = self._cached
             if cached is not None and cached[0] is snap:
