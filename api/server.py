@@ -21,6 +21,8 @@ from starlette.concurrency import run_in_threadpool
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from api import openai_compat, security_headers
+from api.body_limit import BodyLimit
+from api.int_range import IntRange
 from api.mcp_server import CallerRefused, mount_mcp
 from api.sse import sse_frames
 from pipeline.access.callers import Caller, CallerResolver
@@ -110,7 +112,7 @@ class VerifiedBody(BaseModel):
     model_config = ConfigDict(extra="forbid")
     question: str = Field(min_length=1, max_length=500)
     answer: str = Field(min_length=1, max_length=4000)
-    feedback_id: int | None = Field(None, description="the feedback item (and so the answer) it comes from")
+    feedback_id: int | None = Field(None, ge=1, le=2**63 - 1, description="the feedback item (and so the answer) it comes from")
     kb_id: int | None = Field(None, ge=1, description="where to store it (default: the knowledge base of its "
                                                        "sources; refused where that would widen who reads them)")
 
@@ -171,6 +173,8 @@ def create_api(engine: Engine, policy: AccessPolicy | None = None, bind_host: st
     )
     callers = CallerResolver(policy, engine.api_keys, engine.rate_limits)
     security_headers.install(app)  # CSP, nosniff, frame-ancestors, Referrer-Policy on the API and the page
+    app.add_middleware(BodyLimit)  # body-size limits per route class, before anything reads a body (issue 27)
+    app.add_middleware(IntRange, api=app)  # ids / page numbers ≥ 2^63 in paths and queries: 3002 / 1001, not 500
 
     # --- errors → envelope --------------------------------------------------------------------
     @app.exception_handler(RequestValidationError)

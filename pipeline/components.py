@@ -317,7 +317,8 @@ def load_models(c: Components, s: Settings) -> Models:
     # this load (recall size / fusion barely move their best cosine).
     c.gate_background = GateBackgrounds(c.gate_stats, lambda kb_id: GateBackground(
         c.gate_stats, lambda: emb.model_id, lambda q: c.retrieval.measure_gate(q, s, (kb_id,)),
-        lambda: c.kbs.get(kb_id).bm25.snapshot, kb_id=kb_id, sentences=c.retrieval.gate_model.two_stage), c.kbs.ids)
+        lambda: c.kbs.get(kb_id).bm25.snapshot, kb_id=kb_id, sentences=c.retrieval.gate_model.two_stage), c.kbs.ids,
+        busy=lambda: c.retrieval is not None and c.retrieval.in_flight > 0)
     # the live IDF table and the background of the knowledge bases the sources come from, read per question
     weights = c.retrieval.term_weights
     background = c.gate_background.current

@@ -16,7 +16,7 @@ from urllib.parse import urlsplit
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 Effect = Literal["immediate", "reload", "rebuild"]
-GROUP_ORDER = ("llm", "retrieval", "chunking", "models", "ocr", "api")
+GROUP_ORDER = ("llm", "retrieval", "chunking", "models", "ocr", "parsing", "api")
 SRS_BGE_EMBEDDING_DIR = "models/bge-small-zh-v1.5"
 SRS_BGE_RERANKER_DIR = "models/bge-reranker-base"
 
@@ -106,6 +106,14 @@ class Settings(BaseModel):
                                 description="扫描页/乱码页走离线 OCR")
     ocr_max_pages: int = setting(50, group="ocr", effect="immediate", label="OCR 页数上限",
                                  description="每个文档最多 OCR 的页数", ge=1, le=2000)
+    # parsing budget (pipeline/ingestion/parse_worker.py): each document parses in a child process that is
+    # killed past these; the documents queued behind it go on.
+    parse_timeout_s: float = setting(120.0, group="parsing", effect="immediate", label="单文档解析时限(秒)",
+                                     description="单个文档解析（含 OCR）的最长时间，超时判为失败「解析超时」",
+                                     ge=1, le=3600)
+    parse_memory_mb: int = setting(1536, group="parsing", effect="immediate", label="单文档解析内存上限(MB)",
+                                   description="解析进程的常驻内存上限，超过判为失败「超出资源限制」",
+                                   ge=256, le=16384)
     # api (the OpenAI-compatible endpoint and the REST API: pipeline/access/callers.py)
     api_rate_limit_per_min: int = setting(
         60, group="api", effect="immediate", label="Key 每分钟请求上限",

@@ -16,6 +16,7 @@ from .db import Database, as_dict, dicts
 from .migrations import DEFAULT_KB_ID
 from .schema import kb_base, kb_chunk, kb_document, kb_section
 
+MAX_OFFSET = 2**62  # page × size never overflows the 64-bit OFFSET of SQLite / PostgreSQL
 STATUS_LABELS = {"processing": "处理中", "ready": "就绪", "failed": "失败"}
 # kb_document.active: 1 = the version retrieval uses; 0 = an old (or replaced) version; 2 = a new version that
 # becomes active once it is 就绪 (and deactivates the others of its lineage).
@@ -136,8 +137,8 @@ class DocumentStore:
     def list(self, page: int = 1, size: int = 20, keyword: str = "",
              kb_id: int | None = DEFAULT_KB_ID) -> tuple[list[dict], int]:
         """Visible documents of one knowledge base (None: all), newest first."""
-        page = max(1, int(page))
         size = max(1, min(int(size), 200))
+        page = max(1, min(int(page), MAX_OFFSET // size))  # a page past the end is empty; the offset stays 64-bit
         kw = (keyword or "").strip().replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_")
         # ILIKE on PostgreSQL, lower() LIKE lower() on SQLite: the keyword ignores ASCII case on both
         where = [D.c.file_name.ilike(f"%{kw}%", escape="\\"), VISIBLE, *_in_kb(kb_id)]

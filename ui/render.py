@@ -267,6 +267,8 @@ def render_gate(gate: dict) -> str:
     if gate.get("similarity_above") is not None:
         line += (f' · 高出本库背景 {fmt_num(gate.get("similarity_above"), 1)}（背景中位 '
                  f'{fmt_num(gate.get("background_median"), 3)}，单位 0.01）')
+        if gate.get("background_state") == "previous":  # gate_background.py: a refresh was running
+            line += "（本库背景正在重新测量，本次使用上一次的测量结果）"
     if gate.get("best_sentence") is not None:
         line += (f' · 最佳句子相似度 {fmt_num(gate.get("best_sentence"), 3)}'
                  f'（高出背景 {fmt_num(gate.get("sentence_above"), 1)}）')

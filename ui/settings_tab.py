@@ -45,9 +45,10 @@ log = logging.getLogger(__name__)
 DENIED = DENIED_TEXT[Role.ADMIN]
 FIELDS: list[str] = [f for fields in GROUPS.values() for f in fields]
 CARDS: list[tuple[str, list[str]]] = [
-    ("llm", ["llm", "api"]), ("retrieval", ["retrieval"]), ("chunking", ["chunking", "ocr"]), ("models", ["models"]),
+    ("llm", ["llm", "api"]), ("retrieval", ["retrieval"]), ("chunking", ["chunking", "ocr", "parsing"]),
+    ("models", ["models"]),
 ]
-CARD_TITLES = {"llm": "LLM 生成", "retrieval": "检索参数", "chunking": "切块参数 · OCR", "models": "模型路径"}
+CARD_TITLES = {"llm": "LLM 生成", "retrieval": "检索参数", "chunking": "切块参数 · OCR · 解析上限", "models": "模型路径"}
 
 EFFECT_TEXT = {"immediate": "保存后立即生效", "reload": "需 重载引擎", "rebuild": "新文档立即生效，已有文档需 全量重建"}
 ERROR_STYLE = "color:#b42318;font-size:.85rem;margin-top:-6px"
@@ -212,8 +213,10 @@ def build_settings_tab(engine, policy: AccessPolicy | None = None) -> dict[str, 
             for group in dict(CARDS)[key]:
                 if group == "ocr":
                     gr.Markdown("**OCR（扫描版 PDF）**")
-                if group == "api":
+                elif group == "api":
                     gr.Markdown("**开放接口（API Key 与 /v1）**")
+                elif group == "parsing":
+                    gr.Markdown("**解析资源上限（每个文档）**")
                 for name in GROUPS[group]:
                     make_field(name)
 

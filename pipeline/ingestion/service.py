@@ -28,6 +28,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from pipeline.generation.instructions import FLAG_NOTE, flagged_sentences
+from pipeline.ingestion.parse_worker import ParseCancelled, ParseCrashed, ParseStopped, ParseWorker
 from pipeline.ingestion.parsing import (
     MAX_BATCH_FILES,
     ParsedPage,
@@ -35,7 +36,6 @@ from pipeline.ingestion.parsing import (
     Progress,
     UploadRefused,
     check_upload,
-    parse_file,
     sniff_content,
 )
 from pipeline.ingestion.progress import ProgressBoard
@@ -123,6 +123,9 @@ class IngestService:
         self.owner = f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
         self.timer = StageTimer()
         self.progress = ProgressBoard()  # stage / counts / ETA per document (the list API and the UI read it)
+        # Each document parses in a child process under parse_timeout_s / parse_memory_mb (parse_worker.py):
+        # a file that would take the process down fails with its reason and the queue behind it goes on.
+        self.parser = ParseWorker()
         self._cancelled: set[int] = set()
         self._current: int | None = None
         self._held: set[int] = set()   # doc_ids whose job this worker holds (the heartbeat renews them)
@@ -188,7 +191,9 @@ class IngestService:
         self._wake.set()
 
     def cancel(self, doc_id: int) -> None:
+        """Deleted or cancelled: the next check drops its work; a parse running for it is killed now."""
         self._cancelled.add(doc_id)
+        self.parser.kill(doc_id)
 
     def wait_idle(self, timeout: float | None = None) -> bool:
         """Block until the queue is drained — by any process — and this worker's refresh is done."""
@@ -331,8 +336,10 @@ class IngestService:
                 prepared.append(self._prepare(doc, s))
             except ParseError as exc:
                 self._fail(doc_id, exc.reason)
-            except _Cancelled:
+            except (_Cancelled, ParseCancelled):
                 self._cleanup(doc_id)
+            except ParseStopped:  # stop(): nothing of it is touched; its job is released and taken up again
+                log.info("doc %s: parse stopped (engine stopping)", doc_id)
             except LeaseLost:
                 log.warning("doc %s: lease lost while preparing; left to its new owner", doc_id)
             except Exception as exc:
@@ -373,8 +380,13 @@ class IngestService:
                 self.docs.set_progress(doc_id, msg)
 
         qa = doc["file_type"] == QA_FILE_TYPE  # a verified Q&A entry: its text file, kept as one chunk
-        parsed = parse_file(path, "txt" if qa else doc["file_type"], ocr_enabled=s.ocr_enabled,
-                            ocr_max_pages=s.ocr_max_pages, progress=parse_progress)
+        try:
+            parsed = self.parser.parse(path, "txt" if qa else doc["file_type"], ocr_enabled=s.ocr_enabled,
+                                       ocr_max_pages=s.ocr_max_pages, progress=parse_progress,
+                                       timeout_s=s.parse_timeout_s, memory_mb=s.parse_memory_mb, key=doc_id,
+                                       cancelled=lambda: self._is_cancelled(doc_id))
+        except ParseCrashed as exc:
+            raise ParseError(f"处理失败：{exc}") from exc
         t1 = time.perf_counter()
         self.timer.add("parse", t1 - t0)
         self._check_cancel(doc_id)
@@ -548,6 +560,7 @@ class IngestService:
         process, or this data dir's next start on SQLite, takes it over)."""
         self._stop.set()
         self._wake.set()
+        self.parser.close()  # a parse in flight ends now (its job is released and taken up again later)
         self._worker.join(timeout)
 
 

@@ -127,6 +127,9 @@ class GateDecision:
             "similarity_z": _r(bg.sim_z(f.max_similarity), 2) if bg else None,
             "similarity_above": _r(bg.sim_above(f.max_similarity), 2) if bg else None,
             "background_median": _r(bg.sim_median) if bg else None,
+            # "previous": the knowledge base changed and its background is being measured again; this question
+            # used the last one (gate_background.py). None: no background yet (the reason says so).
+            "background_state": bg.state if bg else None,
             "best_sentence": _r(f.best_sentence),
             "sentence_above": _r(bg.sent_above(f.best_sentence), 2) if bg and f.best_sentence is not None else None,
             "stage": self.stage,

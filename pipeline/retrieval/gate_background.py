@@ -12,9 +12,19 @@ A question over several knowledge bases gets `combine`: per probe the BEST cosin
 then the same robust statistics — exactly the background the probes would give if they were asked over the
 union (the question's own best cosine is the best over the union too), without scoring the probes for every
 combination of knowledge bases a user may pick.
+
+No question waits for a measurement (issue 27: p95 21.9 s while a 64-probe refresh ran for 22.7 s during an
+ingest). Under GateBackgrounds, while a knowledge base's background is being measured, or is stale and a
+refresh is pending, a question uses the previous one — marked `state="previous"`, which the gate's trace
+shows. A knowledge base that has never been measured is the one exception: there is no previous background, and
+the floor-only path answers off-topic questions, so its first question waits for (or makes) its first
+measurement, at most FIRST_WAIT_S while another thread measures (then the floor alone, the reason says so).
+The refresh yields to questions: between two probes it pauses while a question is being retrieved (`busy`),
+and at least PROBE_PAUSE_S — except while a question waits for that very measurement.
 """
 from __future__ import annotations
 
+import dataclasses
 import logging
 import threading
 import time
@@ -34,6 +44,9 @@ MIN_SIM_SCALE = 0.005   # a background whose probes all score alike must not tur
 MIN_COV_SCALE = 0.05
 MAD_TO_SD = 1.4826      # MAD of a normal distribution × this = its standard deviation
 REFRESH_DELAY_S = 2.0
+PROBE_PAUSE_S = 0.01   # between two probes of a refresh, always (other threads get the GIL and the cores)
+YIELD_MAX_S = 2.0      # the longest a refresh waits, per probe, for the questions in flight to finish
+FIRST_WAIT_S = 60.0    # a question over a knowledge base never measured waits this long for its first measurement
 
 
 @dataclass(frozen=True)
@@ -48,9 +61,15 @@ class Background:
     probe_covs: tuple[float, ...] = ()
     sent_median: float | None = None    # the probes' median best-sentence cosine (None: not measured)
     probe_sents: tuple[float, ...] = ()
+    state: str = "current"  # "previous": the KB changed and its refresh is pending or running (never stored)
+
+    def previous(self) -> "Background":
+        return self if self.state == "previous" else dataclasses.replace(self, state="previous")
 
     def to_dict(self) -> dict:
-        return asdict(self)
+        d = asdict(self)
+        d.pop("state")
+        return d
 
     @classmethod
     def from_dict(cls, d: dict) -> "Background":
@@ -103,11 +122,13 @@ def combine(backgrounds: Sequence[Background | None]) -> Background | None:
         return got[0] if got else None
     n = len(got[0].probe_sims)
     if n == 0 or any(len(b.probe_sims) != n or len(b.probe_covs) != n for b in got):
-        return max(got, key=lambda b: b.sim_median)
-    sims = np.max([b.probe_sims for b in got], axis=0)
-    covs = np.max([b.probe_covs for b in got], axis=0)
-    sents = np.max([b.probe_sents for b in got], axis=0) if all(len(b.probe_sents) == n for b in got) else ()
-    return _from_values(sims, covs, sum(b.measured_ms for b in got), sents)
+        out = max(got, key=lambda b: b.sim_median)
+    else:
+        sims = np.max([b.probe_sims for b in got], axis=0)
+        covs = np.max([b.probe_covs for b in got], axis=0)
+        sents = np.max([b.probe_sents for b in got], axis=0) if all(len(b.probe_sents) == n for b in got) else ()
+        out = _from_values(sims, covs, sum(b.measured_ms for b in got), sents)
+    return out.previous() if any(b.state == "previous" for b in got) else out
 
 
 class GateBackground:
@@ -126,7 +147,12 @@ class GateBackground:
         self.snapshot = snapshot    # the KB's BM25 snapshot object: replaced on every change of that KB
         self.probes = tuple(probes)
         self._cached: tuple[object, Background | None] | None = None
-        self._lock = threading.Lock()
+        self._lock = threading.Lock()  # held while measuring
+        # Set by GateBackgrounds: `schedule()` asks for a refresh in its background thread (then questions never
+        # measure a stale background themselves), `pause()` runs between two probes (yield to questions).
+        self.schedule: Callable[[], None] | None = None
+        self.pause: Callable[[], None] = lambda: None
+        self._waiters = 0  # questions waiting for this KB's first measurement (the refresh must not yield then)
 
     def fingerprint(self) -> str:
         count, max_id = self.store.ready_fingerprint_parts(self.kb_id)
@@ -142,24 +168,31 @@ class GateBackground:
     def refresh_if_changed(self) -> Background | None:
         """Measure again only when the stored row does not match the knowledge base as it is now."""
         with self._lock:
-            return self._stored_or_measured(self.snapshot())
+            return self._stored_or_measured(self.snapshot(), yield_cpu=True)
 
-    def _stored_or_measured(self, snap) -> Background | None:
+    def _stored_or_measured(self, snap, yield_cpu: bool = False) -> Background | None:
         stored = self.store.load(self.kb_id)
         if stored is not None and stored[0] == self.fingerprint():
             bg = Background.from_dict(stored[1])
             self._cached = (snap, bg)
             return bg
-        return self._refresh_locked()
+        return self._refresh_locked(yield_cpu)
 
-    def _refresh_locked(self) -> Background | None:
+    def _refresh_locked(self, yield_cpu: bool = False) -> Background | None:
+        """Measure now. yield_cpu (the background refresh, never a question measuring for itself): pause()
+        between probes."""
         snap = self.snapshot()
         fp = self.fingerprint()
         if fp.split("|")[1] == "0":
             self._cached = (snap, None)
             return None
         t0 = time.perf_counter()
-        bg = summarize([self.measure_probe(q) for q in self.probes], (time.perf_counter() - t0) * 1000)
+        feats = []
+        for q in self.probes:
+            feats.append(self.measure_probe(q))
+            if yield_cpu and not self._waiters:
+                self.pause()
+        bg = summarize(feats, (time.perf_counter() - t0) * 1000)
         self.store.save(self.kb_id, fp, bg.to_dict())
         self._cached = (snap, bg)
         log.info("gate background of kb %d: %d probes, similarity median %.4f scale %.4f (%.0f ms)", self.kb_id,
@@ -167,16 +200,52 @@ class GateBackground:
         return bg
 
     def current(self) -> Background | None:
-        """The background of the knowledge base as it is now (measured first if it is stale)."""
+        """The background of the knowledge base as it is now. Stale: measured first when nothing else can (no
+        schedule); under GateBackgrounds the previous one while a refresh is pending or running (module doc)."""
         snap = self.snapshot()
         cached = self._cached
         if cached is not None and cached[0] is snap:
             return cached[1]
-        with self._lock:
+        if not self._lock.acquire(blocking=self.schedule is None):
+            prev = self._previous(cached)
+            if prev is not None:
+                return prev  # being measured now: never wait for it
+            # Never measured: the floor alone would answer off-topic questions (the SRS case 「2022年世界杯…」
+            # got an LLM answer), so the first measurement is waited for, up to FIRST_WAIT_S.
+            self._waiters += 1  # the refresh stops yielding: this question waits for it
+            try:
+                if not self._lock.acquire(timeout=FIRST_WAIT_S):
+                    return None
+            finally:
+                self._waiters -= 1
+        try:
             cached = self._cached
             if cached is not None and cached[0] is snap:
                 return cached[1]
-            return self._stored_or_measured(snap)
+            stored = self.store.load(self.kb_id)
+            if stored is not None and stored[0] == self.fingerprint():
+                bg = Background.from_dict(stored[1])
+                self._cached = (snap, bg)
+                return bg
+            if self.schedule is not None:
+                prev = self._previous(cached, stored)
+                if prev is not None:
+                    self.schedule()  # measured in the background thread; this question uses the previous one
+                    return prev
+            return self._refresh_locked()  # nothing to fall back on, nothing measuring: measure now
+        finally:
+            self._lock.release()
+
+    def _previous(self, cached, stored=None) -> Background | None:
+        """The last background known (cached, else the stored row whatever its fingerprint), marked previous."""
+        if cached is not None and cached[1] is not None:
+            return cached[1].previous()
+        if stored is None:
+            try:
+                stored = self.store.load(self.kb_id)
+            except Exception:  # noqa: BLE001 — no previous one then (the floor-only path)
+                stored = None
+        return Background.from_dict(stored[1]).previous() if stored is not None else None
 
 
 class GateBackgrounds:
@@ -184,10 +253,11 @@ class GateBackgrounds:
     the debounced refresh after knowledge-base changes. `make(kb_id)` builds the one of a knowledge base."""
 
     def __init__(self, store: GateStatsStore, make: Callable[[int], GateBackground],
-                 kb_ids: Callable[[], Sequence[int]]):
+                 kb_ids: Callable[[], Sequence[int]], busy: Callable[[], bool] = lambda: False):
         self.store = store
         self._make = make
         self._kb_ids = kb_ids
+        self._busy = busy  # a question is being answered: the refresh waits between probes
         self._of: dict[int, GateBackground] = {}
         self._lock = threading.Lock()
         self._timer: threading.Timer | None = None
@@ -198,7 +268,22 @@ class GateBackgrounds:
             gb = self._of.get(kb_id)
             if gb is None:
                 gb = self._of[kb_id] = self._make(kb_id)
+                gb.schedule = self.request_refresh
+                gb.pause = self._yield_to_questions
             return gb
+
+    def request_refresh(self) -> None:
+        """A question found a background stale: have it measured soon, unless a refresh is already pending or
+        running (it looks at every knowledge base)."""
+        timer = self._timer
+        if timer is None or not timer.is_alive():
+            self.refresh_soon()
+
+    def _yield_to_questions(self) -> None:
+        time.sleep(PROBE_PAUSE_S)
+        deadline = time.monotonic() + YIELD_MAX_S
+        while self._busy() and not self._closed and time.monotonic() < deadline:
+            time.sleep(0.02)
 
     @property
     def probes(self) -> tuple[str, ...]:
@@ -221,13 +306,14 @@ class GateBackgrounds:
         """Once the knowledge bases have been quiet for `delay` seconds, measure every one whose content changed
         (a bulk upload drains the ingest queue many times; scoring the probes after each would cost ~1 s each
         time; the fingerprint tells the changed knowledge bases from the others)."""
-        if self._closed:
-            return
-        if self._timer is not None:
-            self._timer.cancel()
-        self._timer = threading.Timer(delay, self._refresh_quietly)
-        self._timer.daemon = True
-        self._timer.start()
+        with self._lock:
+            if self._closed:
+                return
+            if self._timer is not None:
+                self._timer.cancel()
+            self._timer = threading.Timer(delay, self._refresh_quietly)
+            self._timer.daemon = True
+            self._timer.start()
 
     def cancel(self, wait: float = 30.0) -> None:
         """Stop: a pending refresh never starts, one that runs stops after its current knowledge base and is

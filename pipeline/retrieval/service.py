@@ -62,6 +62,8 @@ class RetrievalService:
                  sentences: SentenceEvidence | None = None):
         # the gate's background of the knowledge bases a question searches (pipeline/retrieval/gate_background.py)
         self.background = background
+        self.in_flight = 0  # questions being retrieved now (a gate background refresh waits for them)
+        self._in_flight_lock = threading.Lock()
         self.sentences = sentences  # the gate's second-stage evidence (None: the quick score decides alone)
         self.calibration = calibration
         self.gate_model = GateModel.from_calibration(calibration.profile.gate)  # on this model's cosine scale
@@ -148,6 +150,15 @@ class RetrievalService:
 
     def recall_stage(self, query: str, s: Settings, kb_ids=None) -> RetrievalResult:
         """Both routes + fusion + the no-answer gate (the answer stream reports it as stage "recall")."""
+        with self._in_flight_lock:
+            self.in_flight += 1
+        try:
+            return self._recall_stage(query, s, kb_ids)
+        finally:
+            with self._in_flight_lock:
+                self.in_flight -= 1
+
+    def _recall_stage(self, query: str, s: Settings, kb_ids=None) -> RetrievalResult:
         t_start = time.perf_counter()
         bundle, fusion, embed_ms = self.recall(query, s, kb_ids=kb_ids)
         res = RetrievalResult(query=query, bm25=fusion.bm25, vector=fusion.vector, fused=fusion.fused,

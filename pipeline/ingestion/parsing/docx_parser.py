@@ -11,6 +11,7 @@ from pathlib import Path
 
 from .document import Heading, ParsedPage, TableBlock
 from .errors import ParseError
+from .limits import MAX_DOCX_CELLS, MAX_DOCX_PARAGRAPHS, check_docx_elements, over_limit
 from .normalize import normalize_text
 from .validate import R_DOCX_BROKEN, R_DOCX_NOT_ZIP
 
@@ -23,7 +24,26 @@ _HEADING_STYLE = re.compile(r"^(?:heading|标题)\s*([1-6])$", re.IGNORECASE)
 
 
 
+class _Budget:
+    """Paragraphs and cells met while walking (the byte scan before loading misses other namespace prefixes)."""
+
+    def __init__(self):
+        self.paragraphs = 0
+        self.cells = 0
+
+    def paragraph(self) -> None:
+        self.paragraphs += 1
+        if self.paragraphs > MAX_DOCX_PARAGRAPHS:
+            raise over_limit("DOCX 段落数", MAX_DOCX_PARAGRAPHS)
+
+    def cell(self) -> None:
+        self.cells += 1
+        if self.cells > MAX_DOCX_CELLS:
+            raise over_limit("DOCX 表格单元格数", MAX_DOCX_CELLS)
+
+
 def parse_docx_page(path: Path) -> ParsedPage:
+    check_docx_elements(path)  # before python-docx builds the tree: an element bomb fails in a second
     try:
         import docx  # python-docx
         from docx.opc.exceptions import PackageNotFoundError
@@ -38,7 +58,7 @@ def parse_docx_page(path: Path) -> ParsedPage:
 
     lines: list[str] = []
     marks: list[tuple] = []
-    _walk_blocks(document.element.body, document, lines, marks)
+    _walk_blocks(document.element.body, document, lines, marks, _Budget())
     return _assemble(lines, marks)
 
 
@@ -76,15 +96,18 @@ def _heading_level(paragraph) -> int | None:
     return int(m.group(1)) if m else None
 
 
-def _walk_blocks(container, document, out: list[str], marks: list[tuple] | None = None) -> None:
+def _walk_blocks(container, document, out: list[str], marks: list[tuple] | None = None,
+                 budget: _Budget | None = None) -> None:
     """Appends one line per paragraph and per table row, in document order. With `marks` (the body, not a
     table cell) one mark per line: ("heading", level), ("row", table number) or ("text",)."""
     from docx.table import Table
     from docx.text.paragraph import Paragraph
 
+    budget = budget or _Budget()
     for el in container.iterchildren():
         tag = el.tag
         if tag == _P:
+            budget.paragraph()
             paragraph = Paragraph(el, document)
             out.append(_paragraph_text(paragraph))
             if marks is not None:
@@ -92,15 +115,15 @@ def _walk_blocks(container, document, out: list[str], marks: list[tuple] | None 
                 marks.append(("heading", level) if level else ("text",))
         elif tag == _TBL:
             n = len(out)
-            _table_lines(Table(el, document), document, out)
+            _table_lines(Table(el, document), document, out, budget)
             if marks is not None:
                 marks.extend([("row", len(marks))] * (len(out) - n))  # the first row's index names the table
         elif tag == _SDT:
             content = el.find(_SDT_CONTENT)
             if content is not None:
-                _walk_blocks(content, document, out, marks)
+                _walk_blocks(content, document, out, marks, budget)
         elif tag in _BLOCK_WRAPPERS:
-            _walk_blocks(el, document, out, marks)
+            _walk_blocks(el, document, out, marks, budget)
         # sectPr, bookmarkStart/End, … carry no text
 
 
@@ -124,14 +147,14 @@ def _paragraph_text(paragraph) -> str:
     return text
 
 
-def _cell_text(cell, document) -> str:
+def _cell_text(cell, document, budget: _Budget | None = None) -> str:
     parts: list[str] = []
-    _walk_blocks(cell._tc, document, parts)
+    _walk_blocks(cell._tc, document, parts, None, budget)
     # a cell's own lines (paragraphs, line breaks) are joined with spaces so that one table row stays one line
     return " ".join(" ".join(x.strip() for x in p.split("\n") if x.strip()) for p in parts if p.strip())
 
 
-def _table_lines(table, document, out: list[str]) -> None:
+def _table_lines(table, document, out: list[str], budget: _Budget | None = None) -> None:
     """One line per row: distinct cells joined by " | ". python-docx returns the same cell (same `_tc`)
     for every grid position a horizontally merged cell spans, and the top cell's text again for rows
     a vertical merge continues: both are emitted once."""
@@ -149,7 +172,9 @@ def _table_lines(table, document, out: list[str]) -> None:
             if key in seen_tc:
                 continue
             seen_tc.add(key)
-            text = _cell_text(cell, document)
+            if budget is not None:
+                budget.cell()
+            text = _cell_text(cell, document, budget)
             if text:
                 cells.append(text)
         if cells:

@@ -9,6 +9,7 @@ from __future__ import annotations
 import re
 
 from .document import Heading, TableBlock
+from .limits import MAX_MD_STRUCT_LINE
 
 _ATX = re.compile(r"^ {0,3}(#{1,6})(?:[ \t]+(.*?))?[ \t#]*$")
 _SETEXT = re.compile(r"^ {0,3}(=+|-{2,})[ \t]*$")
@@ -54,6 +55,9 @@ def markdown_structure(text: str) -> tuple[list[Heading], list[TableBlock]]:
     i = 0
     while i < len(lines):
         start, end, line = lines[i]
+        if len(line) > MAX_MD_STRUCT_LINE:  # never a heading or table row; _ATX backtracks on long blank runs
+            i += 1
+            continue
         m = _FENCE.match(line)
         if fence is not None:
             if m and m.group(1)[0] == fence[0] and len(m.group(1)) >= len(fence):

@@ -20,7 +20,9 @@ _KEEP_CHARS = "".join(
 _KEEP_RE = re.compile("([" + re.escape(_KEEP_CHARS) + "]+)")
 # C0/C1 controls except \t and \n; also zero-width chars and BOMs that leak out of PDFs/DOCX.
 _CONTROL_RE = re.compile("[\x00-\x08\x0b\x0c\x0e-\x1f\x7f-\x9f\u200b\u200e\u200f\u2060\ufeff\ufffe]")
-_TRAILING_WS_RE = re.compile(r"[ \t]+\n")
+# only from the start of a blank run: "[ \t]+\n" alone retried from every position of a long run not followed by
+# a newline (3 MB of spaces in one line: quadratic, minutes)
+_TRAILING_WS_RE = re.compile(r"(?<![ \t])[ \t]+\n")
 _MANY_BLANK_LINES_RE = re.compile(r"\n{3,}")
 
 

@@ -20,6 +20,7 @@ from pathlib import Path
 from . import ocr, pdf_tables
 from .document import ParsedPage, Progress
 from .errors import ParseError
+from .limits import MAX_PDF_PAGES, over_limit
 from .normalize import normalize_text
 from .validate import R_PDF_BROKEN
 
@@ -252,6 +253,8 @@ def parse_pdf(
             n_pages = len(pdf)
             if n_pages == 0:
                 raise ParseError(R_PDF_NO_PAGES)
+            if n_pages > MAX_PDF_PAGES:
+                raise over_limit("PDF 页数", MAX_PDF_PAGES)
             probes: list[PageProbe] = []
             for i in range(n_pages):
                 try:

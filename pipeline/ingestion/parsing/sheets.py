@@ -13,6 +13,7 @@ from pathlib import Path
 
 from .document import ParsedPage, TableBlock
 from .errors import ParseError
+from .limits import CellBudget, check_xlsx_elements
 from .normalize import normalize_text
 from .text import decode_bytes
 
@@ -56,6 +57,8 @@ def table_page(rows: list[list[str]], context: str | None) -> ParsedPage | None:
 def parse_xlsx(path: Path, warnings: list[str]) -> list[ParsedPage]:
     import openpyxl
 
+    check_xlsx_elements(path)
+    budget = CellBudget("XLSX")
     try:
         values = openpyxl.load_workbook(path, read_only=True, data_only=True)
     except Exception as exc:  # BadZipFile, KeyError (missing part), InvalidFileException, XML errors …
@@ -64,7 +67,12 @@ def parse_xlsx(path: Path, warnings: list[str]) -> list[ParsedPage]:
     try:
         for ws in values.worksheets:
             try:
-                rows = [[cell_text(v) for v in row] for row in ws.iter_rows(values_only=True)]
+                rows = []
+                for row in ws.iter_rows(values_only=True):
+                    budget.row(row)
+                    rows.append([cell_text(v) for v in row])
+            except ParseError:
+                raise
             except Exception as exc:
                 raise ParseError(f"{R_XLSX_BROKEN}（工作表「{ws.title}」）") from exc
             page = table_page(rows, f"工作表「{ws.title}」")
@@ -114,8 +122,12 @@ def parse_csv(path: Path) -> tuple[list[ParsedPage], str]:
         dialect = csv.Sniffer().sniff(sample, delimiters=",;\t|")
     except csv.Error:
         dialect = csv.excel
+    budget = CellBudget("CSV")
     try:
-        rows = [[cell_text(c) for c in row] for row in csv.reader(io.StringIO(text, newline=""), dialect)]
+        rows = []
+        for row in csv.reader(io.StringIO(text, newline=""), dialect):
+            budget.row(row)
+            rows.append([cell_text(c) for c in row])
     except csv.Error as exc:
         raise ParseError(f"CSV 文件格式错误：{exc}") from exc
     page = table_page(rows, None)

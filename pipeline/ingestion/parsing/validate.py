@@ -27,6 +27,7 @@ R_PDF_BROKEN = "PDF 文件已损坏或无法读取"
 R_DOCX_NOT_ZIP = "DOCX 文件无效（不是 zip 压缩包）"
 R_DOCX_NO_DOCUMENT = "DOCX 文件无效（缺少 word/document.xml）"
 R_DOCX_BOMB = "DOCX 文件解压后体积异常（疑似压缩炸弹）"
+R_XLSX_BOMB = "XLSX 文件解压后体积异常（疑似压缩炸弹）"
 R_DOCX_BROKEN = "DOCX 文件已损坏或无法读取"
 R_OLD_DOC = "文件内容与扩展名不符（这是旧版 Word .doc 文件，请另存为 .docx）"
 R_OLD_XLS = "文件内容与扩展名不符（这是旧版 Excel .xls 文件，请另存为 .xlsx）"
@@ -106,7 +107,8 @@ def sniff_content(path, file_type) -> None:
     elif file_type == "docx":
         _sniff_docx(path, head)
     elif file_type == "xlsx":
-        _sniff_office_zip(path, head, "xl/workbook.xml", R_OLD_XLS, R_XLSX_NOT_ZIP, R_XLSX_NO_WORKBOOK)
+        _sniff_office_zip(path, head, "xl/workbook.xml", R_OLD_XLS, R_XLSX_NOT_ZIP, R_XLSX_NO_WORKBOOK,
+                          R_XLSX_BOMB)
     else:
         raise ParseError(f"不支持的文件类型 .{file_type}，仅支持 {_ALLOWED_TEXT}")
 
@@ -136,10 +138,11 @@ def _sniff_pdf(head: bytes) -> None:
 
 
 def _sniff_docx(path: Path, head: bytes) -> None:
-    _sniff_office_zip(path, head, "word/document.xml", R_OLD_DOC, R_DOCX_NOT_ZIP, R_DOCX_NO_DOCUMENT)
+    _sniff_office_zip(path, head, "word/document.xml", R_OLD_DOC, R_DOCX_NOT_ZIP, R_DOCX_NO_DOCUMENT, R_DOCX_BOMB)
 
 
-def _sniff_office_zip(path: Path, head: bytes, main_part: str, r_old: str, r_not_zip: str, r_no_main: str) -> None:
+def _sniff_office_zip(path: Path, head: bytes, main_part: str, r_old: str, r_not_zip: str, r_no_main: str,
+                      r_bomb: str) -> None:
     """DOCX / XLSX: a zip (not the old OLE format) holding its main part, without a zip bomb inside."""
     if head.startswith(b"\xd0\xcf\x11\xe0\xa1\xb1\x1a\xe1"):
         raise ParseError(r_old)
@@ -154,19 +157,20 @@ def _sniff_office_zip(path: Path, head: bytes, main_part: str, r_old: str, r_not
     names = {i.filename for i in infos}
     if main_part not in names:
         raise ParseError(r_no_main)
-    check_zip_bomb(infos)
+    check_zip_bomb(infos, r_bomb)
 
 
-def check_zip_bomb(infos: list[zipfile.ZipInfo]) -> None:
-    """Raises ParseError when the central directory announces an absurd expansion."""
+def check_zip_bomb(infos: list[zipfile.ZipInfo], reason: str = R_DOCX_BOMB) -> None:
+    """Raises ParseError(reason) when the central directory announces an absurd expansion (`reason` names the
+    file type: an .xlsx bomb must not be called DOCX)."""
     if len(infos) > MAX_DOCX_ENTRIES:
-        raise ParseError(R_DOCX_BOMB)
+        raise ParseError(reason)
     total_u = sum(max(i.file_size, 0) for i in infos)
     total_c = sum(max(i.compress_size, 0) for i in infos)
     if total_u > MAX_DOCX_UNCOMPRESSED:
-        raise ParseError(R_DOCX_BOMB)
+        raise ParseError(reason)
     if total_u > 10 * 1024 * 1024 and total_u > MAX_DOCX_RATIO * max(total_c, 1):
-        raise ParseError(R_DOCX_BOMB)
+        raise ParseError(reason)
     for i in infos:
         if i.file_size > 10 * 1024 * 1024 and i.file_size > MAX_DOCX_MEMBER_RATIO * max(i.compress_size, 1):
-            raise ParseError(R_DOCX_BOMB)
+            raise ParseError(reason)
