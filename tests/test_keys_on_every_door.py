@@ -105,12 +105,3 @@ def test_openai_door_and_key_lifecycle_in_the_audit_log(live, key):
     assert created["name"] == "助手" and created["prefix"] == key["prefix"]
     export = live.engine.export_audit_log("jsonl")
     assert key["secret"] not in export  # the prefix only, never the secret
-
-
-def test_gradios_own_api_documents_only_ask_and_search(live):
-    """The page's event handlers are the protocol the browser speaks, so a client can call any of them (each
-    checks the caller itself); the documented Gradio API is /ask and /debug_search, with the REST API's readers."""
-    info = httpx.get(live.url + "gradio_api/info").json()
-    assert sorted(info["named_endpoints"]) == ["/ask", "/debug_search"] and not info["unnamed_endpoints"]
-    params = [p["parameter_name"] for p in info["named_endpoints"]["/debug_search"]["parameters"]]
-    assert params[:2] == ["query", "top_k"]

@@ -52,8 +52,7 @@ def build_ui(engine, policy: AccessPolicy | None = None) -> gr.Blocks:
         chat.goto_kb.click(lambda: gr.Tabs(selected="kb"), None, tabs, api_visibility="private", queue=False)
         # Every page load: the user's conversations → the 历史 list, and the conversation that was open before
         # the reload (its id is the only thing the browser keeps) comes back.
-        demo.load(chat.on_load, [chat.last_conv], chat.view,
-                  api_name="restore_conversation", api_visibility="undocumented", queue=False)
+        demo.load(chat.on_load, [chat.last_conv], chat.view, api_name="restore_conversation", queue=False)
 
         if policy.enabled:
             # Hide what the logged-in user may not use. This is cosmetic: the handlers of those tabs check

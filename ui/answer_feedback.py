@@ -63,14 +63,11 @@ def build_answer_feedback(engine, turns_state: gr.State, active_state: gr.State)
         msg = _give(turns, active, request, "down", why, text)
         return (msg, gr.Group(visible=False)) if msg is not None else (gr.skip(), gr.skip())
 
-    up.click(on_up, [turns_state, active_state], [status, box],
-             api_name="feedback_up", api_visibility="undocumented", queue=False)
-    down.click(on_down, [turns_state, active_state], [box, reason, comment],
-               api_name="feedback_down", api_visibility="undocumented", queue=False)
+    up.click(on_up, [turns_state, active_state], [status, box], api_name="feedback_up", queue=False)
+    down.click(on_down, [turns_state, active_state], [box, reason, comment], api_name="feedback_down", queue=False)
     submit.click(on_submit, [reason, comment, turns_state, active_state], [status, box],
-                 api_name="feedback_submit", api_visibility="undocumented", queue=False)
-    cancel.click(lambda: gr.Group(visible=False), None, [box],
-                 api_name="feedback_cancel", api_visibility="undocumented", queue=False)
+                 api_name="feedback_submit", queue=False)
+    cancel.click(lambda: gr.Group(visible=False), None, [box], api_name="feedback_cancel", queue=False)
     # a new answer / another turn on screen: the last feedback note no longer applies
     active_state.change(lambda: ("", gr.Group(visible=False)), None, [status, box], api_visibility="private",
                         queue=False)

@@ -102,10 +102,8 @@ def build_api_keys_section(engine, policy: AccessPolicy | None = None) -> dict[s
 
     gr.on(None, keys_list, None, [table, kbs], api_name=False, show_progress="hidden")  # page load
     refresh = gr.Button("刷新", visible=False)
-    refresh.click(keys_list, None, [table, kbs], api_name="keys_list", api_visibility="undocumented")
-    create_btn.click(keys_create, [name, role, kbs, days, limit], [secret, table, status],
-                     api_name="keys_create", api_visibility="undocumented")
-    revoke_btn.click(keys_revoke, [revoke_id], [table, status, secret],
-                     api_name="keys_revoke", api_visibility="undocumented")
+    refresh.click(keys_list, None, [table, kbs], api_name="keys_list")
+    create_btn.click(keys_create, [name, role, kbs, days, limit], [secret, table, status], api_name="keys_create")
+    revoke_btn.click(keys_revoke, [revoke_id], [table, status, secret], api_name="keys_revoke")
     return {"table": table, "secret": secret, "status": status,
             "handlers": {"keys_list": keys_list, "keys_create": keys_create, "keys_revoke": keys_revoke}}

@@ -244,8 +244,7 @@ def build_chat_tab(engine, policy: AccessPolicy | None = None) -> ChatTab:
 
     gr.on([send.click, question.submit], ask, [question, use_kb, conv_state, turns_state, kbs], run_outputs,
           api_name="ask", concurrency_limit=4, concurrency_id="kb-ask", show_progress="hidden")
-    retry.click(retry_fn, [use_kb, current, conv_state, turns_state, kbs], run_outputs,
-                api_name="retry", api_visibility="undocumented",
+    retry.click(retry_fn, [use_kb, current, conv_state, turns_state, kbs], run_outputs, api_name="retry",
                 concurrency_limit=4, concurrency_id="kb-ask", show_progress="hidden")
     def load_scope(request: gr.Request):  # the knowledge bases this user may read, all picked
         return refresh_scope(engine, policy.reader(request_user(request)))
@@ -259,16 +258,14 @@ def build_chat_tab(engine, policy: AccessPolicy | None = None) -> ChatTab:
             return {}
         return show(turns, idx, conv_id, request_user(request))
 
-    turn_list.input(select_turn, [turn_list, turns_state, conv_state], view,
-                    api_name="select_turn", api_visibility="undocumented",
+    turn_list.input(select_turn, [turn_list, turns_state, conv_state], view, api_name="select_turn",
                     show_progress="hidden", queue=False)
 
     def new_conversation():
         return {**show([], None, None, None), retry: gr.Button(visible=False), goto_kb: gr.Button(visible=False),
                 history_list: gr.Radio(value=None)}
 
-    new_conv.click(new_conversation, None, view + [retry, goto_kb, history_list],
-                   api_name="new_conversation", api_visibility="undocumented",
+    new_conv.click(new_conversation, None, view + [retry, goto_kb, history_list], api_name="new_conversation",
                    queue=False)
 
     # ------------------------------------------------------------------ history (server side)
@@ -359,25 +356,19 @@ def build_chat_tab(engine, policy: AccessPolicy | None = None) -> ChatTab:
         path.write_text(md, encoding="utf-8")
         return gr.File(value=str(path), visible=True)
 
-    history_list.input(history_open, [history_list], open_outputs,
-                       api_name="history_open", api_visibility="undocumented",
+    history_list.input(history_open, [history_list], open_outputs, api_name="history_open",
                        show_progress="hidden", queue=False)
-    rename_btn.click(rename, [history_list, title_box], [history_list, title_box],
-                     api_name="history_rename", api_visibility="undocumented",
+    rename_btn.click(rename, [history_list, title_box], [history_list, title_box], api_name="history_rename",
                      queue=False)
     del_btn.click(delete_selected, [history_list, conv_state], view + [retry, goto_kb, history_list],
-                  api_name="history_delete", api_visibility="undocumented", queue=False)
-    clear_btn.click(ask_clear, None, [confirm_row, confirm_text],
-                    api_name="history_clear_ask", api_visibility="undocumented", queue=False)
+                  api_name="history_delete", queue=False)
+    clear_btn.click(ask_clear, None, [confirm_row, confirm_text], api_name="history_clear_ask", queue=False)
     confirm_yes.click(do_clear, None, view + [retry, goto_kb, history_list, confirm_row],
-                      api_name="history_clear_confirm", api_visibility="undocumented", queue=False)
-    confirm_no.click(lambda: gr.Row(visible=False), None, [confirm_row],
-                     api_name="history_clear_cancel", api_visibility="undocumented",
+                      api_name="history_clear_confirm", queue=False)
+    confirm_no.click(lambda: gr.Row(visible=False), None, [confirm_row], api_name="history_clear_cancel",
                      queue=False)
-    export_btn.click(export, [history_list, conv_state], [export_file],
-                     api_name="history_export", api_visibility="undocumented", queue=False)
-    history_acc.expand(refresh_history, None, [history_list],
-                       api_name="history_list", api_visibility="undocumented", show_progress="hidden",
+    export_btn.click(export, [history_list, conv_state], [export_file], api_name="history_export", queue=False)
+    history_acc.expand(refresh_history, None, [history_list], api_name="history_list", show_progress="hidden",
                        queue=False)
 
     def current_turn(turns, active):

@@ -151,16 +151,11 @@ def build_feedback_tab(engine, policy: AccessPolicy | None = None):
             return gr.skip()
         return render_verified(engine.list_verified())
 
-    gr.on([flt.change, refresh.click], show_list, [flt], [listing],
-          api_name="feedback_list", api_visibility="undocumented", queue=False)
-    export_btn.click(do_export, [flt], [export_file],
-                     api_name="feedback_export", api_visibility="undocumented", queue=False)
-    load.click(do_pick, [pick], [qa_question, qa_answer, cited_view, target],
-               api_name="feedback_pick", api_visibility="undocumented", queue=False)
-    create.click(do_create, [pick, qa_question, qa_answer, target], [qa_status, verified],
-                 api_name="verified_create", api_visibility="undocumented",
+    gr.on([flt.change, refresh.click], show_list, [flt], [listing], api_name="feedback_list", queue=False)
+    export_btn.click(do_export, [flt], [export_file], api_name="feedback_export", queue=False)
+    load.click(do_pick, [pick], [qa_question, qa_answer, cited_view, target], api_name="feedback_pick", queue=False)
+    create.click(do_create, [pick, qa_question, qa_answer, target], [qa_status, verified], api_name="verified_create",
                  queue=False)
-    refresh.click(show_verified, None, [verified], api_name="verified_list", api_visibility="undocumented", queue=False)
-    delete.click(do_delete, [del_id], [verified],
-                 api_name="verified_delete", api_visibility="undocumented", queue=False)
+    refresh.click(show_verified, None, [verified], api_name="verified_list", queue=False)
+    delete.click(do_delete, [del_id], [verified], api_name="verified_delete", queue=False)
     return listing, verified, show_list, show_verified, flt

@@ -65,7 +65,6 @@ def build_header(engine, policy=None) -> gr.HTML:
     def header_badge(request: gr.Request):
         return badge_html(engine, reader_of(policy, request))
 
-    timer.tick(header_badge, None, badge,
-               api_name="header_badge", api_visibility="undocumented", show_progress="hidden",
+    timer.tick(header_badge, None, badge, api_name="header_badge", show_progress="hidden",
                queue=False)
     return badge

@@ -152,11 +152,11 @@ def _wire(engine, policy, refresh, refresh_outputs, pick, info, mode, form, name
     rename_btn.click(open_rename, [pick], [form, mode, name, desc, readers], api_name=False)
     cancel.click(lambda: gr.update(visible=False), None, form, api_name=False)
     save.click(kb_spaces_save, [mode, name, desc, readers, pick], [form, pick, msg, info, *refresh_outputs],
-               api_name="kb_spaces_save", api_visibility="undocumented", concurrency_limit=1)
+               api_name="kb_spaces_save", concurrency_limit=1)
     del_btn.click(ask_delete, [pick], [confirm, confirm_text, msg], api_name=False)
     del_no.click(lambda: gr.update(visible=False), None, confirm, api_name=False)
     del_yes.click(kb_spaces_delete, [pick], [confirm, pick, msg, info, *refresh_outputs],
-                  api_name="kb_spaces_delete", api_visibility="undocumented", concurrency_limit=1)
+                  api_name="kb_spaces_delete", concurrency_limit=1)
 
 
 # --- scope pickers (问答, 双路检索调试): one or several knowledge bases, all by default ----------------------------

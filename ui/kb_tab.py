@@ -518,7 +518,7 @@ def build_kb_tab(engine, badge=None, policy: AccessPolicy | None = None) -> dict
     gr.on(None, load_kbs, None, [kb], api_name=False,
           show_progress="hidden")
     spaces.wire(lambda kb_id, request: list_values(1, "", request, kb_id), list_outputs)
-    refresh_btn.click(kb_list, [page, keyword, kb], list_outputs, api_name="kb_list", api_visibility="undocumented")
+    refresh_btn.click(kb_list, [page, keyword, kb], list_outputs, api_name="kb_list")
     timer.tick(kb_list, [page, keyword, kb], list_outputs, api_name=False, show_progress="hidden",
                trigger_mode="always_last")
     search_btn.click(kb_search, [keyword, kb], list_outputs, api_name=False)
@@ -526,32 +526,28 @@ def build_kb_tab(engine, badge=None, policy: AccessPolicy | None = None) -> dict
     prev_btn.click(kb_prev, [page, keyword, kb], list_outputs, api_name=False)
     next_btn.click(kb_next, [page, keyword, kb], list_outputs, api_name=False)
 
-    upload.upload(kb_upload, [upload, page, keyword, kb], [upload_msg, *list_outputs],
-                  api_name="kb_upload", api_visibility="undocumented",
+    upload.upload(kb_upload, [upload, page, keyword, kb], [upload_msg, *list_outputs], api_name="kb_upload",
                   preprocess=False, concurrency_limit=1, show_progress_on=[upload_msg])
 
     table.click(kb_action, None, [view_id, chunk_panel, chunk_title, chunk_view, del_id, del_confirm, del_text,
                                   del_msg, versions.group, versions.title, versions.view, versions.msg],
                 api_name=False)
     versions.view.click(kb_restore, [page, keyword, kb], [versions.title, versions.view, versions.msg,
-                                                          *list_outputs],
-                                                          api_name="kb_restore", api_visibility="undocumented")
-    view_btn.click(kb_chunks, [view_id], [chunk_panel, chunk_title, chunk_view],
-                   api_name="kb_chunks", api_visibility="undocumented")
+                                                          *list_outputs], api_name="kb_restore")
+    view_btn.click(kb_chunks, [view_id], [chunk_panel, chunk_title, chunk_view], api_name="kb_chunks")
     chunk_close.click(lambda: gr.update(visible=False), None, chunk_panel, api_name=False)
     del_yes.click(kb_delete, [del_id, page, keyword, kb], [del_confirm, del_msg, del_id, *list_outputs],
-                  api_name="kb_delete", api_visibility="undocumented", concurrency_limit=1, show_progress_on=[del_msg])
+                  api_name="kb_delete", concurrency_limit=1, show_progress_on=[del_msg])
     del_no.click(lambda: (gr.update(visible=False), None), None, [del_confirm, del_id], api_name=False)
 
-    audit_btn.click(kb_audit, None, audit_view, api_name="kb_audit", api_visibility="undocumented", concurrency_limit=1,
+    audit_btn.click(kb_audit, None, audit_view, api_name="kb_audit", concurrency_limit=1,
                     show_progress_on=[audit_view])
-    repair_btn.click(kb_repair, None, audit_view,
-                     api_name="kb_repair", api_visibility="undocumented", concurrency_limit=1,
+    repair_btn.click(kb_repair, None, audit_view, api_name="kb_repair", concurrency_limit=1,
                      show_progress_on=[audit_view])
     rebuild_btn.click(lambda: gr.update(visible=True), None, rebuild_confirm, api_name=False)
     rebuild_no.click(lambda: gr.update(visible=False), None, rebuild_confirm, api_name=False)
     rebuild_yes.click(kb_rebuild, [page, keyword, kb], [rebuild_confirm, rebuild_msg, *list_outputs],
-                      api_name="kb_rebuild", api_visibility="undocumented", concurrency_limit=1, show_progress_on=[rebuild_msg])
+                      api_name="kb_rebuild", concurrency_limit=1, show_progress_on=[rebuild_msg])
 
     return {"upload": upload, "table": table, "timer": timer, "page": page, "keyword": keyword, "debug": debug,
             "kb": kb, "handlers": {"kb_list": kb_list, "kb_upload": kb_upload, "kb_chunks": kb_chunks,

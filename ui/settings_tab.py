@@ -357,21 +357,17 @@ def build_settings_tab(engine, policy: AccessPolicy | None = None) -> dict[str, 
     gr.on(None, settings_load, None, outputs, api_name=False, show_progress="hidden").then(**check)  # page load
     # (a visible-free twin of the load event, callable through the API)
     load_btn = gr.Button("重新读取", visible=False)
-    load_btn.click(settings_load, None, outputs, api_name="settings_load", api_visibility="undocumented").then(**check)
+    load_btn.click(settings_load, None, outputs, api_name="settings_load").then(**check)
     check_btn = gr.Button("检查", visible=False)  # the API route of the live validation
-    check_btn.click(settings_check, field_list, check_outputs,
-                    api_name="settings_check", api_visibility="undocumented", show_progress="hidden")
+    check_btn.click(settings_check, field_list, check_outputs, api_name="settings_check", show_progress="hidden")
     for c in field_list:  # every edit re-checks the whole form (cross-field rules: overlap < size)
         c.input(**check, trigger_mode="always_last")
-    save_btn.click(settings_save, field_list, outputs,
-                   api_name="settings_save", api_visibility="undocumented", concurrency_limit=1).then(**check)
-    test_btn.click(settings_test_llm, [comps[n] for n in llm_fields], status,
-                   api_name="settings_test_llm", api_visibility="undocumented")
-    reload_btn.click(settings_reload, None, status,
-                     api_name="settings_reload", api_visibility="undocumented", concurrency_limit=1)
+    save_btn.click(settings_save, field_list, outputs, api_name="settings_save", concurrency_limit=1).then(**check)
+    test_btn.click(settings_test_llm, [comps[n] for n in llm_fields], status, api_name="settings_test_llm")
+    reload_btn.click(settings_reload, None, status, api_name="settings_reload", concurrency_limit=1)
     for key, btn in restore_btns.items():
         btn.click(defaults_for(key), [comps["embedding_model_path"]], outputs,
-                  api_name=f"settings_defaults_{key}", api_visibility="undocumented").then(**check)
+                  api_name=f"settings_defaults_{key}").then(**check)
 
     return {"fields": comps, "errors": errs, "status": status,
             "handlers": {"settings_load": settings_load, "settings_save": settings_save, "settings_check": settings_check,
