@@ -52,7 +52,7 @@ from pipeline.services.rate_limits import RateLimiter
 from pipeline.services.retry_cache import StoredRetrievals
 from pipeline.services.settings import SettingsService
 from pipeline.services.shared_sync import SharedSync
-from pipeline.settings import Settings
+from pipeline.settings import SECRET_FIELDS, Settings
 from store.api_keys import ApiKeyStore, RateWindowStore
 from store.audit_log import AuditLogStore
 from store.config_store import ConfigStore
@@ -68,6 +68,7 @@ from store.knowledge_bases import KBStore
 from store.leases import LeaseStore
 from store.migrations import DEFAULT_KB_ID
 from store.retrievals import RetrievalStore
+from store.secrets import SecretBox
 from store.shared_state import SharedState
 from store.vectors import VectorStore
 from store.verified import VerifiedQAStore
@@ -154,7 +155,7 @@ def build_components(data_dir: Path | str, *, project_root: Path | None = None, 
     """
     dep = deployment or Deployment()
     data_dir = Path(data_dir).resolve()
-    data_dir.mkdir(parents=True, exist_ok=True)
+    data_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
     project_root = Path(project_root or PROJECT_ROOT)
     dir_lock = DataDirLock(data_dir)
     if not dir_lock.acquire():
@@ -201,7 +202,8 @@ def build_components(data_dir: Path | str, *, project_root: Path | None = None, 
                                  busy_reason=busy_reason)
     default = kbs.default
     comps = Components(data_dir, project_root, Path(models_dir or project_root / "models"),
-                       Path(calibration_dir) if calibration_dir else None, db, ConfigStore(db),
+                       Path(calibration_dir) if calibration_dir else None, db,
+                       ConfigStore(db, SecretBox.for_data_dir(data_dir, dep.shared), frozenset(SECRET_FIELDS)),
                        docs, files, default.vectors, tokenizer, default.bm25, ingest, write_lock, dir_lock,
                        conversations, FeedbackService(FeedbackStore(db), conversations), verified, Router(),
                        DeterministicRewriter(), jobs, SharedState(db), RetrievalStore(db), LeaseStore(db), dep, kbs,

@@ -1,4 +1,5 @@
-"""Key/value persistence of settings in `sys_config` (values JSON-encoded, `updated_at` per key)."""
+"""Key/value persistence of settings in `sys_config` (values JSON-encoded, `updated_at` per key); the keys in
+`secret_keys` are sealed by the SecretBox (store/secrets.py) before they are written and opened when read."""
 from __future__ import annotations
 
 import json
@@ -9,6 +10,7 @@ from sqlalchemy import select
 
 from .db import Database
 from .schema import sys_config
+from .secrets import SecretBox, SecretUnreadable
 
 K = sys_config.c
 
@@ -18,19 +20,35 @@ def _now() -> str:
 
 
 class ConfigStore:
-    def __init__(self, db: Database):
+    def __init__(self, db: Database, box: SecretBox | None = None, secret_keys: frozenset[str] = frozenset()):
         self.db = db
+        self.box = box
+        self.secret_keys = secret_keys if box is not None else frozenset()
+        self.unreadable: set[str] = set()  # secrets stored under another key (a restore without secret.key)
 
     def load(self) -> dict[str, Any]:
         with self.db.connect() as conn:
             rows = conn.execute(select(K.key, K.value)).all()
         out = {}
+        unreadable = set()
         for key, value in rows:
             try:
                 out[key] = json.loads(value)
             except (TypeError, ValueError):
                 out[key] = value
+            if key in self.secret_keys and isinstance(out[key], str):
+                try:
+                    out[key] = self.box.open(out[key])
+                except SecretUnreadable:
+                    out[key] = ""  # must be entered again (health and the settings tab say so)
+                    unreadable.add(key)
+        self.unreadable = unreadable
         return out
+
+    def _encoded(self, key: str, value: Any) -> str:
+        if key in self.secret_keys and isinstance(value, str):
+            value = self.box.seal(value)
+        return json.dumps(value, ensure_ascii=False)
 
     def updated_at(self) -> dict[str, str]:
         with self.db.connect() as conn:
@@ -42,7 +60,7 @@ class ConfigStore:
         added = []
         with self.db.transaction() as conn:
             for key, value in defaults.items():
-                row = {"key": key, "value": json.dumps(value, ensure_ascii=False), "updated_at": now}
+                row = {"key": key, "value": self._encoded(key, value), "updated_at": now}
                 # RETURNING tells whether the row went in (an INSERT's rowcount is not reliable across drivers)
                 if conn.execute(self.db.insert(sys_config).on_conflict_do_nothing().returning(K.key),
                                 row).first() is not None:
@@ -55,13 +73,23 @@ class ConfigStore:
         changed = []
         with self.db.transaction() as conn:
             for key, value in values.items():
-                enc = json.dumps(value, ensure_ascii=False)
+                enc = self._encoded(key, value)
                 stored = conn.execute(select(K.value).where(K.key == key)).first()
-                if stored is not None and stored.value == enc:
+                if stored is not None and (stored.value == enc or self._same_secret(key, stored.value, value)):
                     continue
                 upsert = self.db.insert(sys_config)
                 conn.execute(upsert.on_conflict_do_update(index_elements=[K.key], set_={
                     "value": upsert.excluded.value, "updated_at": upsert.excluded.updated_at}),
                     {"key": key, "value": enc, "updated_at": now})
                 changed.append(key)
+                self.unreadable.discard(key)
         return changed
+
+    def _same_secret(self, key: str, stored: str, value: Any) -> bool:
+        """A sealed value differs at every seal (a fresh IV): compare what it opens to."""
+        if key not in self.secret_keys:
+            return False
+        try:
+            return self.box.open(json.loads(stored)) == value
+        except (SecretUnreadable, TypeError, ValueError):
+            return False

@@ -13,6 +13,7 @@ PostgreSQL: the engine's pool (`pool_size` connections, psycopg 3); many app pro
 from __future__ import annotations
 
 import json
+import os
 import threading
 from contextlib import contextmanager, nullcontext
 from pathlib import Path
@@ -94,6 +95,8 @@ class Database:
         else:
             self.dialect, self.path, self.url = SQLITE, Path(target), None
             self.path.parent.mkdir(parents=True, exist_ok=True)
+            if not self.path.exists():  # the metadata (and sealed secrets) readable by the owner only
+                os.close(os.open(self.path, os.O_WRONLY | os.O_CREAT, 0o600))
             self.engine = self._read_engine = _sqlite_engine(self.path, pool_size)
         self.clock = DatabaseClock(self.dialect)
         self.write_lock = threading.RLock()  # SQLite: serialize writers; readers go freely under WAL

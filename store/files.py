@@ -41,7 +41,7 @@ def md5_of(path: Path) -> str:
 class FileStore:
     def __init__(self, root: Path):
         self.root = Path(root)
-        self.root.mkdir(parents=True, exist_ok=True)
+        self.root.mkdir(parents=True, exist_ok=True, mode=0o700)  # originals: the owner only (mkstemp files 0600)
 
     def stored_name(self, md5: str, file_type: str, kb_id: int = 1) -> str:
         """`<md5>.<ext>` in the default knowledge base (as the first release named them), `kb<id>-<md5>.<ext>` in
@@ -63,7 +63,7 @@ class FileStore:
         fd, tmp = tempfile.mkstemp(dir=self.root, prefix=".up-")
         os.close(fd)
         try:
-            shutil.copyfile(src, tmp)
+            shutil.copyfile(src, tmp)  # into mkstemp's 0600 file: the mode stays
             os.replace(tmp, dest)
         finally:
             if os.path.exists(tmp):

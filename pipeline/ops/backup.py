@@ -13,6 +13,7 @@ Checksums are computed on the copies, after the freeze.
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import sqlite3
 import time
@@ -21,6 +22,8 @@ from pathlib import Path
 
 from store.db import Database
 from store.files import FileStore, file_digest
+from store.secrets import KEY_ENV, KEY_FILE
+from store.secrets import PREFIX as SEALED_PREFIX
 from store.vectors import VectorStore
 from store.write_lock import WriteLock
 
@@ -85,7 +88,8 @@ def backup(dest: Path, data_dir: Path, db: Database, vectors: VectorStore, files
     dest = check_new_dir(dest, "dest", data_dir)
     tmp = dest.with_name(dest.name + ".partial")
     shutil.rmtree(tmp, ignore_errors=True)
-    (tmp / "chroma").mkdir(parents=True)
+    tmp.mkdir(parents=True, mode=0o700)
+    (tmp / "chroma").mkdir()
     (tmp / "uploads").mkdir()
     t0 = time.perf_counter()
     with write_lock.frozen(), vectors.write_lock:
@@ -125,10 +129,28 @@ def backup(dest: Path, data_dir: Path, db: Database, vectors: VectorStore, files
                 "frozen_ms": round(frozen_ms), "elapsed_ms": None, "files": checksums}
     manifest["elapsed_ms"] = round((time.perf_counter() - t0) * 1000)
     (tmp / MANIFEST).write_text(json.dumps(manifest, ensure_ascii=False, indent=2), encoding="utf-8")
+    owner_only(tmp)
     if dest.exists():
         dest.rmdir()
     tmp.rename(dest)  # the manifest inside marks a complete backup
     return manifest
+
+
+def owner_only(root: Path) -> None:
+    """Folders 0700, files 0600 below `root`: a backup or a restored data dir holds everything the app knows."""
+    root.chmod(0o700)
+    for p in root.rglob("*"):
+        p.chmod(0o700 if p.is_dir() else 0o600)
+
+
+def sealed_settings(db_path: Path) -> list[str]:
+    """The settings stored sealed (store/secrets.py) in a backup's or data dir's app.db: what the key file opens."""
+    conn = sqlite3.connect(db_path)
+    try:
+        rows = conn.execute("SELECT key, value FROM sys_config").fetchall()
+    finally:
+        conn.close()
+    return sorted(k for k, v in rows if isinstance(v, str) and v.startswith('"' + SEALED_PREFIX))
 
 
 def verify(src: Path) -> dict:
@@ -154,8 +176,10 @@ def verify(src: Path) -> dict:
     return manifest
 
 
-def restore(src: Path, data_dir: Path) -> dict:
-    """Verify `src` and copy it into `data_dir` (must not exist or be empty). Returns the manifest."""
+def restore(src: Path, data_dir: Path, secret_key: Path | None = None) -> dict:
+    """Verify `src` and copy it into `data_dir` (must not exist or be empty). Returns the manifest, with
+    `secrets_to_reenter`: the sealed settings the restored app cannot open — none when `secret_key` (the source's
+    secret.key, never in a backup) is given, or when the key comes from $KBQA_SECRET_KEY."""
     manifest = verify(src)
     target = check_new_dir(Path(data_dir).absolute(), "data_dir")
     tmp = target.with_name(target.name + ".partial")
@@ -164,7 +188,11 @@ def restore(src: Path, data_dir: Path) -> dict:
     (tmp / "restored_from.json").write_text(json.dumps(
         {"src": str(Path(src).resolve()), "created_at": manifest["created_at"], "counts": manifest["counts"]},
         ensure_ascii=False, indent=2), encoding="utf-8")
+    if secret_key is not None:
+        shutil.copyfile(secret_key, tmp / KEY_FILE)
+    owner_only(tmp)
     if target.exists():
         target.rmdir()
     tmp.rename(target)
-    return manifest
+    keyed = secret_key is not None or bool(os.environ.get(KEY_ENV, "").strip())
+    return {**manifest, "secrets_to_reenter": [] if keyed else sealed_settings(target / "app.db")}

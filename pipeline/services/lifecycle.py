@@ -170,4 +170,6 @@ class Lifecycle:
             "kbs": len(c.kbs.ids()),
             # the fitted numbers the engine runs on: the embedding model's own profile, or the generic one
             "calibrated": cal.calibrated if cal else None, "calibration": cal.info() if cal else None,
+            # secrets stored under another key (restored without secret.key): to be entered again in 配置
+            "secrets_to_reenter": sorted(c.config.unreadable),
         }
