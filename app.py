@@ -53,12 +53,13 @@ def build_app(engine, policy, bind_host: str = "127.0.0.1"):
 
     from api.server import create_api
     from ui import build_ui, page_kwargs
+    from ui.login import AUTH_MESSAGE, gradio_auth
 
     api = create_api(engine, policy, bind_host)
     blocks = build_ui(engine, policy)
     # Gradio 6: theme/css/head (the citation click script) are mount/launch arguments, not Blocks() ones.
-    return gr.mount_gradio_app(api, blocks, path="/", auth=policy.gradio_auth(),
-                               auth_message="请登录知识库问答" if policy.enabled else None,
+    return gr.mount_gradio_app(api, blocks, path="/", auth=gradio_auth(policy, engine.login_throttle),
+                               auth_message=AUTH_MESSAGE if policy.enabled else None,
                                max_file_size="20mb",  # the browser refuses bigger files before upload
                                **page_kwargs()), blocks
 

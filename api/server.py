@@ -171,7 +171,7 @@ def create_api(engine: Engine, policy: AccessPolicy | None = None, bind_host: st
                     "HTTP Basic credentials of an app user, or an API key (Authorization: Bearer kbqa-…). "
                     "/v1: the OpenAI-compatible API (OpenAI's error shape).",
     )
-    callers = CallerResolver(policy, engine.api_keys, engine.rate_limits)
+    callers = CallerResolver(policy, engine.api_keys, engine.rate_limits, engine.login_throttle)
     security_headers.install(app)  # CSP, nosniff, frame-ancestors, Referrer-Policy on the API and the page
     app.add_middleware(BodyLimit)  # body-size limits per route class, before anything reads a body (issue 27)
     app.add_middleware(IntRange, api=app)  # ids / page numbers ≥ 2^63 in paths and queries: 3002 / 1001, not 500
@@ -233,7 +233,8 @@ def create_api(engine: Engine, policy: AccessPolicy | None = None, bind_host: st
             # /v1 and /mcp (the doors of other tools) are open only while no usable key exists
             caller = callers.resolve(request.headers.get("authorization"),
                                      key_required_if_any=openai_compat.is_v1(request)
-                                     or request.url.path.startswith("/mcp"))
+                                     or request.url.path.startswith("/mcp"),
+                                     address=request.client.host if request.client else None)
         except EngineError as exc:
             raise ApiError(exc.code, exc.msg, headers=error_headers(exc)) from None
         request.state.caller = caller  # for whatever looks at the request afterwards (logs, audit)

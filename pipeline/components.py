@@ -47,6 +47,7 @@ from pipeline.services.conversations import ConversationDesk
 from pipeline.services.documents import DocumentService
 from pipeline.services.knowledge_bases import KnowledgeBaseService
 from pipeline.services.lifecycle import Lifecycle
+from pipeline.services.login_throttle import LoginThrottle
 from pipeline.services.operations import OperationsService
 from pipeline.services.rate_limits import RateLimiter
 from pipeline.services.retry_cache import StoredRetrievals
@@ -242,6 +243,7 @@ class Services:
     api_keys: ApiKeyService        # API keys of /api and /v1 (the caller resolution: pipeline/access/callers.py)
     rate_limits: RateLimiter       # requests per minute per key / login, counted in the database
     audit: AuditLog                # who asked what through which door, and the admin actions
+    login_throttle: LoginThrottle  # failed logins slow down, then lock (per user and per address)
 
 
 def build_services(data_dir: Path | str, *, project_root: Path | None = None, models_dir: Path | None = None,
@@ -280,13 +282,14 @@ def build_services(data_dir: Path | str, *, project_root: Path | None = None, mo
     auditor, repairer = build_ops(c, model_ids=model_ids,
                                   has_job=lambda doc_id: c.ingest.is_queued(doc_id) or rebuild.running,
                                   rebuild_bm25=lambda: changes.changed(wait=True), on_model_fixed=model_fixed)
+    windows = RateWindowStore(c.db)  # request counts and failed logins, shared by every process
     svc = Services(c, settings, lifecycle, changes, sync, kbs,
                    DocumentService(c, access, lifecycle, changes, rebuild, audit),
                    AnswerService(c, settings, lifecycle, kbs, recent, catch_up=sync.catch_up, audit=audit),
                    ConversationDesk(c, access), OperationsService(c, lifecycle, changes, auditor, repairer),
                    ApiKeyService(ApiKeyStore(c.db), lambda kb_id: c.kbs.check(kb_id, fresh=True), audit),
-                   RateLimiter(RateWindowStore(c.db), lambda: settings.current.api_rate_limit_per_min,
-                               lambda: settings.current.login_rate_limit_per_min), audit)
+                   RateLimiter(windows, lambda: settings.current.api_rate_limit_per_min,
+                               lambda: settings.current.login_rate_limit_per_min), audit, LoginThrottle(windows))
     return svc
 
 

@@ -42,7 +42,7 @@ class Engine:
         self.settings_service, self.lifecycle, self.kbs = s.settings, s.lifecycle, s.kbs
         self.documents, self.answers, self.conversations, self.ops = s.documents, s.answers, s.conversations, s.ops
         self.audit_log_service = s.audit  # (engine.audit is the consistency audit of the stores)
-        self.api_keys, self.rate_limits = s.api_keys, s.rate_limits
+        self.api_keys, self.rate_limits, self.login_throttle = s.api_keys, s.rate_limits, s.login_throttle
         self.data_dir, self.project_root, self.models_dir = (s.components.data_dir, s.components.project_root,
                                                              s.components.models_dir)
         if load_async:

@@ -82,6 +82,17 @@ class RateWindowStore:
         with self.db.transaction() as conn:
             return int(conn.execute(stmt.returning(W.hits)).scalar_one())
 
+    def total(self, bucket: str, since_minute: int) -> int:
+        """Hits of `bucket` in the minutes from `since_minute` on."""
+        with self.db.connect() as conn:
+            return int(conn.execute(select(func.coalesce(func.sum(W.hits), 0))
+                                    .where(W.bucket == bucket, W.minute >= since_minute)).scalar_one())
+
+    def first_minute(self, bucket: str, since_minute: int) -> int:
+        with self.db.connect() as conn:
+            return int(conn.execute(select(func.min(W.minute))
+                                    .where(W.bucket == bucket, W.minute >= since_minute)).scalar_one())
+
     def prune(self, before_minute: int) -> int:
         with self.db.transaction() as conn:
             return conn.execute(delete(rate_window).where(W.minute < before_minute)).rowcount

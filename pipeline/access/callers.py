@@ -22,6 +22,7 @@ from typing import Literal
 from pipeline.access.policy import DENIED_TEXT, EVERYONE, AccessPolicy, Reader, Role
 from pipeline.errors import CODE_AUTH, EngineError
 from pipeline.services.api_keys import ApiKeyService
+from pipeline.services.login_throttle import LoginThrottle
 from pipeline.services.rate_limits import RateLimiter
 
 RANK = {Role.USER: 0, Role.KB_ADMIN: 1, Role.ADMIN: 2}
@@ -69,10 +70,12 @@ def key_caller(row: dict) -> Caller:
 
 
 class CallerResolver:
-    def __init__(self, policy: AccessPolicy, keys: ApiKeyService, limits: RateLimiter):
-        self.policy, self.keys, self.limits = policy, keys, limits
+    def __init__(self, policy: AccessPolicy, keys: ApiKeyService, limits: RateLimiter,
+                 throttle: LoginThrottle | None = None):
+        self.policy, self.keys, self.limits, self.throttle = policy, keys, limits, throttle
 
-    def resolve(self, authorization: str | None, *, key_required_if_any: bool = False) -> Caller:
+    def resolve(self, authorization: str | None, *, key_required_if_any: bool = False,
+                address: str | None = None) -> Caller:
         """The caller of a request, its request counted; EngineError 4001 (no / bad credentials) or RateLimited.
         `key_required_if_any`: the `/v1` rule (open only while no usable key exists)."""
         scheme, _, value = (authorization or "").strip().partition(" ")
@@ -94,9 +97,15 @@ class CallerResolver:
                 user, _, pw = base64.b64decode(value.strip()).decode("utf-8").partition(":")
             except (ValueError, UnicodeDecodeError):
                 user, pw = "", ""
-            if user and self.policy.check(user, pw):
+            if user and self._login(user, pw, address):
                 self.limits.check_login(user)
                 role = (Role.ADMIN if self.policy.is_admin(user) else
                         Role.KB_ADMIN if self.policy.is_kb_admin(user) else Role.USER)
                 return Caller("login", user, role, self.policy.reader(user))
         raise EngineError(CODE_AUTH, LOGIN_TEXT)
+
+    def _login(self, user: str, pw: str, address: str | None) -> bool:
+        """The password check behind the failed-login throttle (RateLimited while locked)."""
+        if self.throttle is None:
+            return self.policy.check(user, pw)
+        return self.throttle.attempt(lambda: self.policy.check(user, pw), user, address)

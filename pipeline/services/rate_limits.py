@@ -14,6 +14,7 @@ from pipeline.errors import RateLimited
 from store.api_keys import RateWindowStore
 
 PRUNE_EVERY_S = 300.0
+KEEP_MINUTES = 15  # the table also holds failed logins, counted over 15 minutes (pipeline/services/login_throttle)
 
 
 class RateLimiter:
@@ -40,7 +41,7 @@ class RateLimiter:
         minute = int(now // 60)
         if now - self._pruned > PRUNE_EVERY_S:
             self._pruned = now
-            self.store.prune(minute - 1)
+            self.store.prune(minute - KEEP_MINUTES)
         if self.store.hit(bucket, minute) > limit:
             retry = max(1, math.ceil((minute + 1) * 60 - now))
             raise RateLimited(f"请求过于频繁：每分钟最多 {limit} 次，请 {retry} 秒后重试", retry)
