@@ -21,6 +21,7 @@ from starlette.concurrency import run_in_threadpool
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from api import openai_compat, security_headers
+from api.auth_first import AuthBeforeBody
 from api.body_limit import BodyLimit
 from api.int_range import IntRange
 from api.mcp_server import CallerRefused, mount_mcp
@@ -229,6 +230,9 @@ def create_api(engine: Engine, policy: AccessPolicy | None = None, bind_host: st
 
     # --- auth: one resolution per request (pipeline/access/callers.py), cached by FastAPI for the request ----
     def caller_of(request: Request) -> Caller:
+        resolved = getattr(request.state, "caller", None)
+        if resolved is not None:  # AuthBeforeBody resolved it before the body was read
+            return resolved
         try:
             # /v1 and /mcp (the doors of other tools) are open only while no usable key exists
             caller = callers.resolve(request.headers.get("authorization"),
@@ -627,5 +631,18 @@ def create_api(engine: Engine, policy: AccessPolicy | None = None, bind_host: st
                                 exc.headers) from None
 
     mount_mcp(app, engine, mcp_caller, bind_host)
+
+    def refuse_early(request: Request, exc: Exception):
+        if not isinstance(exc, ApiError):
+            return None
+        if request.url.path.startswith("/mcp"):
+            status = 429 if exc.headers and "Retry-After" in exc.headers else 401
+            return JSONResponse({"code": exc.code, "msg": exc.msg, "data": None}, status_code=status,
+                                headers={**(exc.headers or {}), "WWW-Authenticate": 'Basic realm="kbqa", Bearer'})
+        if openai_compat.is_v1(request):
+            return openai_compat.engine_error_response(exc.code, exc.msg, exc.headers)
+        return fail(exc.code, exc.msg, None, {"WWW-Authenticate": 'Basic realm="kbqa"', **(exc.headers or {})})
+
+    app.add_middleware(AuthBeforeBody, resolve=caller_of, refuse=refuse_early)  # outermost: who calls, first
     return app
 

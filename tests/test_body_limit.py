@@ -7,6 +7,7 @@ many bytes it got to send before the 413 came back: a small fraction, and the se
 """
 from __future__ import annotations
 
+import base64
 import json
 import os
 import select
@@ -64,14 +65,19 @@ FILE_PART = (b'--x\r\nContent-Disposition: form-data; name="file"; filename="big
              b"Content-Type: text/plain\r\n\r\n")
 
 
+ALICE = "Authorization: Basic " + base64.b64encode(b"alice:pw").decode()
+
+
 def stream_post(port: int, path: str, *, chunked: bool, content_type: str = "application/json",
-                total: int = TOTAL, first: bytes = b'{"question": "') -> tuple[int, dict, int]:
+                total: int = TOTAL, first: bytes = b'{"question": "', auth: str | None = ALICE) -> tuple[int, dict, int]:
     """POST `total` bytes to `path`, watching for the answer before every chunk: (status, JSON body, bytes of
     body sent before the answer came)."""
     sock = socket.create_connection(("127.0.0.1", port), timeout=30)
     try:
         head = [f"POST {path} HTTP/1.1", f"Host: 127.0.0.1:{port}", f"Content-Type: {content_type}"]
         head.append("Transfer-Encoding: chunked" if chunked else f"Content-Length: {total}")
+        if auth:
+            head.append(auth)
         sock.sendall(("\r\n".join(head) + "\r\n\r\n").encode())
         sent = 0
         piece = first + b"a" * (CHUNK - len(first))
@@ -121,6 +127,19 @@ def test_chunked_upload_counted_as_it_arrives(live):
 def test_v1_gets_the_openai_error_shape(live):
     status, body, _ = stream_post(live.port, "/v1/chat/completions", chunked=False)
     assert status == 413 and body["error"]["code"] == "request_too_large" and "1 MB" in body["error"]["message"]
+
+
+@pytest.mark.parametrize("chunked", [False, True], ids=["content-length", "chunked"])
+def test_an_unauthenticated_upload_is_refused_before_its_body_is_read(live, chunked):
+    rss0 = _rss_mb()
+    status, body, sent = stream_post(live.port, "/api/kb/documents", chunked=chunked, content_type=MULTIPART,
+                                     total=200 * 1024 * 1024, first=FILE_PART, auth=None)
+    assert status == 401 and body["code"] == 4001, body
+    assert sent < 32 * 1024 * 1024, sent  # the answer came on the headers (socket buffers hold a few MB)
+    assert _rss_mb() - rss0 < 50
+    status, body, sent = stream_post(live.port, "/v1/chat/completions", chunked=True, auth="Authorization: Basic "
+                                     + base64.b64encode(b"alice:wrong").decode())
+    assert status == 401 and body["error"]["code"] == "invalid_api_key" and sent < 32 * 1024 * 1024, body
 
 
 def test_small_requests_pass(live):
