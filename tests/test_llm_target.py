@@ -68,3 +68,30 @@ def test_upstream_body_is_only_excerpted():
         srv.shutdown()
         srv.server_close()
     assert not ok and "SECRET-TAIL" not in msg and len(msg) < UPSTREAM_EXCERPT + 100, msg
+
+
+def test_saving_such_an_llm_url_is_refused_and_a_stored_one_is_not_used(tmp_path, monkeypatch):
+    from types import SimpleNamespace
+
+    from pipeline.generation.llm_client import build_llm
+    from pipeline.settings import SettingsError
+    from tests.tiny_engine import tiny_engine, tiny_model
+
+    real = socket.getaddrinfo
+    monkeypatch.setattr(llm_target.socket, "getaddrinfo", lambda host, *a, **kw: (
+        [(socket.AF_INET, socket.SOCK_STREAM, 6, "", ("169.254.169.254", 0))] if host == "llm.example.test"
+        else real(host, *a, **kw)))
+    engine = tiny_engine(tmp_path / "data", tiny_model(tmp_path / "tiny"))
+    try:
+        for url in ("http://169.254.169.254/v1", "http://llm.example.test/v1", "http://metadata.google.internal/v1"):
+            with pytest.raises(SettingsError) as exc:
+                engine.update_settings({"llm_api_url": url, "llm_model": "m"})
+            assert "llm_api_url" in exc.value.errors and "不允许连接" in exc.value.errors["llm_api_url"]
+            assert engine.check_settings({"llm_api_url": url}).get("llm_api_url")  # the tab marks it red
+        assert engine.settings.llm_api_url == ""  # nothing saved
+        engine.update_settings({"llm_api_url": "http://127.0.0.1:9/v1", "llm_model": "m"})  # loopback is fine
+    finally:
+        engine.close()
+    stored = SimpleNamespace(llm_api_url="http://169.254.169.254/v1", llm_model="m", llm_api_key="", llm_timeout=5,
+                             llm_temperature=0.3)
+    assert build_llm(stored) is None  # saved before the check existed: answers stay extractive

@@ -125,6 +125,10 @@ def build_llm(settings: Any):
     model = (getattr(settings, "llm_model", "") or "").strip()
     if not api_base or not model:
         return None
+    refused = refused_target(api_base)  # saved before the check existed, or the name resolves elsewhere now
+    if refused:
+        logger.error("LLM not used: %s (extractive answers until the API URL is changed)", refused)
+        return None
     from llama_index.llms.openai_like import OpenAILike  # imported lazily: keeps extractive mode light
 
     api_key = (getattr(settings, "llm_api_key", "") or "").strip() or PLACEHOLDER_API_KEY

@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Any
 
 from pipeline.calibration import profile_for
+from pipeline.generation.llm_target import refused_target
 from pipeline.models.paths import embedding_model_id, resolve_model_dir
 from pipeline.services.audit_log import Actor, AuditLog
 from pipeline.settings import (
@@ -113,6 +114,10 @@ class SettingsService:
                 continue  # empty → packaged default / skipped; the untouched SRS default may be absent
             if resolve_model_dir(value, self.project_root) is None:
                 errors[key] = f"{LABELS[key]} 无效：目录 {value} 不存在或不含 config.json"
+        # the answers' LLM may not be a link-local or cloud-metadata address (test-llm refuses them too)
+        refused = refused_target(new.llm_api_url) if "llm_api_url" in changed and new.llm_api_url else None
+        if refused:
+            errors["llm_api_url"] = refused
         if errors:
             raise SettingsError(errors)
 
