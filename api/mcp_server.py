@@ -55,7 +55,9 @@ class KnowledgeBase(BaseModel):
     chunks: int
 
 
-class Passage(BaseModel):
+class Chunk(BaseModel):
+    """A passage of a document: where it is and its text."""
+
     chunk_id: int
     doc_id: int | None
     document: str | None
@@ -63,18 +65,14 @@ class Passage(BaseModel):
     kb_name: str | None
     page: int | None
     text: str
+
+
+class Passage(Chunk):
     scores: dict[str, float | None] = Field(description="fused, bm25 (BM25 score), similarity (cosine)")
 
 
-class Source(BaseModel):
+class Source(Chunk):
     n: int = Field(description="the [n] of the answer's citations")
-    chunk_id: int
-    doc_id: int | None
-    document: str | None
-    kb_id: int | None
-    kb_name: str | None
-    page: int | None
-    text: str
     cited: bool
 
 
