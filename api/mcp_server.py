@@ -18,12 +18,11 @@ from mcp.server.streamable_http_manager import StreamableHTTPASGIApp
 from mcp.server.transport_security import TransportSecuritySettings
 from pydantic import BaseModel, Field
 from starlette.requests import Request
-from starlette.responses import JSONResponse
 from starlette.routing import Route
 
 from pipeline.access.callers import Caller
 from pipeline.engine import Engine
-from pipeline.errors import CODE_AUTH, EngineError
+from pipeline.errors import EngineError
 from pipeline.services.audit_log import Actor
 
 CONTEXT_CHARS = 400  # read_document: text kept on each side of the chunk
@@ -31,12 +30,12 @@ LOOPBACK = ("127.0.0.1", "localhost", "::1")
 
 
 class CallerRefused(Exception):
-    """Raised by a caller resolver: the request's credentials are missing or wrong, or its rate limit is spent
-    (→ HTTP `status` with `headers`, e.g. Retry-After)."""
+    """Raised by a caller resolver: the request's credentials are missing or wrong, or its rate limit is spent;
+    `response` is the answer to send (the API's own error shape)."""
 
-    def __init__(self, status: int, code: int, msg: str, headers: dict | None = None):
-        super().__init__(msg)
-        self.status, self.code, self.msg, self.headers = status, code, msg, headers
+    def __init__(self, response):
+        super().__init__("caller refused")
+        self.response = response
 
 
 INSTRUCTIONS = (
@@ -201,10 +200,7 @@ class _Gate:
         try:
             caller = self.resolve(Request(scope))
         except CallerRefused as exc:
-            headers = {**(exc.headers or {}),
-                       **({"WWW-Authenticate": 'Basic realm="kbqa", Bearer'} if exc.code == CODE_AUTH else {})}
-            await JSONResponse({"code": exc.code, "msg": exc.msg, "data": None}, status_code=exc.status,
-                               headers=headers)(scope, receive, send)
+            await exc.response(scope, receive, send)
             return
         scope.setdefault("state", {})["kbqa_caller"] = caller
         await self.inner(scope, receive, send)

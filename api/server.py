@@ -65,6 +65,15 @@ def fail(code: int, msg: str, data: Any = None, headers: dict | None = None) -> 
                         headers=headers)
 
 
+def api_error_response(request: Request, exc: ApiError) -> JSONResponse:
+    """An ApiError in the shape of the door it came through: OpenAI's on /v1, the envelope on /api and /mcp."""
+    if openai_compat.is_v1(request):
+        return openai_compat.engine_error_response(exc.code, exc.msg, exc.headers)
+    realm = 'Basic realm="kbqa", Bearer' if request.url.path.startswith("/mcp") else 'Basic realm="kbqa"'
+    auth = {"WWW-Authenticate": realm} if exc.code == CODE_AUTH else {}
+    return fail(exc.code, exc.msg, exc.data, {**auth, **(exc.headers or {})} or None)
+
+
 class ApiError(Exception):
     def __init__(self, code: int, msg: str, data: Any = None, headers: dict | None = None):
         self.code, self.msg, self.data, self.headers = code, msg, data, headers
@@ -196,10 +205,7 @@ def create_api(engine: Engine, policy: AccessPolicy | None = None, bind_host: st
 
     @app.exception_handler(ApiError)
     async def _api_error(request: Request, exc: ApiError):
-        if openai_compat.is_v1(request):
-            return openai_compat.engine_error_response(exc.code, exc.msg, exc.headers)
-        headers = {"WWW-Authenticate": 'Basic realm="kbqa"'} if exc.code == CODE_AUTH else None
-        return fail(exc.code, exc.msg, exc.data, {**(headers or {}), **(exc.headers or {})} or None)
+        return api_error_response(request, exc)
 
     @app.exception_handler(EngineError)
     async def _engine_error(request: Request, exc: EngineError):
@@ -627,22 +633,12 @@ def create_api(engine: Engine, policy: AccessPolicy | None = None, bind_host: st
         try:
             return caller_of(request)
         except ApiError as exc:
-            raise CallerRefused(429 if exc.headers and "Retry-After" in exc.headers else 401, exc.code, exc.msg,
-                                exc.headers) from None
+            raise CallerRefused(api_error_response(request, exc)) from None
 
     mount_mcp(app, engine, mcp_caller, bind_host)
-
-    def refuse_early(request: Request, exc: Exception):
-        if not isinstance(exc, ApiError):
-            return None
-        if request.url.path.startswith("/mcp"):
-            status = 429 if exc.headers and "Retry-After" in exc.headers else 401
-            return JSONResponse({"code": exc.code, "msg": exc.msg, "data": None}, status_code=status,
-                                headers={**(exc.headers or {}), "WWW-Authenticate": 'Basic realm="kbqa", Bearer'})
-        if openai_compat.is_v1(request):
-            return openai_compat.engine_error_response(exc.code, exc.msg, exc.headers)
-        return fail(exc.code, exc.msg, None, {"WWW-Authenticate": 'Basic realm="kbqa"', **(exc.headers or {})})
-
-    app.add_middleware(AuthBeforeBody, resolve=caller_of, refuse=refuse_early)  # outermost: who calls, first
+    # outermost: who calls is decided first, refused in the door's own shape
+    app.add_middleware(AuthBeforeBody, resolve=caller_of,
+                       refuse=lambda request, exc: api_error_response(request, exc) if isinstance(exc, ApiError)
+                       else None)
     return app
 

@@ -7,13 +7,13 @@ import io
 import json
 import time
 
-import anyio
 import pytest
 
 from pipeline.access.policy import AccessPolicy
 from pipeline.errors import EngineError
 from pipeline.services.audit_log import Actor
 from tests.live import LiveApp
+from tests.mcp_client import basic, over_http
 from tests.shared_data import RULES, needs
 from tests.tiny_engine import tiny_engine, tiny_model, wait_idle
 
@@ -60,21 +60,8 @@ def test_each_door_writes_one_row_with_user_and_outcome(live):
             body = "".join(r.iter_text())
         assert "event: done" in body
 
-    from mcp import ClientSession
-    from mcp.client.streamable_http import streamable_http_client
-
-    async def mcp_ask():
-        import base64
-
-        import httpx2
-        auth = {"Authorization": "Basic " + base64.b64encode(":".join(BOB).encode()).decode()}
-        async with httpx2.AsyncClient(headers=auth, timeout=120) as c, \
-                streamable_http_client(live.url + "mcp", http_client=c) as (read, write), \
-                ClientSession(read, write) as s:
-            await s.initialize()
-            return await s.call_tool("ask", {"question": q})
-
-    assert not anyio.run(mcp_ask).is_error
+    asked = over_http(live.url, basic(*BOB), lambda session: session.call_tool("ask", {"question": q}))
+    assert not asked.is_error
     page = live.client(auth=BOB)
     page.predict(api_name="/new_conversation")
     page.submit(q, True, api_name="/ask").result(timeout=180)

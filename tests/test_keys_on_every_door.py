@@ -3,11 +3,11 @@ one; a key limited to one knowledge base never sees another's passages through a
 the MCP SDK with that key are recorded in the audit log as key:<name>; creating and revoking it are admin entries."""
 from __future__ import annotations
 
-import anyio
 import httpx
 import pytest
 
 from tests.live import LiveApp
+from tests.mcp_client import over_http
 from tests.shared_data import RULES, needs
 from tests.tiny_engine import tiny_engine, tiny_model, wait_idle
 
@@ -40,17 +40,7 @@ def key(live):
 
 
 def mcp(live, headers: dict, work):
-    async def run():
-        import httpx2
-        from mcp import ClientSession
-        from mcp.client.streamable_http import streamable_http_client
-
-        async with httpx2.AsyncClient(headers=headers, timeout=120) as c, \
-                streamable_http_client(live.url + "mcp", http_client=c) as (read, write), \
-                ClientSession(read, write) as s:
-            await s.initialize()
-            return await work(s)
-    return anyio.run(run)
+    return over_http(live.url, headers, work)
 
 
 def test_mcp_needs_a_key_once_one_exists(live, key):

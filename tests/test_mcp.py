@@ -2,7 +2,6 @@
 a live app with logins and a KB only alice may read, and over stdio (`python app.py --mcp-stdio`)."""
 from __future__ import annotations
 
-import base64
 import json
 import os
 import re
@@ -15,6 +14,8 @@ import pytest
 
 from pipeline.access.policy import AccessPolicy
 from tests.live import LiveApp
+from tests.mcp_client import basic
+from tests.mcp_client import over_http as mcp_session
 from tests.shared_data import RULES, needs
 from tests.tiny_engine import tiny_engine, tiny_model, wait_idle
 
@@ -23,10 +24,6 @@ pytestmark = needs(RULES)
 REPO = Path(__file__).resolve().parents[1]
 SECRET = "青龙湖实验室的门禁密码每季度由安保处更换一次。"
 TOOLS = {"list_knowledge_bases", "search", "ask", "read_document"}
-
-
-def basic(user: str, pw: str) -> dict:
-    return {"Authorization": "Basic " + base64.b64encode(f"{user}:{pw}".encode()).decode()}
 
 
 @pytest.fixture(scope="module")
@@ -46,20 +43,8 @@ def live(tmp_path_factory):
     app.stop()
 
 
-async def _session(url: str, headers: dict, work):
-    import httpx2
-    from mcp import ClientSession
-    from mcp.client.streamable_http import streamable_http_client
-
-    async with httpx2.AsyncClient(headers=headers, timeout=120) as client, \
-            streamable_http_client(url + "mcp", http_client=client) as (read, write), \
-            ClientSession(read, write) as session:
-        await session.initialize()
-        return await work(session)
-
-
 def over_http(live, user: str, pw: str, work):
-    return anyio.run(_session, live.url, basic(user, pw), work)
+    return mcp_session(live.url, basic(user, pw), work)
 
 
 def payload(result):

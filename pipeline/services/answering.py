@@ -86,17 +86,17 @@ class AnswerService:
             generation: Generation | None = None, actor: Actor | None = None) -> Iterator[ev.Event]:
         """The one answer event stream (`_answer`), recorded in the audit log as asked by `actor` (default: `user`
         through no door, i.e. a script) whichever door consumes it."""
-        try:
-            scope = self.kbs.resolve(kb_ids, reader)
-        except EngineError:  # the stream says why; the log keeps what was asked for
-            scope = [int(k) for k in kb_ids if str(k).isdigit()] if isinstance(kb_ids, list | tuple) else None
-        stream = self._answer(question, retry, conversation_id, user, use_kb, kb_ids, reader, history, generation)
-        return self.audit.audited(stream, actor or Actor(user), scope, question if isinstance(question, str) else "")
+        searched: list[int] = []  # filled by _answer once it has resolved the scope (the log reads it at the end)
+        asked = [int(k) for k in kb_ids if str(k).isdigit()] if isinstance(kb_ids, list | tuple) else None
+        stream = self._answer(question, retry, conversation_id, user, use_kb, kb_ids, reader, history, generation,
+                              searched)
+        return self.audit.audited(stream, actor or Actor(user), searched, question if isinstance(question, str)
+                                  else "", asked=asked)
 
     def _answer(self, question: str, retry: bool = False, conversation_id: str | None = None,
                 user: str | None = None, use_kb: bool = True, kb_ids: Any = None,
                 reader: Reader | None = None, history: Sequence[dict] | None = None,
-                generation: Generation | None = None) -> Iterator[ev.Event]:
+                generation: Generation | None = None, searched: list[int] | None = None) -> Iterator[ev.Event]:
         """The one answer event stream: stage → trace → stage → delta* → sources → done (or error).
         `kb_ids`: the knowledge bases to search (default: the default one); each must be readable by `reader`
         (4003 otherwise).
@@ -115,6 +115,8 @@ class AnswerService:
             self._validate_question(question)
             self.catch_up()
             scope = self.kbs.resolve(kb_ids, reader)
+            if searched is not None:
+                searched.extend(scope)
             self.lifecycle.require_ready()
             if history is not None and conversation_id is not None:
                 raise EngineError(CODE_VALIDATION, "history 与 conversation_id 只能给一个", "history")

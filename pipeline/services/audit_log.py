@@ -68,9 +68,10 @@ class AuditLog:
         self._add(actor=a.name, door=a.door, kind="admin", action=action, outcome="ok", kb_ids=kb_ids,
                   detail=detail)
 
-    def audited(self, events: Iterator[ev.Event], actor: Actor, kb_ids: list[int] | None,
-                question: str) -> Iterator[ev.Event]:
-        """`events` passed through unchanged; one row when the stream ends, however it ends."""
+    def audited(self, events: Iterator[ev.Event], actor: Actor, searched: list[int], question: str,
+                asked: list[int] | None = None) -> Iterator[ev.Event]:
+        """`events` passed through unchanged; one row when the stream ends, however it ends. `searched` is filled
+        by the stream once it has resolved its scope; a stream refused before that logs the ids `asked` for."""
         t0 = time.perf_counter()
         outcome, cited, detail = "aborted", [], {}
         try:
@@ -86,9 +87,9 @@ class AuditLog:
                 yield e
         finally:
             events.close()
-            self._add(actor=actor.name, door=actor.door, kind="question", action="ask", outcome=outcome, kb_ids=kb_ids,
-                      question=question, latency_ms=round((time.perf_counter() - t0) * 1000), cited=cited,
-                      detail=detail)
+            self._add(actor=actor.name, door=actor.door, kind="question", action="ask", outcome=outcome,
+                      kb_ids=searched or asked, question=question,
+                      latency_ms=round((time.perf_counter() - t0) * 1000), cited=cited, detail=detail)
 
     def purge_expired(self) -> int:
         days = self.retention_days()
