@@ -136,6 +136,8 @@ class Components:
         if self.gate_background is not None:
             self.gate_background.cancel()
         self.ingest.stop()
+        for kb in self.kbs.opened():
+            kb.bm25.wait_idle()
         self.db.close()
         self.dir_lock.release()
 
@@ -244,6 +246,11 @@ class Services:
     rate_limits: RateLimiter       # requests per minute per key / login, counted in the database
     audit: AuditLog                # who asked what through which door, and the admin actions
     login_throttle: LoginThrottle  # failed logins slow down, then lock (per user and per address)
+
+    def close(self) -> None:
+        """Background work that writes into the data dir ends (or is waited for) before the stores close."""
+        self.sync.close()
+        self.components.close()
 
 
 def build_services(data_dir: Path | str, *, project_root: Path | None = None, models_dir: Path | None = None,

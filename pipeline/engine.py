@@ -143,4 +143,4 @@ class Engine:
     backup = _To("ops")
 
     def close(self) -> None:
-        self.components.close()
+        self.services.close()

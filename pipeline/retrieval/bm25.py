@@ -228,6 +228,7 @@ class BM25Index:
         self._lock = threading.Lock()
         self._generation = 0
         self._folding = False
+        self._fold_thread: threading.Thread | None = None
         self.last_build_ms = 0.0
 
     @property
@@ -275,7 +276,14 @@ class BM25Index:
                 self._folding = True
             k1, b = self.snapshot.k1, self.snapshot.b
         if fold:
-            threading.Thread(target=self._fold, args=(k1, b), name="bm25-fold", daemon=True).start()
+            self._fold_thread = threading.Thread(target=self._fold, args=(k1, b), name="bm25-fold", daemon=True)
+            self._fold_thread.start()
+
+    def wait_idle(self, timeout: float = 30.0) -> None:
+        """Wait for a fold in flight: it persists into the data dir, which a closing caller may remove next."""
+        t = self._fold_thread
+        if t is not None and t is not threading.current_thread():
+            t.join(timeout)
 
     def _fold(self, k1: float, b: float) -> None:
         try:

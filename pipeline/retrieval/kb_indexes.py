@@ -118,6 +118,11 @@ class KnowledgeBases:
     def ids(self) -> list[int]:
         return self.store.ids()
 
+    def opened(self) -> list[KnowledgeBase]:
+        """The knowledge bases this process has open (no database read, nothing opened)."""
+        with self._lock:
+            return list(self._open.values())
+
     def all(self) -> list[KnowledgeBase]:
         return [self.get(i) for i in self.ids()]
 

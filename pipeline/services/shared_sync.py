@@ -37,6 +37,7 @@ class SharedSync:
         self._kb_wanted = 0      # refresh requests so far
         self._kb_done = 0        # requests served by a finished pass
         self._kb_running = False
+        self._closed = False     # close(): the app is stopping, no pass starts or goes on
 
     # --- what other processes changed -------------------------------------------------------------
     def check(self) -> None:
@@ -84,10 +85,17 @@ class SharedSync:
         with self._kb_cond:
             self._kb_wanted += 1
             want = self._kb_wanted
-            if not self._kb_running:
+            if not self._kb_running and not self._closed:
                 self._kb_running = True
                 threading.Thread(target=self._kb_passes, name="bm25-refresh", daemon=True).start()
-            return self._kb_cond.wait_for(lambda: self._kb_done >= want, timeout=wait)
+            return self._kb_cond.wait_for(lambda: self._kb_done >= want or (self._closed and not self._kb_running),
+                                          timeout=wait) and self._kb_done >= want
+
+    def close(self, timeout: float = 30.0) -> None:
+        """No new refresh pass starts; one in flight is waited for (it rebuilds BM25 into the data dir)."""
+        with self._kb_cond:
+            self._closed = True
+            self._kb_cond.wait_for(lambda: not self._kb_running, timeout=timeout)
 
     def _kb_passes(self) -> None:
         while True:
@@ -103,6 +111,6 @@ class SharedSync:
             with self._kb_cond:
                 self._kb_done = target
                 self._kb_cond.notify_all()
-                if self._kb_wanted == target:
+                if self._kb_wanted == target or self._closed:
                     self._kb_running = False
                     return
