@@ -63,9 +63,7 @@ class LiveApp:
         return httpx.Client(base_url=self.url.rstrip("/"), timeout=120, **kw)
 
     def client(self, **kw):
-        from gradio_client import Client
-
-        return Client(self.url, analytics_enabled=False, verbose=False, **kw)
+        return ui_client(self.url, **kw)
 
     def stop(self, close_engine: bool | None = None):
         """Stop serving; close the engine when asked, or by default when this app made it."""
@@ -102,17 +100,31 @@ def launch_local(demo, **kw) -> int:
     raise AssertionError("unreachable")
 
 
+def ui_client(url: str, **kw):
+    """gradio_client over the page's own events. Only ui.DOCUMENTED_EVENTS are in the API description a
+    client reads by default; the page's other events (what a browser session calls) are undocumented, and the
+    server describes them on request (`all_endpoints`), so this client can call them by name as the page does."""
+    from gradio_client import Client
+
+    class PageEventsClient(Client):
+        def _get_api_info(self):
+            r = httpx.get(self.src_prefixed + "info", params={"serialize": "False", "all_endpoints": "True"},
+                          headers=self.headers, cookies=self.cookies, verify=self.ssl_verify, **self.httpx_kwargs)
+            r.raise_for_status()
+            return r.json()
+
+    return PageEventsClient(url, analytics_enabled=False, verbose=False, **kw)
+
+
 @contextmanager
 def launched_ui(engine):
     """build_ui(engine) launched on 127.0.0.1 with the page look; yields (demo, gradio client)."""
-    from gradio_client import Client
-
     from ui import build_ui, page_kwargs
 
     demo = build_ui(engine)
     launch_local(demo, show_error=True, **page_kwargs())
     try:
-        yield SimpleNamespace(demo=demo, client=Client(demo.local_url, analytics_enabled=False, verbose=False))
+        yield SimpleNamespace(demo=demo, client=ui_client(demo.local_url))
     finally:
         demo.close()
 

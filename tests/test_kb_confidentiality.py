@@ -145,3 +145,32 @@ def test_verified_entry_stays_in_its_sources_kb(live):
     with live.http(headers=auth("bob")) as http:
         found = data(http.post("/api/kb/search", json={"query": "高级工程师奖金怎么算", "top_k": 10}))
         assert "百分之三十" not in json.dumps(found, ensure_ascii=False)
+
+
+def test_gradio_api_describes_only_ask_and_search(live):
+    """Gradio's API description (what gradio_client and the page's "Use via API" read) holds the two events meant
+    for programs; the page's plumbing (uploads, deletes, settings, keys…) is left out of it."""
+    with httpx.Client(base_url=live.url.rstrip("/"), timeout=60) as http:
+        assert http.post("/login", data={"username": "boss", "password": "pw-boss"}).status_code == 200
+        info = http.get("/gradio_api/info").json()
+        assert set(info["named_endpoints"]) == {"/ask", "/debug_search"}
+        assert not info.get("unnamed_endpoints")
+        everything = http.get("/gradio_api/info", params={"all_endpoints": "True"}).json()["named_endpoints"]
+        assert {"/kb_delete", "/kb_upload", "/settings_save", "/keys_create"} <= set(everything)
+
+
+def test_documented_events_apply_the_kb_permissions(live):
+    """Called by the standard gradio_client, logged in: bob (not a reader of 薪酬) gets nothing of it from
+    either documented event, alice does."""
+    from gradio_client import Client
+
+    def client(user):
+        return Client(live.url, auth=(user, f"pw-{user}"), analytics_enabled=False, verbose=False)
+
+    bob, alice = client("bob"), client("alice")
+    for who, sees in ((bob, False), (alice, True)):
+        status, *cols = who.predict(query="高级工程师的年度奖金", top_k=5, kbs=[live.hr], api_name="/debug_search")
+        assert ("年度奖金" in "".join(cols)) is sees, (status, cols)
+        out = who.predict(question_text="高级工程师的年度奖金是多少？", use_kb_value=True, kb_value=[live.hr],
+                          api_name="/ask")
+        assert ("十二个月基本工资" in json.dumps(out, ensure_ascii=False)) is sees

@@ -265,8 +265,7 @@ def test_only_admins_use_settings(live):
 
 def test_only_admins_through_login(live):
     """The same, through Gradio's own login (gradio_client auth=) on a Blocks holding just this tab."""
-    from gradio_client import Client
-
+    from tests.live import ui_client
     from ui.settings_tab import build_settings_tab
 
     policy = AccessPolicy(users={"a": "x", "u": "y"}, admins={"a"}, kb_admins={"a"})
@@ -275,13 +274,13 @@ def test_only_admins_through_login(live):
     launch_local(demo, auth=policy.gradio_auth())
     try:
         before = live.engine.settings.model_dump()
-        user = Client(demo.local_url, auth=("u", "y"), analytics_enabled=False, verbose=False)
+        user = ui_client(demo.local_url, auth=("u", "y"))
         out = user.predict(api_name="/settings_load")
         assert "无权限" in out[-1] and SECRET not in str(out)
         with pytest.raises(Exception):  # noqa: B017 — gradio_client wraps the refusal in its own type
             user.predict(**{**before, "llm_api_key": "****wxyz", "final_top_k": 4}, api_name="/settings_save")
         assert live.engine.settings.model_dump() == before
-        admin = Client(demo.local_url, auth=("a", "x"), analytics_enabled=False, verbose=False)
+        admin = ui_client(demo.local_url, auth=("a", "x"))
         out = admin.predict(api_name="/settings_load")
         assert "****wxyz" in out and SECRET not in str(out)
     finally:

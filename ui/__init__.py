@@ -19,7 +19,15 @@ from .kb_tab import build_kb_tab
 from .settings_tab import build_settings_tab
 from .theme import CSS, HEAD_JS, page_kwargs
 
-__all__ = ["build_ui", "page_kwargs", "launch_kwargs", "CSS", "HEAD_JS"]
+__all__ = ["build_ui", "page_kwargs", "launch_kwargs", "CSS", "HEAD_JS", "DOCUMENTED_EVENTS"]
+
+# The page's events that other programs may call through Gradio (shown in /gradio_api/info and the page's
+# "Use via API"): asking and the two-route search. Both apply the same per-KB permissions as the REST API.
+# Every other event is the page's own plumbing and is left out of the API description ("undocumented");
+# "private" would hide nothing more — the browser calls every event by index through the same queue — so
+# what protects them is the permission check each handler makes (docs/security.md). Programs use /api, /v1
+# or /mcp.
+DOCUMENTED_EVENTS = frozenset({"ask", "debug_search"})
 
 
 def launch_kwargs() -> dict:
@@ -65,5 +73,12 @@ def build_ui(engine, policy: AccessPolicy | None = None) -> gr.Blocks:
                         gr.Tab(visible=True) if policy.is_admin(user) else gr.skip())
 
             demo.load(roles, None, [kb_tab, cfg_tab, fb_tab, audit_tab], api_visibility="private", queue=False)
+    _leave_out_of_api(demo)
     demo.page_kwargs = page_kwargs()
     return demo
+
+
+def _leave_out_of_api(demo: gr.Blocks) -> None:
+    for fn in demo.fns.values():
+        if fn.api_visibility == "public" and fn.api_name not in DOCUMENTED_EVENTS:
+            fn.api_visibility = "undocumented"
