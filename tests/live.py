@@ -141,7 +141,20 @@ def engine_with_texts(tmp: Path, docs: dict[str, str], timeout: float = 300):
         items.append((name, p))
     engine.upload(items)
     assert engine.wait_idle(timeout), "ingest did not finish"
+    backgrounds_measured(engine, timeout=timeout)
     return engine
+
+
+def backgrounds_measured(engine, kb_ids=(1,), timeout: float = 300) -> None:
+    """Wait for the gate backgrounds the post-ingest refresh measures in full (seconds after an ingest; until
+    then questions use a quick estimate: pipeline/retrieval/gate_background.py)."""
+    c = engine.components
+
+    def stored(kb_id: int) -> bool:
+        row = c.gate_stats.load(kb_id)
+        return row is not None and row[0] == c.gate_background.of(kb_id).fingerprint()
+
+    wait_until(lambda: all(stored(k) for k in kb_ids), timeout, 0.2, "the gate backgrounds to be measured")
 
 
 class AppProcess:

@@ -16,7 +16,7 @@ from pipeline.retrieval.lexical import MergedWeights, TermWeights, merged_weight
 from store.config_store import ConfigStore
 from store.db import Database
 from store.migrations import MIGRATIONS, migrate
-from tests.live import engine_with_texts
+from tests.live import backgrounds_measured, engine_with_texts
 from tests.test_kb_migration_dialects import target  # noqa: F401, F811 — the fixture: SQLite file or PostgreSQL db
 from tests.test_support import DOCS as SHOP_DOCS
 from tests.waiting import holds_for, wait_until
@@ -142,6 +142,7 @@ def two_kbs(tmp_path_factory):
         items.append((name, p))
     assert all(r.ok for r in e.upload(items, kb))
     assert e.wait_idle(300)
+    backgrounds_measured(e, (1, kb))
     yield e, kb
     e.close()
 

@@ -25,7 +25,7 @@ def _feats(sim: float) -> GateFeatures:
 
 @pytest.mark.slow
 def test_live_question_uses_the_previous_background_while_the_refresh_runs(tmp_path):
-    from tests.live import LiveApp
+    from tests.live import LiveApp, backgrounds_measured
     from tests.tiny_engine import tiny_engine, tiny_model
 
     engine = tiny_engine(tmp_path / "data", tiny_model(tmp_path / "tiny"))
@@ -53,6 +53,7 @@ def test_live_question_uses_the_previous_background_while_the_refresh_runs(tmp_p
                 return r["data"]["trace"]["gate"]
 
             upload("客服.txt", "星河电子的客服电话是 400-800-1234，服务时间为每天 9 点到 21 点。")
+            backgrounds_measured(engine)
             first = ask()
             assert first["background_state"] == "current" and first["background_median"] is not None
             fp_before = stats.load(1)[0]
@@ -111,3 +112,46 @@ def test_the_trace_line_says_the_previous_background_was_used():
             "background_median": 0.87, "background_state": "previous"}
     assert "本库背景正在重新测量，本次使用上一次的测量结果" in render_gate(gate)
     assert "重新测量" not in render_gate({**gate, "background_state": "current"})
+
+
+def test_a_never_measured_kb_gets_a_quick_background_without_waiting_for_the_full_one(tmp_path):
+    """No previous background at all (a new knowledge base, or an old data dir's first start): the question scores
+    every QUICK_STRIDE-th probe itself and goes on; the full measurement runs in the scheduler's thread — and a
+    question arriving while that runs does not wait for it either."""
+    from pipeline.retrieval.gate_background import QUICK_STRIDE
+    from tests.test_gate import _db_with_chunks
+
+    db = _db_with_chunks(tmp_path, 1)
+    probes = [f"探测{i}" for i in range(4 * QUICK_STRIDE)]
+    calls: list[str] = []
+    in_full, release = threading.Event(), threading.Event()
+
+    def measure(q: str) -> GateFeatures:
+        calls.append(q)
+        if threading.current_thread().name == "full-refresh" and len(calls) > 4:
+            in_full.set()
+            assert release.wait(60)
+        return _feats(0.8)
+
+    snap = object()
+    gb = GateBackground(GateStatsStore(db), lambda: "m", measure, lambda: snap, probes=probes)
+    scheduled: list[int] = []
+    gb.schedule = lambda: scheduled.append(1)
+    first = gb.current()
+    assert first.state == "quick" and first.probes == 4 and len(calls) == 4 and scheduled == [1]
+    assert calls == probes[::QUICK_STRIDE]
+    assert gb.current() is first  # kept for this snapshot: not measured again per question
+
+    full = threading.Thread(target=gb.refresh_if_changed, name="full-refresh")
+    gb._cached = None  # as after a restart: nothing cached, nothing stored, and the full measurement running
+    full.start()
+    try:
+        assert in_full.wait(30)
+        during = gb.current()  # the lock is held by the full measurement: a quick one again, at once
+        assert during.state == "quick" and not release.is_set()
+    finally:
+        release.set()
+        full.join(60)
+    done = gb.current()
+    assert done.state == "current" and done.probes == len(probes)
+    db.close()

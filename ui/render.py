@@ -269,6 +269,8 @@ def render_gate(gate: dict) -> str:
                  f'{fmt_num(gate.get("background_median"), 3)}，单位 0.01）')
         if gate.get("background_state") == "previous":  # gate_background.py: a refresh was running
             line += "（本库背景正在重新测量，本次使用上一次的测量结果）"
+        elif gate.get("background_state") == "quick":  # never measured: a few probes, the full set is scheduled
+            line += "（本库背景尚未完整测量，本次使用少量探测问题的快速估计）"
     if gate.get("best_sentence") is not None:
         line += (f' · 最佳句子相似度 {fmt_num(gate.get("best_sentence"), 3)}'
                  f'（高出背景 {fmt_num(gate.get("sentence_above"), 1)}）')

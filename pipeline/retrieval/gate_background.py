@@ -16,11 +16,12 @@ combination of knowledge bases a user may pick.
 No question waits for a measurement (issue 27: p95 21.9 s while a 64-probe refresh ran for 22.7 s during an
 ingest). Under GateBackgrounds, while a knowledge base's background is being measured, or is stale and a
 refresh is pending, a question uses the previous one — marked `state="previous"`, which the gate's trace
-shows. A knowledge base that has never been measured is the one exception: there is no previous background, and
-the floor-only path answers off-topic questions, so its first question waits for (or makes) its first
-measurement, at most FIRST_WAIT_S while another thread measures (then the floor alone, the reason says so).
+shows. A knowledge base that has never been measured has no previous background, and the floor alone answers
+off-topic questions (the SRS case 「2022年世界杯…」 got an LLM answer), so its first question measures a quick
+background of its own — every QUICK_STRIDE-th probe, a fraction of a second — marked `state="quick"`, and the
+full measurement is scheduled; questions use the quick one until it is done.
 The refresh yields to questions: between two probes it pauses while a question is being retrieved (`busy`),
-and at least PROBE_PAUSE_S — except while a question waits for that very measurement.
+and at least PROBE_PAUSE_S.
 """
 from __future__ import annotations
 
@@ -46,7 +47,7 @@ MAD_TO_SD = 1.4826      # MAD of a normal distribution × this = its standard de
 REFRESH_DELAY_S = 2.0
 PROBE_PAUSE_S = 0.01   # between two probes of a refresh, always (other threads get the GIL and the cores)
 YIELD_MAX_S = 2.0      # the longest a refresh waits, per probe, for the questions in flight to finish
-FIRST_WAIT_S = 60.0    # a question over a knowledge base never measured waits this long for its first measurement
+QUICK_STRIDE = 8       # a never-measured knowledge base's first question scores every 8th probe (8 of 64)
 
 
 @dataclass(frozen=True)
@@ -61,7 +62,9 @@ class Background:
     probe_covs: tuple[float, ...] = ()
     sent_median: float | None = None    # the probes' median best-sentence cosine (None: not measured)
     probe_sents: tuple[float, ...] = ()
-    state: str = "current"  # "previous": the KB changed and its refresh is pending or running (never stored)
+    # "previous": the KB changed and its refresh is pending or running; "quick": the KB was never measured, this is
+    # the quick estimate its first question made (module doc). Neither is stored.
+    state: str = "current"
 
     def previous(self) -> "Background":
         return self if self.state == "previous" else dataclasses.replace(self, state="previous")
@@ -148,11 +151,11 @@ class GateBackground:
         self.probes = tuple(probes)
         self._cached: tuple[object, Background | None] | None = None
         self._lock = threading.Lock()  # held while measuring
+        self._quick_lock = threading.Lock()  # one quick estimate at a time (the others wait for it: short)
         # Set by GateBackgrounds: `schedule()` asks for a refresh in its background thread (then questions never
         # measure a stale background themselves), `pause()` runs between two probes (yield to questions).
         self.schedule: Callable[[], None] | None = None
         self.pause: Callable[[], None] = lambda: None
-        self._waiters = 0  # questions waiting for this KB's first measurement (the refresh must not yield then)
 
     def fingerprint(self) -> str:
         count, max_id = self.store.ready_fingerprint_parts(self.kb_id)
@@ -190,7 +193,7 @@ class GateBackground:
         feats = []
         for q in self.probes:
             feats.append(self.measure_probe(q))
-            if yield_cpu and not self._waiters:
+            if yield_cpu:
                 self.pause()
         bg = summarize(feats, (time.perf_counter() - t0) * 1000)
         self.store.save(self.kb_id, fp, bg.to_dict())
@@ -207,17 +210,8 @@ class GateBackground:
         if cached is not None and cached[0] is snap:
             return cached[1]
         if not self._lock.acquire(blocking=self.schedule is None):
-            prev = self._previous(cached)
-            if prev is not None:
-                return prev  # being measured now: never wait for it
-            # Never measured: the floor alone would answer off-topic questions (the SRS case 「2022年世界杯…」
-            # got an LLM answer), so the first measurement is waited for, up to FIRST_WAIT_S.
-            self._waiters += 1  # the refresh stops yielding: this question waits for it
-            try:
-                if not self._lock.acquire(timeout=FIRST_WAIT_S):
-                    return None
-            finally:
-                self._waiters -= 1
+            # being measured now: never wait for it — the previous background, else a quick one of its own
+            return self._previous(cached) or self._quick(snap)
         try:
             cached = self._cached
             if cached is not None and cached[0] is snap:
@@ -228,13 +222,35 @@ class GateBackground:
                 self._cached = (snap, bg)
                 return bg
             if self.schedule is not None:
+                # measured in the background thread; this question uses the previous one, or a quick one
+                self.schedule()
                 prev = self._previous(cached, stored)
                 if prev is not None:
-                    self.schedule()  # measured in the background thread; this question uses the previous one
                     return prev
-            return self._refresh_locked()  # nothing to fall back on, nothing measuring: measure now
+            else:
+                return self._refresh_locked()  # nothing to schedule it (offline tools): measure now
         finally:
             self._lock.release()
+        return self._quick(snap)
+
+    def _quick(self, snap) -> Background | None:
+        """The never-measured case (module doc): a background from every QUICK_STRIDE-th probe, kept until the
+        full measurement replaces it. None for an empty knowledge base."""
+        with self._quick_lock:
+            cached = self._cached
+            if cached is not None and cached[0] is snap:
+                return cached[1]  # made by a question that held this lock before, or measured in full meanwhile
+            if self.fingerprint().split("|")[1] == "0":
+                return None
+            t0 = time.perf_counter()
+            feats = [self.measure_probe(q) for q in self.probes[::QUICK_STRIDE]]
+            bg = dataclasses.replace(summarize(feats, (time.perf_counter() - t0) * 1000), state="quick")
+            cached = self._cached
+            if cached is None or cached[0] is not snap:  # a full measurement that finished first wins
+                self._cached = (snap, bg)
+            log.info("gate background of kb %d: quick estimate from %d probes (%.0f ms); the full one is scheduled",
+                     self.kb_id, bg.probes, bg.measured_ms)
+            return bg
 
     def _previous(self, cached, stored=None) -> Background | None:
         """The last background known (cached, else the stored row whatever its fingerprint), marked previous."""
