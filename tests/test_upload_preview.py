@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import base64
 import os
+import re
 from pathlib import Path
 
 import pytest
@@ -44,7 +45,7 @@ def live(tmp_path_factory):
         engine.components.gate_background.current([kb_id])
     policy = AccessPolicy.from_args([f"{u}:pw-{u}" for u in ("boss", "bob")], kb_admins=["boss"])
     app = LiveApp(engine, policy, owns_engine=True)
-    app.kb = kb
+    app.kb, app.policy = kb, policy
     yield app
     app.stop()
 
@@ -121,3 +122,47 @@ def test_preview_refusals_and_permissions(live, tmp_path):
     with live.http() as http:
         assert preview(http, live.kb, RULES).status_code == 401
     assert snapshot(live.engine) == before
+
+
+class FakeRequest:
+    def __init__(self, username):
+        self.username = username
+
+
+def test_page_preview_then_ingest_with_this_kbs_chunking(live, tmp_path):
+    """The 预览分块 panel's handlers (as the page calls them): refused to non-admins, a preview with the fields'
+    values stores nothing, 按此设置导入 saves them as this KB's chunking, asks to rebuild it, ingests the file."""
+    import gradio as gr
+
+    from ui.kb_tab import build_kb_tab
+
+    with gr.Blocks():
+        tab = build_kb_tab(live.engine, None, policy=live.policy)
+    h = tab["preview"].handlers
+    boss = FakeRequest("boss")
+    for req in (FakeRequest("bob"), FakeRequest(None)):
+        for call in (lambda r: h["kb_preview"](str(RULES), live.kb, 120, 10, True, r),
+                     lambda r: h["kb_preview_ingest"](str(RULES), live.kb, 120, 10, True, r),
+                     lambda r: h["kb_chunking_save"](live.kb, 120, 10, True, r)):
+            with pytest.raises(gr.Error):
+                call(req)
+    size, overlap, structure, info = h["kb_chunking_load"](live.kb, boss)
+    assert (size, overlap, structure) == (300, 50, True) and "沿用全局" in info
+    before = snapshot(live.engine)
+    html = h["kb_preview"](str(RULES), live.kb, 120, 10, False, boss)
+    lens = [int(x) for x in re.findall(r'data-len="(\d+)"', html)]
+    assert lens and max(lens) <= 120 and "尚未保存任何内容" in html
+    assert "块大小 120 · 重叠 10 · 只按句子" in html
+    assert snapshot(live.engine) == before
+    assert live.engine.kb_chunking(live.kb)["overrides"] == {}
+    note = tmp_path / "新规定.txt"
+    note.write_text("\n".join(p for p in RULES.read_text(encoding="utf-8").splitlines() if len(p) > 30),
+                    encoding="utf-8")
+    out = h["kb_preview_ingest"]({"path": str(note), "orig_name": note.name}, live.kb, 150.0, 10.0, True, boss)
+    assert out[0] is None and "已保存" in out[2] and out[3]["visible"] is True and "仅重建本知识库" in out[4]
+    assert "已接收" in out[5]
+    assert live.engine.kb_chunking(live.kb)["overrides"] == {"chunk_size": 150, "chunk_overlap": 10}
+    wait_idle(live.engine)
+    doc = next(d for d in live.engine.components.docs.all_docs(live.kb) if d["file_name"] == note.name)
+    got = [len(c["text"]) for c in live.engine.document_chunks(doc["doc_id"])]
+    assert got and max(got) <= 150 and max(got) > 100
