@@ -302,7 +302,8 @@ def build_services(data_dir: Path | str, *, project_root: Path | None = None, mo
                    ApiKeyService(ApiKeyStore(c.db), lambda kb_id: c.kbs.check(kb_id, fresh=True), audit),
                    RateLimiter(windows, lambda: settings.current.api_rate_limit_per_min,
                                lambda: settings.current.login_rate_limit_per_min), audit, LoginThrottle(windows),
-                   ChunkingService(c, settings, audit, start_rebuild=documents.start_rebuild))
+                   ChunkingService(c, settings, audit, start_rebuild=documents.start_rebuild,
+                                   rebuild_busy=lifecycle.rebuild_busy))
     return svc
 
 

@@ -105,6 +105,21 @@ def test_change_and_rebuild_this_kb_only(live):
     assert {h["chunk_id"] for h in found["vector"]} <= new_ids
 
 
+def test_no_change_while_a_rebuild_runs(live):
+    """Another process holds the rebuild lease: this KB's chunking stays as it is until the rebuild is over."""
+    from pipeline.ingestion.rebuild import LEASE
+
+    leases = live.engine.components.leases
+    assert leases.acquire(LEASE, "another-process", 60)
+    try:
+        with live.http(headers=auth("boss")) as http:
+            r = http.put(f"/api/kbs/{live.small}/chunking", json={"chunk_size": 400})
+            assert r.status_code == 503 and r.json()["code"] == 2002 and "重建进行中" in r.json()["msg"]
+    finally:
+        leases.release(LEASE, "another-process")
+    assert live.engine.kb_chunking(live.small)["chunking"]["chunk_size"] == 200
+
+
 def test_audit_records_who_changed_it(live):
     rows = live.engine.audit_log(kind="admin", kb_id=live.small, size=100)["items"]
     changes = [r for r in rows if r["action"] == "kb.chunking"]

@@ -13,7 +13,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from pipeline.errors import CODE_PARSE, CODE_VALIDATION, EngineError
+from pipeline.errors import CODE_ENGINE, CODE_PARSE, CODE_VALIDATION, EngineError
 from pipeline.ingestion.kb_chunking import FIELDS, Chunking, chunk_document, merged
 from pipeline.ingestion.parse_worker import ParseCancelled, ParseStopped
 from pipeline.ingestion.parsing import ParseError, UploadRefused, check_upload, sniff_content
@@ -30,8 +30,9 @@ PREVIEW_MAX_CHUNKS = 500  # chunks returned by a preview (count says how many th
 
 class ChunkingService:
     def __init__(self, c: Components, settings: SettingsService, audit: AuditLog,
-                 start_rebuild: Callable[[int], dict]):
+                 start_rebuild: Callable[[int], dict], rebuild_busy: Callable[[], bool]):
         self.c = c
+        self.rebuild_busy = rebuild_busy  # Lifecycle's: a rebuild in this or any other process
         self.settings = settings
         self.audit = audit
         self.start_rebuild = start_rebuild  # DocumentService.start_rebuild(kb_id): that knowledge base only
@@ -50,6 +51,8 @@ class ChunkingService:
         plus `changed` (fields whose effective value moved), `need_rebuild` (the KB has documents cut the old
         way) and `rebuild` (its status when `rebuild` started the rebuild of this KB only)."""
         kb_id = self.c.kbs.check(kb_id)
+        if self.rebuild_busy():  # a rebuild in flight would cut some documents one way, some the other
+            raise EngineError(CODE_ENGINE, "重建进行中，暂不能修改切块参数，请稍后再试")
         s = self.settings.current
         before_ov = self.c.chunking.overrides(kb_id)
         before = self.c.chunking.effective(kb_id, s)
