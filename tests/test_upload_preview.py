@@ -160,7 +160,7 @@ def test_page_preview_then_ingest_with_this_kbs_chunking(live, tmp_path):
                     encoding="utf-8")
     out = h["kb_preview_ingest"]({"path": str(note), "orig_name": note.name}, live.kb, 150.0, 10.0, True, boss)
     assert out[0] is None and "已保存" in out[2] and out[3]["visible"] is True and "仅重建本知识库" in out[4]
-    assert "已接收" in out[5]
+    assert "已接收" in out[5] and "块大小(字符) 150（本库设置）" in out[6]
     assert live.engine.kb_chunking(live.kb)["overrides"] == {"chunk_size": 150, "chunk_overlap": 10}
     wait_idle(live.engine)
     doc = next(d for d in live.engine.components.docs.all_docs(live.kb) if d["file_name"] == note.name)

@@ -213,16 +213,16 @@ def build_upload_preview(engine, policy: AccessPolicy, file_types: list[str]) ->
             skip = (gr.skip(),) * len(refresh_outputs)
             if item is None:
                 return (gr.skip(), '<div class="kbp-bad">请先选择要导入的文件</div>', gr.skip(), gr.skip(),
-                        gr.skip(), gr.skip(), *skip)
+                        gr.skip(), gr.skip(), gr.skip(), *skip)
             res, text = saved(kb_id, size_v, overlap_v, structure_v, request)
             if res is None:
-                return gr.skip(), gr.skip(), text, gr.skip(), gr.skip(), gr.skip(), *skip
+                return gr.skip(), gr.skip(), text, gr.skip(), gr.skip(), gr.skip(), gr.skip(), *skip
             try:
                 results = [r.to_dict() for r in engine.upload([item], int(kb_id))]
             except Exception as exc:  # rebuild running / engine not ready
                 return (gr.skip(), gr.skip(), f"⚠️ 未导入：{esc(_err(exc))}", gr.skip(), gr.skip(), gr.skip(),
-                        *skip)
-            return (None, "", text, *ask_rebuild(res), report_html(results),
+                        chunking_text(res), *skip)
+            return (None, "", text, *ask_rebuild(res), report_html(results), chunking_text(res),
                     *refresh(int(kb_id or DEFAULT_KB_ID), request))
 
         def after_rebuild(kb_id, request: gr.Request):
@@ -234,7 +234,7 @@ def build_upload_preview(engine, policy: AccessPolicy, file_types: list[str]) ->
         run.click(kb_preview, [pick, kb, size, overlap, structure], result, api_name="kb_preview",
                   concurrency_limit=1, show_progress_on=[result], preprocess=False)
         ingest.click(kb_preview_ingest, [pick, kb, size, overlap, structure],
-                     [pick, result, msg, panel.group, panel.text, report, *refresh_outputs],
+                     [pick, result, msg, panel.group, panel.text, report, info, *refresh_outputs],
                      api_name="kb_preview_ingest", concurrency_limit=1, preprocess=False)
         save.click(kb_chunking_save, [kb, size, overlap, structure],
                    [size, overlap, structure, info, msg, panel.group, panel.text], api_name="kb_chunking_save")
