@@ -124,6 +124,27 @@ def test_preview_refusals_and_permissions(live, tmp_path):
     assert snapshot(live.engine) == before
 
 
+def test_preview_parses_in_the_worker_under_its_budget(live, tmp_path):
+    """A file whose parse would run away (tests/test_parse_budget.py's bomb, in the namespace the byte scan does
+    not know) is stopped by parse_timeout_s in the parse worker: 3001 「解析超时」, the service goes on."""
+    import time
+
+    from tests.test_parse_budget import element_bomb
+
+    bomb = element_bomb(tmp_path / "无前缀炸弹.docx", paragraphs=1_000_000, prefix="")
+    live.engine.update_settings({"parsing": {"parse_timeout_s": 1}})
+    try:
+        before = snapshot(live.engine)
+        with live.http(headers=auth("boss")) as http:
+            t0 = time.monotonic()
+            r = preview(http, live.kb, bomb).json()
+            assert r["code"] == 3001 and "解析超时" in r["msg"] and time.monotonic() - t0 < 30, r
+            assert ok(preview(http, live.kb, RULES))["count"] > 5  # the next preview works
+        assert snapshot(live.engine) == before
+    finally:
+        live.engine.update_settings({"parsing": {"parse_timeout_s": 120}})
+
+
 class FakeRequest:
     def __init__(self, username):
         self.username = username

@@ -8,6 +8,7 @@ that KB is rebuilt (`rebuild=True`, or a rebuild started later): the rebuild re-
 """
 from __future__ import annotations
 
+import threading
 import uuid
 from collections.abc import Callable
 from pathlib import Path
@@ -26,6 +27,9 @@ if TYPE_CHECKING:
     from pipeline.components import Components
 
 PREVIEW_MAX_CHUNKS = 500  # chunks returned by a preview (count says how many there are in all)
+# Each preview parses in a parse-worker child of its own while the ingest may hold another (each up to
+# parse_memory_mb): previews take turns, a caller waiting longer than this is told to retry.
+PREVIEW_WAIT_S = 30.0
 
 
 class ChunkingService:
@@ -33,6 +37,7 @@ class ChunkingService:
                  start_rebuild: Callable[[int], dict], rebuild_busy: Callable[[], bool]):
         self.c = c
         self.rebuild_busy = rebuild_busy  # Lifecycle's: a rebuild in this or any other process
+        self._previewing = threading.Lock()
         self.settings = settings
         self.audit = audit
         self.start_rebuild = start_rebuild  # DocumentService.start_rebuild(kb_id): that knowledge base only
@@ -87,12 +92,16 @@ class ChunkingService:
             sniff_content(path, file_type)
         except (UploadRefused, ParseError) as exc:
             raise EngineError(CODE_VALIDATION, exc.reason, "file") from None
+        if not self._previewing.acquire(timeout=PREVIEW_WAIT_S):
+            raise EngineError(CODE_ENGINE, "另一个文件正在预览，请稍后再试")
         try:
             parsed = self.c.ingest.parse(path, file_type, s, key=("preview", uuid.uuid4().hex))
         except ParseError as exc:
             raise EngineError(CODE_PARSE, exc.reason, "file") from None
         except (ParseCancelled, ParseStopped):
             raise EngineError(CODE_PARSE, "预览已取消（服务正在停止）", "file") from None
+        finally:
+            self._previewing.release()
         _, pieces = chunk_document(parsed.pages, ck)
         if not pieces or not pieces[0][2].text:
             raise EngineError(CODE_PARSE, "未解析到文本", "file")
