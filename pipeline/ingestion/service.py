@@ -11,7 +11,8 @@ retrieval only when it turns 就绪 (both routes filter on status), and a failed
 Each document belongs to one knowledge base and its vectors go to that knowledge base's collection. A file
 whose name matches an active document of the same knowledge base but whose content differs becomes the next
 version of that document: it turns active (and the previous version inactive) only once it is 就绪. Pages are
-chunked by structure (pipeline.ingestion.structured_chunking) and the parsed text is kept for the viewer; each
+chunked by structure (pipeline.ingestion.structured_chunking) with the chunk settings of the document's knowledge
+base (pipeline.ingestion.kb_chunking: its own, else the global ones) and the parsed text is kept for the viewer; each
 document's stage, counts and ETA are on the progress board (pipeline.ingestion.progress).
 """
 from __future__ import annotations
