@@ -149,3 +149,37 @@ def test_deleted_kb_takes_its_chunking(live):
         assert config.get(key_of(kb)) == {"chunk_structure": False}
         ok(http.delete(f"/api/kbs/{kb}", params={"confirm": "true"}))
     assert config.get(key_of(kb)) is None
+
+
+@pytest.mark.slow
+def test_team_mode_a_kbs_chunking_reaches_the_other_process(team_deployment, tmp_path):
+    """Team mode (PostgreSQL + a Chroma server): the chunking saved through A is what B's ingest worker cuts with
+    (A's worker is stopped, so B ingests), what B shows, and what B's preview uses."""
+    from pipeline.engine import Engine
+    from store.config_store import ConfigStore
+    from store.db import Database
+
+    db = Database(team_deployment.database_url)  # the shared settings: the tiny model for both processes
+    ConfigStore(db).save({"embedding_model_path": str(tiny_model(tmp_path / "tiny")), "min_similarity": 0.0})
+    db.close()
+    a = Engine(tmp_path / "a" / "data", deployment=team_deployment)
+    b = Engine(tmp_path / "b" / "data", deployment=team_deployment)
+    try:
+        kb = a.create_kb("团队", "")["kb_id"]
+        a.update_kb_chunking(kb, {"chunk_size": 120, "chunk_overlap": 10})
+        a.components.ingest.stop()  # only B's worker takes jobs now
+        assert b.kb_chunking(kb)["chunking"]["chunk_size"] == 120
+        text = tmp_path / "规则.txt"
+        text.write_text("\n".join(real_paragraphs()), encoding="utf-8")
+        shown = b.preview_upload(kb, text.name, text)
+        res = b.upload([(text.name, text)], kb)[0]
+        other = b.upload([(text.name, text)], 1)[0]  # the default KB keeps the global size
+        assert res.ok and other.ok
+        assert b.wait_idle(300)
+        got = b.document_chunks(res.doc_id)
+        assert max(len(c["text"]) for c in got) <= 120
+        assert [c["text"] for c in got] == [c["text"] for c in shown["chunks"]]
+        assert max(len(c["text"]) for c in b.document_chunks(other.doc_id)) > 120
+    finally:
+        b.close()
+        a.close()
