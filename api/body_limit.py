@@ -3,7 +3,8 @@
 
 A pure ASGI middleware in front of the whole app (REST, the OpenAI-compatible /v1 and the mounted Gradio UI):
 - a limit per route class: uploads (POST /api/kb/documents, Gradio's upload) MAX_BATCH_FILES × MAX_FILE_BYTES
-  plus multipart overhead; everything else (JSON) JSON_LIMIT;
+  plus multipart overhead; the upload preview (POST /api/kbs/{id}/preview) one file's; everything else (JSON)
+  JSON_LIMIT;
 - a declared Content-Length over the limit is answered 413 at once, before the app runs (so before the login
   check, which would otherwise need the body parsed first for JSON routes);
 - a chunked body (no Content-Length) or one that sends more than it declared is counted as it arrives: the
@@ -14,6 +15,7 @@ A pure ASGI middleware in front of the whole app (REST, the OpenAI-compatible /v
 from __future__ import annotations
 
 import json
+import re
 
 from pipeline.errors import CODE_VALIDATION
 from pipeline.ingestion.parsing import MAX_BATCH_FILES, MAX_FILE_BYTES
@@ -23,12 +25,16 @@ JSON_LIMIT = 1 * MB
 UPLOAD_OVERHEAD = 1 * MB  # multipart boundaries, headers and the kb_id field
 UPLOAD_LIMIT = MAX_BATCH_FILES * MAX_FILE_BYTES + UPLOAD_OVERHEAD
 UPLOAD_ROUTES = (("POST", "/api/kb/documents"), ("POST", "/gradio_api/upload"), ("POST", "/upload"))
+PREVIEW_ROUTE = re.compile(r"/api/kbs/\d+/preview")  # 预览分块 (api/kb_chunking.py): one file
+PREVIEW_LIMIT = MAX_FILE_BYTES + UPLOAD_OVERHEAD
 
 
 def limit_for(method: str, path: str) -> int:
     path = path.rstrip("/") or "/"
     if (method, path) in UPLOAD_ROUTES:
         return UPLOAD_LIMIT
+    if method == "POST" and PREVIEW_ROUTE.fullmatch(path):
+        return PREVIEW_LIMIT
     return JSON_LIMIT
 
 

@@ -25,6 +25,7 @@ from pipeline.conversation.service import ConversationService
 from pipeline.conversation.verified import VerifiedQAService
 from pipeline.generation.extractive import ExtractivePicker, PickerParams
 from pipeline.generation.support import SupportChecker, SupportParams
+from pipeline.ingestion.kb_chunking import KBChunking
 from pipeline.ingestion.rebuild import Rebuild
 from pipeline.ingestion.service import IngestService
 from pipeline.models.paths import resolve_model_dir
@@ -45,6 +46,7 @@ from pipeline.services.audit_log import AuditLog
 from pipeline.services.changes import SearchableChanges
 from pipeline.services.conversations import ConversationDesk
 from pipeline.services.documents import DocumentService
+from pipeline.services.kb_chunking import ChunkingService
 from pipeline.services.knowledge_bases import KnowledgeBaseService
 from pipeline.services.lifecycle import Lifecycle
 from pipeline.services.login_throttle import LoginThrottle
@@ -131,6 +133,7 @@ class Components:
     gate_background: GateBackgrounds | None = None  # one per knowledge base
     picker: ExtractivePicker | None = None
     support: SupportChecker | None = None
+    chunking: KBChunking | None = None  # each knowledge base's chunk settings over the global ones
 
     def close(self) -> None:
         if self.gate_background is not None:
@@ -196,21 +199,22 @@ def build_components(data_dir: Path | str, *, project_root: Path | None = None, 
         return comps.models.embedding.model_id, comps.models.embedding.dim
 
     write_lock = WriteLock()
+    config = ConfigStore(db, SecretBox.for_data_dir(data_dir, dep.shared), frozenset(SECRET_FIELDS))
+    chunking = KBChunking(config, settings)
     ingest = IngestService(docs, kbs, files, tokenizer, settings, embed_model, model_ident,
                            on_change=on_ingested, busy_reason=busy_reason, write_lock=write_lock,
                            jobs=jobs, ready=lambda: comps is not None and comps.models is not None,
-                           lease_s=dep.ingest_lease_s)
+                           lease_s=dep.ingest_lease_s, chunking_of=chunking.effective)
     conversations = ConversationService(ConversationStore(db))
     verified = VerifiedQAService(VerifiedQAStore(db), docs, files, ingest.enqueue, delete_document,
                                  busy_reason=busy_reason)
     default = kbs.default
     comps = Components(data_dir, project_root, Path(models_dir or project_root / "models"),
-                       Path(calibration_dir) if calibration_dir else None, db,
-                       ConfigStore(db, SecretBox.for_data_dir(data_dir, dep.shared), frozenset(SECRET_FIELDS)),
-                       docs, files, default.vectors, tokenizer, default.bm25, ingest, write_lock, dir_lock,
+                       Path(calibration_dir) if calibration_dir else None, db, config, docs, files,
+                       default.vectors, tokenizer, default.bm25, ingest, write_lock, dir_lock,
                        conversations, FeedbackService(FeedbackStore(db), conversations), verified, Router(),
                        DeterministicRewriter(), jobs, SharedState(db), RetrievalStore(db), LeaseStore(db), dep, kbs,
-                       GateStatsStore(db))
+                       GateStatsStore(db), chunking=chunking)
     return comps
 
 
@@ -246,6 +250,7 @@ class Services:
     rate_limits: RateLimiter       # requests per minute per key / login, counted in the database
     audit: AuditLog                # who asked what through which door, and the admin actions
     login_throttle: LoginThrottle  # failed logins slow down, then lock (per user and per address)
+    chunking: ChunkingService | None = None  # per-KB chunking and the upload preview (预览分块)
 
     def close(self) -> None:
         """Background work that writes into the data dir ends (or is waited for) before the stores close."""
@@ -290,13 +295,15 @@ def build_services(data_dir: Path | str, *, project_root: Path | None = None, mo
                                   has_job=lambda doc_id: c.ingest.is_queued(doc_id) or rebuild.running,
                                   rebuild_bm25=lambda: changes.changed(wait=True), on_model_fixed=model_fixed)
     windows = RateWindowStore(c.db)  # request counts and failed logins, shared by every process
-    svc = Services(c, settings, lifecycle, changes, sync, kbs,
-                   DocumentService(c, access, lifecycle, changes, rebuild, audit),
+    documents = DocumentService(c, access, lifecycle, changes, rebuild, audit)
+    svc = Services(c, settings, lifecycle, changes, sync, kbs, documents,
                    AnswerService(c, settings, lifecycle, kbs, recent, catch_up=sync.catch_up, audit=audit),
                    ConversationDesk(c, access), OperationsService(c, lifecycle, changes, auditor, repairer),
                    ApiKeyService(ApiKeyStore(c.db), lambda kb_id: c.kbs.check(kb_id, fresh=True), audit),
                    RateLimiter(windows, lambda: settings.current.api_rate_limit_per_min,
-                               lambda: settings.current.login_rate_limit_per_min), audit, LoginThrottle(windows))
+                               lambda: settings.current.login_rate_limit_per_min), audit, LoginThrottle(windows),
+                   ChunkingService(c, settings, audit, start_rebuild=documents.start_rebuild,
+                                   rebuild_busy=lifecycle.rebuild_busy))
     return svc
 
 

@@ -43,6 +43,7 @@ class Engine:
         self.documents, self.answers, self.conversations, self.ops = s.documents, s.answers, s.conversations, s.ops
         self.audit_log_service = s.audit  # (engine.audit is the consistency audit of the stores)
         self.api_keys, self.rate_limits, self.login_throttle = s.api_keys, s.rate_limits, s.login_throttle
+        self.chunking = s.chunking
         self.data_dir, self.project_root, self.models_dir = (s.components.data_dir, s.components.project_root,
                                                              s.components.models_dir)
         if load_async:
@@ -88,6 +89,9 @@ class Engine:
     update_kb = _To("kbs", "update")
     delete_kb = _To("kbs", "delete")
     resolve_kbs = _To("kbs", "resolve")
+    kb_chunking = _To("chunking", "get")
+    update_kb_chunking = _To("chunking", "update")
+    preview_upload = _To("chunking", "preview")
 
     # ---- documents, versions, viewer, rebuild
     upload = _To("documents")

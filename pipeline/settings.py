@@ -94,6 +94,10 @@ class Settings(BaseModel):
                               description="切块目标长度（字符）", ge=50, le=2000)
     chunk_overlap: int = setting(50, group="chunking", effect="rebuild", label="块重叠(字符)",
                                  description="相邻块重叠字符数，须小于块大小", ge=0)
+    # pipeline/ingestion/structured_chunking.py: off = every page cut by sentences alone (headings and tables
+    # read as prose); each knowledge base may override all three (pipeline/ingestion/kb_chunking.py).
+    chunk_structure: bool = setting(True, group="chunking", effect="rebuild", label="按结构切块",
+                                    description="按标题分节（块带标题路径）、表格按整行成块并重复表头；关闭 = 每页只按句子切分")
     # models
     embedding_model_path: str = setting(SRS_BGE_EMBEDDING_DIR, group="models", effect="reload",
                                         label="Embedding 模型路径",

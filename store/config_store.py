@@ -6,7 +6,7 @@ import json
 from datetime import UTC, datetime
 from typing import Any
 
-from sqlalchemy import select
+from sqlalchemy import delete, select
 
 from .db import Database
 from .schema import sys_config
@@ -44,6 +44,22 @@ class ConfigStore:
                     unreadable.add(key)
         self.unreadable = unreadable
         return out
+
+    def get(self, key: str, default: Any = None) -> Any:
+        """One stored value (not a secret: those are read through load), `default` when the key is absent."""
+        with self.db.connect() as conn:
+            value = conn.execute(select(K.value).where(K.key == key)).scalar()
+        if value is None:
+            return default
+        try:
+            return json.loads(value)
+        except (TypeError, ValueError):
+            return value
+
+    def delete(self, key: str) -> bool:
+        """Remove one key (e.g. the chunking of a deleted knowledge base); True when it was there."""
+        with self.db.transaction() as conn:
+            return conn.execute(delete(sys_config).where(K.key == key)).rowcount > 0
 
     def _encoded(self, key: str, value: Any) -> str:
         if key in self.secret_keys and isinstance(value, str):

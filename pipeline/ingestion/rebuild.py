@@ -1,5 +1,6 @@
-"""全量重建: re-process every document (every version) of all knowledge bases, or of one, with the current chunk
-settings and embedding model, in a thread.
+"""全量重建: re-process every document (every version) of all knowledge bases, or of one, re-parsed from its stored
+original, with its knowledge base's chunk settings (pipeline/ingestion/kb_chunking.py) and the current embedding
+model, in a thread.
 
 Uploads and deletes are refused while it runs — in every app process sharing the database: the rebuild holds
 the named lease `kb_rebuild` (store/leases.py) and the others ask `running_elsewhere`. Vectors of another model

@@ -11,7 +11,8 @@ retrieval only when it turns 就绪 (both routes filter on status), and a failed
 Each document belongs to one knowledge base and its vectors go to that knowledge base's collection. A file
 whose name matches an active document of the same knowledge base but whose content differs becomes the next
 version of that document: it turns active (and the previous version inactive) only once it is 就绪. Pages are
-chunked by structure (pipeline.ingestion.structured_chunking) and the parsed text is kept for the viewer; each
+chunked by structure (pipeline.ingestion.structured_chunking) with the chunk settings of the document's knowledge
+base (pipeline.ingestion.kb_chunking: its own, else the global ones) and the parsed text is kept for the viewer; each
 document's stage, counts and ETA are on the progress board (pipeline.ingestion.progress).
 """
 from __future__ import annotations
@@ -28,10 +29,10 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from pipeline.generation.instructions import FLAG_NOTE, flagged_sentences
+from pipeline.ingestion.kb_chunking import Chunking, chunk_document
 from pipeline.ingestion.parse_worker import ParseCancelled, ParseCrashed, ParseStopped, ParseWorker
 from pipeline.ingestion.parsing import (
     MAX_BATCH_FILES,
-    ParsedPage,
     ParseError,
     Progress,
     UploadRefused,
@@ -39,7 +40,7 @@ from pipeline.ingestion.parsing import (
     sniff_content,
 )
 from pipeline.ingestion.progress import ProgressBoard
-from pipeline.ingestion.structured_chunking import Piece, chunk_page, indexed_text
+from pipeline.ingestion.structured_chunking import indexed_text
 from pipeline.models.tokenize_zh import ChineseTokenizer
 from pipeline.retrieval.kb_indexes import KnowledgeBases
 from pipeline.settings import Settings
@@ -105,7 +106,8 @@ class IngestService:
                  get_settings: Callable[[], Settings], get_embedding: Callable[[], object],
                  model_ident: Callable[[], tuple[str, int]], on_change: Callable[[], None],
                  busy_reason: Callable[[], str | None] = lambda: None, *, write_lock: WriteLock, jobs: JobStore,
-                 ready: Callable[[], bool] = lambda: True, lease_s: float = 60.0, poll_s: float = 1.0):
+                 ready: Callable[[], bool] = lambda: True, lease_s: float = 60.0, poll_s: float = 1.0,
+                 chunking_of: Callable[[int, Settings], Chunking] = lambda kb_id, s: Chunking.of(s)):
         self.docs = docs
         self.kbs = kbs  # kb_id → its collection and BM25 index
         self.files = files
@@ -119,6 +121,7 @@ class IngestService:
         self.jobs = jobs
         self.ready = ready  # models loaded: jobs are claimed only then
         self.lease_s = float(lease_s)
+        self.chunking_of = chunking_of  # kb_id, settings → that KB's chunking (pipeline/ingestion/kb_chunking.py)
         self.poll_s = poll_s  # how often an idle worker looks for jobs other processes queued
         self.owner = f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
         self.timer = StageTimer()
@@ -380,24 +383,15 @@ class IngestService:
                 self.docs.set_progress(doc_id, msg)
 
         qa = doc["file_type"] == QA_FILE_TYPE  # a verified Q&A entry: its text file, kept as one chunk
-        try:
-            parsed = self.parser.parse(path, "txt" if qa else doc["file_type"], ocr_enabled=s.ocr_enabled,
-                                       ocr_max_pages=s.ocr_max_pages, progress=parse_progress,
-                                       timeout_s=s.parse_timeout_s, memory_mb=s.parse_memory_mb, key=doc_id,
-                                       cancelled=lambda: self._is_cancelled(doc_id))
-        except ParseCrashed as exc:
-            raise ParseError(f"处理失败：{exc}") from exc
+        parsed = self.parse(path, "txt" if qa else doc["file_type"], s, key=doc_id, progress=parse_progress,
+                            cancelled=lambda: self._is_cancelled(doc_id))
         t1 = time.perf_counter()
         self.timer.add("parse", t1 - t0)
         self._check_cancel(doc_id)
         self._stage(doc_id, "chunk")
 
-        if qa:
-            parsed.pages = [ParsedPage("\n".join(p.text for p in parsed.pages).strip(), None)]
-            pieces = [(0, parsed.pages[0], Piece(parsed.pages[0].text, 0, len(parsed.pages[0].text)))]
-        else:
-            pieces = [(k, page, pc) for k, page in enumerate(parsed.pages)
-                      for pc in chunk_page(page, s.chunk_size, s.chunk_overlap)]
+        parsed.pages, pieces = chunk_document(parsed.pages, self.chunking_of(doc.get("kb_id") or DEFAULT_KB_ID, s),
+                                              qa)
         if not pieces or not pieces[0][2].text:
             raise ParseError("未解析到文本")
         t2 = time.perf_counter()
@@ -426,6 +420,15 @@ class IngestService:
                 guard=lambda conn: self.jobs.fence(conn, doc_id, self.owner, self.lease_s))
         self.timer.add("write", time.perf_counter() - t3)
         return _Prepared(doc, rows, chunk_ids)
+
+    def parse(self, path: Path, file_type: str, s: Settings, *, key, progress=None, cancelled=None):
+        """The file parsed in the parse worker's child under the budgets of `s` (ingest and the upload preview)."""
+        try:
+            return self.parser.parse(path, file_type, ocr_enabled=s.ocr_enabled, ocr_max_pages=s.ocr_max_pages,
+                                     progress=progress, timeout_s=s.parse_timeout_s, memory_mb=s.parse_memory_mb,
+                                     key=key, cancelled=cancelled)
+        except ParseCrashed as exc:
+            raise ParseError(f"处理失败：{exc}") from exc
 
     def _embed_and_write(self, group: list["_Prepared"]) -> None:
         """Embed the chunks of the group in batches that may span documents; write vectors in big batches;

@@ -32,9 +32,10 @@ def indexed_text(text: str, context: str | None) -> str:
     return f"{context}\n{text}" if context else text
 
 
-def chunk_page(page: ParsedPage, chunk_size: int, chunk_overlap: int) -> list[Piece]:
+def chunk_page(page: ParsedPage, chunk_size: int, chunk_overlap: int, structured: bool = True) -> list[Piece]:
+    """`structured` False (the chunk_structure setting off): the page is cut as plain text, like a txt page."""
     text = page.text
-    if not page.headings and not page.tables:
+    if not structured or (not page.headings and not page.tables):
         return [Piece(text[s:e], s, e, page.context) for s, e in split_text(text, chunk_size, chunk_overlap)]
     pieces: list[Piece] = []
     heading_spans = [(h.start, h.end) for h in page.headings]

@@ -84,6 +84,7 @@ class KnowledgeBaseService:
             c.docs.delete(d["doc_id"])
             c.files.delete(d.get("stored_name"))
         c.kbs.drop(kb_id)
+        c.chunking.forget(kb_id)  # its own chunk settings (pipeline/ingestion/kb_chunking.py)
         if c.retrieval is not None:
             c.retrieval.forget(kb_id)
         if c.gate_background is not None:
