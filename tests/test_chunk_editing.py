@@ -273,3 +273,33 @@ def test_team_mode_the_other_process_sees_edits_and_disables(pg_server, chroma_s
     finally:
         b.close()
         a.close()
+
+
+def test_page_editor_edits_disables_and_adds_through_gradio(engine):
+    live = LiveApp(engine)
+    try:
+        client = live.client()
+        doc = the_doc(engine)
+        title, body = client.predict(doc_id=doc["doc_id"], api_name="/kb_chunks")
+        target = chunk_with(engine, "自行车链条", doc["doc_id"])
+        cid = target["chunk_id"]
+        assert f'data-chunk="{cid}"' in body and f"{target['length']} 字" in body
+
+        view, picked, text, info, msg = client.predict(doc["doc_id"], cid, "山地车刹车的调整：先松开刹车线再对准刹车片。",
+                                                       api_name="/kb_chunk_edit")
+        assert msg.startswith("✓") and "已修改" in view and "山地车刹车" in text and "可恢复原文" in info
+        assert cid in bm25_ids(engine, "山地车")
+        view, *_, msg = client.predict(doc["doc_id"], cid, api_name="/kb_chunk_disable")
+        assert msg.startswith("✓") and "已停用" in view and cid not in all_ids(engine.search("山地车", 10))
+        view, *_, msg = client.predict(doc["doc_id"], cid, api_name="/kb_chunk_enable")
+        assert msg.startswith("✓") and cid in bm25_ids(engine, "山地车")
+        view, picked, text, info, msg = client.predict(doc["doc_id"], cid, api_name="/kb_chunk_restore")
+        assert msg.startswith("✓") and text == target["text"] and cid in bm25_ids(engine, "自行车链条")
+        *_, msg, cleared = client.predict(doc["doc_id"], "页面添加：普洱茶要先洗茶再冲泡。", "", api_name="/kb_chunk_add")
+        assert msg.startswith("✓") and cleared == "" and bm25_ids(engine, "普洱茶")
+        *_, msg = client.predict(doc["doc_id"], cid, "  ", api_name="/kb_chunk_edit")
+        assert msg.startswith("⚠️") and "不能为空" in msg
+        actions = [r["action"] for r in engine.audit_log(door="page")["items"]]
+        assert {"chunk.edit", "chunk.disable", "chunk.enable", "chunk.restore", "chunk.add"} <= set(actions)
+    finally:
+        live.stop(close_engine=False)
