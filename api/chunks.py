@@ -35,6 +35,11 @@ class ChunkNew(BaseModel):
     context: str | None = Field(None, max_length=MAX_CONTEXT_CHARS, description="heading path shown with it")
 
 
+class DocRef(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    doc_id: int = Field(..., ge=1)
+
+
 def _ok(data: Any) -> dict:
     return {"code": 0, "msg": "ok", "data": data}
 
@@ -55,6 +60,11 @@ def router(engine, caller_of) -> APIRouter:
     def list_chunks(doc_id: int = Query(..., ge=1), caller: Caller = Depends(caller_of)):
         """Every chunk of a document: text, context, length, enabled, edited (by / at, the parsed original), manual."""
         return _ok(engine.list_chunks(doc_id, caller.reader))
+
+    @r.post("/reparse")
+    def reparse(body: DocRef, caller: Caller = Depends(kb_admin)):
+        """Discard every chunk edit of the document: its original is parsed again (处理中 until done)."""
+        return _ok(engine.reparse_document(body.doc_id, actor(caller), caller.reader))
 
     @r.get("/{chunk_id}")
     def get_chunk(chunk_id: int, caller: Caller = Depends(caller_of)):

@@ -116,6 +116,7 @@ class Engine:
     restore_chunk = _To("chunks", "restore")
     set_chunk_enabled = _To("chunks", "set_enabled")
     add_chunk = _To("chunks", "add")
+    reparse_document = _To("chunks", "reparse")
 
     # ---- answers
     search = _To("answers")

@@ -303,3 +303,21 @@ def test_page_editor_edits_disables_and_adds_through_gradio(engine):
         assert {"chunk.edit", "chunk.disable", "chunk.enable", "chunk.restore", "chunk.add"} <= set(actions)
     finally:
         live.stop(close_engine=False)
+
+
+def test_reparse_discards_every_edit_of_the_document(engine):
+    doc = the_doc(engine)
+    chunk = chunk_with(engine, "青柠檬", doc["doc_id"])
+    engine.edit_chunk(chunk["chunk_id"], "乌梅汤的做法：乌梅山楂加冰糖慢炖。")
+    assert any(c["edited"] for c in engine.list_chunks(doc["doc_id"])["chunks"])
+
+    assert engine.reparse_document(doc["doc_id"], actor=Actor("alice"))["status"] == "processing"
+    wait_idle(engine)
+
+    chunks = engine.list_chunks(doc["doc_id"])["chunks"]
+    assert engine.get_document(doc["doc_id"])["status"] == "ready"
+    assert chunks and not any(c["edited"] or c["manual"] or not c["enabled"] for c in chunks)
+    assert not bm25_ids(engine, "乌梅汤") and bm25_ids(engine, "青柠檬")
+    assert not engine.search("普洱茶", 10)["bm25"]  # the hand-made chunk went with the edits
+    assert any(r["action"] == "chunk.reparse" for r in engine.audit_log(kind="admin")["items"])
+    clean(engine)

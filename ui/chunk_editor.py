@@ -95,6 +95,7 @@ def build_chunk_editor(engine, policy: AccessPolicy, doc_id: gr.Number, view: gr
         new_text = gr.Textbox(label="添加手动块：文本", lines=3, elem_id="kb-chunk-new-text")
         new_context = gr.Textbox(label="上下文（标题路径，可选）", max_lines=1, elem_id="kb-chunk-new-context")
         add = gr.Button("添加块", size="sm", elem_id="kb-chunk-add")
+        reparse = gr.Button("放弃这个文档的全部分块修改，重新解析", variant="stop", size="sm", elem_id="kb-chunk-reparse")
         msg = gr.Markdown("", elem_id="kb-chunk-msg")
     outputs = [view, pick, text, info, msg]
 
@@ -168,6 +169,18 @@ def build_chunk_editor(engine, policy: AccessPolicy, doc_id: gr.Number, view: gr
                     gr.update())
         return (*state(did, made["chunk_id"], f"✓ 已添加块 {made['chunk_id']}，已可检索"), "")
 
+    def kb_chunk_reparse(did, request: gr.Request):
+        require(request)
+        did = _int(did)
+        if did is None:
+            return gr.update(), gr.update(), gr.update(), gr.update(), "⚠️ 请先打开一个文档的分块"
+        try:
+            engine.reparse_document(did, actor=guard.page_actor(request))
+        except Exception as exc:
+            return gr.update(), gr.update(), gr.update(), gr.update(), f"⚠️ {esc(getattr(exc, 'msg', exc))}"
+        return (gr.update(), gr.update(choices=[], value=None), "", "",
+                "✓ 已开始重新解析：完成后（就绪）块从原始文件重新生成，之前的修改、停用和手动块都不再保留")
+
     pick.change(show, [pick], [text, info], api_name=False)
     save.click(kb_chunk_edit, [doc_id, pick, text], outputs, api_name="kb_chunk_edit", concurrency_limit=1)
     restore.click(kb_chunk_restore, [doc_id, pick], outputs, api_name="kb_chunk_restore", concurrency_limit=1)
@@ -175,4 +188,5 @@ def build_chunk_editor(engine, policy: AccessPolicy, doc_id: gr.Number, view: gr
     on.click(kb_chunk_enable, [doc_id, pick], outputs, api_name="kb_chunk_enable", concurrency_limit=1)
     add.click(kb_chunk_add, [doc_id, new_text, new_context], [*outputs, new_text], api_name="kb_chunk_add",
               concurrency_limit=1)
+    reparse.click(kb_chunk_reparse, [doc_id], outputs, api_name="kb_chunk_reparse", concurrency_limit=1)
     return ChunkEditor(load, outputs)

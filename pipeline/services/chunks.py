@@ -178,6 +178,23 @@ class ChunkService:
                                               "file_name": doc["file_name"], "chars": len(text)}, [doc["kb_id"]])
         return self.get(chunk_id)
 
+    def reparse(self, doc_id: int, actor: Actor | None = None, reader: Reader | None = None) -> dict:
+        """Discard every edit, switch-off and hand-made chunk of the document: its original is parsed again (the
+        document is 处理中 until then, as in a rebuild). What "unless asked to" means for a rebuild."""
+        self.lifecycle.refuse_while_rebuilding()
+        doc = self.c.docs.get(int(doc_id))
+        if doc is None:
+            raise EngineError(CODE_NO_DOC, f"文档不存在：{doc_id}", "doc_id")
+        self.access.check(doc["kb_id"], reader)
+        if doc["status"] != "ready":
+            raise EngineError(CODE_VALIDATION, "文档还未就绪（处理中或失败），不能重新解析", "doc_id")
+        self.c.docs.set_status(doc["doc_id"], "processing", None, "重新解析（放弃分块修改）")
+        self.c.ingest.enqueue(doc["doc_id"], doc)
+        self.changes.changed()  # 处理中: out of both routes now; its new chunks come with 就绪
+        self.audit.admin(actor, "chunk.reparse", {"doc_id": doc["doc_id"], "file_name": doc["file_name"]},
+                         [doc["kb_id"]])
+        return {"doc_id": doc["doc_id"], "status": "processing"}
+
     # ---- the full rebuild
     def reindex_if_curated(self, doc: dict) -> bool:
         """A rebuild's turn for a document with edited, disabled or manual chunks: tokens and vectors re-derived
