@@ -19,7 +19,7 @@ C, D = kb_chunk, kb_document
 CURATED = or_(C.c.original_text.is_not(None), C.c.enabled == 0, C.c.manual == 1)
 _ROW = (select(C.c.chunk_id, C.c.doc_id, C.c.chunk_index, C.c.text, C.c.page, C.c.context, C.c.source,
                C.c.enabled, C.c.original_text, C.c.edited_by, C.c.edited_at, C.c.manual, D.c.kb_id,
-               D.c.file_name, D.c.status, D.c.active)
+               D.c.file_name, D.c.file_type, D.c.status, D.c.active)
         .select_from(C.join(D, D.c.doc_id == C.c.doc_id)))
 
 

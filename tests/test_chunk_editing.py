@@ -321,3 +321,17 @@ def test_reparse_discards_every_edit_of_the_document(engine):
     assert not engine.search("普洱茶", 10)["bm25"]  # the hand-made chunk went with the edits
     assert any(r["action"] == "chunk.reparse" for r in engine.audit_log(kind="admin")["items"])
     clean(engine)
+
+
+def test_a_verified_entry_is_not_edited_here(engine):
+    entry = engine.create_verified("年假怎么申请？", "在人事系统提交年假申请，主管审批后生效。", "alice")
+    wait_idle(engine)
+    doc_id = next(v["doc_id"] for v in engine.list_verified() if v["qa_id"] == entry["qa_id"])
+    chunk = engine.list_chunks(doc_id)["chunks"][0]
+    for change in (lambda: engine.edit_chunk(chunk["chunk_id"], "改过的答案"),
+                   lambda: engine.set_chunk_enabled(chunk["chunk_id"], False),
+                   lambda: engine.add_chunk(doc_id, "多出来的块")):
+        with pytest.raises(EngineError) as err:
+            change()
+        assert err.value.code == CODE_VALIDATION and "已核实问答" in err.value.msg
+    assert engine.get_chunk(chunk["chunk_id"])["enabled"]

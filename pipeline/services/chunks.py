@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING
 
 from pipeline.access.kb_readers import KBAccess, Reader
 from pipeline.errors import CODE_ENGINE, CODE_NO_DOC, CODE_VALIDATION, EngineError
+from pipeline.ingestion.service import QA_FILE_TYPE
 from pipeline.ingestion.structured_chunking import indexed_text
 from pipeline.services.audit_log import Actor, AuditLog
 from pipeline.services.changes import SearchableChanges
@@ -58,6 +59,13 @@ def _clean_text(text, field: str = "text", limit: int = MAX_CHUNK_CHARS, require
     if len(text) > limit:
         raise EngineError(CODE_VALIDATION, f"{field} 过长（最多 {limit} 字）", field)
     return text or None
+
+
+def _refuse_verified(row: dict) -> None:
+    """A verified Q&A entry is one chunk kept in step with its entry (pipeline.conversation.verified): it is
+    changed there, not here."""
+    if row.get("file_type") == QA_FILE_TYPE:
+        raise EngineError(CODE_VALIDATION, "这是已核实问答：请在「已核实问答」中删除后重新添加", "chunk_id")
 
 
 class ChunkService:
@@ -103,6 +111,7 @@ class ChunkService:
         row = self._chunk(chunk_id, reader)
         if row["status"] != "ready":
             raise EngineError(CODE_VALIDATION, "文档还未就绪（处理中或失败），不能修改它的块", "chunk_id")
+        _refuse_verified(row)
         return row
 
     # ---- changes
@@ -137,9 +146,9 @@ class ChunkService:
         kb = self.c.kbs.get(row["kb_id"])
         if enabled:
             emb = self._embed([indexed_text(row["text"], row.get("context"))])[0]
-        if not self.store.set_enabled(row["chunk_id"], enabled):
-            return public(row)  # already so: nothing to do, nothing to log
-        with self.c.write_lock.writing():
+        with self.c.write_lock.writing():  # the flag and the vector change together, as a backup sees them
+            if not self.store.set_enabled(row["chunk_id"], enabled):
+                return public(row)  # already so: nothing to do, nothing to log
             kb.vectors.delete_ids([row["chunk_id"]])
             if enabled:
                 self._claim(kb)
@@ -164,6 +173,7 @@ class ChunkService:
         self.access.check(doc["kb_id"], reader)
         if doc["status"] != "ready":
             raise EngineError(CODE_VALIDATION, "文档还未就绪（处理中或失败），不能添加块", "doc_id")
+        _refuse_verified(doc)
         text = _clean_text(text)
         context = _clean_text(context, "context", MAX_CONTEXT_CHARS, required=False)
         full = indexed_text(text, context)
@@ -188,6 +198,7 @@ class ChunkService:
         self.access.check(doc["kb_id"], reader)
         if doc["status"] != "ready":
             raise EngineError(CODE_VALIDATION, "文档还未就绪（处理中或失败），不能重新解析", "doc_id")
+        _refuse_verified(doc)
         self.c.docs.set_status(doc["doc_id"], "processing", None, "重新解析（放弃分块修改）")
         self.c.ingest.enqueue(doc["doc_id"], doc)
         self.changes.changed()  # 处理中: out of both routes now; its new chunks come with 就绪
