@@ -4,6 +4,8 @@ PostgreSQL + Chroma server as two team-mode processes.
 
 What the vector route finds is told by exact matches: the tiny model is random, but a query that is a chunk's
 indexed text has cosine 1.0 with that chunk's stored vector, and below that with a vector of any other text.
+The tests of the module engine run in file order, each on what the one before left (an edit, then its restore, a
+manual chunk, then a rebuild that must keep all of it); every one ends with a clean consistency audit.
 """
 from __future__ import annotations
 
@@ -234,8 +236,22 @@ def test_rest_readers_list_kb_admins_edit(engine, tmp_path):
             assert made.json()["data"]["manual"] is True
             assert admin.put(f"/api/kb/chunks/{cid}", json={"text": ""}).json()["code"] == 1001
             assert admin.get("/api/kb/chunks/999999").json()["code"] == 3002
+
+            # a KB-admin key bound to another knowledge base reaches nothing here; bound to this one, it edits
+            other = engine.create_kb("别的库")
+            elsewhere = engine.create_api_key("别处", "kb-admin", [other["kb_id"]])["secret"]
+            here = engine.create_api_key("此处", "kb-admin", [doc["kb_id"]])["secret"]
+            denied = reader.put(f"/api/kb/chunks/{cid}", json={"text": "别处的钥匙改的"}, auth=None,
+                                headers={"Authorization": f"Bearer {elsewhere}"})
+            assert (denied.status_code, denied.json()["code"]) == (403, 4003)
+            assert reader.get("/api/kb/chunks", params={"doc_id": doc["doc_id"]}, auth=None,
+                              headers={"Authorization": f"Bearer {elsewhere}"}).json()["code"] == 4003
+            fine = reader.put(f"/api/kb/chunks/{cid}", json={"text": "此处的钥匙改的：柚子茶。"}, auth=None,
+                              headers={"Authorization": f"Bearer {here}"}).json()
+            assert fine["code"] == 0 and fine["data"]["edited_by"] == "key:此处"
+            admin.post(f"/api/kb/chunks/{cid}/restore")
         rest = [r for r in engine.audit_log(door="rest")["items"] if r["action"].startswith("chunk.")]
-        assert {r["actor"] for r in rest} == {"a"} and len(rest) == 5
+        assert [r["actor"] for r in rest].count("a") == 6 and {r["actor"] for r in rest} == {"a", "key:此处"}
     finally:
         live.stop(close_engine=False)
 
