@@ -88,6 +88,15 @@ class Rebuild:
             time.sleep(0.1)
         return self.status()
 
+    def _kept(self, doc: dict) -> bool:
+        """A curated document re-indexed from its stored chunks. One that fails to re-index is left as it was
+        (never re-parsed: that would discard the edits) and logged; the rebuild goes on."""
+        try:
+            return self._keep_curated(doc)
+        except Exception:
+            log.exception("rebuild: re-indexing the curated chunks of %s failed; left as it was", doc["file_name"])
+            return True
+
     def _run(self, docs: list[dict], kb_id: int | None) -> None:
         c, st = self._c, self._status
         t0 = time.perf_counter()
@@ -110,7 +119,9 @@ class Rebuild:
                 st["current"], st["current_id"] = doc["file_name"], doc["doc_id"]
                 st["current_kb_id"] = doc.get("kb_id")  # who may see the name (KBAccess.redact_progress)
                 fresh = c.docs.get(doc["doc_id"])
-                if fresh is not None and not self._keep_curated(fresh):
+                if fresh is not None and self._kept(fresh):
+                    c.ingest.progress.finish(doc["doc_id"])
+                elif fresh is not None:
                     c.docs.set_status(doc["doc_id"], "processing", None, "全量重建中")
                     c.ingest.process(doc["doc_id"])
                 done_bytes += int(doc.get("file_size") or 0)
