@@ -110,6 +110,10 @@ def test_a_second_edit_keeps_the_parsed_original_and_restore_brings_it_back(engi
     again = engine.edit_chunk(chunk["chunk_id"], NEW + "另有说明。", actor=Actor("bob"))
     assert again["original_text"] == original and again["edited_by"] == "bob"
 
+    back = engine.edit_chunk(chunk["chunk_id"], original)  # typed back to the parse: not an edit any more
+    assert back["text"] == original and not back["edited"]
+    engine.edit_chunk(chunk["chunk_id"], NEW)
+
     restored = engine.restore_chunk(chunk["chunk_id"], actor=Actor("bob"))
 
     assert restored["text"] == original and not restored["edited"] and restored["edited_by"] is None

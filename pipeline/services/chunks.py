@@ -121,6 +121,8 @@ class ChunkService:
         text = _clean_text(text)
         if text == row["text"]:
             return public(row)
+        if text == row["original_text"]:  # edited back to what was parsed: that is a restore
+            return self.restore(row["chunk_id"], actor, reader)
         by = (actor or Actor(None)).name
         self._write(row, text, lambda tokens: self.store.set_text(row["chunk_id"], text, tokens, by))
         self.audit.admin(actor, "chunk.edit", {"chunk_id": row["chunk_id"], "doc_id": row["doc_id"],
