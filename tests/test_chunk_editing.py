@@ -12,6 +12,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+from sqlalchemy import text as sql_text
 
 from pipeline.access.policy import AccessPolicy
 from pipeline.errors import CODE_VALIDATION, EngineError
@@ -159,6 +160,26 @@ def test_a_disabled_chunk_is_never_searched_answered_or_cited_and_comes_back_whe
     assert leaf["chunk_id"] in {s["chunk_id"] for s in engine.ask_sync(question)["sources"]}
     actions = [r["action"] for r in engine.audit_log(kind="admin")["items"]]
     assert "chunk.disable" in actions and "chunk.enable" in actions
+    clean(engine)
+
+
+def test_the_flag_alone_hides_a_chunk_from_both_routes(engine):
+    """What another process sees the moment a chunk is switched off, before its BM25 follows: the flag in the
+    shared database (here flipped behind this process's back — its BM25 and the vector still hold the chunk)."""
+    leaf = chunk_with(engine, "银杏叶")
+    assert leaf["chunk_id"] in bm25_ids(engine, "银杏叶")
+    with engine.components.db.transaction() as conn:
+        conn.execute(sql_text("UPDATE kb_chunk SET enabled = 0 WHERE chunk_id = :c"), {"c": leaf["chunk_id"]})
+    assert leaf["chunk_id"] in engine.components.bm25.indexed_ids()
+    assert leaf["chunk_id"] not in all_ids(engine.search("银杏叶", 10))
+    assert leaf["chunk_id"] not in all_ids(engine.search(leaf["text"], 10))
+    assert leaf["chunk_id"] not in {s["chunk_id"] for s in engine.ask_sync("银杏叶标本怎么制作？")["sources"]}
+    found = {f["check"]: f for f in engine.audit()["findings"]}
+    assert [i["chunk_id"] for i in found["disabled_vectors"]["items"]] == [leaf["chunk_id"]]
+    engine.repair()
+    assert leaf["chunk_id"] not in engine.components.kbs.default.vectors.all_ids()
+    engine.set_chunk_enabled(leaf["chunk_id"], True)
+    assert vector_sim(engine, leaf["text"], leaf["chunk_id"]) >= EXACT
     clean(engine)
 
 
