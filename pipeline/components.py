@@ -44,6 +44,7 @@ from pipeline.services.answering import AnswerService
 from pipeline.services.api_keys import ApiKeyService
 from pipeline.services.audit_log import AuditLog
 from pipeline.services.changes import SearchableChanges
+from pipeline.services.chunks import ChunkService
 from pipeline.services.conversations import ConversationDesk
 from pipeline.services.documents import DocumentService
 from pipeline.services.kb_chunking import ChunkingService
@@ -250,7 +251,8 @@ class Services:
     rate_limits: RateLimiter       # requests per minute per key / login, counted in the database
     audit: AuditLog                # who asked what through which door, and the admin actions
     login_throttle: LoginThrottle  # failed logins slow down, then lock (per user and per address)
-    chunking: ChunkingService | None = None  # per-KB chunking and the upload preview (预览分块)
+    chunks: ChunkService           # a KB admin edits, restores, disables / enables and adds chunks
+    chunking: ChunkingService      # per-KB chunking and the upload preview (预览分块)
 
     def close(self) -> None:
         """Background work that writes into the data dir ends (or is waited for) before the stores close."""
@@ -273,7 +275,8 @@ def build_services(data_dir: Path | str, *, project_root: Path | None = None, mo
     settings = SettingsService(c.config, c.project_root, c.calibration_dir, bump=lambda name: svc.sync.bump(name),
                                on_bm25_params=lambda s: svc.lifecycle.rebuild_bm25(s),
                                catch_up=lambda: svc.sync.catch_up(), audit=audit)
-    rebuild = Rebuild(c, on_change=lambda **kw: svc.changes.changed(**kw))
+    rebuild = Rebuild(c, on_change=lambda **kw: svc.changes.changed(**kw),
+                      keep_curated=lambda doc: svc.chunks.reindex_if_curated(doc))
     lifecycle = Lifecycle(c, settings, rebuild, load_models=lambda s: load_models(c, s), sync=lambda: svc.sync,
                           clear_caches=recent.clear, audit=audit)
     sync = SharedSync(c.state, on_kb=lifecycle.refresh_indexes, on_config=settings.reread,
@@ -302,6 +305,7 @@ def build_services(data_dir: Path | str, *, project_root: Path | None = None, mo
                    ApiKeyService(ApiKeyStore(c.db), lambda kb_id: c.kbs.check(kb_id, fresh=True), audit),
                    RateLimiter(windows, lambda: settings.current.api_rate_limit_per_min,
                                lambda: settings.current.login_rate_limit_per_min), audit, LoginThrottle(windows),
+                   ChunkService(c, access, lifecycle, changes, audit),
                    ChunkingService(c, settings, audit, start_rebuild=documents.start_rebuild,
                                    rebuild_busy=lifecycle.rebuild_busy))
     return svc

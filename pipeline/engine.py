@@ -43,7 +43,7 @@ class Engine:
         self.documents, self.answers, self.conversations, self.ops = s.documents, s.answers, s.conversations, s.ops
         self.audit_log_service = s.audit  # (engine.audit is the consistency audit of the stores)
         self.api_keys, self.rate_limits, self.login_throttle = s.api_keys, s.rate_limits, s.login_throttle
-        self.chunking = s.chunking
+        self.chunks, self.chunking = s.chunks, s.chunking
         self.data_dir, self.project_root, self.models_dir = (s.components.data_dir, s.components.project_root,
                                                              s.components.models_dir)
         if load_async:
@@ -111,6 +111,15 @@ class Engine:
     rebuild_status = _To("documents")
     rebuild = _To("documents")
     wait_rebuild = _To("documents")
+
+    # ---- chunks as first-class objects (pipeline.services.chunks)
+    list_chunks = _To("chunks", "list")
+    get_chunk = _To("chunks", "get")
+    edit_chunk = _To("chunks", "edit")
+    restore_chunk = _To("chunks", "restore")
+    set_chunk_enabled = _To("chunks", "set_enabled")
+    add_chunk = _To("chunks", "add")
+    reparse_document = _To("chunks", "reparse")
 
     # ---- answers
     search = _To("answers")

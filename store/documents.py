@@ -28,11 +28,13 @@ D, C = kb_document, kb_chunk
 VISIBLE = or_(D.c.active == ACTIVE, D.c.status != "ready")
 # What retrieval may return: ready and active.
 RETRIEVABLE = and_(D.c.status == "ready", D.c.active == ACTIVE)
+# A chunk a KB admin switched off (pipeline/services/chunks.py) is out of both routes whatever its document.
+ENABLED = C.c.enabled == 1
 _CHUNKS_OF_DOCS = C.join(D, D.c.doc_id == C.c.doc_id)
 # Built once (statements on every question's path): the document by id, and chunk rows with their document.
 _DOC_BY_ID = select(D).where(D.c.doc_id == bindparam("doc_id"))
 _CHUNK_ROWS = (select(C.c.chunk_id, C.c.doc_id, C.c.chunk_index, C.c.text, C.c.page, C.c.source, C.c.context,
-                      D.c.file_name, D.c.status, D.c.file_type, D.c.active, D.c.version, D.c.kb_id,
+                      C.c.enabled, D.c.file_name, D.c.status, D.c.file_type, D.c.active, D.c.version, D.c.kb_id,
                       kb_base.c.name.label("kb_name"))
                .select_from(_CHUNKS_OF_DOCS.outerjoin(kb_base, kb_base.c.kb_id == D.c.kb_id))
                .where(C.c.chunk_id.in_(bindparam("ids", expanding=True))))
@@ -277,7 +279,8 @@ class DocumentStore:
         c = C.c
         with self.db.connect() as conn:
             return dicts(conn.execute(select(c.chunk_id, c.chunk_index, c.text, c.page, c.char_start, c.char_end,
-                                             c.source, c.context, c.section).where(c.doc_id == doc_id)
+                                             c.source, c.context, c.section, c.enabled, c.original_text,
+                                             c.edited_by, c.edited_at, c.manual).where(c.doc_id == doc_id)
                                       .order_by(c.chunk_index)))
 
     def get_chunks(self, chunk_ids: Iterable[int]) -> dict[int, dict]:
@@ -290,9 +293,10 @@ class DocumentStore:
         return out
 
     def _ready_chunks(self, *columns, kb_id: int | None = None, retrievable: bool = True):
-        """SELECT columns FROM the chunks of retrievable (or, retrievable=False, not retrievable) documents."""
+        """SELECT columns FROM the enabled chunks of retrievable documents (or, retrievable=False, the chunks of
+        documents not retrievable)."""
         return (select(*columns).select_from(_CHUNKS_OF_DOCS)
-                .where(RETRIEVABLE if retrievable else ~RETRIEVABLE, *_in_kb(kb_id)))
+                .where(and_(RETRIEVABLE, ENABLED) if retrievable else ~RETRIEVABLE, *_in_kb(kb_id)))
 
     def iter_ready_tokens(self, kb_id: int | None = None) -> Iterator[tuple[int, list[str]]]:
         """(chunk_id, tokens) of every chunk of a 就绪, active document (of one KB, or all), by chunk_id."""
@@ -311,6 +315,11 @@ class DocumentStore:
         inactive (old) versions. The vector route over-fetches by this many."""
         with self.db.connect() as conn:
             return conn.execute(self._ready_chunks(func.count(), kb_id=kb_id, retrievable=False)).scalar_one()
+
+    def disabled_chunk_ids(self) -> set[int]:
+        """Chunks a KB admin switched off: absent from both indexes on purpose (the audit does not miss them)."""
+        with self.db.connect() as conn:
+            return set(conn.execute(select(C.c.chunk_id).where(~ENABLED)).scalars())
 
     def audit_rows(self) -> list[tuple[int, int, str, str]]:
         """(chunk_id, doc_id, text, stored tokens) of every chunk: what the consistency audit compares."""

@@ -393,6 +393,15 @@ MIGRATIONS += [
         )""",
         "CREATE INDEX idx_audit_at ON audit_log(at)",
     )),
+    # v18: chunks as first-class objects — enabled flag, the parsed original of an edited chunk (NULL: never
+    # edited), who edited it and when, and whether a KB admin added it by hand (pipeline/services/chunks.py).
+    Migration(18, "chunk editing", (
+        "ALTER TABLE kb_chunk ADD COLUMN enabled INTEGER NOT NULL DEFAULT 1",
+        "ALTER TABLE kb_chunk ADD COLUMN original_text TEXT",
+        "ALTER TABLE kb_chunk ADD COLUMN edited_by TEXT",
+        "ALTER TABLE kb_chunk ADD COLUMN edited_at TEXT",
+        "ALTER TABLE kb_chunk ADD COLUMN manual INTEGER NOT NULL DEFAULT 0",
+    )),
 ]
 
 

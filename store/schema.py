@@ -65,6 +65,11 @@ kb_chunk = Table(
     Column("tokens", Text, nullable=False),
     Column("context", Text),
     Column("section", BigInteger, nullable=False),
+    Column("enabled", BigInteger, nullable=False),  # 0: a KB admin switched it off (out of both routes)
+    Column("original_text", Text),  # the parsed text of an edited chunk; NULL = not edited
+    Column("edited_by", Text),
+    Column("edited_at", Text),
+    Column("manual", BigInteger, nullable=False),  # 1: added by hand, not parsed from the file
 )
 
 kb_section = Table(

@@ -23,6 +23,7 @@ from pipeline.retrieval.kb_indexes import DEFAULT_KB_ID
 
 from . import guard
 from .audit_view import AUDIT_CSS, audit_html, repair_html
+from .chunk_editor import EDITOR_CSS, build_chunk_editor, chunk_marks
 from .confirm import confirm_panel
 from .debug_view import build_debug_view
 from .guard import reader_of, request_user
@@ -218,6 +219,7 @@ def chunks_html(chunks: list[dict]) -> str:
             meta.append(esc(c["source"]))
         if c.get("context"):
             meta.append(f'<span class="kbc-ctx">{esc(c["context"])}</span>')
+        meta.extend(chunk_marks(c))  # length, 已停用, 已修改, 手动添加 (ui/chunk_editor.py)
         cards.append(f'<div class="kbc" data-chunk="{esc(c.get("chunk_id"))}" data-view-chunk="{esc(c.get("chunk_id"))}"'
                      f' title="点击查看原文中的位置"><div class="kbc-head">'
                      f'{" · ".join(meta)}</div><div class="kbc-text">{esc(c.get("text"))}</div></div>')
@@ -309,7 +311,8 @@ def build_kb_tab(engine, badge=None, policy: AccessPolicy | None = None) -> dict
                 with gr.Row(equal_height=True):
                     chunk_title = gr.Markdown("")
                     chunk_close = gr.Button("关闭", size="sm", scale=0, min_width=70)
-                chunk_view = gr.HTML("", css_template=TABLE_CSS, elem_id="kb-chunks", js_on_load=OPENER_JS)
+                chunk_view = gr.HTML("", css_template=TABLE_CSS + EDITOR_CSS, elem_id="kb-chunks", js_on_load=OPENER_JS)
+                editor = build_chunk_editor(engine, policy, view_id, chunk_view, chunks_html)
             versions = build_versions_panel()
             view_btn = gr.Button("查看块", visible=False)  # the API route of the row action (kb_chunks)
             timer = gr.Timer(REFRESH_SECONDS, active=False)
@@ -535,10 +538,11 @@ def build_kb_tab(engine, badge=None, policy: AccessPolicy | None = None) -> dict
 
     table.click(kb_action, None, [view_id, chunk_panel, chunk_title, chunk_view, del_id, del_confirm, del_text,
                                   del_msg, versions.group, versions.title, versions.view, versions.msg],
-                api_name=False)
+                api_name=False).then(editor.load, [view_id], editor.outputs, api_name=False)
     versions.view.click(kb_restore, [page, keyword, kb], [versions.title, versions.view, versions.msg,
                                                           *list_outputs], api_name="kb_restore")
-    view_btn.click(kb_chunks, [view_id], [chunk_panel, chunk_title, chunk_view], api_name="kb_chunks")
+    view_btn.click(kb_chunks, [view_id], [chunk_panel, chunk_title, chunk_view], api_name="kb_chunks").then(
+        editor.load, [view_id], editor.outputs, api_name=False)
     chunk_close.click(lambda: gr.update(visible=False), None, chunk_panel, api_name=False)
     del_yes.click(kb_delete, [del_id, page, keyword, kb], [del_confirm, del_msg, del_id, *list_outputs],
                   api_name="kb_delete", concurrency_limit=1, show_progress_on=[del_msg])

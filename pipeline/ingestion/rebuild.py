@@ -5,6 +5,8 @@ model, in a thread.
 Uploads and deletes are refused while it runs — in every app process sharing the database: the rebuild holds
 the named lease `kb_rebuild` (store/leases.py) and the others ask `running_elsewhere`. Vectors of another model
 are dropped first — two models' vectors are never mixed, so that case needs the rebuild of all knowledge bases.
+A document whose chunks a KB admin curated (edited, disabled, added: pipeline/services/chunks.py) is not re-parsed:
+`keep_curated` re-derives its tokens and vectors from the stored chunk text, so the edits survive.
 """
 from __future__ import annotations
 
@@ -25,9 +27,11 @@ LEASE = "kb_rebuild"
 
 
 class Rebuild:
-    def __init__(self, components: Components, on_change: Callable[..., None]):
+    def __init__(self, components: Components, on_change: Callable[..., None],
+                 keep_curated: Callable[[dict], bool] = lambda doc: False):
         self._c = components
         self._on_change = on_change  # the change hook (pipeline.services.changes): caches, counter, BM25
+        self._keep_curated = keep_curated  # True: the document's curated chunks were re-indexed as they are
         self._lock = threading.Lock()
         self._status = {"running": False, "done": 0, "total": 0, "current": "", "error": None, "elapsed_ms": None,
                         "eta_s": None}
@@ -85,6 +89,15 @@ class Rebuild:
             time.sleep(0.1)
         return self.status()
 
+    def _kept(self, doc: dict) -> bool:
+        """A curated document re-indexed from its stored chunks. One that fails to re-index is left as it was
+        (never re-parsed: that would discard the edits) and logged; the rebuild goes on."""
+        try:
+            return self._keep_curated(doc)
+        except Exception:
+            log.exception("rebuild: re-indexing the curated chunks of %s failed; left as it was", doc["file_name"])
+            return True
+
     def _run(self, docs: list[dict], kb_id: int | None) -> None:
         c, st = self._c, self._status
         t0 = time.perf_counter()
@@ -106,7 +119,10 @@ class Rebuild:
             for i, doc in enumerate(docs):
                 st["current"], st["current_id"] = doc["file_name"], doc["doc_id"]
                 st["current_kb_id"] = doc.get("kb_id")  # who may see the name (KBAccess.redact_progress)
-                if c.docs.get(doc["doc_id"]) is not None:
+                fresh = c.docs.get(doc["doc_id"])
+                if fresh is not None and self._kept(fresh):
+                    c.ingest.progress.finish(doc["doc_id"])
+                elif fresh is not None:
                     c.docs.set_status(doc["doc_id"], "processing", None, "全量重建中")
                     c.ingest.process(doc["doc_id"])
                 done_bytes += int(doc.get("file_size") or 0)

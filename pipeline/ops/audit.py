@@ -34,6 +34,7 @@ CHECKS: dict[str, tuple[str, str | None]] = {
     "missing_files": ("文档的原始文件在磁盘上丢失", None),
     "unreferenced_files": ("uploads/ 中有不属于任何文档的文件", "删除这些文件（先在报告中列出）"),
     "orphan_vectors": ("向量库中有不属于任何块的向量", "删除这些向量"),
+    "disabled_vectors": ("已停用的块仍在向量库中（向量检索可能找到它）", "删除这些向量"),
     "missing_vectors": ("就绪文档的块在向量库中没有向量", "按块文本重新向量化"),
     "vector_text_mismatch": ("向量库中保存的文本或文档号与 SQLite 中的块不一致", "按块文本重新向量化"),
     "token_mismatch": ("存储的 BM25 分词与块文本重新分词的结果不一致", "按块文本重新分词并重建 BM25 索引"),
@@ -120,6 +121,8 @@ class KBAuditor:
         with freeze, self.vectors.write_lock:
             docs = {d["doc_id"]: d for d in self.docs.all_docs()}
             chunks = self.docs.audit_rows()
+            # switched off by a KB admin: out of both indexes on purpose, neither missing nor to be re-added
+            disabled = self.docs.disabled_chunk_ids()
             contexts = self.docs.chunk_contexts()
             vectors = self.vectors.entries()
             files = self.files.listing()
@@ -154,16 +157,18 @@ class KBAuditor:
                                if c not in chunk_text])
         if not findings or findings[0].check != "model_mismatch":  # re-embedding everything covers these
             add("missing_vectors", [{"chunk_id": c, "doc_id": d} for c, (d, _) in sorted(chunk_text.items())
-                                    if d in ready and c not in vectors])
+                                    if d in ready and c not in vectors and c not in disabled])
             add("vector_text_mismatch", [{"chunk_id": c, "doc_id": d} for c, (d, t) in sorted(chunk_text.items())
                                          if c in vectors and vectors[c] != (d, t)])
+        add("disabled_vectors", [{"chunk_id": c, "doc_id": vectors[c][0]} for c in sorted(disabled & vectors.keys())])
         if check_tokens:
             add("token_mismatch", [{"chunk_id": c, "doc_id": d} for c, d, t, tok in sorted(chunks)
                                    if decode_tokens(tok) != self.tokenizer(indexed_text(t, contexts.get(c)))])
         if bm25 is not None:  # an old (inactive) version is meant to be out of BM25
             searchable = {d for d in ready if docs[d].get("active", 1) == 1}
             add("bm25_missing", [{"chunk_id": c} for c in sorted(c for c, (d, _) in chunk_text.items()
-                                                                if d in searchable and c not in bm25)])
+                                                                if d in searchable and c not in bm25
+                                                                and c not in disabled)])
         add("stuck_processing", [{"doc_id": d, "file_name": doc["file_name"]} for d, doc in docs.items()
                                  if doc["status"] == "processing" and d not in jobs])
         add("ready_without_chunks", [{"doc_id": d, "file_name": docs[d]["file_name"]} for d in sorted(ready)
@@ -176,7 +181,8 @@ class KBAuditor:
         add("failed_with_data", [{"doc_id": d, "file_name": docs[d]["file_name"], "chunks": len(by_doc.get(d, ()))}
                                  for d in sorted(failed) if by_doc.get(d) or d in failed_vec])
 
-        counts = {"docs": len(docs), "ready_docs": len(ready), "chunks": len(chunks), "vectors": len(vectors),
+        counts = {"docs": len(docs), "ready_docs": len(ready), "chunks": len(chunks), "disabled_chunks": len(disabled),
+                  "vectors": len(vectors),
                   "files": len(files), "bm25_chunks": None if bm25 is None else len(bm25),
                   "embedding_model": models.stored}
         flags = []

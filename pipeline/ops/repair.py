@@ -79,6 +79,7 @@ class KBRepairer:
         if "model_mismatch" in ids and "model_not_loaded" not in ids:
             self._reembed_all(res)
         self._drop_orphans([i["chunk_id"] for i in ids.get("orphan_vectors", [])], res)
+        self._drop_disabled([i["chunk_id"] for i in ids.get("disabled_vectors", [])], res)
         self._drop_failed_data([i["doc_id"] for i in ids.get("failed_with_data", [])], res)
         self._reembed([i["chunk_id"] for i in ids.get("missing_vectors", []) + ids.get("vector_text_mismatch", [])],
                       res)
@@ -103,14 +104,16 @@ class KBRepairer:
         done = 0
         for start in range(0, len(chunk_ids), EMBED_BATCH):
             rows = self.docs.get_chunks(chunk_ids[start:start + EMBED_BATCH])
-            batch = [rows[c] for c in chunk_ids[start:start + EMBED_BATCH] if c in rows]
+            # a chunk a KB admin switched off stays out of the vector route (pipeline/services/chunks.py)
+            batch = [rows[c] for c in chunk_ids[start:start + EMBED_BATCH] if c in rows and rows[c].get("enabled", 1)]
             if not batch:
                 continue
             embs = self.hooks.embed([indexed_text(r["text"], r.get("context")) for r in batch])  # as ingest does
             with self.write_lock.frozen():
                 now = self.docs.get_chunks([r["chunk_id"] for r in batch])
-                keep = [(r, e) for r, e in zip(batch, embs)  # still there with the text we embedded
-                        if r["chunk_id"] in now and now[r["chunk_id"]]["text"] == r["text"]]
+                keep = [(r, e) for r, e in zip(batch, embs)  # still there, enabled, with the text we embedded
+                        if r["chunk_id"] in now and now[r["chunk_id"]]["text"] == r["text"]
+                        and now[r["chunk_id"]].get("enabled", 1)]
                 if not keep:
                     continue
                 ids = [r["chunk_id"] for r, _ in keep]
@@ -142,6 +145,14 @@ class KBRepairer:
             gone = [c for c in chunk_ids if c not in alive]
             self.vectors.delete_ids(gone)
         res.did("orphan_vectors", len(gone), "删除孤立向量")
+
+    def _drop_disabled(self, chunk_ids: list[int], res: RepairResult) -> None:
+        if not chunk_ids:
+            return
+        with self.write_lock.frozen():
+            off = self.docs.disabled_chunk_ids() & set(chunk_ids)  # still switched off now
+            self.vectors.delete_ids(sorted(off))
+        res.did("disabled_vectors", len(off), "删除已停用块的向量")
 
     def _drop_failed_data(self, doc_ids: list[int], res: RepairResult) -> None:
         n = 0

@@ -18,8 +18,10 @@ ChunkLookup = Callable[[list[int]], dict[int, dict]]
 
 
 def retrievable(row: dict | None) -> bool:
-    """A chunk row both routes may return: its document is 就绪 and the active version (store.documents)."""
-    return row is not None and row.get("status") == "ready" and row.get("active", 1) == 1
+    """A chunk row both routes may return: its document is 就绪 and the active version (store.documents), and a
+    KB admin has not switched the chunk off (read per question: every process sees a disable at once)."""
+    return (row is not None and row.get("status") == "ready" and row.get("active", 1) == 1
+            and row.get("enabled", 1) == 1)
 
 
 def node_from_row(row: dict) -> TextNode:

@@ -63,7 +63,7 @@ class AuditLog:
     def admin(self, actor: Actor | None, action: str, detail: dict | None = None,
               kb_ids: list[int] | None = None) -> None:
         """An admin action (settings.update, engine.reload, key.create, key.revoke, document.delete, kb.create,
-        kb.update, kb.readers, kb.delete …) by `actor`."""
+        kb.update, kb.readers, kb.delete, chunk.edit / restore / disable / enable / add / reparse …) by `actor`."""
         a = actor or Actor(None)
         self._add(actor=a.name, door=a.door, kind="admin", action=action, outcome="ok", kb_ids=kb_ids,
                   detail=detail)
