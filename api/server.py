@@ -20,7 +20,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from starlette.concurrency import run_in_threadpool
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from api import openai_compat, security_headers
+from api import openai_compat, security_headers, sources
 from api.auth_first import AuthBeforeBody
 from api.body_limit import BodyLimit
 from api.int_range import IntRange
@@ -627,6 +627,7 @@ def create_api(engine: Engine, policy: AccessPolicy | None = None, bind_host: st
         return ok(engine.health(kb_id, caller.reader))
 
     app.include_router(openai_compat.router(engine, caller_of))
+    app.include_router(sources.router(engine, caller_of))  # web pages and folders a KB follows
 
     # --- MCP (streamable HTTP at /mcp): the same callers, readers and rate limits as above ---------------
     def mcp_caller(request: Request) -> Caller:

@@ -45,6 +45,7 @@ from pipeline.services.audit_log import AuditLog
 from pipeline.services.changes import SearchableChanges
 from pipeline.services.conversations import ConversationDesk
 from pipeline.services.documents import DocumentService
+from pipeline.services.folder_sync import FolderSync
 from pipeline.services.knowledge_bases import KnowledgeBaseService
 from pipeline.services.lifecycle import Lifecycle
 from pipeline.services.login_throttle import LoginThrottle
@@ -53,6 +54,8 @@ from pipeline.services.rate_limits import RateLimiter
 from pipeline.services.retry_cache import StoredRetrievals
 from pipeline.services.settings import SettingsService
 from pipeline.services.shared_sync import SharedSync
+from pipeline.services.source_schedule import SourceSchedule
+from pipeline.services.web_sources import WebSources
 from pipeline.settings import SECRET_FIELDS, Settings
 from store.api_keys import ApiKeyStore, RateWindowStore
 from store.audit_log import AuditLogStore
@@ -229,6 +232,13 @@ def build_ops(c: Components, *, model_ids: Callable[[], Any], has_job: Callable[
 
 
 @dataclass
+class Sources:
+    web: WebSources
+    folders: FolderSync
+    schedule: SourceSchedule  # the per-URL / per-folder intervals
+
+
+@dataclass
 class Services:
     """What the doors (ui/, api/, app.py) talk to, each built once over one `Components`."""
 
@@ -246,9 +256,12 @@ class Services:
     rate_limits: RateLimiter       # requests per minute per key / login, counted in the database
     audit: AuditLog                # who asked what through which door, and the admin actions
     login_throttle: LoginThrottle  # failed logins slow down, then lock (per user and per address)
+    sources: Sources | None = None  # web pages and the folder a knowledge base follows
 
     def close(self) -> None:
         """Background work that writes into the data dir ends (or is waited for) before the stores close."""
+        if self.sources is not None:
+            self.sources.schedule.close()
         self.sync.close()
         self.components.close()
 
@@ -297,6 +310,10 @@ def build_services(data_dir: Path | str, *, project_root: Path | None = None, mo
                    ApiKeyService(ApiKeyStore(c.db), lambda kb_id: c.kbs.check(kb_id, fresh=True), audit),
                    RateLimiter(windows, lambda: settings.current.api_rate_limit_per_min,
                                lambda: settings.current.login_rate_limit_per_min), audit, LoginThrottle(windows))
+    web = WebSources(c, svc.documents, audit, lambda: settings.current)
+    folders = FolderSync(c, svc.documents, audit, lambda: settings.current)
+    svc.sources = Sources(web, folders, SourceSchedule([web.run_due, folders.run_due],
+                                                       ready=lambda: lifecycle.state == "ready"))
     return svc
 
 

@@ -1,0 +1,372 @@
+"""网页导入 through the real engine, fetching from a real HTTP server on 127.0.0.1 (http.server in a thread): a normal
+article (its main text searchable, the navigation not), a 404 (a failed document with the reason, nothing
+indexed), a 10 MB page (refused by the size limit, quickly), redirect loops (bounded), a page that changes
+between two fetches (a new version) and one that does not (no new version), the interval scheduler, the audit
+log, and the REST doors (KB admins only).
+
+127.0.0.1 is loopback, so the module's engine allows private addresses (the admin setting); the guard itself is
+tested on the resolver's answer (socket.getaddrinfo monkeypatched) — no traffic is ever sent to those ranges.
+"""
+from __future__ import annotations
+
+import socket
+import threading
+import time
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+import pytest
+
+from pipeline.access.policy import AccessPolicy
+from pipeline.errors import EngineError
+from pipeline.generation.llm_target import AddressRefused, fetch_addresses
+from pipeline.ingestion import web_fetch
+from pipeline.ingestion.web_fetch import FetchFailed, FetchLimits
+from tests.live import LiveApp
+from tests.shared_data import RULES, needs
+from tests.tiny_engine import real_paragraphs, tiny_engine, tiny_model, wait_idle
+
+pytestmark = needs(RULES)
+
+NAV_WORD = "鹦鹉螺导航菜单专栏"     # only in the page's navigation and footer: boilerplate
+MISSING_WORD = "琥珀色迷路告示牌"   # only in the 404 page's body
+OLD_WORD, NEW_WORD = "青铜版甲号条款", "白银版乙号条款"
+HUGE = 10 * 1024 * 1024
+ADMIN, KBA, BOB = ("root", "r-pw"), ("kba", "k-pw"), ("bob", "b-pw")
+
+
+def article(paragraphs: list[str], extra: str = "") -> bytes:
+    nav = "".join(f"<li><a href='/p{i}'>{NAV_WORD}{i}</a></li>" for i in range(8))
+    body = "".join(f"<p>{p}</p>" for p in paragraphs)
+    return (f"<!doctype html><html><head><meta charset='utf-8'><title>监督规则</title></head><body>"
+            f"<header><nav><ul>{nav}</ul></nav></header><main><article><h1>行政诉讼监督规则</h1>{body}{extra}"
+            f"</article></main><footer><p>{NAV_WORD} 版权所有 联系我们</p></footer></body></html>").encode()
+
+
+class Site:
+    """The pages, and what the server saw (hits per path, bytes of the huge page written)."""
+
+    def __init__(self):
+        paras = real_paragraphs()
+        self.article = article(paras[:12])
+        self.changing = article(paras[12:16], f"<p>本页当前条款标记为{OLD_WORD}，供核对修订前后差异之用。</p>")
+        self.stable = article(paras[16:20])
+        self.hits: dict[str, int] = {}
+        self.lock = threading.Lock()
+
+    def hit(self, path: str) -> None:
+        with self.lock:
+            self.hits[path] = self.hits.get(path, 0) + 1
+
+    def count(self, path: str) -> int:
+        with self.lock:
+            return self.hits.get(path, 0)
+
+
+def make_handler(site: Site):
+    class Handler(BaseHTTPRequestHandler):
+        def log_message(self, *a):
+            pass
+
+        def _send(self, status: int, body: bytes, ctype: str = "text/html; charset=utf-8", **headers):
+            self.send_response(status)
+            self.send_header("Content-Type", ctype)
+            self.send_header("Content-Length", str(len(body)))
+            for k, v in headers.items():
+                self.send_header(k.replace("_", "-"), v)
+            self.end_headers()
+            self.wfile.write(body)
+
+        def do_GET(self):
+            site.hit(self.path)
+            p = self.path.split("?", 1)[0]  # a query string makes another URL (another document) of the same page
+            if p == "/article":
+                self._send(200, site.article)
+            elif p == "/missing":
+                self._send(404, article([f"抱歉，您访问的页面不存在。{MISSING_WORD}。请返回首页继续浏览其他栏目内容。"] * 3))
+            elif p == "/huge-declared":
+                self.send_response(200)
+                self.send_header("Content-Type", "text/html")
+                self.send_header("Content-Length", str(HUGE))
+                self.end_headers()
+                self._stream(HUGE)
+            elif p == "/huge-streamed":  # no Content-Length: the limit must stop the read itself
+                self.send_response(200)
+                self.send_header("Content-Type", "text/html")
+                self.send_header("Connection", "close")
+                self.end_headers()
+                self._stream(HUGE)
+            elif p == "/loop":
+                self._send(302, b"", Location="/loop")
+            elif p.startswith("/chain/"):
+                self._send(302, b"", Location=f"/chain/{int(p.rsplit('/', 1)[1]) + 1}")
+            elif p == "/to-metadata":
+                self._send(302, b"", Location="http://cloud-metadata.test/latest/")
+            elif p == "/changing":
+                self._send(200, site.changing)
+            elif p == "/stable":
+                self._send(200, site.stable)
+            elif p == "/image":
+                self._send(200, b"\x89PNG....", "image/png")
+            else:
+                self._send(404, b"no")
+
+        def _stream(self, n: int) -> None:
+            block = b"<p>" + "填充内容".encode() * 5000 + b"</p>"
+            sent = 0
+            try:
+                while sent < n:
+                    self.wfile.write(block)
+                    sent += len(block)
+            except OSError:
+                pass  # the client hung up: what the size limit is for
+
+    return Handler
+
+
+@pytest.fixture(scope="module")
+def site():
+    s = Site()
+    server = ThreadingHTTPServer(("127.0.0.1", 0), make_handler(s))
+    server.daemon_threads = True
+    t = threading.Thread(target=server.serve_forever, daemon=True)
+    t.start()
+    s.base = f"http://127.0.0.1:{server.server_address[1]}"
+    yield s
+    server.shutdown()
+    server.server_close()
+
+
+@pytest.fixture(scope="module")
+def engine(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("web-sources")
+    e = tiny_engine(tmp / "data", tiny_model(tmp / "tiny"), web_allow_private=True, web_fetch_timeout_s=5.0,
+                    web_max_page_bytes=1_000_000, web_max_redirects=4)
+    yield e
+    e.close()
+
+
+def bm25_texts(engine, query: str, kb_id: int = 1) -> list[str]:
+    return [h["text"] for h in engine.search(query, 10, kb_ids=[kb_id])["bm25"]]
+
+
+def doc_of(engine, src: dict) -> dict:
+    return engine.get_document(src["last_doc_id"])
+
+
+def limits(**kw) -> FetchLimits:
+    base = {"timeout_s": 5.0, "max_bytes": 1_000_000, "max_redirects": 4, "allow_private": True}
+    return FetchLimits(**{**base, **kw})
+
+
+# --- the page kinds -------------------------------------------------------------------------------------------
+def test_article_main_text_searchable_navigation_not(engine, site):
+    src = engine.add_web_source(1, f"{site.base}/article")
+    assert src["status"] == "ok", src
+    wait_idle(engine)
+    doc = doc_of(engine, src)
+    assert doc["status"] == "ready" and doc["file_name"] == src["doc_name"] and doc["file_name"].endswith(".md")
+    text = "\n".join(ch["text"] for ch in engine.document_chunks(doc["doc_id"]))
+    first = real_paragraphs()[0]
+    assert first[:30] in text
+    assert NAV_WORD not in text and "版权所有" not in text
+    hits = bm25_texts(engine, first[:40])
+    assert any(first[:20] in h for h in hits), hits
+    assert not any(NAV_WORD in h for h in bm25_texts(engine, NAV_WORD))
+    # the snapshot is the stored original, and the source URL is recorded with it
+    path, _ = engine.document_file(doc["doc_id"])
+    assert f"来源：{site.base}/article" in path.read_text(encoding="utf-8")
+    assert engine.list_web_sources(1)[0]["url"] == f"{site.base}/article"
+
+
+def test_404_is_a_failed_document_with_reason_nothing_indexed(engine, site):
+    src = engine.add_web_source(1, f"{site.base}/missing")
+    assert src["status"] == "failed" and "404" in src["message"]
+    doc = doc_of(engine, src)
+    assert doc["status"] == "failed" and "404" in doc["fail_reason"]
+    assert engine.document_chunks(doc["doc_id"]) == []
+    wait_idle(engine)
+    assert not any(MISSING_WORD in h for h in bm25_texts(engine, MISSING_WORD))
+    listed = {d["doc_id"]: d for d in engine.list_documents(1, 100, kb_id=1)["items"]}
+    assert listed[doc["doc_id"]]["status"] == "failed"  # the admin sees it, with its reason
+    # a second failure updates the same failed row instead of adding another
+    again = engine.refetch_web_source(src["source_id"])
+    assert again["last_doc_id"] == doc["doc_id"]
+    assert len(engine.document_versions(doc["doc_id"])) == 1
+
+
+@pytest.mark.parametrize("path", ["/huge-declared", "/huge-streamed"])
+def test_10mb_page_refused_by_size_limit_quickly(engine, site, path):
+    t0 = time.monotonic()
+    src = engine.add_web_source(1, f"{site.base}{path}")
+    elapsed = time.monotonic() - t0
+    assert src["status"] == "failed" and "过大" in src["message"], src
+    assert elapsed < 5, elapsed  # refused at the limit (1 MB here), not after reading 10 MB
+    assert engine.document_chunks(src["last_doc_id"]) == []
+
+
+def test_redirect_loops_are_bounded(site):
+    t0 = time.monotonic()
+    with pytest.raises(FetchFailed, match="重定向循环"):
+        web_fetch.fetch(f"{site.base}/loop", limits())
+    before = site.count("/chain/5")
+    with pytest.raises(FetchFailed, match="重定向次数超过 4"):
+        web_fetch.fetch(f"{site.base}/chain/0", limits())
+    assert site.count("/chain/4") >= 1 and site.count("/chain/5") == before  # the 5th hop is never requested
+    assert time.monotonic() - t0 < 5
+
+
+def test_changed_page_new_version_unchanged_page_none(engine, site):
+    changing = engine.add_web_source(1, f"{site.base}/changing")
+    stable = engine.add_web_source(1, f"{site.base}/stable")
+    wait_idle(engine)
+    assert changing["status"] == stable["status"] == "ok"
+    assert any(OLD_WORD in h for h in bm25_texts(engine, OLD_WORD))
+
+    site.changing = site.changing.replace(OLD_WORD.encode(), NEW_WORD.encode())
+    again = engine.refetch_web_source(changing["source_id"])
+    assert again["status"] == "ok" and again["last_doc_id"] != changing["last_doc_id"]
+    wait_idle(engine)
+    versions = engine.document_versions(again["last_doc_id"])
+    assert [v["version"] for v in versions] == [2, 1] and versions[0]["active"] == 1
+    assert any(NEW_WORD in h for h in bm25_texts(engine, NEW_WORD))
+    assert not any(OLD_WORD in h for h in bm25_texts(engine, OLD_WORD))  # the old version left retrieval
+
+    same = engine.refetch_web_source(stable["source_id"])
+    assert same["status"] == "unchanged" and same["last_doc_id"] == stable["last_doc_id"]
+    assert len(engine.document_versions(stable["last_doc_id"])) == 1
+
+
+def test_interval_claims_due_urls_once(engine, site):
+    src = engine.add_web_source(1, f"{site.base}/stable?interval", interval_min=5)
+    assert src["status"] == "ok", src["message"]
+    hits = site.count("/stable?interval")
+    web = engine.web_sources
+    now = time.time()
+    assert web.run_due(now=now + 60) == 0  # not due yet
+    assert web.run_due(now=now + 5 * 60 + 1) == 1
+    assert site.count("/stable?interval") == hits + 1
+    assert web.run_due(now=now + 5 * 60 + 1) == 0  # claimed: the next is due an interval later
+    assert engine.set_web_source_interval(src["source_id"], None)["next_due"] is None
+    assert web.run_due(now=now + 10**6) == 0
+
+
+def test_audit_log_records_add_and_refetch(engine, site):
+    actions = [r["action"] for r in engine.audit_log(1, 500, kind="admin")["items"]]
+    assert "web_source.add" in actions and "web_source.refetch" in actions
+
+
+def test_other_kinds_and_bad_urls_refused(engine, site):
+    src = engine.add_web_source(1, f"{site.base}/image")
+    assert src["status"] == "failed" and "不支持的网页类型" in src["message"]
+    for bad in ("file:///etc/passwd", "ftp://example.com/x", "javascript:alert(1)", "http://"):
+        with pytest.raises(EngineError) as exc:
+            engine.add_web_source(1, bad)
+        assert exc.value.field == "url"
+    with pytest.raises(EngineError, match="已在此知识库"):
+        engine.add_web_source(1, f"{site.base}/article")
+
+
+def test_loopback_refused_when_setting_off_no_traffic(engine, site):
+    engine.update_settings({"web_allow_private": False})
+    try:
+        hits = site.count("/article?off")
+        src = engine.add_web_source(1, f"{site.base}/article?off")
+        assert src["status"] == "failed" and "不允许访问内网或本机地址" in src["message"]
+        assert site.count("/article?off") == hits  # refused before any connection
+    finally:
+        engine.update_settings({"web_allow_private": True})
+
+
+# --- the address guard, on the resolver's answer (nothing is sent to these ranges) ---------------------------
+@pytest.fixture
+def resolver(monkeypatch):
+    """socket.getaddrinfo answering `answers[host]`; socket.create_connection recording (and refusing) any
+    connection attempt, so a test proves none was made."""
+    answers: dict[str, list[str]] = {}
+    attempts: list = []
+
+    def getaddrinfo(host, port, *a, **kw):
+        fam = {True: socket.AF_INET6, False: socket.AF_INET}
+        return [(fam[":" in a_], socket.SOCK_STREAM, 6, "", (a_, port or 0)) for a_ in answers[host]]
+
+    def create_connection(address, *a, **kw):
+        attempts.append(address)
+        raise AssertionError(f"connection attempted to {address}")
+
+    monkeypatch.setattr(socket, "getaddrinfo", getaddrinfo)
+    monkeypatch.setattr(socket, "create_connection", create_connection)
+    return answers, attempts
+
+
+@pytest.mark.parametrize("addr", ["10.1.2.3", "192.168.1.20", "169.254.169.254", "::1", "127.0.0.2", "172.16.5.4",
+                                  "100.64.0.1", "fc00::1", "0.0.0.0"])
+def test_guard_refuses_private_loopback_link_local(resolver, addr):
+    answers, attempts = resolver
+    answers["intranet.test"] = [addr]
+    with pytest.raises(AddressRefused):
+        fetch_addresses("intranet.test", allow_private=False)
+    with pytest.raises(FetchFailed, match="不允许"):
+        web_fetch.fetch("http://intranet.test/page", limits(allow_private=False))
+    assert attempts == []
+
+
+def test_guard_allow_setting_opens_private_not_link_local(resolver):
+    answers, _ = resolver
+    answers["intranet.test"] = ["10.1.2.3"]
+    assert fetch_addresses("intranet.test", allow_private=True) == ["10.1.2.3"]
+    answers["meta.test"] = ["169.254.169.254"]
+    with pytest.raises(AddressRefused, match="链路本地"):
+        fetch_addresses("meta.test", allow_private=True)
+    answers["mixed.test"] = ["93.184.216.34", "192.168.0.9"]  # one bad answer is enough to refuse
+    with pytest.raises(AddressRefused):
+        fetch_addresses("mixed.test", allow_private=False)
+    answers["public.test"] = ["93.184.216.34"]
+    assert fetch_addresses("public.test", allow_private=False) == ["93.184.216.34"]
+
+
+def test_every_redirect_hop_is_vetted(site, monkeypatch):
+    """The first hop (the local server) is allowed; its redirect to a name resolving to the metadata address is
+    refused before any connection there."""
+    real = socket.getaddrinfo
+    connections: list = []
+    real_connect = socket.create_connection
+
+    def getaddrinfo(host, port, *a, **kw):
+        if host == "cloud-metadata.test":
+            return [(socket.AF_INET, socket.SOCK_STREAM, 6, "", ("169.254.169.254", port or 0))]
+        return real(host, port, *a, **kw)
+
+    def create_connection(address, *a, **kw):
+        connections.append(address[0])
+        return real_connect(address, *a, **kw)
+
+    monkeypatch.setattr(socket, "getaddrinfo", getaddrinfo)
+    monkeypatch.setattr(socket, "create_connection", create_connection)
+    with pytest.raises(FetchFailed, match="链路本地或云主机元数据"):
+        web_fetch.fetch(f"{site.base}/to-metadata", limits())
+    assert connections == ["127.0.0.1"]
+
+
+# --- REST: KB admins only -------------------------------------------------------------------------------------
+def test_rest_web_sources_kb_admin_only(engine, site):
+    policy = AccessPolicy.from_args([":".join(ADMIN), ":".join(KBA), ":".join(BOB)], [ADMIN[0]], [KBA[0]])
+    app = LiveApp(engine, policy)
+    try:
+        with app.http(auth=BOB) as http:
+            r = http.post("/api/kbs/1/web-sources", json={"url": f"{site.base}/stable?rest"})
+            assert r.status_code == 403 and r.json()["code"] == 4003
+            assert http.get("/api/kbs/1/web-sources").json()["code"] == 4003
+        with app.http(auth=KBA) as http:
+            r = http.post("/api/kbs/1/web-sources", json={"url": f"{site.base}/stable?rest", "interval_min": 60})
+            body = r.json()
+            assert body["code"] == 0 and body["data"]["status"] == "ok", body["data"]["message"]
+            assert body["data"]["interval_min"] == 60
+            sid = body["data"]["source_id"]
+            assert any(s["source_id"] == sid for s in http.get("/api/kbs/1/web-sources").json()["data"])
+            assert http.post(f"/api/web-sources/{sid}/refetch").json()["data"]["status"] == "unchanged"
+            assert http.put(f"/api/web-sources/{sid}", json={"interval_min": None}).json()["data"]["interval_min"] is None
+            assert http.delete(f"/api/web-sources/{sid}").json()["data"]["removed"] is True
+        rows = engine.audit_log(1, 50, kind="admin")["items"]
+        assert any(r["action"] == "web_source.refetch" and r["actor"] == "kba" and r["door"] == "rest" for r in rows)
+    finally:
+        app.stop(close_engine=False)
