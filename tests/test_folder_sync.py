@@ -151,15 +151,16 @@ def test_folder_path_checked(env, tmp_path):
         assert exc.value.field == "path"
 
 
+@pytest.mark.slow  # the real app (REST + Gradio page) started in a thread
 def test_rest_folder_path_admin_only_sync_kb_admin(env, tmp_path):
     engine, _, kb = env
     other = tmp_path / "other"
     other.mkdir()
     shutil.copy2(TEXT, other / "说明.txt")
     policy = AccessPolicy.from_args([":".join(ADMIN), ":".join(KBA)], [ADMIN[0]], [KBA[0]])
+    other_kb = engine.create_kb("REST 文件夹")["kb_id"]  # before the app: the page's picker lists it
     app = LiveApp(engine, policy)
     try:
-        other_kb = engine.create_kb("REST 文件夹")["kb_id"]
         with app.http(auth=KBA) as http:
             r = http.put(f"/api/kbs/{other_kb}/folder", json={"path": str(other)})
             assert r.status_code == 403 and r.json()["code"] == 4003  # the path is the admin's to set
@@ -170,6 +171,18 @@ def test_rest_folder_path_admin_only_sync_kb_admin(env, tmp_path):
             assert rep["added"] == ["说明.txt"]
             got = http.get(f"/api/kbs/{other_kb}/folder").json()["data"]
             assert got["path"] == str(other.resolve()) and got["last_report"]["added"] == 1
+        wait_idle(engine)
+
+        # the page: the path is the admin's (a KB admin is refused), 同步 shows the report
+        third = tmp_path / "third"
+        third.mkdir()
+        shutil.copy2(RULES, third / "规则.md")
+        with pytest.raises(Exception, match="仅管理员"):
+            app.client(auth=KBA).predict(str(third), None, other_kb, api_name="/src_set_folder")
+        msg, _, report = app.client(auth=ADMIN).predict(str(third), None, other_kb, api_name="/src_set_folder")
+        assert "已保存" in msg and str(third.resolve()) in report
+        msg, _, report = app.client(auth=KBA).predict(other_kb, api_name="/src_sync")
+        assert "新增 1" in msg and "新增：规则.md" in report  # (a new path starts afresh: 说明.txt stays)
         wait_idle(engine)
     finally:
         app.stop(close_engine=False)

@@ -348,6 +348,7 @@ def test_every_redirect_hop_is_vetted(site, monkeypatch):
 
 
 # --- REST: KB admins only -------------------------------------------------------------------------------------
+@pytest.mark.slow  # the real app (REST + Gradio page) started in a thread
 def test_rest_web_sources_kb_admin_only(engine, site):
     policy = AccessPolicy.from_args([":".join(ADMIN), ":".join(KBA), ":".join(BOB)], [ADMIN[0]], [KBA[0]])
     app = LiveApp(engine, policy)
@@ -368,5 +369,20 @@ def test_rest_web_sources_kb_admin_only(engine, site):
             assert http.delete(f"/api/web-sources/{sid}").json()["data"]["removed"] is True
         rows = engine.audit_log(1, 50, kind="admin")["items"]
         assert any(r["action"] == "web_source.refetch" and r["actor"] == "kba" and r["door"] == "rest" for r in rows)
+
+        # the page (知识库 → 网页与文件夹同步): add, list with status, 重新抓取; a plain user is refused
+        page = app.client(auth=KBA)
+        msg, table, _ = page.predict(f"{site.base}/stable?page", None, 1, api_name="/src_add_url")
+        assert "已添加" in msg and f"{site.base}/stable?page" in table and "已导入" in table
+        sid = next(s["source_id"] for s in engine.list_web_sources(1) if s["url"].endswith("?page"))
+        msg, table, _ = page.predict(sid, 1, api_name="/src_refetch")
+        assert "未变化" in msg and f'data-source="{sid}"' in table
+        msg, _, _ = page.predict(f"{site.base}/missing?page", None, 1, api_name="/src_add_url")
+        assert "失败" in msg and "404" in msg
+        with pytest.raises(Exception, match="无权限"):
+            app.client(auth=BOB).predict(f"{site.base}/stable?bob", None, 1, api_name="/src_add_url")
+        assert not any(s["url"].endswith("?bob") for s in engine.list_web_sources(1))
+        assert any(r["action"] == "web_source.add" and r["door"] == "page" and r["actor"] == "kba"
+                   for r in engine.audit_log(1, 50, kind="admin")["items"])
     finally:
         app.stop(close_engine=False)

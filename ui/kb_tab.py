@@ -30,6 +30,7 @@ from .header import badge_html
 from .kb_spaces import build_kb_manager, kb_choices
 from .render import esc
 from .safe_markdown import safe_markdown
+from .sources_section import build_sources_section
 from .versions_view import build_versions_panel, show_versions
 from .viewer import OPENER_JS, build_viewer
 
@@ -273,6 +274,7 @@ def build_kb_tab(engine, badge=None, policy: AccessPolicy | None = None) -> dict
             upload = gr.File(label="拖拽或点击上传（txt / md / pdf / docx / xlsx / csv，单个 ≤ 20 MB，一次 ≤ 10 个）",
                              file_count="multiple", file_types=FILE_TYPES, height=140, elem_id="kb-upload")
             upload_msg = gr.HTML("", elem_id="kb-upload-msg", css_template=TABLE_CSS)
+            sources = build_sources_section(engine, policy)  # 网页 and the synced folder (ui/sources_section.py)
             with gr.Row(equal_height=True):
                 keyword = gr.Textbox(show_label=False, placeholder="按文件名搜索", scale=4, max_lines=1,
                                      elem_id="kb-keyword", container=False)
@@ -518,6 +520,7 @@ def build_kb_tab(engine, badge=None, policy: AccessPolicy | None = None) -> dict
     gr.on(None, load_kbs, None, [kb], api_name=False,
           show_progress="hidden")
     spaces.wire(lambda kb_id, request: list_values(1, "", request, kb_id), list_outputs)
+    sources.wire(kb)
     refresh_btn.click(kb_list, [page, keyword, kb], list_outputs, api_name="kb_list")
     timer.tick(kb_list, [page, keyword, kb], list_outputs, api_name=False, show_progress="hidden",
                trigger_mode="always_last")
