@@ -386,3 +386,66 @@ def test_rest_web_sources_kb_admin_only(engine, site):
                    for r in engine.audit_log(1, 50, kind="admin")["items"])
     finally:
         app.stop(close_engine=False)
+
+
+# --- the stores on both dialects: each due source claimed by one process only ---------------------------------
+@pytest.fixture(params=["sqlite", pytest.param("postgresql", marks=pytest.mark.slow)])  # a PostgreSQL server: slow
+def target(request, tmp_path):
+    if request.param == "sqlite":
+        return tmp_path / "app.db"
+    return request.getfixturevalue("pg_server").create_database()
+
+
+def test_due_sources_claimed_once_across_processes(target):
+    from store.db import Database
+    from store.knowledge_bases import KBStore
+    from store.sources import FolderSourceStore, WebSourceStore
+
+    dbs = [Database(target) for _ in range(3)]  # three app processes on one database
+    try:
+        kb = KBStore(dbs[0]).create("来源", "")["kb_id"]
+        stores = [WebSourceStore(d) for d in dbs]
+        now = 1_000_000.0
+        ids = {stores[0].add(kb, f"https://example.org/{i}", f"n{i}.md", 5, "t", now)["source_id"] for i in range(20)}
+        got: list[list[int]] = [[] for _ in stores]
+        threads = [threading.Thread(target=lambda i=i: got[i].extend(stores[i].claim_due(now + 301)))
+                   for i in range(len(stores))]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        every = [s for mine in got for s in mine]
+        assert sorted(every) == sorted(ids)  # each exactly once
+        assert all(stores[1].get(s)["next_due"] == now + 301 + 300 for s in ids)
+
+        folders = FolderSourceStore(dbs[1])
+        src = folders.set(kb, "/srv/a", None, "t", now)
+        folders.put_file(src["source_id"], "x/y.txt", doc_name="x／y.txt", size=1, mtime=2.5, md5="a" * 32,
+                         lineage_id=None, state="ok")
+        folders.put_file(src["source_id"], "x/y.txt", doc_name="x／y.txt", size=3, mtime=4.5, md5="b" * 32,
+                         lineage_id=7, state="flagged")  # the upsert
+        assert folders.files(src["source_id"])["x/y.txt"]["md5"] == "b" * 32
+        rid = folders.add_report(src["source_id"], kb, {"started_at": now, "finished_at": now + 1, "cause": "manual",
+                                                        "added": ["a"], "updated": [], "removed": [], "failed": [],
+                                                        "unchanged": ["b", "c"]})
+        rep = folders.reports(src["source_id"])[0]
+        assert rep["report_id"] == rid and (rep["added"], rep["unchanged"]) == (1, 2) and rep["detail"]["added"] == ["a"]
+        KBStore(dbs[2]).delete(kb)  # the sources go with their knowledge base
+        assert stores[2].list(kb) == [] and folders.of_kb(kb) is None
+    finally:
+        for d in dbs:
+            d.close()
+
+
+def test_refetch_refused_while_another_process_fetches(engine, site):
+    src = engine.add_web_source(1, f"{site.base}/stable?lease", interval_min=1)
+    leases = engine.components.leases
+    assert leases.acquire(f"web_source:{src['source_id']}", "other-host:1:x", 60)
+    try:
+        hits = site.count("/stable?lease")
+        with pytest.raises(EngineError, match="正在抓取"):
+            engine.refetch_web_source(src["source_id"])
+        assert engine.web_sources.run_due(now=time.time() + 61) >= 1  # claimed, but the lease says: skip
+        assert site.count("/stable?lease") == hits
+    finally:
+        leases.release(f"web_source:{src['source_id']}", "other-host:1:x")
