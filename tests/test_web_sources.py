@@ -22,10 +22,11 @@ from pipeline.generation.llm_target import AddressRefused, fetch_addresses
 from pipeline.ingestion import web_fetch
 from pipeline.ingestion.web_fetch import FetchFailed, FetchLimits
 from tests.live import LiveApp
-from tests.shared_data import RULES, needs
+from tests.shared_data import DOCS, RULES, needs
 from tests.tiny_engine import real_paragraphs, tiny_engine, tiny_model, wait_idle
 
-pytestmark = needs(RULES)
+PORTAL = DOCS / "gbk" / "iconv-lite_gbkFile_baidu_html.txt"  # a real search portal's home page, GB2312
+pytestmark = needs(RULES, PORTAL)
 
 NAV_WORD = "鹦鹉螺导航菜单专栏"     # only in the page's navigation and footer: boilerplate
 MISSING_WORD = "琥珀色迷路告示牌"   # only in the 404 page's body
@@ -105,6 +106,14 @@ def make_handler(site: Site):
                 self._send(200, site.changing)
             elif p == "/stable":
                 self._send(200, site.stable)
+            elif p == "/gbk":  # charset only in the page's <meta>, bytes in GBK
+                self._send(200, site.article.replace(b"charset='utf-8'", b"charset='gbk'").decode().encode("gbk"),
+                           "text/html")
+            elif p == "/portal":
+                self._send(200, PORTAL.read_bytes(), "text/html")
+            elif p == "/slow":
+                time.sleep(3)
+                self._send(200, site.article)
             elif p == "/image":
                 self._send(200, b"\x89PNG....", "image/png")
             else:
@@ -202,6 +211,21 @@ def test_10mb_page_refused_by_size_limit_quickly(engine, site, path):
     assert src["status"] == "failed" and "过大" in src["message"], src
     assert elapsed < 5, elapsed  # refused at the limit (1 MB here), not after reading 10 MB
     assert engine.document_chunks(src["last_doc_id"]) == []
+
+
+def test_gbk_page_decoded_portal_without_main_text_failed(engine, site):
+    page = web_fetch.fetch_page(f"{site.base}/gbk", limits())
+    assert real_paragraphs()[0][:30] in page.text and NAV_WORD not in page.text
+    src = engine.add_web_source(1, f"{site.base}/portal")  # only a search box and links: nothing to index
+    assert src["status"] == "failed" and "没有可提取的正文" in src["message"]
+    assert engine.document_chunks(src["last_doc_id"]) == []
+
+
+def test_slow_server_times_out(site):
+    t0 = time.monotonic()
+    with pytest.raises(FetchFailed, match="超时"):
+        web_fetch.fetch(f"{site.base}/slow", limits(timeout_s=1.0))
+    assert time.monotonic() - t0 < 2.5
 
 
 def test_redirect_loops_are_bounded(site):
@@ -449,3 +473,18 @@ def test_refetch_refused_while_another_process_fetches(engine, site):
         assert site.count("/stable?lease") == hits
     finally:
         leases.release(f"web_source:{src['source_id']}", "other-host:1:x")
+
+
+def test_extraction_makes_no_network_use(site, monkeypatch):
+    """trafilatura only parses the bytes it is handed: with every socket connection refused (and names
+    unresolvable), extracting a fetched page still works."""
+    fetched = web_fetch.fetch(f"{site.base}/article", limits())
+
+    def refused(*a, **kw):
+        raise AssertionError(f"network use during extraction: {a!r}")
+
+    monkeypatch.setattr(socket.socket, "connect", refused)
+    monkeypatch.setattr(socket.socket, "connect_ex", refused)
+    monkeypatch.setattr(socket, "getaddrinfo", refused)
+    page = web_fetch.extract(fetched)
+    assert real_paragraphs()[0][:30] in page.text
