@@ -174,7 +174,11 @@ class FolderSync:
                 versions = self.c.docs.versions_of(row["lineage_id"])
                 doc = next((d for d in versions if d["active"] == 1), versions[0] if versions else None)
                 if doc is not None:
-                    self.documents.delete(doc["doc_id"], actor)
+                    try:
+                        self.documents.delete(doc["doc_id"], actor)
+                    except EngineError as exc:  # 全量重建 running: the next sync deletes it
+                        report["failed"].append({"name": rel, "reason": f"未能删除：{exc.msg}"})
+                        continue
             self.store.drop_file(src["source_id"], rel)
             report["removed"].append({"name": rel, "action": "deleted"})
         report["finished_at"] = self.clock()

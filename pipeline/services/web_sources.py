@@ -160,6 +160,9 @@ class WebSources:
                 page = fetch_page(src["url"], fetch_limits(self.settings()))
             except FetchFailed as exc:
                 self._failed(src, exc.reason)
+            except Exception as exc:  # an extractor crash on a strange page: a failure like any other
+                log.exception("fetching %s crashed", src["url"])
+                self._failed(src, f"抓取出错：{type(exc).__name__}")
             else:
                 self._ingest(src, page.snapshot(src["url"]))
         finally:
