@@ -488,3 +488,18 @@ def test_extraction_makes_no_network_use(site, monkeypatch):
     monkeypatch.setattr(socket, "getaddrinfo", refused)
     page = web_fetch.extract(fetched)
     assert real_paragraphs()[0][:30] in page.text
+
+
+def test_failed_fetch_survives_rebuild_and_audit(engine, site):
+    """A failed fetch has a reason and no original: 全量重建 leaves it as it is (never re-parsed into content) and
+    the consistency audit does not call it a lost file."""
+    src = engine.add_web_source(1, f"{site.base}/missing?rebuild")
+    doc_id = src["last_doc_id"]
+    wait_idle(engine)
+    assert engine.rebuild(timeout=600, kb_id=1)["error"] is None
+    doc = engine.get_document(doc_id)
+    assert doc["status"] == "failed" and "404" in doc["fail_reason"]
+    assert engine.document_chunks(doc_id) == []
+    report = engine.audit(check_tokens=False)
+    missing = [i for f in report["findings"] if f["check"] == "missing_files" for i in f["items"]]
+    assert not any(i["doc_id"] == doc_id for i in missing), missing

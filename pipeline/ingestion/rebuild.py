@@ -105,7 +105,9 @@ class Rebuild:
             for i, doc in enumerate(docs):
                 st["current"], st["current_id"] = doc["file_name"], doc["doc_id"]
                 st["current_kb_id"] = doc.get("kb_id")  # who may see the name (KBAccess.redact_progress)
-                if c.docs.get(doc["doc_id"]) is not None:
+                if not doc.get("stored_name") and doc["status"] == "failed":
+                    pass  # a failed web fetch: a reason without an original, nothing to re-process
+                elif c.docs.get(doc["doc_id"]) is not None:
                     c.docs.set_status(doc["doc_id"], "processing", None, "全量重建中")
                     c.ingest.process(doc["doc_id"])
                 done_bytes += int(doc.get("file_size") or 0)
