@@ -503,3 +503,45 @@ def test_failed_fetch_survives_rebuild_and_audit(engine, site):
     report = engine.audit(check_tokens=False)
     missing = [i for f in report["findings"] if f["check"] == "missing_files" for i in f["items"]]
     assert not any(i["doc_id"] == doc_id for i in missing), missing
+
+
+@pytest.mark.slow  # PostgreSQL + Chroma servers and two engines
+def test_team_mode_two_processes_fetch_a_due_url_once(team_deployment, site, tmp_path):
+    """Two engines on one PostgreSQL + Chroma (what two app processes share): a due URL is fetched by one of
+    them only, and 重新抓取 on one is refused while the other holds the URL."""
+    from pipeline.engine import Engine
+    from store.config_store import ConfigStore
+    from store.db import Database
+
+    model = tiny_model(tmp_path / "tiny")
+    db = Database(team_deployment.database_url)
+    ConfigStore(db).save({"embedding_model_path": str(model), "min_similarity": 0.0, "web_allow_private": True})
+    db.close()
+    a = Engine(tmp_path / "a", deployment=team_deployment)
+    b = Engine(tmp_path / "b", deployment=team_deployment)
+    try:
+        src = a.add_web_source(1, f"{site.base}/stable?team", interval_min=1)
+        assert src["status"] == "ok", src["message"]
+        assert any(s["source_id"] == src["source_id"] for s in b.list_web_sources(1))
+        hits = site.count("/stable?team")
+        due = time.time() + 61
+        claimed: list[int] = []
+        threads = [threading.Thread(target=lambda e=e: claimed.append(e.web_sources.run_due(now=due))) for e in (a, b)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        assert sorted(claimed) == [0, 1] and site.count("/stable?team") == hits + 1
+        assert b.list_web_sources(1)[0]["status"] == "unchanged"
+
+        lease = f"web_source:{src['source_id']}"
+        assert a.components.leases.acquire(lease, a.components.ingest.owner, 60)
+        try:
+            with pytest.raises(EngineError, match="正在抓取"):
+                b.refetch_web_source(src["source_id"])
+        finally:
+            a.components.leases.release(lease, a.components.ingest.owner)
+        assert b.refetch_web_source(src["source_id"])["status"] == "unchanged"
+    finally:
+        b.close()
+        a.close()
