@@ -186,3 +186,25 @@ def test_rest_folder_path_admin_only_sync_kb_admin(env, tmp_path):
         wait_idle(engine)
     finally:
         app.stop(close_engine=False)
+
+
+def test_symlinks_and_hidden_entries_never_followed(env, tmp_path):
+    """A link inside the folder pointing elsewhere (a file or a directory outside) is not read: only what is
+    really in the folder is synced."""
+    engine, _, _ = env
+    kb = engine.create_kb("链接检查")["kb_id"]
+    outside = tmp_path / "outside"
+    (outside / "deep").mkdir(parents=True)
+    shutil.copy2(TEXT, outside / "secret.txt")
+    shutil.copy2(TEXT, outside / "deep" / "more.txt")
+    folder = tmp_path / "linked"
+    (folder / ".git").mkdir(parents=True)
+    shutil.copy2(TEXT, folder / ".git" / "config.txt")
+    shutil.copy2(TEXT, folder / "real.txt")
+    (folder / "link.txt").symlink_to(outside / "secret.txt")
+    (folder / "linkdir").symlink_to(outside / "deep", target_is_directory=True)
+    engine.set_folder_source(kb, str(folder))
+    rep = engine.sync_folder(kb)
+    assert rep["added"] == ["real.txt"] and rep["failed"] == []
+    wait_idle(engine)
+    assert set(names(engine, kb)) == {"real.txt"}
