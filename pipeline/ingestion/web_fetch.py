@@ -106,11 +106,15 @@ def _get(url: str, limits: FetchLimits, deadline: float) -> tuple[int, dict, htt
     if scheme not in ("http", "https"):
         raise FetchFailed(f"重定向到不支持的协议：{scheme or '无'}")
     try:
-        addrs = fetch_addresses(parts.hostname or "", allow_private=limits.allow_private)
+        host = (parts.hostname or "").encode("idna").decode("ascii")  # 例子.中国 → xn--… (Host header, SNI)
+    except UnicodeError:
+        raise FetchFailed(f"无效的主机名：{parts.hostname}") from None
+    try:
+        addrs = fetch_addresses(host, allow_private=limits.allow_private)
     except AddressRefused as exc:
         raise FetchFailed(str(exc)) from None
     cls = _PinnedHTTPS if scheme == "https" else _PinnedHTTP
-    conn = cls(parts.hostname, parts.port, addrs[0], timeout=max(0.1, min(limits.timeout_s, deadline - time.monotonic())))
+    conn = cls(host, parts.port, addrs[0], timeout=max(0.1, min(limits.timeout_s, deadline - time.monotonic())))
     path = (parts.path or "/") + (f"?{parts.query}" if parts.query else "")
     try:
         conn.request("GET", path, headers={"User-Agent": USER_AGENT, "Accept": "text/html,text/plain;q=0.9,*/*;q=0.1",
