@@ -1,11 +1,12 @@
 """REST for what a knowledge base follows: web pages (add, list, 重新抓取, interval, stop following) and the
 server-side folder (set — admins only, since the path reads the server's disk —, show with its reports, 同步).
-Everything else here is for KB admins. No logic: each endpoint calls the engine."""
+Everything else here is for KB admins; a caller limited to some knowledge bases (an API key's kb_ids, per-KB
+readers) reaches only those (4003). No logic: each endpoint calls the engine."""
 from __future__ import annotations
 
 from typing import Any
 
-from fastapi import APIRouter, Depends
+from fastapi import APIRouter, Depends, Request
 from pydantic import BaseModel, ConfigDict, Field
 
 from pipeline.access.callers import Caller
@@ -39,10 +40,15 @@ def router(engine, caller_of) -> APIRouter:
     r = APIRouter(prefix="/api", tags=["sources"])
 
     def actor_with(role: Role):
-        def dependency(caller: Caller = Depends(caller_of)) -> Actor:
+        def dependency(request: Request, caller: Caller = Depends(caller_of)) -> Actor:
             denied = caller.denial(role)
             if denied:
                 raise EngineError(CODE_FORBIDDEN, denied)
+            kb_id, source_id = request.path_params.get("kb_id"), request.path_params.get("source_id")
+            if kb_id is None and source_id is not None and str(source_id).isdigit():
+                kb_id = engine.web_sources.get(int(source_id))["kb_id"]  # the knowledge base the URL belongs to
+            if kb_id is not None and str(kb_id).isdigit():
+                engine.get_kb(int(kb_id), caller.reader)  # 3002 / 4003 outside what the caller may reach
             return Actor(caller.label, "rest")
         return dependency
 

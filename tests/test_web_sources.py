@@ -394,6 +394,18 @@ def test_rest_web_sources_kb_admin_only(engine, site):
         rows = engine.audit_log(1, 50, kind="admin")["items"]
         assert any(r["action"] == "web_source.refetch" and r["actor"] == "kba" and r["door"] == "rest" for r in rows)
 
+        # a KB-admin API key limited to another knowledge base reaches none of this one's sources
+        other = engine.create_kb("别的库")["kb_id"]
+        key = engine.create_api_key("web-other", "kb-admin", [other])["secret"]
+        target = engine.add_web_source(1, f"{site.base}/stable?key-target")["source_id"]
+        with app.http(headers={"Authorization": f"Bearer {key}"}) as http:
+            assert http.get("/api/kbs/1/web-sources").json()["code"] == 4003
+            r = http.post("/api/kbs/1/web-sources", json={"url": f"{site.base}/stable?key"})
+            assert r.json()["code"] == 4003
+            assert http.post(f"/api/web-sources/{target}/refetch").json()["code"] == 4003
+            assert http.get(f"/api/kbs/{other}/web-sources").json() == {"code": 0, "msg": "ok", "data": []}
+        assert not any(s["url"].endswith("?key") for s in engine.list_web_sources(1))
+
         # the page (知识库 → 网页与文件夹同步): add, list with status, 重新抓取; a plain user is refused
         page = app.client(auth=KBA)
         msg, table, _ = page.predict(f"{site.base}/stable?page", None, 1, api_name="/src_add_url")
