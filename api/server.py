@@ -20,7 +20,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from starlette.concurrency import run_in_threadpool
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from api import chunks, kb_chunking, openai_compat, security_headers
+from api import chunks, kb_chunking, openai_compat, security_headers, sources
 from api.auth_first import AuthBeforeBody
 from api.body_limit import BodyLimit
 from api.int_range import IntRange
@@ -629,6 +629,7 @@ def create_api(engine: Engine, policy: AccessPolicy | None = None, bind_host: st
     app.include_router(openai_compat.router(engine, caller_of))
     app.include_router(kb_chunking.router(engine, caller_of))  # a KB's chunking, the upload preview
     app.include_router(chunks.router(engine, caller_of))  # chunks: view, edit, restore, disable, add
+    app.include_router(sources.router(engine, caller_of))  # web pages and folders a KB follows
 
     # --- MCP (streamable HTTP at /mcp): the same callers, readers and rate limits as above ---------------
     def mcp_caller(request: Request) -> Caller:

@@ -47,6 +47,7 @@ from pipeline.services.changes import SearchableChanges
 from pipeline.services.chunks import ChunkService
 from pipeline.services.conversations import ConversationDesk
 from pipeline.services.documents import DocumentService
+from pipeline.services.folder_sync import FolderSync
 from pipeline.services.kb_chunking import ChunkingService
 from pipeline.services.knowledge_bases import KnowledgeBaseService
 from pipeline.services.lifecycle import Lifecycle
@@ -56,6 +57,8 @@ from pipeline.services.rate_limits import RateLimiter
 from pipeline.services.retry_cache import StoredRetrievals
 from pipeline.services.settings import SettingsService
 from pipeline.services.shared_sync import SharedSync
+from pipeline.services.source_schedule import SourceSchedule
+from pipeline.services.web_sources import WebSources
 from pipeline.settings import SECRET_FIELDS, Settings
 from store.api_keys import ApiKeyStore, RateWindowStore
 from store.audit_log import AuditLogStore
@@ -234,6 +237,13 @@ def build_ops(c: Components, *, model_ids: Callable[[], Any], has_job: Callable[
 
 
 @dataclass
+class Sources:
+    web: WebSources
+    folders: FolderSync
+    schedule: SourceSchedule  # the per-URL / per-folder intervals
+
+
+@dataclass
 class Services:
     """What the doors (ui/, api/, app.py) talk to, each built once over one `Components`."""
 
@@ -253,9 +263,12 @@ class Services:
     login_throttle: LoginThrottle  # failed logins slow down, then lock (per user and per address)
     chunks: ChunkService           # a KB admin edits, restores, disables / enables and adds chunks
     chunking: ChunkingService      # per-KB chunking and the upload preview (预览分块)
+    sources: Sources | None = None  # web pages and the folder a knowledge base follows (built over documents)
 
     def close(self) -> None:
         """Background work that writes into the data dir ends (or is waited for) before the stores close."""
+        if self.sources is not None:
+            self.sources.schedule.close()
         self.sync.close()
         self.components.close()
 
@@ -308,6 +321,10 @@ def build_services(data_dir: Path | str, *, project_root: Path | None = None, mo
                    ChunkService(c, access, lifecycle, changes, audit),
                    ChunkingService(c, settings, audit, start_rebuild=documents.start_rebuild,
                                    rebuild_busy=lifecycle.rebuild_busy))
+    web = WebSources(c, svc.documents, audit, lambda: settings.current)
+    folders = FolderSync(c, svc.documents, audit, lambda: settings.current)
+    svc.sources = Sources(web, folders, SourceSchedule([web.run_due, folders.run_due],
+                                                       ready=lambda: lifecycle.state == "ready"))
     return svc
 
 

@@ -44,6 +44,7 @@ class Engine:
         self.audit_log_service = s.audit  # (engine.audit is the consistency audit of the stores)
         self.api_keys, self.rate_limits, self.login_throttle = s.api_keys, s.rate_limits, s.login_throttle
         self.chunks, self.chunking = s.chunks, s.chunking
+        self.web_sources, self.folder_sync = s.sources.web, s.sources.folders
         self.data_dir, self.project_root, self.models_dir = (s.components.data_dir, s.components.project_root,
                                                              s.components.models_dir)
         if load_async:
@@ -149,6 +150,17 @@ class Engine:
     create_api_key = _To("api_keys", "create")
     list_api_keys = _To("api_keys", "list")
     revoke_api_key = _To("api_keys", "revoke")
+
+    # ---- web pages and the folder a knowledge base follows
+    list_web_sources = _To("web_sources", "list")
+    add_web_source = _To("web_sources", "add")
+    refetch_web_source = _To("web_sources", "refetch")
+    set_web_source_interval = _To("web_sources", "set_interval")
+    remove_web_source = _To("web_sources", "remove")
+    folder_source = _To("folder_sync", "get")
+    set_folder_source = _To("folder_sync", "set_folder")
+    remove_folder_source = _To("folder_sync", "remove")
+    sync_folder = _To("folder_sync", "sync")
 
     # ---- operations
     audit = _To("ops")

@@ -118,6 +118,21 @@ class Settings(BaseModel):
     parse_memory_mb: int = setting(1536, group="parsing", effect="immediate", label="单文档解析内存上限(MB)",
                                    description="解析进程的常驻内存上限，超过判为失败「超出资源限制」",
                                    ge=256, le=16384)
+    # web pages and folders a knowledge base follows (pipeline/ingestion/web_fetch.py, pipeline/services/
+    # web_sources.py, folder_sync.py)
+    web_fetch_timeout_s: float = setting(15.0, group="parsing", effect="immediate", label="网页抓取超时(秒)",
+                                         description="抓取网页时连接与每次读取的最长等待；整次抓取（含重定向）另有总时限",
+                                         ge=1, le=120)
+    web_max_page_bytes: int = setting(5_000_000, group="parsing", effect="immediate", label="网页大小上限(字节)",
+                                      description="网页超过此大小即判为失败，不再继续下载", ge=10_000, le=100_000_000)
+    web_max_redirects: int = setting(5, group="parsing", effect="immediate", label="最多重定向次数",
+                                     description="抓取网页时最多跟随的重定向次数（每一跳的地址都重新检查）", ge=0, le=20)
+    web_allow_private: bool = setting(False, group="parsing", effect="immediate", label="允许抓取内网地址",
+                                      description="允许抓取内网、本机（127.x、10.x、192.168.x 等）地址；"
+                                                  "链路本地与云主机元数据地址始终拒绝")
+    folder_sync_delete_mode: Literal["delete", "flag"] = setting(
+        "delete", group="parsing", effect="immediate", label="文件夹同步：文件删除时",
+        description="delete：同步时删除文件夹中已不存在的文件对应的文档；flag：只在同步报告中标记，文档保留")
     # api (the OpenAI-compatible endpoint and the REST API: pipeline/access/callers.py)
     api_rate_limit_per_min: int = setting(
         60, group="api", effect="immediate", label="Key 每分钟请求上限",

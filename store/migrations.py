@@ -405,6 +405,73 @@ MIGRATIONS += [
 ]
 
 
+# --- issue 28 items 4 and 5 (session 7, s7-web) ---------------------------------------------------------------
+# MERGE NOTE: numbers 18 and 19 belong to the other session-7 branches; the two empty stand-ins below only keep
+# this branch's list contiguous (1..n) and are dropped when those branches' real 18 and 19 are merged in.
+MIGRATIONS += [
+    Migration(19, "reserved for another session-7 branch", ()),
+    # v20: sources a knowledge base follows — web pages (fetched on demand or on an interval) and one server-side
+    # folder per knowledge base, with the files it last saw and a report per sync. Times are seconds since the
+    # epoch; a source goes with its knowledge base (ON DELETE CASCADE).
+    Migration(20, "web and folder sources", (
+        """CREATE TABLE web_source (
+            source_id     INTEGER PRIMARY KEY AUTOINCREMENT,
+            kb_id         INTEGER NOT NULL REFERENCES kb_base(kb_id) ON DELETE CASCADE,
+            url           TEXT NOT NULL,
+            doc_name      TEXT NOT NULL,
+            interval_min  INTEGER,
+            next_due      REAL,
+            status        TEXT NOT NULL,
+            message       TEXT,
+            last_fetch_at REAL,
+            last_doc_id   INTEGER,
+            content_md5   TEXT,
+            created_by    TEXT,
+            created_at    REAL NOT NULL,
+            UNIQUE (kb_id, url)
+        )""",
+        """CREATE TABLE folder_source (
+            source_id      INTEGER PRIMARY KEY AUTOINCREMENT,
+            kb_id          INTEGER NOT NULL UNIQUE REFERENCES kb_base(kb_id) ON DELETE CASCADE,
+            path           TEXT NOT NULL,
+            interval_min   INTEGER,
+            next_due       REAL,
+            last_sync_at   REAL,
+            last_report_id INTEGER,
+            created_by     TEXT,
+            created_at     REAL NOT NULL
+        )""",
+        """CREATE TABLE folder_file (
+            source_id  INTEGER NOT NULL REFERENCES folder_source(source_id) ON DELETE CASCADE,
+            rel_path   TEXT NOT NULL,
+            doc_name   TEXT NOT NULL,
+            size       INTEGER NOT NULL,
+            mtime      REAL NOT NULL,
+            md5        TEXT NOT NULL,
+            lineage_id INTEGER,
+            state      TEXT NOT NULL,
+            PRIMARY KEY (source_id, rel_path)
+        )""",
+        """CREATE TABLE sync_report (
+            report_id   INTEGER PRIMARY KEY AUTOINCREMENT,
+            source_id   INTEGER NOT NULL REFERENCES folder_source(source_id) ON DELETE CASCADE,
+            kb_id       INTEGER NOT NULL,
+            started_at  REAL NOT NULL,
+            finished_at REAL,
+            cause       TEXT NOT NULL,
+            actor       TEXT,
+            added       INTEGER NOT NULL,
+            updated     INTEGER NOT NULL,
+            removed     INTEGER NOT NULL,
+            failed      INTEGER NOT NULL,
+            unchanged   INTEGER NOT NULL,
+            detail      TEXT
+        )""",
+        "CREATE INDEX idx_sync_report_source ON sync_report(source_id, report_id)",
+    )),
+]
+
+
 def _check_order(migrations: list[Migration]) -> None:
     versions = [m.version for m in migrations]
     if versions != list(range(1, len(versions) + 1)):

@@ -219,6 +219,67 @@ audit_log = Table(
     Column("detail", Text),  # JSON
 )
 
+# migration 20: what a knowledge base follows (pipeline/services/web_sources.py, folder_sync.py)
+web_source = Table(
+    "web_source", metadata,
+    _id("source_id"),
+    Column("kb_id", BigInteger, ForeignKey("kb_base.kb_id", ondelete="CASCADE"), nullable=False),
+    Column("url", Text, nullable=False),  # the document's identity: one lineage of versions per URL
+    Column("doc_name", Text, nullable=False),
+    Column("interval_min", BigInteger),  # NULL: fetched on demand only
+    Column("next_due", Double),  # seconds since the epoch; the scheduler claims rows past it
+    Column("status", Text, nullable=False),  # pending / fetching / ok / unchanged / failed
+    Column("message", Text),
+    Column("last_fetch_at", Double),
+    Column("last_doc_id", BigInteger),
+    Column("content_md5", Text),
+    Column("created_by", Text),
+    Column("created_at", Double, nullable=False),
+)
+
+folder_source = Table(
+    "folder_source", metadata,
+    _id("source_id"),
+    Column("kb_id", BigInteger, ForeignKey("kb_base.kb_id", ondelete="CASCADE"), nullable=False, unique=True),
+    Column("path", Text, nullable=False),
+    Column("interval_min", BigInteger),
+    Column("next_due", Double),
+    Column("last_sync_at", Double),
+    Column("last_report_id", BigInteger),
+    Column("created_by", Text),
+    Column("created_at", Double, nullable=False),
+)
+
+folder_file = Table(
+    "folder_file", metadata,
+    Column("source_id", BigInteger, ForeignKey("folder_source.source_id", ondelete="CASCADE"), primary_key=True,
+           autoincrement=False),
+    Column("rel_path", Text, primary_key=True),
+    Column("doc_name", Text, nullable=False),
+    Column("size", BigInteger, nullable=False),
+    Column("mtime", Double, nullable=False),
+    Column("md5", Text, nullable=False),
+    Column("lineage_id", BigInteger),
+    Column("state", Text, nullable=False),  # ok / failed / flagged (gone from the folder, document kept)
+)
+
+sync_report = Table(
+    "sync_report", metadata,
+    _id("report_id"),
+    Column("source_id", BigInteger, ForeignKey("folder_source.source_id", ondelete="CASCADE"), nullable=False),
+    Column("kb_id", BigInteger, nullable=False),
+    Column("started_at", Double, nullable=False),
+    Column("finished_at", Double),
+    Column("cause", Text, nullable=False),  # manual / interval
+    Column("actor", Text),
+    Column("added", BigInteger, nullable=False),
+    Column("updated", BigInteger, nullable=False),
+    Column("removed", BigInteger, nullable=False),
+    Column("failed", BigInteger, nullable=False),
+    Column("unchanged", BigInteger, nullable=False),
+    Column("detail", Text),  # JSON {added: [names], updated: [...], removed: [...], failed: [{name, reason}]}
+)
+
 schema_version = Table(
     "schema_version", metadata,
     Column("version", BigInteger, primary_key=True, autoincrement=False),

@@ -31,6 +31,7 @@ from .header import badge_html
 from .kb_spaces import build_kb_manager, kb_choices
 from .render import esc
 from .safe_markdown import safe_markdown
+from .sources_section import build_sources_section
 from .upload_preview import build_upload_preview
 from .versions_view import build_versions_panel, show_versions
 from .viewer import OPENER_JS, build_viewer
@@ -277,6 +278,7 @@ def build_kb_tab(engine, badge=None, policy: AccessPolicy | None = None) -> dict
                              file_count="multiple", file_types=FILE_TYPES, height=140, elem_id="kb-upload")
             upload_msg = gr.HTML("", elem_id="kb-upload-msg", css_template=TABLE_CSS)
             preview = build_upload_preview(engine, policy, FILE_TYPES)  # 预览分块, this KB's chunking
+            sources = build_sources_section(engine, policy)  # 网页 and the synced folder (ui/sources_section.py)
             with gr.Row(equal_height=True):
                 keyword = gr.Textbox(show_label=False, placeholder="按文件名搜索", scale=4, max_lines=1,
                                      elem_id="kb-keyword", container=False)
@@ -525,6 +527,7 @@ def build_kb_tab(engine, badge=None, policy: AccessPolicy | None = None) -> dict
     spaces.wire(lambda kb_id, request: list_values(1, "", request, kb_id), list_outputs)
     preview.wire(kb, lambda kb_id, request: list_values(1, "", request, kb_id), list_outputs, upload_msg,
                  upload_report_html)
+    sources.wire(kb)
     refresh_btn.click(kb_list, [page, keyword, kb], list_outputs, api_name="kb_list")
     timer.tick(kb_list, [page, keyword, kb], list_outputs, api_name=False, show_progress="hidden",
                trigger_mode="always_last")

@@ -6,6 +6,11 @@ fd00:ec2::254, metadata.google.internal, Alibaba's 100.100.100.200, Oracle's 192
 to whoever asks from inside the machine, so the test refuses them. Decided on the resolver's answer (every address
 a name resolves to), so a DNS name pointing there is refused too; a name that does not resolve is left to the
 request itself (it then fails with the usual connection message).
+
+The same guard, stricter, decides where 网页导入 (pipeline/ingestion/web_fetch.py) may fetch: `fetch_addresses`
+also refuses private, loopback and other non-public addresses unless the admin setting allows them (link-local
+and metadata stay refused either way), and hands back the vetted addresses so the fetch connects to exactly
+those (a name re-resolving elsewhere between the check and the connection cannot slip through).
 """
 from __future__ import annotations
 
@@ -47,3 +52,38 @@ def refused_target(api_base: str) -> str | None:
     if bad:
         return f"不允许连接链路本地或云主机元数据地址：{host}（{bad[0]}）"
     return None
+
+
+class AddressRefused(ValueError):
+    """A fetch target the guard refuses (the message is the Chinese reason shown to the user)."""
+
+
+def _ip(addr: str):
+    try:
+        ip = ipaddress.ip_address(addr.split("%", 1)[0])
+    except ValueError:
+        return None
+    return ip.ipv4_mapped if isinstance(ip, ipaddress.IPv6Address) and ip.ipv4_mapped is not None else ip
+
+
+def fetch_addresses(host: str, *, allow_private: bool) -> list[str]:
+    """The addresses a server-side fetch of `host` may connect to, or AddressRefused. Every address the name
+    resolves to must pass: link-local and metadata never, private / loopback / other non-global only with
+    `allow_private`."""
+    host = (host or "").rstrip(".").lower().strip("[]")
+    if not host:
+        raise AddressRefused("网址缺少主机名")
+    if host in METADATA_NAMES:
+        raise AddressRefused(f"不允许访问云主机元数据地址：{host}")
+    addrs = [host] if _ip(host) is not None else resolve(host)
+    if not addrs:
+        raise AddressRefused(f"无法解析域名：{host}")
+    for a in addrs:
+        ip = _ip(a)
+        if ip is None:
+            raise AddressRefused(f"无法识别的地址：{a}")
+        if _bad(a):
+            raise AddressRefused(f"不允许访问链路本地或云主机元数据地址：{host}（{a}）")
+        if not ip.is_global and not allow_private:
+            raise AddressRefused(f"不允许访问内网或本机地址：{host}（{a}）；管理员可在设置中允许")
+    return addrs

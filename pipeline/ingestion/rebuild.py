@@ -120,7 +120,9 @@ class Rebuild:
                 st["current"], st["current_id"] = doc["file_name"], doc["doc_id"]
                 st["current_kb_id"] = doc.get("kb_id")  # who may see the name (KBAccess.redact_progress)
                 fresh = c.docs.get(doc["doc_id"])
-                if fresh is not None and self._kept(fresh):
+                if not doc.get("stored_name") and doc["status"] == "failed":
+                    pass  # a failed web fetch: a reason without an original, nothing to re-process
+                elif fresh is not None and self._kept(fresh):
                     c.ingest.progress.finish(doc["doc_id"])
                 elif fresh is not None:
                     c.docs.set_status(doc["doc_id"], "processing", None, "全量重建中")

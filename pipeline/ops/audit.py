@@ -148,7 +148,8 @@ class KBAuditor:
         referenced = {d["stored_name"] for d in docs.values() if d.get("stored_name")}
         add("missing_files", [{"doc_id": d, "file_name": doc["file_name"], "stored_name": doc.get("stored_name")}
                               for d, doc in docs.items()
-                              if not doc.get("stored_name") or doc["stored_name"] not in files])
+                              if (doc.get("stored_name") or doc["status"] != "failed")  # (a failed web fetch has none)
+                              and (not doc.get("stored_name") or doc["stored_name"] not in files)])
         now = time.time()
         add("unreferenced_files", [{"name": n} for n, mtime in sorted(files.items())
                                    if n not in referenced and now - mtime > UPLOAD_GRACE_S])
