@@ -14,7 +14,7 @@ from sqlalchemy import func, select
 
 from pipeline.access.policy import AccessPolicy
 from store.schema import metadata
-from tests.live import LiveApp
+from tests.live import LiveApp, backgrounds_measured
 from tests.shared_data import DOCS, RULES, needs
 from tests.tiny_engine import tiny_engine, tiny_model, wait_idle
 
@@ -41,8 +41,7 @@ def live(tmp_path_factory):
     note.write_text("仓库的备用钥匙放在值班室。" * 40, encoding="utf-8")
     assert all(r.ok for r in engine.upload([(note.name, note)], kb_id=kb))  # the stores are not empty
     wait_idle(engine)
-    for kb_id in (1, kb):  # the no-answer gate's background, measured after an ingest, is stored now
-        engine.components.gate_background.current([kb_id])
+    backgrounds_measured(engine, (kb,))  # the no-answer gate's background, measured after an ingest, is stored now
     policy = AccessPolicy.from_args([f"{u}:pw-{u}" for u in ("boss", "bob")], kb_admins=["boss"])
     app = LiveApp(engine, policy, owns_engine=True)
     app.kb, app.policy = kb, policy
