@@ -44,6 +44,9 @@ def parse_args(argv=None):
                         "else <data-dir>/uploads)")
     p.add_argument("--ingest-lease", type=float, default=None, metavar="SECONDS",
                    help="how long a dead process keeps an ingest job before another takes it over (default 60)")
+    p.add_argument("--ingest-group", type=int, default=None, metavar="N",
+                   help="documents one ingest claim takes (default: env KBQA_INGEST_GROUP, else 16); several "
+                        "workers: a small N (1–4) spreads the end of a batch over all of them")
     p.add_argument("--role", choices=ROLES, default=None,
                    help="both (default: UI + API + ingest worker), web (UI + API; uploads wait for a worker) or "
                         "worker (claims ingest jobs from the database queue; no UI, no port). Split roles need a "
@@ -82,7 +85,7 @@ def main(argv=None) -> int:
     try:
         policy = AccessPolicy.from_args(args.auth, args.admin, args.kb_admin)
         deployment = Deployment.from_sources(args.database_url, args.chroma_url, args.files_dir, args.ingest_lease,
-                                             role=args.role)
+                                             role=args.role, ingest_group=args.ingest_group)
     except ValueError as exc:
         print(f"参数错误：{exc}", file=sys.stderr)
         return 2

@@ -203,7 +203,7 @@ def build_components(data_dir: Path | str, *, project_root: Path | None = None, 
                            on_change=on_ingested, busy_reason=busy_reason, write_lock=write_lock,
                            jobs=jobs, ready=lambda: comps is not None and comps.models is not None,
                            lease_s=dep.ingest_lease_s, claim_jobs=dep.ingests,
-                           keeps_bm25=dep.serves)
+                           keeps_bm25=dep.serves, group_docs=dep.ingest_group)
     conversations = ConversationService(ConversationStore(db))
     verified = VerifiedQAService(VerifiedQAStore(db), docs, files, ingest.enqueue, delete_document,
                                  busy_reason=busy_reason)

@@ -57,7 +57,7 @@ QA_FILE_TYPE = "qa"  # pipeline.conversation.verified: one question + answer, ne
 
 EMBED_BATCH = 32
 WRITE_BATCH = 128  # vectors per Chroma add
-GROUP_DOCS = 16  # documents taken from the queue together
+GROUP_DOCS = 16  # documents taken from the queue together (default; Deployment.ingest_group)
 SHARED_PROGRESS_S = 1.0  # at most one progress write per document per second (other processes' lists)
 MAX_ATTEMPTS = 3  # a job whose worker died this many times (e.g. a file that kills the process) is 失败
 
@@ -106,7 +106,7 @@ class IngestService:
                  model_ident: Callable[[], tuple[str, int]], on_change: Callable[[], None],
                  busy_reason: Callable[[], str | None] = lambda: None, *, write_lock: WriteLock, jobs: JobStore,
                  ready: Callable[[], bool] = lambda: True, lease_s: float = 60.0, poll_s: float = 1.0,
-                 claim_jobs: bool = True, keeps_bm25: bool = True):
+                 claim_jobs: bool = True, keeps_bm25: bool = True, group_docs: int = GROUP_DOCS):
         self.docs = docs
         self.kbs = kbs  # kb_id → its collection and BM25 index
         self.files = files
@@ -142,6 +142,9 @@ class IngestService:
         # a full rebuild still processes documents here, in its own thread, under the same leases
         self.claim_jobs = claim_jobs
         self.keeps_bm25 = keeps_bm25  # False (--role worker): this process answers nothing and keeps no BM25
+        # documents per claim: small documents share an embedding batch and a Chroma write; with several
+        # workers a smaller group spreads the queue's tail over them (docs/deploy.md#roles)
+        self.group_docs = int(group_docs)
         if claim_jobs:
             self._worker.start()
         self._heart.start()
@@ -247,7 +250,7 @@ class IngestService:
                 continue
             self._wake.clear()
             try:
-                claimed = self.jobs.claim(self.owner, self.lease_s, GROUP_DOCS)
+                claimed = self.jobs.claim(self.owner, self.lease_s, self.group_docs)
             except Exception:
                 log.exception("claiming ingest jobs failed")
                 self._stop.wait(self.poll_s)

@@ -4,7 +4,7 @@
     Deployment(database_url="postgresql://…", chroma_url="http://127.0.0.1:8000", files_dir=Path("/srv/kbqa"))
 
 Command-line flags win over the environment (DATABASE_URL, CHROMA_URL, KBQA_FILES_DIR, KBQA_INGEST_LEASE_S,
-KBQA_ROLE).
+KBQA_ROLE, KBQA_INGEST_GROUP).
 With a database URL several app processes may serve the same knowledge base; they then need the same Chroma
 server and the same files dir (docs/deploy.md).
 """
@@ -19,6 +19,7 @@ from store.db import is_postgres_url
 from store.vectors import parse_chroma_url
 
 DEFAULT_LEASE_S = 60.0
+DEFAULT_GROUP = 16  # documents one ingest claim takes (pipeline.ingestion.service.GROUP_DOCS)
 # What one app process runs (app.py --role, docs/deploy.md#roles): "both" the UI + API and an ingest worker,
 # "web" the UI + API only (uploads wait in the database queue), "worker" the ingest worker only (no UI, no port).
 ROLES = ("both", "web", "worker")
@@ -31,8 +32,11 @@ class Deployment:
     files_dir: Path | None = None     # None → <data>/uploads
     ingest_lease_s: float = DEFAULT_LEASE_S  # a dead process's ingest job is taken over after this long
     role: str = "both"                # what this process runs (ROLES)
+    ingest_group: int = DEFAULT_GROUP  # documents per ingest claim (several workers: smaller spreads the tail)
 
     def __post_init__(self):
+        if not 1 <= int(self.ingest_group) <= 64:
+            raise ValueError(f"每次领取的入库文档数应在 1–64 之间，收到 {self.ingest_group}")
         if self.role not in ROLES:
             raise ValueError(f"进程角色无效：{self.role}（应为 both、web 或 worker）")
         if self.role != "both" and not self.chroma_url:
@@ -65,7 +69,8 @@ class Deployment:
     @classmethod
     def from_sources(cls, database_url: str | None = None, chroma_url: str | None = None,
                      files_dir: str | Path | None = None, ingest_lease_s: float | None = None,
-                     env: Mapping[str, str] | None = None, role: str | None = None) -> "Deployment":
+                     env: Mapping[str, str] | None = None, role: str | None = None,
+                     ingest_group: int | None = None) -> "Deployment":
         env = os.environ if env is None else env
         lease = ingest_lease_s if ingest_lease_s is not None else env.get("KBQA_INGEST_LEASE_S")
         files = files_dir or env.get("KBQA_FILES_DIR")
@@ -73,4 +78,5 @@ class Deployment:
                    chroma_url=chroma_url or env.get("CHROMA_URL") or None,
                    files_dir=Path(files).resolve() if files else None,
                    ingest_lease_s=float(lease) if lease else DEFAULT_LEASE_S,
-                   role=role or env.get("KBQA_ROLE") or "both")
+                   role=role or env.get("KBQA_ROLE") or "both",
+                   ingest_group=int(ingest_group or env.get("KBQA_INGEST_GROUP") or DEFAULT_GROUP))

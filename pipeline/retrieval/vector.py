@@ -93,16 +93,17 @@ class ReadyVectorRetriever(BaseRetriever):
         emb = query_bundle.embedding
         if emb is None:
             emb = index._embed_model.get_query_embedding(query_bundle.query_str)
-        # Fetch 2 × top_k and widen (×4) only while not-ready vectors crowd out the ready ones, up to top_k +
-        # every not-ready vector. The bound is counted only then: counting it for every question was a scan of
-        # the chunk table per question (and fetching that bound every time made each question read thousands
-        # of hits while a long document ingests: 4–6 s per question at 8.8k chunks; docs/benchmarks.md#load).
+        # Fetch 2 × top_k and widen (×4) only while not-ready vectors crowd out the ready ones, up
+        # to top_k + every not-ready vector. That bound is counted only then: counting it for every question was
+        # a scan of the chunk table per question (and fetching the bound every time made each question read
+        # thousands of hits while a long document ingests: 4–6 s per question at 8.8k chunks;
+        # docs/benchmarks.md#load).
         k = 2 * self._top_k
         cap: int | None = None
         while True:
             hits = self._search(index, emb, k)
             rows = self._lookup([cid for cid, _ in hits])
-            scored = [NodeWithScore(node=node_from_row(rows[cid]), score=score) for cid, score in hits
+            scored = [(cid, score) for cid, score in hits
                       if retrievable(rows.get(cid))]  # else: orphan vector, document not 就绪, or an old version
             if len(scored) >= self._top_k or len(hits) < k:
                 break  # enough, or the collection holds no more
@@ -114,5 +115,6 @@ class ReadyVectorRetriever(BaseRetriever):
             if k >= cap:
                 break
             k = min(cap, 4 * k)
-        scored.sort(key=lambda n: (-n.score, int(n.node.node_id)))
-        return scored[: self._top_k]
+        scored.sort(key=lambda h: (-h[1], h[0]))
+        # nodes only for the hits returned (building one costs more than finding it)
+        return [NodeWithScore(node=node_from_row(rows[cid]), score=score) for cid, score in scored[: self._top_k]]
