@@ -195,7 +195,8 @@ class IngestService:
 
     def enqueue(self, doc_id: int, doc: dict | None = None) -> None:
         doc = doc or self.docs.get(doc_id) or {}
-        self.progress.queued(doc_id, doc.get("file_size") or 0, doc.get("file_type") or "")
+        if self.claim_jobs:  # else a worker process claims it: the list shows the queue row's place and stage
+            self.progress.queued(doc_id, doc.get("file_size") or 0, doc.get("file_type") or "")
         self.jobs.add(doc_id)
         self._wake.set()
 

@@ -168,7 +168,9 @@ class Lifecycle:
         return {
             "status": "ok", "engine": "ready" if self.state == "ready" else "loading",
             "state": self.state, "chunks": counts["chunks"], "docs": counts["docs"],
-            "processing": counts["processing"], "queued": c.ingest.progress.queue_length,
+            "processing": counts["processing"],
+            # a web-only process queues for the workers: the database queue's waiting jobs, not its own board
+            "queued": c.ingest.progress.queue_length if c.ingest.claim_jobs else c.jobs.claimable(),
             "embedding_model": emb.label if emb else None,
             "reranker": rerank_label or "未配置精排模型",
             "llm": self.settings.current.llm_model or "未配置（原文摘录模式）",
