@@ -1,7 +1,7 @@
 """Vector route: VectorStoreIndex over ChromaVectorStore (our cosine collection).
 
-ChromaVectorStore reports similarity as exp(−distance); the SRS wants cosine similarity = 1 − distance in 0–1.
-We undo the exp (distance = −ln s) and report 1 − distance, clamped to [0, 1].
+The SRS wants cosine similarity = 1 − cosine distance in 0–1, clamped (cosine_from_distance). ChromaVectorStore
+reports exp(−distance) instead; cosine_from_chroma_score undoes that for callers that go through it.
 Only chunks of 就绪 documents are returned: chunks are written to Chroma before their document turns 就绪,
 so hits are filtered against SQLite; the query widens only while not-ready vectors crowd the top. The route
 queries the collection for ids and distances itself (ReadyVectorRetriever._search) and reads the hits' rows in
@@ -63,8 +63,8 @@ class ReadyVectorRetriever(BaseRetriever):
     answers nothing while `enabled()` is false (collection holds another model's vectors).
 
     One question costs one Chroma query for ids and distances only (`_search`) and one batched SQL lookup of
-    those ids; nothing on this path scans the collection or the chunk table (docs/benchmarks.md#vector-growth:
-    the per-question counts and LlamaIndex's node conversion of every hit were what grew with the index)."""
+        those ids; nothing on this path scans the collection or the chunk table (docs/benchmarks.md#vector-growth:
+    the per-question counts grew with the index, LlamaIndex's node conversion of every hit cost ~10 ms)."""
 
     def __init__(self, index: Callable[[], VectorStoreIndex], lookup: ChunkLookup, top_k: int,
                  extra_fetch: Callable[[], int] = lambda: 0, enabled: Callable[[], bool] = lambda: True,
