@@ -2,9 +2,9 @@
 process claims and finishes them with no UI and no port, the default `both` does both, and the data dir lock
 lets only safe combinations share one dir.
 
-The end-to-end test runs real `python app.py` processes on one SQLite data dir with vectors on a real Chroma
-server (tests/servers.py): web first (the upload stays queued), then a worker (it ingests; the web process answers
-from it).
+The end-to-end test runs real `python app.py` processes — on one SQLite data dir with vectors on a real Chroma
+server, and in team mode (PostgreSQL + Chroma server, a data dir each; tests/servers.py): web first (the upload
+stays queued), then a worker (it ingests; the web process answers from it).
 """
 from __future__ import annotations
 
@@ -91,20 +91,44 @@ def _doc(app: AppProcess, name: str) -> dict | None:
     return next((d for d in items if d["file_name"] == name), None)
 
 
-def _job_owner(data: Path, doc_id: int):
-    """The ingest_job row of the document in the shared SQLite (None: no job)."""
-    import sqlite3
+def _sqlite_owner(data: Path):
+    def owner(doc_id: int):
+        """The ingest_job row of the document in the shared SQLite (None: no job)."""
+        import sqlite3
 
-    with sqlite3.connect(data / "app.db", timeout=30) as conn:
-        row = conn.execute("SELECT owner FROM ingest_job WHERE doc_id = ?", (doc_id,)).fetchone()
-    return row
+        with sqlite3.connect(data / "app.db", timeout=30) as conn:
+            return conn.execute("SELECT owner FROM ingest_job WHERE doc_id = ?", (doc_id,)).fetchone()
+    return owner
+
+
+def _pg_owner(url: str):
+    def owner(doc_id: int):
+        import psycopg
+
+        with psycopg.connect(url, autocommit=True) as conn:
+            row = conn.execute("SELECT owner FROM ingest_job WHERE doc_id = %s", (doc_id,)).fetchone()
+        return None if row is None else tuple(row)
+    return owner
+
+
+@pytest.fixture(params=["sqlite-dir", "team"])
+def split(request, chroma_server, tmp_path):
+    """(web data dir, worker data dir, common flags, job owner reader): one SQLite data dir shared by both with
+    vectors on a Chroma server, or team mode (PostgreSQL + Chroma server + files dir, a data dir each)."""
+    if request.param == "sqlite-dir":
+        data = tmp_path / "data"
+        return data, data, ["--chroma-url", chroma_server.create_database()], _sqlite_owner(data)
+    from tests.servers import fresh_deployment
+
+    dep = fresh_deployment(request.getfixturevalue("pg_server"), chroma_server, tmp_path / "files")
+    flags = ["--database-url", dep.database_url, "--chroma-url", dep.chroma_url, "--files-dir", str(dep.files_dir)]
+    return tmp_path / "web" / "data", tmp_path / "worker" / "data", flags, _pg_owner(dep.database_url)
 
 
 @pytest.mark.slow
-def test_web_queues_worker_ingests_on_one_data_dir(chroma_server, tmp_path):
-    data = tmp_path / "data"
-    args = ["--chroma-url", chroma_server.create_database()]
-    web = AppProcess(data, "--role", "web", *args, log_path=tmp_path / "web.log")
+def test_web_queues_worker_ingests(split, tmp_path):
+    web_dir, worker_dir, args, job_owner = split
+    web = AppProcess(web_dir, "--role", "web", *args, log_path=tmp_path / "web.log")
     worker = None
     try:
         web.wait_ready()
@@ -113,16 +137,17 @@ def test_web_queues_worker_ingests_on_one_data_dir(chroma_server, tmp_path):
         assert rec["ok"] and rec["status"] == "processing", rec
         doc_id = rec["doc_id"]
         # the web process claims nothing: the job stays in the queue, unowned, and the document 处理中
-        holds_for(lambda: _job_owner(data, doc_id) == (None,), 3.0, 0.2, "the job queued and unowned")
-        assert _doc(web, "青松水务.txt")["status"] == "processing"
+        holds_for(lambda: job_owner(doc_id) == (None,), 3.0, 0.2, "the job queued and unowned")
+        queued = _doc(web, "青松水务.txt")
+        assert queued["status"] == "processing" and queued["stage"] == "queued" and queued["position"] == 1, queued
 
         log = open(tmp_path / "worker.log", "wb")
-        worker = subprocess.Popen([sys.executable, str(ROOT / "app.py"), "--role", "worker", "--data-dir", str(data),
-                                   *args], cwd=ROOT, stdout=log, stderr=subprocess.STDOUT)
+        worker = subprocess.Popen([sys.executable, str(ROOT / "app.py"), "--role", "worker", "--data-dir",
+                                   str(worker_dir), *args], cwd=ROOT, stdout=log, stderr=subprocess.STDOUT)
         done = wait_until(lambda: (d := _doc(web, "青松水务.txt")) and d["status"] != "processing" and d, 300, 0.3,
                           "the worker to finish the upload")
         assert done["status"] == "ready" and done["chunk_count"] > 0, done
-        assert _job_owner(data, doc_id) is None  # the job is gone from the queue
+        assert job_owner(doc_id) is None  # the job is gone from the queue
         with web.http() as c:  # the web process answers from what the worker wrote (BM25 rebuilt, vectors shared)
             found = wait_until(lambda: (s := c.post("/api/kb/search", json={"query": "青松水务公司客服热线",
                                                                             "top_k": 3}).json()["data"])["bm25"] and s,
