@@ -4,6 +4,7 @@
                   [--admin USER ...] [--kb-admin USER ...]
                   [--database-url postgresql://…] [--chroma-url http://host:port] [--files-dir DIR]
     python app.py --mcp-stdio [--data-dir data] …    (MCP over stdin/stdout for a desktop assistant; no web server)
+    python app.py --role web|worker --chroma-url … [--database-url …]   (roles: docs/deploy.md#roles)
 
 Without the last three everything lives in the data dir (SQLite, embedded Chroma, uploads/): no server needed.
 With them several app processes can serve one knowledge base (docs/deploy.md).
@@ -23,6 +24,8 @@ enable_offline()
 
 
 def parse_args(argv=None):
+    from pipeline.ops.deployment import ROLES  # here, not above: the libraries import after enable_offline()
+
     p = argparse.ArgumentParser(description="中文知识库问答")
     p.add_argument("--host", default="127.0.0.1", help="bind address (default 127.0.0.1 only)")
     p.add_argument("--port", type=int, default=7860)
@@ -41,6 +44,13 @@ def parse_args(argv=None):
                         "else <data-dir>/uploads)")
     p.add_argument("--ingest-lease", type=float, default=None, metavar="SECONDS",
                    help="how long a dead process keeps an ingest job before another takes it over (default 60)")
+    p.add_argument("--ingest-group", type=int, default=None, metavar="N",
+                   help="documents one ingest claim takes (default: env KBQA_INGEST_GROUP, else 16); several "
+                        "workers: a small N (1–4) spreads the end of a batch over all of them")
+    p.add_argument("--role", choices=ROLES, default=None,
+                   help="both (default: UI + API + ingest worker), web (UI + API; uploads wait for a worker) or "
+                        "worker (claims ingest jobs from the database queue; no UI, no port). Split roles need a "
+                        "Chroma server (default: env KBQA_ROLE, else both)")
     p.add_argument("--mcp-stdio", action="store_true",
                    help="serve the knowledge base as an MCP server over stdin/stdout (desktop assistants) "
                         "instead of the web app; the caller is the local user")
@@ -68,12 +78,14 @@ def main(argv=None) -> int:
     args = parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     from pipeline.access.policy import AccessPolicy
+    from pipeline.components import DataDirBusy
     from pipeline.engine import Engine
     from pipeline.ops.deployment import Deployment
 
     try:
         policy = AccessPolicy.from_args(args.auth, args.admin, args.kb_admin)
-        deployment = Deployment.from_sources(args.database_url, args.chroma_url, args.files_dir, args.ingest_lease)
+        deployment = Deployment.from_sources(args.database_url, args.chroma_url, args.files_dir, args.ingest_lease,
+                                             role=args.role, ingest_group=args.ingest_group)
     except ValueError as exc:
         print(f"参数错误：{exc}", file=sys.stderr)
         return 2
@@ -83,9 +95,11 @@ def main(argv=None) -> int:
 
     if args.mcp_stdio:
         return serve_mcp_stdio(args.data_dir, deployment)
+    if deployment.role == "worker":
+        return run_worker(args.data_dir, deployment)
     try:
         engine = Engine(args.data_dir, load_async=True, deployment=deployment)
-    except ConnectionError as exc:  # a configured server is down or unreachable: say which, no traceback
+    except (ConnectionError, DataDirBusy) as exc:  # a server is unreachable / the dir is taken: say so, no traceback
         print(f"启动失败：{exc}", file=sys.stderr)
         return 2
     app, blocks = build_app(engine, policy, args.host)
@@ -111,6 +125,35 @@ def main(argv=None) -> int:
     threading.Thread(target=announce, name="announce", daemon=True).start()
     server.run()
     engine.close()
+    return 0
+
+
+def run_worker(data_dir: str, deployment, catch_up_s: float = 1.0) -> int:
+    """`--role worker`: the ingest worker alone — no UI, no HTTP port. It claims jobs from the database queue
+    until SIGTERM / SIGINT, and follows what the web processes change (settings, 重载引擎) by checking the shared
+    counters every `catch_up_s` (nothing else would: no request ever reaches this process)."""
+    import signal
+
+    from pipeline.components import DataDirBusy
+    from pipeline.engine import Engine
+    from pipeline.errors import EngineError
+
+    stop = threading.Event()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, lambda *_: stop.set())
+    try:
+        engine = Engine(data_dir, deployment=deployment)
+    except (ConnectionError, DataDirBusy, EngineError) as exc:  # unreachable server, dir taken, load failed
+        print(f"启动失败：{exc}", file=sys.stderr)
+        return 2
+    ingest = engine.components.ingest
+    print(f"* 入库进程已启动（--role worker，{ingest.owner}）：从数据库队列领取入库任务，无界面、无端口", flush=True)
+    try:
+        while not stop.wait(catch_up_s):
+            engine.services.sync.catch_up()
+    finally:
+        engine.close()  # the job in hand keeps its lease until it runs out; another worker then takes it over
+    print("* 入库进程已停止", flush=True)
     return 0
 
 

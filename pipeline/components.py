@@ -168,10 +168,13 @@ def build_components(data_dir: Path | str, *, project_root: Path | None = None, 
     data_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
     project_root = Path(project_root or PROJECT_ROOT)
     dir_lock = DataDirLock(data_dir)
-    if not dir_lock.acquire():
+    if not dir_lock.acquire("both" if exclusive else dep.role):
         msg = f"数据目录 {data_dir} 正被运行中的应用（pid {dir_lock.holder()}）使用"
         if exclusive:
             raise DataDirBusy(msg + "：请用 --url 让应用自己执行，或先停止应用")
+        if dep.role != "both":  # a split role asked for a dir that is not safe to share (store/dirlock.py)
+            raise DataDirBusy(msg + f"：--role {dep.role} 只能与 worker 进程（以及至多一个 web 进程）共用数据目录，"
+                              "不能与 --role both 的进程共用")
         log.error("%s：两个进程同时写入会损坏数据", msg)
     db = Database(dep.database_url or data_dir / "app.db")
     docs = DocumentStore(db)
@@ -192,7 +195,7 @@ def build_components(data_dir: Path | str, *, project_root: Path | None = None, 
     kbs = KnowledgeBases(data_dir, KBStore(db), docs, open_vectors, open_bm25)
     tokenizer = ChineseTokenizer(user_dict=data_dir / "userdict.txt")
     jobs = JobStore(db)
-    if db.single_process:
+    if db.single_process and dep.role == "both":
         jobs.release_all()  # SQLite: leases left in the queue belong to a previous run of this one process
     comps: Components | None = None  # the ingest worker reads the models that load_models puts here later
 
@@ -208,7 +211,8 @@ def build_components(data_dir: Path | str, *, project_root: Path | None = None, 
     ingest = IngestService(docs, kbs, files, tokenizer, settings, embed_model, model_ident,
                            on_change=on_ingested, busy_reason=busy_reason, write_lock=write_lock,
                            jobs=jobs, ready=lambda: comps is not None and comps.models is not None,
-                           lease_s=dep.ingest_lease_s, chunking_of=chunking.effective)
+                           lease_s=dep.ingest_lease_s, chunking_of=chunking.effective, claim_jobs=dep.ingests,
+                           keeps_bm25=dep.serves, group_docs=dep.ingest_group)
     conversations = ConversationService(ConversationStore(db))
     verified = VerifiedQAService(VerifiedQAStore(db), docs, files, ingest.enqueue, delete_document,
                                  busy_reason=busy_reason)

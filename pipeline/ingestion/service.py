@@ -1,7 +1,7 @@
 """Ingestion: accept uploads, then parse → chunk → tokenize → embed → write Chroma → 就绪, in a worker.
 
 Uploads insert a job into the database queue (store/jobs.py); one worker thread per app process (2 cores:
-embedding already uses both) claims jobs under a lease it renews while it works, so with several processes on
+embedding already uses both; none in a `--role web` process, docs/deploy.md#roles) claims jobs under a lease it renews while it works, so with several processes on
 one PostgreSQL any of them may ingest a document, and a process that dies mid-document (kill -9) has its job
 taken over once the lease runs out: the new owner drops the half-written chunks and vectors and starts the
 document again. Every end-of-job write is fenced by the lease (a worker that lost it writes nothing more).
@@ -58,7 +58,7 @@ QA_FILE_TYPE = "qa"  # pipeline.conversation.verified: one question + answer, ne
 
 EMBED_BATCH = 32
 WRITE_BATCH = 128  # vectors per Chroma add
-GROUP_DOCS = 16  # documents taken from the queue together
+GROUP_DOCS = 16  # documents taken from the queue together (default; Deployment.ingest_group)
 SHARED_PROGRESS_S = 1.0  # at most one progress write per document per second (other processes' lists)
 MAX_ATTEMPTS = 3  # a job whose worker died this many times (e.g. a file that kills the process) is 失败
 
@@ -107,7 +107,8 @@ class IngestService:
                  model_ident: Callable[[], tuple[str, int]], on_change: Callable[[], None],
                  busy_reason: Callable[[], str | None] = lambda: None, *, write_lock: WriteLock, jobs: JobStore,
                  ready: Callable[[], bool] = lambda: True, lease_s: float = 60.0, poll_s: float = 1.0,
-                 chunking_of: Callable[[int, Settings], Chunking] = lambda kb_id, s: Chunking.of(s)):
+                 chunking_of: Callable[[int, Settings], Chunking] = lambda kb_id, s: Chunking.of(s),
+                 claim_jobs: bool = True, keeps_bm25: bool = True, group_docs: int = GROUP_DOCS):
         self.docs = docs
         self.kbs = kbs  # kb_id → its collection and BM25 index
         self.files = files
@@ -140,7 +141,15 @@ class IngestService:
         self._stop = threading.Event()
         self._worker = threading.Thread(target=self._run, name="ingest-worker", daemon=True)
         self._heart = threading.Thread(target=self._heartbeat, name="ingest-lease", daemon=True)
-        self._worker.start()
+        # claim_jobs=False (app.py --role web): uploads only queue their jobs and worker processes claim them;
+        # a full rebuild still processes documents here, in its own thread, under the same leases
+        self.claim_jobs = claim_jobs
+        self.keeps_bm25 = keeps_bm25  # False (--role worker): this process answers nothing and keeps no BM25
+        # documents per claim: small documents share an embedding batch and a Chroma write; with several
+        # workers a smaller group spreads the queue's tail over them (docs/deploy.md#roles)
+        self.group_docs = int(group_docs)
+        if claim_jobs:
+            self._worker.start()
         self._heart.start()
 
     # --- accepting -----------------------------------------------------------------------------
@@ -189,7 +198,8 @@ class IngestService:
 
     def enqueue(self, doc_id: int, doc: dict | None = None) -> None:
         doc = doc or self.docs.get(doc_id) or {}
-        self.progress.queued(doc_id, doc.get("file_size") or 0, doc.get("file_type") or "")
+        if self.claim_jobs:  # else a worker process claims it: the list shows the queue row's place and stage
+            self.progress.queued(doc_id, doc.get("file_size") or 0, doc.get("file_type") or "")
         self.jobs.add(doc_id)
         self._wake.set()
 
@@ -244,7 +254,7 @@ class IngestService:
                 continue
             self._wake.clear()
             try:
-                claimed = self.jobs.claim(self.owner, self.lease_s, GROUP_DOCS)
+                claimed = self.jobs.claim(self.owner, self.lease_s, self.group_docs)
             except Exception:
                 log.exception("claiming ingest jobs failed")
                 self._stop.wait(self.poll_s)
@@ -526,9 +536,10 @@ class IngestService:
                 p.vectors.delete_ids(sorted(stray))
         # Vectors are written (Chroma finds them); BM25 must find the chunks too before the status says 就绪:
         # they go to the delta of the document's knowledge base (BM25Index.add_ready). Other processes rebuild
-        # theirs when the KB generation moves (pipeline/shared_sync.py).
-        self.kbs.get(p.doc.get("kb_id") or DEFAULT_KB_ID).bm25.add_ready(
-            [(cid, row.tokens) for cid, row in zip(p.chunk_ids, p.rows)])
+        # theirs when the KB generation moves (pipeline/shared_sync.py); a worker-only process keeps none.
+        if self.keeps_bm25:
+            self.kbs.get(p.doc.get("kb_id") or DEFAULT_KB_ID).bm25.add_ready(
+                [(cid, row.tokens) for cid, row in zip(p.chunk_ids, p.rows)])
         if not self.jobs.complete(p.doc_id, self.owner, len(p.rows)):
             log.warning("doc %s: lease lost before 就绪; its new owner finishes it", p.doc_id)
             return
@@ -564,7 +575,8 @@ class IngestService:
         self._stop.set()
         self._wake.set()
         self.parser.close()  # a parse in flight ends now (its job is released and taken up again later)
-        self._worker.join(timeout)
+        if self._worker.is_alive():
+            self._worker.join(timeout)
 
 
 def _existed(name: str, existing: dict) -> UploadResult:

@@ -24,6 +24,19 @@ logger = logging.getLogger(__name__)
 
 BGE_ZH_QUERY_INSTRUCTION = "为这个句子生成表示以用于检索相关文章："
 BACKEND_ENV = "RAG_EMBED_BACKEND"  # auto (default) | onnx | torch — for the packaged model
+# ONNX intra-op threads of the packaged model (default: onnxruntime's, one per core). Several ingest workers on
+# one machine (app.py --role worker, docs/deploy.md#roles) each take one: they then do not fight over the cores.
+THREADS_ENV = "KBQA_EMBED_THREADS"
+
+
+def embed_threads() -> int | None:
+    raw = os.environ.get(THREADS_ENV, "").strip()
+    if not raw:
+        return None
+    n = int(raw)
+    if not 1 <= n <= 256:
+        raise ValueError(f"{THREADS_ENV} 应为 1–256 的整数，收到 {raw}")
+    return n
 LOCAL_BATCH_SIZE = 32   # sentence-transformers sorts each call's texts by length itself
 ONNX_BATCH_SIZE = 64    # texts per LlamaIndex call (the ONNX runner embeds them one by one)
 
@@ -80,7 +93,7 @@ def _load_packaged(models_dir: Path, backend: str, note: str) -> LoadedEmbedding
             try:
                 model = OnnxEmbedding(model_dir, query_instruction=QUERY_PREFIX,
                                       text_instruction=PASSAGE_PREFIX, embed_batch_size=ONNX_BATCH_SIZE,
-                                      model_name=PACKAGED_MODEL_ID)
+                                      model_name=PACKAGED_MODEL_ID, num_threads=embed_threads())
                 return LoadedEmbedding(model, PACKAGED_MODEL_ID, model.dim, label, True, model_dir,
                                        backend=f"onnx-{model.variant}", note=note)
             except OnnxUnavailable as exc:

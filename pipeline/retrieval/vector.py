@@ -1,9 +1,11 @@
 """Vector route: VectorStoreIndex over ChromaVectorStore (our cosine collection).
 
-ChromaVectorStore reports similarity as exp(−distance); the SRS wants cosine similarity = 1 − distance in 0–1.
-We undo the exp (distance = −ln s) and report 1 − distance, clamped to [0, 1].
+The SRS wants cosine similarity = 1 − cosine distance in 0–1, clamped (cosine_from_distance). ChromaVectorStore
+reports exp(−distance) instead; cosine_from_chroma_score undoes that for callers that go through it.
 Only chunks of 就绪 documents are returned: chunks are written to Chroma before their document turns 就绪,
-so hits are filtered against SQLite; the query widens only while not-ready vectors crowd the top.
+so hits are filtered against SQLite; the query widens only while not-ready vectors crowd the top. The route
+queries the collection for ids and distances itself (ReadyVectorRetriever._search) and reads the hits' rows in
+one SQL lookup; it stays a LlamaIndex BaseRetriever returning NodeWithScore with cosine scores.
 """
 from __future__ import annotations
 
@@ -18,6 +20,14 @@ from llama_index.core.schema import NodeWithScore, QueryBundle
 from llama_index.vector_stores.chroma import ChromaVectorStore
 
 from pipeline.retrieval.nodes import ChunkLookup, node_from_row, retrievable
+
+
+def cosine_from_distance(distance: float | None) -> float:
+    """Chroma's cosine distance → cosine similarity clamped to [0, 1] (what cosine_from_chroma_score gives for
+    LlamaIndex's exp(−distance) of the same hit)."""
+    if distance is None:
+        return 0.0
+    return max(0.0, min(1.0, 1.0 - float(distance)))
 
 
 def cosine_from_chroma_score(score: float | None) -> float:
@@ -50,7 +60,11 @@ def chroma_index(collection, embed_model: BaseEmbedding) -> VectorStoreIndex:
 class ReadyVectorRetriever(BaseRetriever):
     """Top-k cosine hits of 就绪 documents. Built once per settings change: the index comes from `index` at
     query time (the Chroma collection object changes when vectors of another model are reset), and the route
-    answers nothing while `enabled()` is false (collection holds another model's vectors)."""
+    answers nothing while `enabled()` is false (collection holds another model's vectors).
+
+    One question costs one Chroma query for ids and distances only (`_search`) and one batched SQL lookup of
+        those ids; nothing on this path scans the collection or the chunk table (docs/benchmarks.md#vector-growth:
+    the per-question counts grew with the index, LlamaIndex's node conversion of every hit cost ~10 ms)."""
 
     def __init__(self, index: Callable[[], VectorStoreIndex], lookup: ChunkLookup, top_k: int,
                  extra_fetch: Callable[[], int] = lambda: 0, enabled: Callable[[], bool] = lambda: True,
@@ -58,36 +72,49 @@ class ReadyVectorRetriever(BaseRetriever):
         self._index = index
         self._lookup = lookup
         self._top_k = top_k
-        self._extra_fetch = extra_fetch
+        self._extra_fetch = extra_fetch  # vectors not to return (not 就绪 / old versions): the widening's bound
         self._ready_count = ready_count  # chunks of 就绪 documents: no point widening past all of them
         self._enabled = enabled
         super().__init__()
+
+    @staticmethod
+    def _search(index: VectorStoreIndex, embedding, k: int) -> list[tuple[int, float]]:
+        """(chunk_id, cosine) of the k nearest vectors, best first. Only ids and distances come back: the text
+        and metadata of a hit are read from SQL for the hits kept, and LlamaIndex's ChromaVectorStore would turn
+        every hit into a node with its text first."""
+        got = index.vector_store.client.query(query_embeddings=[list(map(float, embedding))], n_results=int(k),
+                                              include=["distances"])
+        return [(int(i), cosine_from_distance(d)) for i, d in zip(got["ids"][0], got["distances"][0])]
 
     def _retrieve(self, query_bundle: QueryBundle) -> list[NodeWithScore]:
         if not self._enabled():
             return []
         index = self._index()
-        count = index.vector_store.client.count()  # the chroma collection
-        if count == 0:
-            return []
-        # Fetch a little more than top_k and widen only while not-ready vectors crowd out the ready ones, up to
-        # top_k + every not-ready vector. Fetching that bound every time made each question read thousands of
-        # hits while a long document ingests (4–6 s per question at 8.8k chunks; docs/benchmarks.md#load).
-        cap = min(count, self._top_k + max(0, int(self._extra_fetch())))
-        ready = self._ready_count()
-        want = self._top_k if ready is None else min(self._top_k, int(ready))
-        k = min(cap, 2 * self._top_k)
+        emb = query_bundle.embedding
+        if emb is None:
+            emb = index._embed_model.get_query_embedding(query_bundle.query_str)
+        # Fetch 2 × top_k and widen (×4) only while not-ready vectors crowd out the ready ones, up
+        # to top_k + every not-ready vector. That bound is counted only then: counting it for every question was
+        # a scan of the chunk table per question (and fetching the bound every time made each question read
+        # thousands of hits while a long document ingests: 4–6 s per question at 8.8k chunks;
+        # docs/benchmarks.md#load).
+        k = 2 * self._top_k
+        cap: int | None = None
         while True:
-            hits = index.as_retriever(similarity_top_k=k).retrieve(query_bundle)
-            rows = self._lookup([int(h.node.node_id) for h in hits])
-            scored = []
-            for h in hits:
-                row = rows.get(int(h.node.node_id))
-                if not retrievable(row):
-                    continue  # orphan vector, document not 就绪 yet, or an old version
-                scored.append(NodeWithScore(node=node_from_row(row), score=cosine_from_chroma_score(h.score)))
-            if len(scored) >= want or k >= cap:
+            hits = self._search(index, emb, k)
+            rows = self._lookup([cid for cid, _ in hits])
+            scored = [(cid, score) for cid, score in hits
+                      if retrievable(rows.get(cid))]  # else: orphan vector, document not 就绪, or an old version
+            if len(scored) >= self._top_k or len(hits) < k:
+                break  # enough, or the collection holds no more
+            if cap is None:
+                cap = self._top_k + max(0, int(self._extra_fetch()))
+                ready = self._ready_count()
+                if ready is not None and len(scored) >= min(self._top_k, int(ready)):
+                    break  # every 就绪 chunk is already here
+            if k >= cap:
                 break
             k = min(cap, 4 * k)
-        scored.sort(key=lambda n: (-n.score, int(n.node.node_id)))
-        return scored[: self._top_k]
+        scored.sort(key=lambda h: (-h[1], h[0]))
+        # nodes only for the hits returned (building one costs more than finding it)
+        return [NodeWithScore(node=node_from_row(rows[cid]), score=score) for cid, score in scored[: self._top_k]]

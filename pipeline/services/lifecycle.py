@@ -42,6 +42,12 @@ class Lifecycle:
     def ready(self) -> bool:
         return self.state == "ready"
 
+    @property
+    def serves(self) -> bool:
+        """False in a `--role worker` process: it ingests only, so it keeps no BM25 index or gate background
+        (the processes that answer rebuild theirs when the KB generation moves)."""
+        return self.c.deployment.serves
+
     def load_guarded(self) -> None:
         try:
             self.load()
@@ -59,7 +65,7 @@ class Lifecycle:
                 self._load_models(s)
                 with c.write_lock.writing():
                     c.ingest.recover()  # documents left 处理中 are queued again; orphan vectors go
-                for kb in c.kbs.all():
+                for kb in c.kbs.all() if self.serves else ():  # a worker answers nothing: no BM25 to hold
                     kb.bm25.load_or_rebuild(s.bm25_k1, s.bm25_b, c.docs.ready_chunk_ids(kb.kb_id))
                 self._clear_caches()
                 self.state, self.load_error = "ready", None
@@ -107,18 +113,18 @@ class Lifecycle:
         if m is not None and m.model_warning:  # another process's 全量重建 may have resolved it
             m.model_warning = c.kbs.model_warning(m.embedding.model_id, m.embedding.dim)
         s = self.settings.current
-        for kb in c.kbs.all():
+        for kb in c.kbs.all() if self.serves else ():
             kb.bm25.rebuild(s.bm25_k1, s.bm25_b)
         self.refresh_gate_background()
 
     def refresh_gate_background(self) -> None:
         """Score the gate's probe questions against each changed knowledge base soon, not at the next question."""
-        if self.ready and self.c.gate_background is not None:
+        if self.ready and self.serves and self.c.gate_background is not None:
             self.c.gate_background.refresh_soon()
 
     def rebuild_bm25(self, s: Settings) -> None:
         """BM25 parameters changed: every knowledge base's index is rebuilt with them (once loaded)."""
-        if self.ready:
+        if self.ready and self.serves:
             for kb in self.c.kbs.all():
                 kb.bm25.rebuild(s.bm25_k1, s.bm25_b)
 
@@ -162,7 +168,9 @@ class Lifecycle:
         return {
             "status": "ok", "engine": "ready" if self.state == "ready" else "loading",
             "state": self.state, "chunks": counts["chunks"], "docs": counts["docs"],
-            "processing": counts["processing"], "queued": c.ingest.progress.queue_length,
+            "processing": counts["processing"],
+            # a web-only process queues for the workers: the database queue's waiting jobs, not its own board
+            "queued": c.ingest.progress.queue_length if c.ingest.claim_jobs else c.jobs.claimable(),
             "embedding_model": emb.label if emb else None,
             "reranker": rerank_label or "未配置精排模型",
             "llm": self.settings.current.llm_model or "未配置（原文摘录模式）",
