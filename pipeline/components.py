@@ -44,6 +44,7 @@ from pipeline.services.api_keys import ApiKeyService
 from pipeline.services.audit_log import AuditLog
 from pipeline.services.changes import SearchableChanges
 from pipeline.services.conversations import ConversationDesk
+from pipeline.services.doc_tags import DocTagService
 from pipeline.services.documents import DocumentService
 from pipeline.services.knowledge_bases import KnowledgeBaseService
 from pipeline.services.lifecycle import Lifecycle
@@ -60,6 +61,7 @@ from store.config_store import ConfigStore
 from store.conversations import ConversationStore
 from store.db import Database
 from store.dirlock import DataDirLock
+from store.doc_tags import DocTagStore
 from store.documents import DocumentStore
 from store.feedback import FeedbackStore
 from store.files import FileStore
@@ -131,6 +133,7 @@ class Components:
     gate_background: GateBackgrounds | None = None  # one per knowledge base
     picker: ExtractivePicker | None = None
     support: SupportChecker | None = None
+    doc_tags: DocTagStore | None = None  # document tags / metadata; resolves question filters (store/doc_tags.py)
 
     def close(self) -> None:
         if self.gate_background is not None:
@@ -210,7 +213,7 @@ def build_components(data_dir: Path | str, *, project_root: Path | None = None, 
                        docs, files, default.vectors, tokenizer, default.bm25, ingest, write_lock, dir_lock,
                        conversations, FeedbackService(FeedbackStore(db), conversations), verified, Router(),
                        DeterministicRewriter(), jobs, SharedState(db), RetrievalStore(db), LeaseStore(db), dep, kbs,
-                       GateStatsStore(db))
+                       GateStatsStore(db), doc_tags=DocTagStore(db))
     return comps
 
 
@@ -246,6 +249,7 @@ class Services:
     rate_limits: RateLimiter       # requests per minute per key / login, counted in the database
     audit: AuditLog                # who asked what through which door, and the admin actions
     login_throttle: LoginThrottle  # failed logins slow down, then lock (per user and per address)
+    doc_tags: DocTagService | None = None  # tags / metadata of documents (the filters: pipeline/retrieval/doc_filter.py)
 
     def close(self) -> None:
         """Background work that writes into the data dir ends (or is waited for) before the stores close."""
@@ -276,6 +280,7 @@ def build_services(data_dir: Path | str, *, project_root: Path | None = None, mo
     changes = SearchableChanges(sync, clear_caches=recent.clear)
     access = KBAccess(c.kbs)  # per-KB readers: every read takes a `reader` (None = everyone)
     kbs = KnowledgeBaseService(c, access, lifecycle, changes, audit)
+    doc_tags = DocTagService(c, access, audit)
 
     def model_ids() -> ModelIds:
         stored, stored_dim = c.kbs.all_vectors.model_info()
@@ -291,12 +296,13 @@ def build_services(data_dir: Path | str, *, project_root: Path | None = None, mo
                                   rebuild_bm25=lambda: changes.changed(wait=True), on_model_fixed=model_fixed)
     windows = RateWindowStore(c.db)  # request counts and failed logins, shared by every process
     svc = Services(c, settings, lifecycle, changes, sync, kbs,
-                   DocumentService(c, access, lifecycle, changes, rebuild, audit),
+                   DocumentService(c, access, lifecycle, changes, rebuild, audit, doc_tags),
                    AnswerService(c, settings, lifecycle, kbs, recent, catch_up=sync.catch_up, audit=audit),
                    ConversationDesk(c, access), OperationsService(c, lifecycle, changes, auditor, repairer),
                    ApiKeyService(ApiKeyStore(c.db), lambda kb_id: c.kbs.check(kb_id, fresh=True), audit),
                    RateLimiter(windows, lambda: settings.current.api_rate_limit_per_min,
-                               lambda: settings.current.login_rate_limit_per_min), audit, LoginThrottle(windows))
+                               lambda: settings.current.login_rate_limit_per_min), audit, LoginThrottle(windows),
+                   doc_tags=doc_tags)
     return svc
 
 
@@ -324,7 +330,7 @@ def load_models(c: Components, s: Settings) -> Models:
         c.docs, c.kbs, c.tokenizer, emb.embed_model, models.cross_encoder, calibration,
         pending_vectors=c.docs.pending_chunk_count, vector_enabled=lambda: models.model_warning is None,
         background=lambda kb_ids: c.gate_background.current(kb_ids),
-        sentences=SentenceEvidence(emb.embed_model))
+        sentences=SentenceEvidence(emb.embed_model), tags=c.doc_tags)
     # One background per knowledge base, its probes scored over that knowledge base alone with the settings of
     # this load (recall size / fusion barely move their best cosine).
     c.gate_background = GateBackgrounds(c.gate_stats, lambda kb_id: GateBackground(

@@ -395,6 +395,31 @@ MIGRATIONS += [
     )),
 ]
 
+# --- issue 28 item 2 (session 7) ------------------------------------------------------------------------------
+MIGRATIONS += [
+    # v18: PLACEHOLDER so the list stays contiguous on this branch — another session-7 branch owns v18; the lead
+    # drops this entry at merge (it changes nothing).
+    Migration(18, "reserved (session 7)", ()),
+    # v19: document tags and key-value metadata (set at upload, editable later). Filters resolve them to the
+    # allowed doc_ids in SQL before either route runs (pipeline/retrieval/doc_filter.py). One row per (document,
+    # tag) / (document, key); the indexes serve "documents with this tag / this key = value".
+    Migration(19, "document tags and metadata", (
+        """CREATE TABLE kb_doc_tag (
+            doc_id  INTEGER NOT NULL REFERENCES kb_document(doc_id) ON DELETE CASCADE,
+            tag     TEXT NOT NULL,
+            PRIMARY KEY (doc_id, tag)
+        )""",
+        "CREATE INDEX idx_doc_tag_tag ON kb_doc_tag(tag)",
+        """CREATE TABLE kb_doc_meta (
+            doc_id  INTEGER NOT NULL REFERENCES kb_document(doc_id) ON DELETE CASCADE,
+            key     TEXT NOT NULL,
+            value   TEXT NOT NULL,
+            PRIMARY KEY (doc_id, key)
+        )""",
+        "CREATE INDEX idx_doc_meta_kv ON kb_doc_meta(key, value)",
+    )),
+]
+
 
 def _check_order(migrations: list[Migration]) -> None:
     versions = [m.version for m in migrations]

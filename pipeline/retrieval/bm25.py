@@ -25,6 +25,7 @@ from llama_index.retrievers.bm25 import BM25Retriever
 
 from pipeline.models.tokenize_zh import ChineseTokenizer
 from pipeline.retrieval.bm25_delta import DeltaBM25
+from pipeline.retrieval.doc_filter import mask_scores
 from pipeline.retrieval.nodes import ChunkLookup, node_from_row, retrievable
 
 log = logging.getLogger(__name__)
@@ -154,6 +155,11 @@ class JiebaBM25Retriever(BM25Retriever):
                 if pos[k] < 0 and d is not None and self.snapshot.size + d < n:
                     pos[k] = self.snapshot.size + d
         return pos
+
+    def restrict(self, scores: np.ndarray, allowed) -> np.ndarray:
+        """The scores with every chunk outside a filter's allowed set zeroed (pipeline/retrieval/doc_filter.py):
+        `hits` then takes its top-k among the allowed chunks only."""
+        return mask_scores(self._chunk_ids(len(scores)), scores, allowed)
 
     def hits(self, scores: np.ndarray) -> list[NodeWithScore]:
         """The top `similarity_top_k` chunks with a positive score, as ready nodes."""

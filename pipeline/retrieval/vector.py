@@ -18,6 +18,7 @@ from llama_index.core.schema import NodeWithScore, QueryBundle
 from llama_index.vector_stores.chroma import ChromaVectorStore
 
 from pipeline.retrieval.nodes import ChunkLookup, node_from_row, retrievable
+from store.doc_tags import Allowed
 
 
 def cosine_from_chroma_score(score: float | None) -> float:
@@ -54,8 +55,9 @@ class ReadyVectorRetriever(BaseRetriever):
 
     def __init__(self, index: Callable[[], VectorStoreIndex], lookup: ChunkLookup, top_k: int,
                  extra_fetch: Callable[[], int] = lambda: 0, enabled: Callable[[], bool] = lambda: True,
-                 ready_count: Callable[[], int | None] = lambda: None):
+                 ready_count: Callable[[], int | None] = lambda: None, kb_id: int | None = None):
         self._index = index
+        self._kb_id = kb_id  # whose documents a filter's allowed set picks for this collection
         self._lookup = lookup
         self._top_k = top_k
         self._extra_fetch = extra_fetch
@@ -89,5 +91,24 @@ class ReadyVectorRetriever(BaseRetriever):
             if len(scored) >= want or k >= cap:
                 break
             k = min(cap, 4 * k)
+        scored.sort(key=lambda n: (-n.score, int(n.node.node_id)))
+        return scored[: self._top_k]
+
+    def retrieve_allowed(self, query_bundle: QueryBundle, allowed: Allowed) -> list[NodeWithScore]:
+        """Top-k among the documents a filter allows (pipeline/retrieval/doc_filter.py): Chroma's `where` on
+        doc_id restricts the ANN search itself, so the hits are the best allowed chunks however low they rank
+        without the filter. The allowed documents are 就绪 and active, so no widening is needed."""
+        if not self._enabled():
+            return []
+        doc_ids = allowed.docs_in(self._kb_id) if self._kb_id is not None else allowed.all_doc_ids
+        if not doc_ids:
+            return []
+        index = self._index()
+        where = {"doc_id": doc_ids[0]} if len(doc_ids) == 1 else {"doc_id": {"$in": doc_ids}}
+        k = max(1, min(self._top_k, len(allowed.chunk_ids)))
+        hits = index.as_retriever(similarity_top_k=k, vector_store_kwargs={"where": where}).retrieve(query_bundle)
+        rows = self._lookup([int(h.node.node_id) for h in hits])
+        scored = [NodeWithScore(node=node_from_row(rows[int(h.node.node_id)]), score=cosine_from_chroma_score(h.score))
+                  for h in hits if retrievable(rows.get(int(h.node.node_id)))]
         scored.sort(key=lambda n: (-n.score, int(n.node.node_id)))
         return scored[: self._top_k]
