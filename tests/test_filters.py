@@ -236,3 +236,19 @@ def test_mcp_search_and_ask_take_the_filter(kb):
     assert rows and {h["doc_id"] for h in rows} == {kb.target}
     assert not answer.is_error and answer.structured_content["outcome"] != "refuse"
     assert {s["doc_id"] for s in answer.structured_content["sources"]} == {kb.target}
+
+
+@pytest.mark.slow  # launches the page (Gradio) on top of the module's engine
+def test_chat_tag_picker_filters_the_page_answer_and_the_trace_shows_it(kb):
+    from tests.live import launched_ui
+
+    with launched_ui(kb.engine) as ui:
+        job = ui.client.submit(ASK, True, [1], ["古籍"], "全部标签", api_name="/ask")
+        final = job.result(timeout=180)
+        sources, trace = final[2], final[3]  # outputs of /ask: chat, stage, sources, trace, …
+        assert "书院规定.md" in sources and "门店" not in sources
+        assert 'data-filter="1"' in trace and "全部标签：古籍" in trace
+        plain = ui.client.submit(ASK, True, [1], [], "任一标签", api_name="/ask").result(timeout=180)
+        assert "书院规定.md" not in plain[2] and 'data-filter="1"' not in plain[3]
+        picked = ui.client.predict([1], ["古籍", "已删除的标签"], api_name="/chat_tags")
+        assert picked["value"] == ["古籍"] and ["古籍（1 篇）", "古籍"] in [list(c) for c in picked["choices"]]

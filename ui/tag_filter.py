@@ -46,9 +46,10 @@ class TagFilter:
 
 
 def build_tag_filter(engine, elem_id: str = "kb-tag-filter") -> TagFilter:
-    """Laid out where it is called (the row of the knowledge base picker)."""
+    """Laid out where it is called (the row of the knowledge base picker). Custom values are allowed: a page
+    opened before a tag was removed still submits (the tag then matches nothing), and a tag can be typed."""
     tags = gr.Dropdown(choices=tag_choices(engine, None), value=[], multiselect=True, label="按标签筛选（可选）",
-                       elem_id=elem_id, interactive=True, allow_custom_value=False, scale=2,
+                       elem_id=elem_id, interactive=True, allow_custom_value=True, scale=2,
                        info="只在带这些标签的文档中检索")
     mode = gr.Radio([ANY, ALL], value=ANY, show_label=False, elem_id=f"{elem_id}-mode", scale=1, min_width=160)
     return TagFilter(tags, mode)
