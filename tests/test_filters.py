@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 
 import httpx
+import numpy as np
 import openai
 import pytest
 from sqlalchemy import update
@@ -104,6 +105,17 @@ def test_key_value_on_set_and_on_automatic_metadata(kb):
     assert docs_of(both["fused"]) == {kb.other}
     assert search(kb, {"metadata": {"dept": "legal", "version": 2}})["fused"] == []
     assert docs_of(search(kb, {"metadata": {"dept": "legal", "version": 1}})["fused"]) == {kb.target}
+
+
+def test_filters_hold_after_the_bm25_index_is_rebuilt(kb):
+    """The chunks above sat in the BM25 delta; after a rebuild they are in the snapshot, whose positions map to
+    documents through another path (pipeline/retrieval/doc_filter.ChunkDocs)."""
+    s = kb.engine.settings
+    snap = kb.engine.components.kbs.default.bm25.rebuild(s.bm25_k1, s.bm25_b)
+    assert snap.size >= N_DISTRACTORS + 2
+    got = search(kb, {"tags_all": ["档案", "古籍"]})
+    assert docs_of(got["bm25"]) == {kb.target} == docs_of(got["vector"])
+    assert docs_of(search(kb, {"tags_any": ["档案"]})["bm25"]) == {kb.target, kb.other}
 
 
 def test_upload_date_range(kb):
@@ -252,3 +264,39 @@ def test_chat_tag_picker_filters_the_page_answer_and_the_trace_shows_it(kb):
         assert "书院规定.md" not in plain[2] and 'data-filter="1"' not in plain[3]
         picked = ui.client.predict([1], ["古籍", "已删除的标签"], api_name="/chat_tags")
         assert picked["value"] == ["古籍"] and ["古籍（1 篇）", "古籍"] in [list(c) for c in picked["choices"]]
+
+
+def test_chunk_to_document_map_contiguous_interleaved_and_gone(tmp_path):
+    """store.doc_tags.DocTagStore.doc_ids_of, which maps BM25 positions to documents: documents whose chunk ids
+    form one run are read as ranges, ones whose ids interleave (two ingest workers) row by row; both right."""
+    from sqlalchemy import insert
+
+    from store.db import Database
+    from store.doc_tags import DocTagStore
+    from store.documents import ChunkRow, DocumentStore
+    from store.schema import kb_chunk
+
+    db = Database(tmp_path / "app.db")
+    try:
+        docs, truth = DocumentStore(db), {}
+        for d in range(3):
+            doc = docs.create(f"c{d}.txt", "txt", 0, f"{d:032x}", f"c{d}.txt")
+            ids = docs.replace_chunks(doc["doc_id"], [ChunkRow(doc["doc_id"], j, "字", None, 0, 1, "text", ["字"])
+                                                      for j in range(300)])
+            truth.update(dict.fromkeys(ids, doc["doc_id"]))
+        a, b = (docs.create(f"{n}.txt", "txt", 0, n * 32, f"{n}.txt")["doc_id"] for n in "ab")
+        with db.transaction() as conn:
+            for j in range(200):  # alternating ids
+                for d in (a, b):
+                    cid = conn.execute(insert(kb_chunk).returning(kb_chunk.c.chunk_id), {
+                        "doc_id": d, "chunk_index": j, "text": "字", "source": "text", "tokens": "字",
+                        "section": 0}).scalar_one()
+                    truth[cid] = d
+        gone = max(truth) + 7
+        q = np.array(sorted(truth) + [gone], dtype=np.int64)
+        expect = np.array([truth.get(int(c), -1) for c in q])
+        store = DocTagStore(db)
+        assert len(q) > 500 and (store.doc_ids_of(q) == expect).all()
+        assert (store.doc_ids_of(q[-20:]) == expect[-20:]).all()  # a few: one IN list
+    finally:
+        db.close()

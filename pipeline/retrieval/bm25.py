@@ -25,7 +25,6 @@ from llama_index.retrievers.bm25 import BM25Retriever
 
 from pipeline.models.tokenize_zh import ChineseTokenizer
 from pipeline.retrieval.bm25_delta import DeltaBM25
-from pipeline.retrieval.doc_filter import mask_scores
 from pipeline.retrieval.nodes import ChunkLookup, node_from_row, retrievable
 
 log = logging.getLogger(__name__)
@@ -159,7 +158,10 @@ class JiebaBM25Retriever(BM25Retriever):
     def restrict(self, scores: np.ndarray, allowed) -> np.ndarray:
         """The scores with every chunk outside a filter's allowed set zeroed (pipeline/retrieval/doc_filter.py):
         `hits` then takes its top-k among the allowed chunks only."""
-        return mask_scores(self._chunk_ids(len(scores)), scores, allowed)
+        snap = self.snapshot
+        tail = self._chunk_ids(len(scores))[snap.size:] if len(scores) > snap.size else np.zeros(0, dtype=np.int64)
+        keep = allowed.keep(snap.chunk_ids, tail)[:len(scores)]
+        return np.where(keep, scores, 0.0).astype(scores.dtype, copy=False)
 
     def hits(self, scores: np.ndarray) -> list[NodeWithScore]:
         """The top `similarity_top_k` chunks with a positive score, as ready nodes."""

@@ -21,7 +21,7 @@ from llama_index.core.schema import NodeWithScore, QueryBundle
 from pipeline.calibration import ActiveProfile
 from pipeline.models.tokenize_zh import ChineseTokenizer
 from pipeline.retrieval.bm25 import LiveBM25Retriever
-from pipeline.retrieval.doc_filter import Allowed, DocFilter
+from pipeline.retrieval.doc_filter import Allowed, ChunkDocs, DocFilter
 from pipeline.retrieval.fusion import FusionOutput, FusionParams, HybridRetriever
 from pipeline.retrieval.gate import GateModel, decide
 from pipeline.retrieval.gate_background import Background
@@ -62,7 +62,8 @@ class RetrievalService:
                  pending_vectors: Callable[[], int] = lambda: 0, vector_enabled: Callable[[], bool] = lambda: True,
                  background: Callable[[tuple[int, ...]], Background | None] = lambda kb_ids: None,
                  sentences: SentenceEvidence | None = None, tags: DocTagStore | None = None):
-        self.tags = tags  # resolves a question's document filter to the chunks it allows (store/doc_tags.py)
+        self.tags = tags  # resolves a question's document filter to the documents it allows (store/doc_tags.py)
+        self.chunk_docs = ChunkDocs(tags.doc_ids_of) if tags is not None else None  # BM25 position → doc_id
         # the gate's background of the knowledge bases a question searches (pipeline/retrieval/gate_background.py)
         self.background = background
         self.in_flight = 0  # questions being retrieved now (a gate background refresh waits for them)
@@ -138,7 +139,8 @@ class RetrievalService:
             return None
         if self.tags is None:
             raise RuntimeError("document filters need the tag store (RetrievalService(tags=...))")
-        return self.tags.allowed(self.scope(kb_ids), doc_filter)
+        by_kb, chunks = self.tags.allowed(self.scope(kb_ids), doc_filter)
+        return Allowed(by_kb, chunks, self.chunk_docs)
 
     def recall(self, query: str, s: Settings, recall: int | None = None,
                kb_ids=None, keep=None, doc_filter: DocFilter | None = None) -> tuple[QueryBundle, FusionOutput, float]:

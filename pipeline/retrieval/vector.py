@@ -18,7 +18,6 @@ from llama_index.core.schema import NodeWithScore, QueryBundle
 from llama_index.vector_stores.chroma import ChromaVectorStore
 
 from pipeline.retrieval.nodes import ChunkLookup, node_from_row, retrievable
-from store.doc_tags import Allowed
 
 
 def cosine_from_chroma_score(score: float | None) -> float:
@@ -94,8 +93,8 @@ class ReadyVectorRetriever(BaseRetriever):
         scored.sort(key=lambda n: (-n.score, int(n.node.node_id)))
         return scored[: self._top_k]
 
-    def retrieve_allowed(self, query_bundle: QueryBundle, allowed: Allowed) -> list[NodeWithScore]:
-        """Top-k among the documents a filter allows (pipeline/retrieval/doc_filter.py): Chroma's `where` on
+    def retrieve_allowed(self, query_bundle: QueryBundle, allowed) -> list[NodeWithScore]:
+        """Top-k among the documents a filter allows (pipeline/retrieval/doc_filter.Allowed): Chroma's `where` on
         doc_id restricts the ANN search itself, so the hits are the best allowed chunks however low they rank
         without the filter. The allowed documents are 就绪 and active, so no widening is needed."""
         if not self._enabled():
@@ -105,7 +104,7 @@ class ReadyVectorRetriever(BaseRetriever):
             return []
         index = self._index()
         where = {"doc_id": doc_ids[0]} if len(doc_ids) == 1 else {"doc_id": {"$in": doc_ids}}
-        k = max(1, min(self._top_k, len(allowed.chunk_ids)))
+        k = max(1, min(self._top_k, allowed.chunk_count))
         hits = index.as_retriever(similarity_top_k=k, vector_store_kwargs={"where": where}).retrieve(query_bundle)
         rows = self._lookup([int(h.node.node_id) for h in hits])
         scored = [NodeWithScore(node=node_from_row(rows[int(h.node.node_id)]), score=cosine_from_chroma_score(h.score))

@@ -318,7 +318,7 @@ def filter_compare(c, s, qs: list[str], share: float) -> dict:
                                                         for k in ("embed", "filter", "bm25", "vector", "fusion")))
             if f is not None:
                 found += bool(r.fused) and all(n.node.metadata["doc_id"] in set(tagged) for n in r.fused)
-    return {"docs": len(docs), "tagged_docs": len(tagged), "allowed_chunks": int(len(allowed.chunk_ids)),
+    return {"docs": len(docs), "tagged_docs": len(tagged), "allowed_chunks": int(allowed.chunk_count),
             "questions_with_only_allowed_hits": found, "questions": len(qs),
             **{n: {k: {"p50": pct(v, 50), "p95": pct(v, 95)} for k, v in d.items()} for n, d in got.items()}}
 
