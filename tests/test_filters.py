@@ -251,7 +251,9 @@ def test_mcp_search_and_ask_take_the_filter(kb):
 
 
 @pytest.mark.slow  # launches the page (Gradio) on top of the module's engine
-def test_chat_tag_picker_filters_the_page_answer_and_the_trace_shows_it(kb):
+def test_page_tag_picker_and_tag_editor(kb):
+    """The chat's tag picker filters the page's answer and its trace shows the filter; the KB tab's editor
+    changes what the next filter finds."""
     from tests.live import launched_ui
 
     with launched_ui(kb.engine) as ui:
@@ -264,6 +266,16 @@ def test_chat_tag_picker_filters_the_page_answer_and_the_trace_shows_it(kb):
         assert "书院规定.md" not in plain[2] and 'data-filter="1"' not in plain[3]
         picked = ui.client.predict([1], ["古籍", "已删除的标签"], api_name="/chat_tags")
         assert picked["value"] == ["古籍"] and ["古籍（1 篇）", "古籍"] in [list(c) for c in picked["choices"]]
+        # 知识库 → 标签与元数据: load, edit, and the edit is what the next filter sees (then put back)
+        doc_id, tags, meta, info = ui.client.predict(kb.other, api_name="/kb_doc_tags_load")
+        assert doc_id == kb.other and tags == "档案" and meta == "dept = hr" and "人事档案.txt" in info
+        msg = ui.client.predict(kb.other, "档案, 古籍", "dept = hr\nsource = https://example.org/hr",
+                                api_name="/kb_doc_tags_save")
+        assert msg.startswith("已保存：2 个标签，2 项元数据"), msg
+        assert docs_of(search(kb, {"tags_all": ["古籍", "档案"]})["fused"]) == {kb.target, kb.other}
+        assert "⚠️" in ui.client.predict(kb.other, "档案", "没有等号的一行", api_name="/kb_doc_tags_save")
+        ui.client.predict(kb.other, "档案", "dept = hr", api_name="/kb_doc_tags_save")
+        assert docs_of(search(kb, {"tags_all": ["古籍", "档案"]})["fused"]) == {kb.target}
 
 
 def test_chunk_to_document_map_contiguous_interleaved_and_gone(tmp_path):
