@@ -9,6 +9,7 @@ answer — through the engine, REST (+ SSE), /v1 (the official `openai` SDK, `ex
 from __future__ import annotations
 
 import json
+from datetime import date
 
 import httpx
 import numpy as np
@@ -278,37 +279,80 @@ def test_page_tag_picker_and_tag_editor(kb):
         assert docs_of(search(kb, {"tags_all": ["古籍", "档案"]})["fused"]) == {kb.target}
 
 
-def test_chunk_to_document_map_contiguous_interleaved_and_gone(tmp_path):
+@pytest.fixture(params=["sqlite", pytest.param("postgresql", marks=pytest.mark.slow)])
+def dialect_db(request, tmp_path):
+    from store.db import Database
+
+    target = tmp_path / "app.db" if request.param == "sqlite" else request.getfixturevalue("pg_server").create_database()
+    db = Database(target)
+    yield db
+    db.close()
+
+
+def test_filter_sql_on_both_dialects(dialect_db):
+    """DocFilter's statements (EXISTS per tag / key, automatic keys, the date range on created_at text) on SQLite
+    and PostgreSQL: the documents each filter allows."""
+    from store.doc_tags import DocFilter, DocTagStore
+    from store.documents import ChunkRow, DocumentStore, SectionRow
+
+    docs, tags = DocumentStore(dialect_db), DocTagStore(dialect_db)
+    ids = []
+    for i, ftype in enumerate(("pdf", "txt", "txt")):
+        d = docs.create(f"d{i}.{ftype}", ftype, 0, f"{i:032x}", f"d{i}")["doc_id"]
+        docs.replace_chunks(d, [ChunkRow(d, 0, "字", 3, 0, 1, "text", ["字"])], [SectionRow(0, 3, "text", None, "字")])
+        docs.mark_ready(d, 1)
+        ids.append(d)
+    tags.set(ids[0], ["甲", "乙"], {"dept": "法务", "source": "/srv/a"})
+    tags.set(ids[1], ["甲"], {"dept": "人事"})
+    tags.put(ids[2], "source", "https://example.org/x?a=1&b='2'")
+    with dialect_db.transaction() as conn:
+        conn.execute(update(kb_document).where(kb_document.c.doc_id == ids[0]).values(created_at="2025-03-15 10:00:00"))
+
+    def allowed(**kw) -> set[int]:
+        return {d for ds in tags.allowed([1], DocFilter(**kw))[0].values() for d in ds}
+
+    assert allowed(tags_any=("甲",)) == {ids[0], ids[1]} and allowed(tags_all=("甲", "乙")) == {ids[0]}
+    assert allowed(meta=(("dept", "人事"),)) == {ids[1]}
+    assert allowed(meta=(("source", "https://example.org/x?a=1&b='2'"),)) == {ids[2]}
+    assert allowed(meta=(("file_type", "pdf"), ("pages", "3"), ("version", "1"))) == {ids[0]}  # the document's own
+    assert allowed(meta=(("pages", "4"),)) == set()
+    assert allowed(meta=(("version", "x"),)) == set()
+    assert allowed(date_from=date(2025, 3, 15), date_to=date(2025, 3, 15)) == {ids[0]}
+    assert allowed(date_from=date(2025, 3, 16)) == {ids[1], ids[2]}
+    assert tags.allowed([1], DocFilter(tags_any=("甲",)))[1] == 2  # their chunk count
+    assert tags.tags_in_use([1]) == [{"tag": "乙", "docs": 1}, {"tag": "甲", "docs": 2}]
+    assert tags.auto(ids[0]) == {"file_type": "pdf", "version": 1, "pages": 3, "uploaded": "2025-03-15"}
+    docs.delete(ids[1])
+    assert allowed(tags_any=("甲",)) == {ids[0]} and tags.get(ids[1]) == {"tags": [], "metadata": {}}
+
+
+def test_chunk_to_document_map_contiguous_interleaved_and_gone(dialect_db):
     """store.doc_tags.DocTagStore.doc_ids_of, which maps BM25 positions to documents: documents whose chunk ids
     form one run are read as ranges, ones whose ids interleave (two ingest workers) row by row; both right."""
     from sqlalchemy import insert
 
-    from store.db import Database
     from store.doc_tags import DocTagStore
     from store.documents import ChunkRow, DocumentStore
     from store.schema import kb_chunk
 
-    db = Database(tmp_path / "app.db")
-    try:
-        docs, truth = DocumentStore(db), {}
-        for d in range(3):
-            doc = docs.create(f"c{d}.txt", "txt", 0, f"{d:032x}", f"c{d}.txt")
-            ids = docs.replace_chunks(doc["doc_id"], [ChunkRow(doc["doc_id"], j, "字", None, 0, 1, "text", ["字"])
-                                                      for j in range(300)])
-            truth.update(dict.fromkeys(ids, doc["doc_id"]))
-        a, b = (docs.create(f"{n}.txt", "txt", 0, n * 32, f"{n}.txt")["doc_id"] for n in "ab")
-        with db.transaction() as conn:
-            for j in range(200):  # alternating ids
-                for d in (a, b):
-                    cid = conn.execute(insert(kb_chunk).returning(kb_chunk.c.chunk_id), {
-                        "doc_id": d, "chunk_index": j, "text": "字", "source": "text", "tokens": "字",
-                        "section": 0}).scalar_one()
-                    truth[cid] = d
-        gone = max(truth) + 7
-        q = np.array(sorted(truth) + [gone], dtype=np.int64)
-        expect = np.array([truth.get(int(c), -1) for c in q])
-        store = DocTagStore(db)
-        assert len(q) > 500 and (store.doc_ids_of(q) == expect).all()
-        assert (store.doc_ids_of(q[-20:]) == expect[-20:]).all()  # a few: one IN list
-    finally:
-        db.close()
+    db = dialect_db
+    docs, truth = DocumentStore(db), {}
+    for d in range(3):
+        doc = docs.create(f"c{d}.txt", "txt", 0, f"{d:032x}", f"c{d}.txt")
+        ids = docs.replace_chunks(doc["doc_id"], [ChunkRow(doc["doc_id"], j, "字", None, 0, 1, "text", ["字"])
+                                                  for j in range(300)])
+        truth.update(dict.fromkeys(ids, doc["doc_id"]))
+    a, b = (docs.create(f"{n}.txt", "txt", 0, n * 32, f"{n}.txt")["doc_id"] for n in "ab")
+    with db.transaction() as conn:
+        for j in range(200):  # alternating ids
+            for d in (a, b):
+                cid = conn.execute(insert(kb_chunk).returning(kb_chunk.c.chunk_id), {
+                    "doc_id": d, "chunk_index": j, "text": "字", "source": "text", "tokens": "字",
+                    "section": 0}).scalar_one()
+                truth[cid] = d
+    gone = max(truth) + 7
+    q = np.array(sorted(truth) + [gone], dtype=np.int64)
+    expect = np.array([truth.get(int(c), -1) for c in q])
+    store = DocTagStore(db)
+    assert len(q) > 500 and (store.doc_ids_of(q) == expect).all()
+    assert (store.doc_ids_of(q[-20:]) == expect[-20:]).all()  # a few: one IN list
