@@ -20,6 +20,7 @@ from pydantic import BaseModel, Field
 from starlette.requests import Request
 from starlette.routing import Route
 
+from api.doc_tags import DocFilterBody, as_filter
 from pipeline.access.callers import Caller
 from pipeline.engine import Engine
 from pipeline.errors import EngineError
@@ -102,6 +103,12 @@ KbIds = Annotated[list[int] | None, Field(
                 "(from list_knowledge_bases; omitted = the default one)")]
 
 
+DocFilterArg = Annotated[DocFilterBody | None, Field(
+    description="只检索符合条件的文档：tags_any（任一标签）、tags_all（全部标签）、metadata（键 = 值）、date_from / date_to"
+                "（上传日期 YYYY-MM-DD）；省略 = 不过滤 / only documents matching: tags_any, tags_all, metadata "
+                "(key = value), date_from / date_to (upload date); omitted = no filter")]
+
+
 def build_mcp(engine: Engine, caller_of: Callable[[Context], Caller]) -> MCPServer:
     """The MCP server over `engine`; `caller_of(ctx)` says who calls (its Reader decides every KB it sees)."""
     mcp = MCPServer("kbqa", title="中文知识库问答", instructions=INSTRUCTIONS)
@@ -126,9 +133,11 @@ def build_mcp(engine: Engine, caller_of: Callable[[Context], Caller]) -> MCPServ
                query: Annotated[str, Field(description="检索词或问题 / the query or question")],
                kb_ids: KbIds = None,
                top_k: Annotated[int, Field(ge=1, le=50, description="返回段落数 / passages returned")] = 8,
+               filter: DocFilterArg = None,
                ) -> list[Passage]:
         reader = caller_of(ctx).reader
-        found = run(lambda: engine.search(query, top_k=top_k, kb_ids=kb_ids, reader=reader))
+        found = run(lambda: engine.search(query, top_k=top_k, kb_ids=kb_ids, reader=reader,
+                                          doc_filter=as_filter(filter)))
         return [Passage(chunk_id=r["chunk_id"], doc_id=r["doc_id"], document=r["doc_name"], kb_id=r["kb_id"],
                         kb_name=r["kb_name"], page=r.get("page"), text=r["text"],
                         scores={"fused": r.get("fused_score"), "bm25": r.get("bm25_score"),
@@ -140,10 +149,10 @@ def build_mcp(engine: Engine, caller_of: Callable[[Context], Caller]) -> MCPServ
                           "outcome is answer, weak (low relevance) or refuse (not in the materials).")
     def ask(ctx: Context,
             question: Annotated[str, Field(description="问题 / the question")],
-            kb_ids: KbIds = None) -> Answer:
+            kb_ids: KbIds = None, filter: DocFilterArg = None) -> Answer:
         who = caller_of(ctx)
         res = run(lambda: engine.ask_sync(question, kb_ids=kb_ids, user=who.user, reader=who.reader,
-                                          actor=Actor(who.label, "mcp")))
+                                          actor=Actor(who.label, "mcp"), doc_filter=as_filter(filter)))
         return Answer(answer=res["answer"], outcome=outcome_of(res), sources=[source_row(s) for s in res["sources"]])
 
     @mcp.tool(description="读取文档原文：给出 chunk_id 时返回该段及其前后文，否则返回文档开头。 / Read a document: with "

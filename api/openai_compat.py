@@ -9,6 +9,7 @@ answer is the engine's one answer event stream (pipeline/services/answering.py),
   extractive as on the page. The text carries `[n]` exactly as on the page; structured sources travel as
   `citations` (non-stream: on the response and on the message; stream: on the final chunk before `[DONE]`), the
   outcome as `kbqa.outcome` = answer | weak | refuse. README "Connect other tools" documents the fields.
+  `kbqa_filter` (an extra body field; the SDK's `extra_body`): the document filter of api/doc_tags.py.
 - Errors in OpenAI's shape `{"error": {"message", "type", "code", "param"}}`: 400, 401 (key), 403 (knowledge
   base not readable), 404 (unknown model), 429 (+ Retry-After), 502 (LLM failed), 503 (engine loading).
 """
@@ -25,6 +26,7 @@ from fastapi.responses import JSONResponse, StreamingResponse
 from pydantic import BaseModel, ConfigDict, Field
 from starlette.concurrency import run_in_threadpool
 
+from api.doc_tags import FILTER_DOC, DocFilterBody, as_filter
 from api.sse import sse_frames
 from pipeline import events as ev
 from pipeline.access.callers import Caller
@@ -98,6 +100,8 @@ class ChatRequest(BaseModel):
     temperature: float | None = Field(None, ge=0, le=2)
     max_tokens: int | None = Field(None, ge=1, le=32768)
     max_completion_tokens: int | None = Field(None, ge=1, le=32768)
+    # not OpenAI's: the SDK sends it with extra_body={"kbqa_filter": {...}} (api/doc_tags.py)
+    kbqa_filter: DocFilterBody | None = Field(None, description=FILTER_DOC)
 
 
 def split_messages(messages: list[ChatMessage]) -> tuple[str, list[dict]]:
@@ -207,7 +211,8 @@ def router(engine, caller_of) -> APIRouter:
         scope = await run_in_threadpool(scope_of, body.model, caller)
         gen = Generation(body.temperature, body.max_tokens or body.max_completion_tokens)
         events = engine.ask(question, user=caller.user, kb_ids=scope, reader=caller.reader, history=history,
-                            generation=gen, actor=Actor(caller.label, "openai"))
+                            generation=gen, actor=Actor(caller.label, "openai"),
+                            doc_filter=as_filter(body.kbqa_filter))
         first = await run_in_threadpool(next, events, None)
         if first is not None and first.type is ev.EventType.ERROR:  # refused before anything was said
             events.close()

@@ -20,9 +20,10 @@ from pydantic import BaseModel, ConfigDict, Field
 from starlette.concurrency import run_in_threadpool
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from api import chunks, kb_chunking, openai_compat, security_headers, sources
+from api import chunks, doc_tags, kb_chunking, openai_compat, security_headers, sources
 from api.auth_first import AuthBeforeBody
 from api.body_limit import BodyLimit
+from api.doc_tags import FILTER_DOC, DocFilterBody, as_filter, upload_metadata
 from api.int_range import IntRange
 from api.mcp_server import CallerRefused, mount_mcp
 from api.sse import sse_frames
@@ -90,6 +91,10 @@ class KBScope(BaseModel):
     """Which knowledge bases to search: `kb_id` (one) or `kb_ids` (several); neither = the default one."""
     kb_id: int | None = Field(None, ge=1)
     kb_ids: list[int] | None = Field(None, max_length=100)
+    filter: DocFilterBody | None = Field(None, description=FILTER_DOC)
+
+    def doc_filter(self) -> dict | None:
+        return as_filter(self.filter)
 
     def scope(self) -> list[int] | None:
         ids = list(self.kb_ids or []) + ([self.kb_id] if self.kb_id is not None else [])
@@ -365,13 +370,17 @@ def create_api(engine: Engine, policy: AccessPolicy | None = None, bind_host: st
     async def upload(file: list[UploadFile] = File(..., description="repeatable"),
                      kb_id: int | None = Query(None, ge=1, description="knowledge base (default: the default one)"),
                      kb_id_form: int | None = Form(None, alias="kb_id", ge=1),
-                     _: str | None = Depends(kb_admin_user)):
+                     tags: str | None = Form(None, max_length=3000, description="comma-separated tags for every file"),
+                     metadata: str | None = Form(None, max_length=30000, description='JSON {"key": "value"}'),
+                     _: str | None = Depends(kb_admin_user), actor: Actor = Depends(rest_actor)):
         """Upload up to 10 files (txt/md/pdf/docx/xlsx/csv, ≤ 20 MB each) into a knowledge base (`kb_id` as a
         query parameter or form field). Returns one record per file: status processing (a file named like an
         active document with other content becomes its next version), 已存在 (same content in this knowledge
-        base), or refused with the reason."""
+        base), or refused with the reason. `tags` / `metadata` (form fields) go onto every new document; a new
+        version keeps those of the version it replaces."""
         target = kb_id or kb_id_form or DEFAULT_KB_ID
         engine.get_kb(target)  # 3002 before reading the files
+        meta = upload_metadata(metadata)
         tmpdir = Path(tempfile.mkdtemp(prefix="kbqa-up-"))
         try:
             items, refused = [], []
@@ -396,7 +405,7 @@ def create_api(engine: Engine, policy: AccessPolicy | None = None, bind_host: st
                                     "msg": f"文件超过 {MAX_FILE_BYTES // (1024 * 1024)} MB"})
                     continue
                 items.append((name, dest))
-            results = await run_in_threadpool(engine.upload, items, target) if items else []
+            results = (await run_in_threadpool(engine.upload, items, target, tags, meta, actor) if items else [])
             return ok([r.to_dict() for r in results] + refused)
         finally:
             shutil.rmtree(tmpdir, ignore_errors=True)
@@ -494,7 +503,7 @@ def create_api(engine: Engine, policy: AccessPolicy | None = None, bind_host: st
     def search(body: SearchBody, reader: Reader = Depends(reader_of)):
         """Dual-route debug search: {bm25, vector, fused}, and `rrf` = the fused list under SRS §7.2's name
         (whatever the fusion mode)."""
-        found = engine.search(body.query, body.top_k, body.scope(), reader)
+        found = engine.search(body.query, body.top_k, body.scope(), reader, doc_filter=body.doc_filter())
         return ok(found | {"rrf": found["fused"]})
 
     # --- question answering -------------------------------------------------------------------
@@ -504,7 +513,7 @@ def create_api(engine: Engine, policy: AccessPolicy | None = None, bind_host: st
         pipeline as the stream; `kb_id` / `kb_ids` pick the knowledge bases (default: the default one)."""
         return ok(engine.ask_sync(body.question, retry=body.retry, conversation_id=body.conversation_id,
                                   user=caller.user, use_kb=body.use_kb, kb_ids=body.scope(), reader=caller.reader,
-                                  actor=Actor(caller.label, "rest")))
+                                  actor=Actor(caller.label, "rest"), doc_filter=body.doc_filter()))
 
     @app.post("/api/qa/ask", tags=["qa"], response_class=StreamingResponse,
               responses={200: {"content": {"text/event-stream": {}},
@@ -515,7 +524,7 @@ def create_api(engine: Engine, policy: AccessPolicy | None = None, bind_host: st
         conversation_id (created when absent), turn_id, route and rewritten_query."""
         gen = engine.ask(body.question, retry=body.retry, conversation_id=body.conversation_id, user=caller.user,
                          use_kb=body.use_kb, kb_ids=body.scope(), reader=caller.reader,
-                         actor=Actor(caller.label, "rest"))
+                         actor=Actor(caller.label, "rest"), doc_filter=body.doc_filter())
         return StreamingResponse(sse_frames(gen, request, lambda event: event.to_sse()),
                                  media_type="text/event-stream",
                                  headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
@@ -630,6 +639,7 @@ def create_api(engine: Engine, policy: AccessPolicy | None = None, bind_host: st
     app.include_router(kb_chunking.router(engine, caller_of))  # a KB's chunking, the upload preview
     app.include_router(chunks.router(engine, caller_of))  # chunks: view, edit, restore, disable, add
     app.include_router(sources.router(engine, caller_of))  # web pages and folders a KB follows
+    app.include_router(doc_tags.router(engine, reader_of, kb_admin_user, rest_actor))  # tags and metadata
 
     # --- MCP (streamable HTTP at /mcp): the same callers, readers and rate limits as above ---------------
     def mcp_caller(request: Request) -> Caller:

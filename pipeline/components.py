@@ -46,6 +46,7 @@ from pipeline.services.audit_log import AuditLog
 from pipeline.services.changes import SearchableChanges
 from pipeline.services.chunks import ChunkService
 from pipeline.services.conversations import ConversationDesk
+from pipeline.services.doc_tags import DocTagService
 from pipeline.services.documents import DocumentService
 from pipeline.services.folder_sync import FolderSync
 from pipeline.services.kb_chunking import ChunkingService
@@ -66,6 +67,7 @@ from store.config_store import ConfigStore
 from store.conversations import ConversationStore
 from store.db import Database
 from store.dirlock import DataDirLock
+from store.doc_tags import DocTagStore
 from store.documents import DocumentStore
 from store.feedback import FeedbackStore
 from store.files import FileStore
@@ -138,6 +140,7 @@ class Components:
     picker: ExtractivePicker | None = None
     support: SupportChecker | None = None
     chunking: KBChunking | None = None  # each knowledge base's chunk settings over the global ones
+    doc_tags: DocTagStore | None = None  # document tags / metadata; resolves question filters (store/doc_tags.py)
 
     def close(self) -> None:
         if self.gate_background is not None:
@@ -222,7 +225,7 @@ def build_components(data_dir: Path | str, *, project_root: Path | None = None, 
                        default.vectors, tokenizer, default.bm25, ingest, write_lock, dir_lock,
                        conversations, FeedbackService(FeedbackStore(db), conversations), verified, Router(),
                        DeterministicRewriter(), jobs, SharedState(db), RetrievalStore(db), LeaseStore(db), dep, kbs,
-                       GateStatsStore(db), chunking=chunking)
+                       GateStatsStore(db), chunking=chunking, doc_tags=DocTagStore(db))
     return comps
 
 
@@ -267,6 +270,7 @@ class Services:
     login_throttle: LoginThrottle  # failed logins slow down, then lock (per user and per address)
     chunks: ChunkService           # a KB admin edits, restores, disables / enables and adds chunks
     chunking: ChunkingService      # per-KB chunking and the upload preview (预览分块)
+    doc_tags: DocTagService        # tags / metadata of documents (the filters: pipeline/retrieval/doc_filter.py)
     sources: Sources | None = None  # web pages and the folder a knowledge base follows (built over documents)
 
     def close(self) -> None:
@@ -301,6 +305,7 @@ def build_services(data_dir: Path | str, *, project_root: Path | None = None, mo
     changes = SearchableChanges(sync, clear_caches=recent.clear)
     access = KBAccess(c.kbs)  # per-KB readers: every read takes a `reader` (None = everyone)
     kbs = KnowledgeBaseService(c, access, lifecycle, changes, audit)
+    doc_tags = DocTagService(c, access, audit)
 
     def model_ids() -> ModelIds:
         stored, stored_dim = c.kbs.all_vectors.model_info()
@@ -315,7 +320,7 @@ def build_services(data_dir: Path | str, *, project_root: Path | None = None, mo
                                   has_job=lambda doc_id: c.ingest.is_queued(doc_id) or rebuild.running,
                                   rebuild_bm25=lambda: changes.changed(wait=True), on_model_fixed=model_fixed)
     windows = RateWindowStore(c.db)  # request counts and failed logins, shared by every process
-    documents = DocumentService(c, access, lifecycle, changes, rebuild, audit)
+    documents = DocumentService(c, access, lifecycle, changes, rebuild, audit, doc_tags)
     svc = Services(c, settings, lifecycle, changes, sync, kbs, documents,
                    AnswerService(c, settings, lifecycle, kbs, recent, catch_up=sync.catch_up, audit=audit),
                    ConversationDesk(c, access), OperationsService(c, lifecycle, changes, auditor, repairer),
@@ -324,7 +329,7 @@ def build_services(data_dir: Path | str, *, project_root: Path | None = None, mo
                                lambda: settings.current.login_rate_limit_per_min), audit, LoginThrottle(windows),
                    ChunkService(c, access, lifecycle, changes, audit),
                    ChunkingService(c, settings, audit, start_rebuild=documents.start_rebuild,
-                                   rebuild_busy=lifecycle.rebuild_busy))
+                                   rebuild_busy=lifecycle.rebuild_busy), doc_tags)
     web = WebSources(c, svc.documents, audit, lambda: settings.current)
     folders = FolderSync(c, svc.documents, audit, lambda: settings.current)
     svc.sources = Sources(web, folders, SourceSchedule([web.run_due, folders.run_due],
@@ -356,7 +361,7 @@ def load_models(c: Components, s: Settings) -> Models:
         c.docs, c.kbs, c.tokenizer, emb.embed_model, models.cross_encoder, calibration,
         pending_vectors=c.docs.pending_chunk_count, vector_enabled=lambda: models.model_warning is None,
         background=lambda kb_ids: c.gate_background.current(kb_ids),
-        sentences=SentenceEvidence(emb.embed_model))
+        sentences=SentenceEvidence(emb.embed_model), tags=c.doc_tags)
     # One background per knowledge base, its probes scored over that knowledge base alone with the settings of
     # this load (recall size / fusion barely move their best cosine).
     c.gate_background = GateBackgrounds(c.gate_stats, lambda kb_id: GateBackground(

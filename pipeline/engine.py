@@ -43,7 +43,7 @@ class Engine:
         self.documents, self.answers, self.conversations, self.ops = s.documents, s.answers, s.conversations, s.ops
         self.audit_log_service = s.audit  # (engine.audit is the consistency audit of the stores)
         self.api_keys, self.rate_limits, self.login_throttle = s.api_keys, s.rate_limits, s.login_throttle
-        self.chunks, self.chunking = s.chunks, s.chunking
+        self.chunks, self.chunking, self.doc_tags = s.chunks, s.chunking, s.doc_tags
         self.web_sources, self.folder_sync = s.sources.web, s.sources.folders
         self.data_dir, self.project_root, self.models_dir = (s.components.data_dir, s.components.project_root,
                                                              s.components.models_dir)
@@ -108,6 +108,9 @@ class Engine:
     chunk_document = _To("documents")
     document_file = _To("documents", "file")
     source_states = _To("documents")
+    document_tags = _To("doc_tags", "get")  # tags / metadata (pipeline/services/doc_tags.py)
+    set_document_tags = _To("doc_tags", "set")
+    list_tags = _To("doc_tags", "tags")
     start_rebuild = _To("documents")
     rebuild_status = _To("documents")
     rebuild = _To("documents")

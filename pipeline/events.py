@@ -145,6 +145,7 @@ class TracePayload(TypedDict):
     route: NotRequired[RouteInfo]
     query: NotRequired[QueryInfo]
     calibration: NotRequired[CalibrationInfo | None]  # the profile the fusion and the gate ran on
+    filter: NotRequired[dict]  # the document filter both routes applied (pipeline/retrieval/doc_filter.py)
 
 
 class DirectTracePayload(TypedDict):
@@ -294,6 +295,8 @@ def trace_payload(res: "RetrievalResult") -> TracePayload:
 
 def trace(res: "RetrievalResult", route: RouteInfo | None = None, query: QueryInfo | None = None) -> Event:
     payload = trace_payload(res)
+    if res.doc_filter:
+        payload["filter"] = res.doc_filter
     if route is not None:
         payload["route"] = route
     if query is not None:

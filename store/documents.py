@@ -14,7 +14,7 @@ from sqlalchemy import and_, bindparam, delete, func, insert, or_, select, updat
 
 from .db import Database, as_dict, dicts
 from .migrations import DEFAULT_KB_ID
-from .schema import kb_base, kb_chunk, kb_document, kb_section
+from .schema import kb_base, kb_chunk, kb_doc_meta, kb_doc_tag, kb_document, kb_section
 
 MAX_OFFSET = 2**62  # page × size never overflows the 64-bit OFFSET of SQLite / PostgreSQL
 STATUS_LABELS = {"processing": "处理中", "ready": "就绪", "failed": "失败"}
@@ -219,6 +219,8 @@ class DocumentStore:
         with self.db.transaction() as conn:
             conn.execute(delete(C).where(C.c.doc_id == doc_id))
             conn.execute(delete(kb_section).where(kb_section.c.doc_id == doc_id))
+            for t in (kb_doc_tag, kb_doc_meta):  # its tags and metadata (store/doc_tags.py)
+                conn.execute(delete(t).where(t.c.doc_id == doc_id))
             return conn.execute(delete(D).where(D.c.doc_id == doc_id)).rowcount > 0
 
     def counts(self, kb_id: int | None = None) -> dict:

@@ -405,11 +405,29 @@ MIGRATIONS += [
 ]
 
 
-# --- issue 28 items 4 and 5 (session 7, s7-web) ---------------------------------------------------------------
-# MERGE NOTE: numbers 18 and 19 belong to the other session-7 branches; the two empty stand-ins below only keep
-# this branch's list contiguous (1..n) and are dropped when those branches' real 18 and 19 are merged in.
 MIGRATIONS += [
-    Migration(19, "reserved for another session-7 branch", ()),
+    # v19: document tags and key-value metadata (set at upload, editable later). Filters resolve them to the
+    # allowed doc_ids in SQL before either route runs (pipeline/retrieval/doc_filter.py). One row per (document,
+    # tag) / (document, key); the indexes serve "documents with this tag / this key = value".
+    Migration(19, "document tags and metadata", (
+        """CREATE TABLE kb_doc_tag (
+            doc_id  INTEGER NOT NULL REFERENCES kb_document(doc_id) ON DELETE CASCADE,
+            tag     TEXT NOT NULL,
+            PRIMARY KEY (doc_id, tag)
+        )""",
+        "CREATE INDEX idx_doc_tag_tag ON kb_doc_tag(tag)",
+        """CREATE TABLE kb_doc_meta (
+            doc_id  INTEGER NOT NULL REFERENCES kb_document(doc_id) ON DELETE CASCADE,
+            key     TEXT NOT NULL,
+            value   TEXT NOT NULL,
+            PRIMARY KEY (doc_id, key)
+        )""",
+        "CREATE INDEX idx_doc_meta_kv ON kb_doc_meta(key, value)",
+    )),
+]
+
+
+MIGRATIONS += [
     # v20: sources a knowledge base follows — web pages (fetched on demand or on an interval) and one server-side
     # folder per knowledge base, with the files it last saw and a report per sync. Times are seconds since the
     # epoch; a source goes with its knowledge base (ON DELETE CASCADE).
@@ -470,7 +488,6 @@ MIGRATIONS += [
         "CREATE INDEX idx_sync_report_source ON sync_report(source_id, report_id)",
     )),
 ]
-
 
 def _check_order(migrations: list[Migration]) -> None:
     versions = [m.version for m in migrations]

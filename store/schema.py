@@ -72,6 +72,21 @@ kb_chunk = Table(
     Column("manual", BigInteger, nullable=False),  # 1: added by hand, not parsed from the file
 )
 
+kb_doc_tag = Table(
+    "kb_doc_tag", metadata,
+    Column("doc_id", BigInteger, ForeignKey("kb_document.doc_id", ondelete="CASCADE"), primary_key=True,
+           autoincrement=False),
+    Column("tag", Text, primary_key=True),
+)
+
+kb_doc_meta = Table(
+    "kb_doc_meta", metadata,
+    Column("doc_id", BigInteger, ForeignKey("kb_document.doc_id", ondelete="CASCADE"), primary_key=True,
+           autoincrement=False),
+    Column("key", Text, primary_key=True),
+    Column("value", Text, nullable=False),
+)
+
 kb_section = Table(
     "kb_section", metadata,
     Column("doc_id", BigInteger, ForeignKey("kb_document.doc_id", ondelete="CASCADE"), primary_key=True),

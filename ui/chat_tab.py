@@ -34,6 +34,7 @@ from .guard import request_user
 from .kb_spaces import refresh_scope, scope_ids, scope_picker
 from .render import answer_markdown, mark_replaced, render_sources, render_stage, render_trace, trace_marks
 from .safe_markdown import safe_markdown
+from .tag_filter import build_tag_filter, filter_of, refresh_tags
 from .viewer import OPENER_JS, build_viewer
 
 log = logging.getLogger(__name__)
@@ -94,7 +95,9 @@ def build_chat_tab(engine, policy: AccessPolicy | None = None) -> ChatTab:
                 use_kb = gr.Checkbox(True, label="知识库检索", elem_id="kb-use-kb", scale=2, min_width=120,
                                      info="关闭后直接与大模型对话，不检索知识库、没有引用")
                 new_conv = gr.Button("＋ 新对话", size="sm", elem_id="kb-new-conv", scale=1, min_width=90)
-            kbs = scope_picker(engine, "kb-scope")
+            with gr.Row(equal_height=True):
+                kbs = scope_picker(engine, "kb-scope")
+                tag_filter = build_tag_filter(engine)  # beside the KB picker: ask within some tags (ui/tag_filter.py)
             with gr.Accordion("检索过程", open=False, elem_id="kb-trace-acc"):
                 trace = gr.HTML(render_trace(None), elem_id="kb-trace", js_on_load=OPENER_JS)
         with gr.Column(scale=4, min_width=300):
@@ -159,7 +162,8 @@ def build_chat_tab(engine, policy: AccessPolicy | None = None) -> ChatTab:
     # ------------------------------------------------------------------ the answer stream
     run_outputs = view + [send, retry, goto_kb, question, current, history_list, viewer.group]
 
-    def run(q: str, conv_id, turns, use_kb_value, user, retry_flag: bool, kb_value=None) -> Iterator[dict]:
+    def run(q: str, conv_id, turns, use_kb_value, user, retry_flag: bool, kb_value=None,
+            doc_filter=None) -> Iterator[dict]:
         q = (q or "").strip()
         turns = list(turns or [])
         if not q:
@@ -182,7 +186,7 @@ def build_chat_tab(engine, policy: AccessPolicy | None = None) -> ChatTab:
         try:
             for e in engine.ask(q, retry=retry_flag, conversation_id=conv_id, user=user, use_kb=bool(use_kb_value),
                                 kb_ids=scope_ids(engine, kb_value, policy.reader(user)),
-                                reader=policy.reader(user), actor=Actor(user, "page")):
+                                reader=policy.reader(user), actor=Actor(user, "page"), doc_filter=doc_filter):
                 if e.type is ev.EventType.STAGE:
                     yield {stage: render_stage(e.data.get("phase"))}
                 elif e.type is ev.EventType.TRACE:
@@ -234,22 +238,30 @@ def build_chat_tab(engine, policy: AccessPolicy | None = None) -> ChatTab:
 
     # `kb_value` comes after `request` (Gradio injects the request by its annotation): callers from before
     # knowledge bases existed still pass the same positional inputs.
-    def ask(question_text: str, use_kb_value: bool, conv_id, turns, request: gr.Request, kb_value=None):
+    def ask(question_text: str, use_kb_value: bool, conv_id, turns, request: gr.Request, kb_value=None,
+            tags_value=None, mode_value=None):
         yield from run(question_text, conv_id, turns, use_kb_value, request_user(request), retry_flag=False,
-                       kb_value=kb_value)
+                       kb_value=kb_value, doc_filter=filter_of(tags_value, mode_value))
 
-    def retry_fn(use_kb_value: bool, current_q: str, conv_id, turns, request: gr.Request, kb_value=None):
+    def retry_fn(use_kb_value: bool, current_q: str, conv_id, turns, request: gr.Request, kb_value=None,
+                 tags_value=None, mode_value=None):
         yield from run(current_q or "", conv_id, turns, use_kb_value, request_user(request), retry_flag=True,
-                       kb_value=kb_value)
+                       kb_value=kb_value, doc_filter=filter_of(tags_value, mode_value))
 
-    gr.on([send.click, question.submit], ask, [question, use_kb, conv_state, turns_state, kbs], run_outputs,
-          api_name="ask", concurrency_limit=4, concurrency_id="kb-ask", show_progress="hidden")
-    retry.click(retry_fn, [use_kb, current, conv_state, turns_state, kbs], run_outputs, api_name="retry",
-                concurrency_limit=4, concurrency_id="kb-ask", show_progress="hidden")
+    gr.on([send.click, question.submit], ask, [question, use_kb, conv_state, turns_state, kbs, *tag_filter.inputs],
+          run_outputs, api_name="ask", concurrency_limit=4, concurrency_id="kb-ask", show_progress="hidden")
+    retry.click(retry_fn, [use_kb, current, conv_state, turns_state, kbs, *tag_filter.inputs], run_outputs,
+                api_name="retry", concurrency_limit=4, concurrency_id="kb-ask", show_progress="hidden")
     def load_scope(request: gr.Request):  # the knowledge bases this user may read, all picked
         return refresh_scope(engine, policy.reader(request_user(request)))
 
-    gr.on(None, load_scope, None, [kbs], api_name=False, show_progress="hidden")
+    def load_tags(kb_value, picked, request: gr.Request):  # the tags in use in the picked knowledge bases
+        reader = policy.reader(request_user(request))
+        return refresh_tags(engine, scope_ids(engine, kb_value, reader), reader, picked)
+
+    gr.on(None, load_scope, None, [kbs], api_name=False, show_progress="hidden").then(
+        load_tags, [kbs, tag_filter.tags], [tag_filter.tags], api_name=False, show_progress="hidden")
+    kbs.change(load_tags, [kbs, tag_filter.tags], [tag_filter.tags], api_name="chat_tags", show_progress="hidden")
 
     # ------------------------------------------------------------------ turns of the open conversation
     def select_turn(idx, turns, conv_id, request: gr.Request):

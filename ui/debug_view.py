@@ -16,6 +16,7 @@ import gradio as gr
 from . import guard
 from .kb_spaces import refresh_scope, scope_ids, scope_picker
 from .render import esc, fmt_num, fusion_title, snippet
+from .tag_filter import build_tag_filter, describe_filter, filter_of, refresh_tags
 from .viewer import OPENER_JS
 
 log = logging.getLogger(__name__)
@@ -130,14 +131,16 @@ def render_columns(result: dict, top_k: int) -> tuple[str, str, str]:
 
 def _ms_text(ms: dict | None) -> str:
     labels = {"embed": "向量化", "bm25": "BM25", "vector": "向量检索", "rrf": "RRF 融合", "fusion": "融合",
-              "total": "合计"}
+              "filter": "文档筛选", "total": "合计"}
     parts = [f"{labels.get(k, k)} {fmt_num(v, 1)} ms" for k, v in (ms or {}).items()]
     return " · ".join(parts)
 
 
 def make_search_handler(engine, policy=None):
-    def debug_search(query: str, top_k: float | int | None, kbs=None, request: gr.Request = None):
-        """Returns (status markdown, bm25 html, vector html, fused html). `kbs`: the picked knowledge bases."""
+    def debug_search(query: str, top_k: float | int | None, kbs=None, request: gr.Request = None, tags=None,
+                     mode=None):
+        """Returns (status markdown, bm25 html, vector html, fused html). `kbs`: the picked knowledge bases;
+        `tags` / `mode`: the tag filter (ui/tag_filter.py)."""
         empty = ("", "", "")
         try:
             k = int(top_k) if top_k is not None else DEFAULT_TOP_K
@@ -145,7 +148,8 @@ def make_search_handler(engine, policy=None):
             return ("⚠️ topK 必须是 1–50 的整数", *empty)
         try:
             reader = guard.reader_of(policy, request)
-            result = engine.search(query or "", k, scope_ids(engine, kbs, reader), reader)
+            result = engine.search(query or "", k, scope_ids(engine, kbs, reader), reader,
+                                   doc_filter=filter_of(tags, mode))
         except Exception as exc:  # EngineError (validation / 2002) or a retrieval failure
             msg = getattr(exc, "msg", None) or str(exc)
             if not getattr(exc, "code", None):
@@ -157,7 +161,8 @@ def make_search_handler(engine, policy=None):
         status = (f"BM25 {len(result.get('bm25') or [])} 条 · 向量 {len(result.get('vector') or [])} 条 · "
                   f"两路都召回 {both} 条（同色 = 同一块）")
         ms = _ms_text(result.get("ms"))
-        return (status + (f"　｜　{ms}" if ms else ""), *cols)
+        flt = describe_filter(result.get("filter"))
+        return (status + (f"　｜　{ms}" if ms else "") + (f"　｜　文档筛选：{esc(flt)}" if flt else ""), *cols)
 
     return debug_search
 
@@ -170,15 +175,23 @@ def build_debug_view(engine, policy=None) -> dict[str, Any]:
         top_k = gr.Slider(1, MAX_TOP_K, value=DEFAULT_TOP_K, step=1, label="topK", scale=2)
         kbs = scope_picker(engine, "kbd-kbs")
         go = gr.Button("检索", variant="primary", scale=1, min_width=80)
+    with gr.Row(equal_height=True):
+        tag_filter = build_tag_filter(engine, "kbd-tag-filter")
     status = gr.Markdown("")
     with gr.Row(equal_height=False, elem_classes=["kbd-root"]):
         cols = [gr.HTML("", css_template=COLUMN_CSS, js_on_load=HOVER_JS + OPENER_JS, elem_classes=["kbd-column"],
                         elem_id=f"kbd-{key}") for key in ("bm25", "vector", "fused")]
     handler = make_search_handler(engine, policy)
-    go.click(handler, [query, top_k, kbs], [status, *cols], api_name="debug_search")
-    query.submit(handler, [query, top_k, kbs], [status, *cols], api_name=False)
+    go.click(handler, [query, top_k, kbs, *tag_filter.inputs], [status, *cols], api_name="debug_search")
+    query.submit(handler, [query, top_k, kbs, *tag_filter.inputs], [status, *cols], api_name=False)
     def load_scope(request: gr.Request):
         return refresh_scope(engine, guard.reader_of(policy, request))
 
-    gr.on(None, load_scope, None, [kbs], api_name=False, show_progress="hidden")
+    def load_tags(kb_value, picked, request: gr.Request):
+        reader = guard.reader_of(policy, request)
+        return refresh_tags(engine, scope_ids(engine, kb_value, reader), reader, picked)
+
+    gr.on(None, load_scope, None, [kbs], api_name=False, show_progress="hidden").then(
+        load_tags, [kbs, tag_filter.tags], [tag_filter.tags], api_name=False, show_progress="hidden")
+    kbs.change(load_tags, [kbs, tag_filter.tags], [tag_filter.tags], api_name=False, show_progress="hidden")
     return {"query": query, "top_k": top_k, "status": status, "columns": cols}

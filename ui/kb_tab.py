@@ -26,6 +26,7 @@ from .audit_view import AUDIT_CSS, audit_html, repair_html
 from .chunk_editor import EDITOR_CSS, build_chunk_editor, chunk_marks
 from .confirm import confirm_panel
 from .debug_view import build_debug_view
+from .doc_tags_editor import build_doc_tags_editor
 from .guard import reader_of, request_user
 from .header import badge_html
 from .kb_spaces import build_kb_manager, kb_choices
@@ -277,6 +278,7 @@ def build_kb_tab(engine, badge=None, policy: AccessPolicy | None = None) -> dict
             upload = gr.File(label="拖拽或点击上传（txt / md / pdf / docx / xlsx / csv，单个 ≤ 20 MB，一次 ≤ 10 个）",
                              file_count="multiple", file_types=FILE_TYPES, height=140, elem_id="kb-upload")
             upload_msg = gr.HTML("", elem_id="kb-upload-msg", css_template=TABLE_CSS)
+            doc_tags = build_doc_tags_editor(engine, policy)  # upload tags + 标签与元数据 (ui/doc_tags_editor.py)
             preview = build_upload_preview(engine, policy, FILE_TYPES)  # 预览分块, this KB's chunking
             sources = build_sources_section(engine, policy)  # 网页 and the synced folder (ui/sources_section.py)
             with gr.Row(equal_height=True):
@@ -380,13 +382,14 @@ def build_kb_tab(engine, badge=None, policy: AccessPolicy | None = None) -> dict
     def kb_search(kw, request: gr.Request, kb=DEFAULT_KB_ID):
         return list_values(1, kw, request, kb)
 
-    def kb_upload(files, pg, kw, request: gr.Request, kb=DEFAULT_KB_ID):
+    def kb_upload(files, pg, kw, request: gr.Request, kb=DEFAULT_KB_ID, tags=None):
         require(request)
         items = _file_items(files)
         if not items:
             return ("", *list_values(pg, kw, request, kb, clear_upload=True))
         try:
-            results = [r.to_dict() for r in engine.upload(items, _int(kb, DEFAULT_KB_ID))]
+            results = [r.to_dict() for r in engine.upload(items, _int(kb, DEFAULT_KB_ID), tags=tags or None,
+                                                          actor=guard.page_actor(request))]
         except Exception as exc:  # EngineError: rebuild running / engine not ready / vectors of another model
             if not getattr(exc, "code", None):
                 log.exception("upload failed")
@@ -536,7 +539,8 @@ def build_kb_tab(engine, badge=None, policy: AccessPolicy | None = None) -> dict
     prev_btn.click(kb_prev, [page, keyword, kb], list_outputs, api_name=False)
     next_btn.click(kb_next, [page, keyword, kb], list_outputs, api_name=False)
 
-    upload.upload(kb_upload, [upload, page, keyword, kb], [upload_msg, *list_outputs], api_name="kb_upload",
+    upload.upload(kb_upload, [upload, page, keyword, kb, doc_tags.upload_tags], [upload_msg, *list_outputs],
+                  api_name="kb_upload",
                   preprocess=False, concurrency_limit=1, show_progress_on=[upload_msg])
 
     table.click(kb_action, None, [view_id, chunk_panel, chunk_title, chunk_view, del_id, del_confirm, del_text,
@@ -546,6 +550,8 @@ def build_kb_tab(engine, badge=None, policy: AccessPolicy | None = None) -> dict
                                                           *list_outputs], api_name="kb_restore")
     view_btn.click(kb_chunks, [view_id], [chunk_panel, chunk_title, chunk_view], api_name="kb_chunks").then(
         editor.load, [view_id], editor.outputs, api_name=False)
+    view_id.change(doc_tags.load, [view_id], [doc_tags.doc_id, doc_tags.tags, doc_tags.meta, doc_tags.info],
+                   api_name=False, show_progress="hidden")  # 查看块 also opens the document's tags
     chunk_close.click(lambda: gr.update(visible=False), None, chunk_panel, api_name=False)
     del_yes.click(kb_delete, [del_id, page, keyword, kb], [del_confirm, del_msg, del_id, *list_outputs],
                   api_name="kb_delete", concurrency_limit=1, show_progress_on=[del_msg])

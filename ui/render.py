@@ -326,6 +326,10 @@ def render_trace(trace: dict | None, elapsed_ms: Any = None) -> str:
     if gate:
         parts.append(render_gate(gate))
     parts.append(render_calibration(trace.get("calibration")))
+    if trace.get("filter"):  # the document filter both routes applied
+        from .tag_filter import filter_html  # (that module imports gradio; this one does not)
+
+        parts.append(filter_html(trace["filter"]))
     support = trace.get("support")
     if support:
         bad = support.get("unsupported", 0)

@@ -155,6 +155,14 @@ class JiebaBM25Retriever(BM25Retriever):
                     pos[k] = self.snapshot.size + d
         return pos
 
+    def restrict(self, scores: np.ndarray, allowed) -> np.ndarray:
+        """The scores with every chunk outside a filter's allowed set zeroed (pipeline/retrieval/doc_filter.py):
+        `hits` then takes its top-k among the allowed chunks only."""
+        snap = self.snapshot
+        tail = self._chunk_ids(len(scores))[snap.size:] if len(scores) > snap.size else np.zeros(0, dtype=np.int64)
+        keep = allowed.keep(snap.chunk_ids, tail)[:len(scores)]
+        return np.where(keep, scores, 0.0).astype(scores.dtype, copy=False)
+
     def hits(self, scores: np.ndarray) -> list[NodeWithScore]:
         """The top `similarity_top_k` chunks with a positive score, as ready nodes."""
         chunk_ids = self._chunk_ids(len(scores))

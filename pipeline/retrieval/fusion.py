@@ -351,17 +351,22 @@ class HybridRetriever(BaseRetriever):
         super().__init__()
 
     def run(self, query_bundle: QueryBundle, keep: Callable[[NodeWithScore], bool] | None = None,
-            limit: int | None = None) -> FusionOutput:
+            limit: int | None = None, allowed=None) -> FusionOutput:
         """`keep` (evaluation only: tools/eval/gate_dataset's gold-removed negatives) drops hits from both route lists
-        before the fusion, each list then cut to `limit` — the rest is exactly the app's fusion."""
+        before the fusion, each list then cut to `limit` — the rest is exactly the app's fusion. `allowed` (a
+        document filter's store.doc_tags.Allowed): each route ranks only those chunks (pipeline/retrieval/doc_filter.py)."""
         out = FusionOutput(mode=self.params.mode)
         with timing.collect() as ms:
             with timing.stage("bm25"):
                 got = self.bm25_retriever.query_scores(query_bundle.query_str) if self.bm25_retriever else None
                 inner, scores = got if got is not None else (None, None)
+                if inner is not None and allowed is not None:
+                    scores = inner.restrict(scores, allowed)
                 out.bm25 = inner.hits(scores) if inner is not None else []
             with timing.stage("vector"):
-                out.vector = self.vector_retriever.retrieve(query_bundle) if self.vector_retriever else []
+                vec = self.vector_retriever
+                out.vector = ([] if vec is None else vec.retrieve(query_bundle) if allowed is None
+                              else vec.retrieve_allowed(query_bundle, allowed))
             if keep is not None:
                 out.bm25 = [n for n in out.bm25 if keep(n)][:limit]
                 out.vector = [n for n in out.vector if keep(n)][:limit]

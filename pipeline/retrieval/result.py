@@ -23,6 +23,7 @@ class RetrievalResult:
     min_similarity: float = 0.0
     gate: dict | None = None  # the no-answer gate's outcome and evidence (pipeline/retrieval/gate.py GateDecision.trace)
     calibration: dict | None = None  # the calibration profile the fusion and gate ran on (ActiveProfile.info)
+    doc_filter: dict | None = None  # the document filter both routes applied (pipeline/retrieval/doc_filter.py)
     query_embedding: list[float] | None = field(default=None, repr=False)
     started: float = field(default=0.0, repr=False)            # perf_counter() at the start, for ms["total"]
 

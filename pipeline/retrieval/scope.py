@@ -32,6 +32,10 @@ class MergedRetriever(BaseRetriever):
     def _retrieve(self, query_bundle: QueryBundle) -> list[NodeWithScore]:
         return _merge([n for r in self._retrievers for n in r.retrieve(query_bundle)], self._top_k)
 
+    def retrieve_allowed(self, query_bundle: QueryBundle, allowed) -> list[NodeWithScore]:
+        """Each knowledge base's top-k among a filter's allowed documents (ReadyVectorRetriever), merged."""
+        return _merge([n for r in self._retrievers for n in r.retrieve_allowed(query_bundle, allowed)], self._top_k)
+
 
 class _MergedScorer:
     """The snapshot scorers of several BM25 indexes; `scores` is the list of their score arrays."""
@@ -39,6 +43,10 @@ class _MergedScorer:
     def __init__(self, inners: list, top_k: int):
         self._inners = inners
         self.similarity_top_k = top_k
+
+    def restrict(self, scores: list[np.ndarray], allowed) -> list[np.ndarray]:
+        """Each index's scores with chunks outside a filter's allowed set zeroed (JiebaBM25Retriever.restrict)."""
+        return [inner.restrict(sc, allowed) for inner, sc in zip(self._inners, scores)]
 
     def hits(self, scores: list[np.ndarray]) -> list[NodeWithScore]:
         return _merge([n for inner, sc in zip(self._inners, scores) for n in inner.hits(sc)], self.similarity_top_k)

@@ -21,6 +21,7 @@ from llama_index.core.schema import NodeWithScore, QueryBundle
 from pipeline.calibration import ActiveProfile
 from pipeline.models.tokenize_zh import ChineseTokenizer
 from pipeline.retrieval.bm25 import LiveBM25Retriever
+from pipeline.retrieval.doc_filter import Allowed, ChunkDocs, DocFilter
 from pipeline.retrieval.fusion import FusionOutput, FusionParams, HybridRetriever
 from pipeline.retrieval.gate import GateModel, decide
 from pipeline.retrieval.gate_background import Background
@@ -32,6 +33,7 @@ from pipeline.retrieval.scope import scoped, scoped_bm25
 from pipeline.retrieval.sentence_evidence import SentenceEvidence
 from pipeline.retrieval.vector import ReadyVectorRetriever, chroma_index, stored_cosines
 from pipeline.settings import Settings
+from store.doc_tags import DocTagStore
 from store.documents import DocumentStore
 
 if TYPE_CHECKING:
@@ -59,7 +61,9 @@ class RetrievalService:
                  calibration: ActiveProfile,
                  pending_vectors: Callable[[], int] = lambda: 0, vector_enabled: Callable[[], bool] = lambda: True,
                  background: Callable[[tuple[int, ...]], Background | None] = lambda kb_ids: None,
-                 sentences: SentenceEvidence | None = None):
+                 sentences: SentenceEvidence | None = None, tags: DocTagStore | None = None):
+        self.tags = tags  # resolves a question's document filter to the documents it allows (store/doc_tags.py)
+        self.chunk_docs = ChunkDocs(tags.doc_ids_of) if tags is not None else None  # BM25 position → doc_id
         # the gate's background of the knowledge bases a question searches (pipeline/retrieval/gate_background.py)
         self.background = background
         self.in_flight = 0  # questions being retrieved now (a gate background refresh waits for them)
@@ -107,7 +111,8 @@ class RetrievalService:
                 vec = scoped([ReadyVectorRetriever(lambda kb=kb: self._vector_index(kb), lookup, recall,
                                                    extra_fetch=lambda kb=kb: self.docs.pending_chunk_count(kb.kb_id),
                                                    enabled=self.vector_enabled,
-                                                   ready_count=lambda kb=kb: self.docs.ready_chunk_count(kb.kb_id))
+                                                   ready_count=lambda kb=kb: self.docs.ready_chunk_count(kb.kb_id),
+                                                   kb_id=kb.kb_id)
                               for kb in kbs], recall)
                 fusion = HybridRetriever(bm25, vec, lambda q, ids, kbs=kbs: self._stored_cosines(q, ids, kbs), params)
                 built = _Stages(fusion, SafeRerank(self.cross_encoder, top_n=s.final_top_k,
@@ -128,15 +133,31 @@ class RetrievalService:
             self._indexes.pop(kb_id, None)
             self._stages = {k: v for k, v in self._stages.items() if kb_id not in k[-1]}
 
+    def allowed(self, doc_filter: DocFilter | None, kb_ids=None) -> Allowed | None:
+        """The chunks a document filter lets a question in these knowledge bases search (None: no filter)."""
+        if doc_filter is None or doc_filter.empty:
+            return None
+        if self.tags is None:
+            raise RuntimeError("document filters need the tag store (RetrievalService(tags=...))")
+        by_kb, chunks = self.tags.allowed(self.scope(kb_ids), doc_filter)
+        return Allowed(by_kb, chunks, self.chunk_docs)
+
     def recall(self, query: str, s: Settings, recall: int | None = None,
-               kb_ids=None, keep=None) -> tuple[QueryBundle, FusionOutput, float]:
+               kb_ids=None, keep=None, doc_filter: DocFilter | None = None) -> tuple[QueryBundle, FusionOutput, float]:
         """Embed the query, run both routes and the fusion. Returns (bundle, routes + fused + ms, embed ms).
-        `keep` (evaluation tools only): drop hits before the fusion, route lists then cut to recall_size."""
+        `keep` (evaluation tools only): drop hits before the fusion, route lists then cut to recall_size.
+        `doc_filter`: both routes rank only the documents it allows (pipeline/retrieval/doc_filter.py)."""
+        t0 = time.perf_counter()
+        allowed = self.allowed(doc_filter, kb_ids)
+        filter_ms = (time.perf_counter() - t0) * 1000
         t0 = time.perf_counter()
         emb = self.embed_model.get_query_embedding(query) if self.vector_enabled() else None
         embed_ms = (time.perf_counter() - t0) * 1000
         bundle = QueryBundle(query_str=query, embedding=emb)
-        return bundle, self.stages(s, recall, kb_ids).fusion.run(bundle, keep, s.recall_size), embed_ms
+        fusion = self.stages(s, recall, kb_ids).fusion.run(bundle, keep, s.recall_size, allowed=allowed)
+        if allowed is not None:
+            fusion.ms["filter"] = filter_ms
+        return bundle, fusion, embed_ms
 
     def _stored_cosines(self, query_embedding, chunk_ids: list[str], kbs=None) -> dict[str, float]:
         """Cosines of the query with stored vectors, from the collections of the knowledge bases in scope."""
@@ -148,24 +169,25 @@ class RetrievalService:
             out.update(stored_cosines(kb.vectors.collection, query_embedding, missing))  # today's collection
         return out
 
-    def recall_stage(self, query: str, s: Settings, kb_ids=None) -> RetrievalResult:
+    def recall_stage(self, query: str, s: Settings, kb_ids=None, doc_filter: DocFilter | None = None) -> RetrievalResult:
         """Both routes + fusion + the no-answer gate (the answer stream reports it as stage "recall")."""
         with self._in_flight_lock:
             self.in_flight += 1
         try:
-            return self._recall_stage(query, s, kb_ids)
+            return self._recall_stage(query, s, kb_ids, doc_filter)
         finally:
             with self._in_flight_lock:
                 self.in_flight -= 1
 
-    def _recall_stage(self, query: str, s: Settings, kb_ids=None) -> RetrievalResult:
+    def _recall_stage(self, query: str, s: Settings, kb_ids=None, doc_filter: DocFilter | None = None) -> RetrievalResult:
         t_start = time.perf_counter()
-        bundle, fusion, embed_ms = self.recall(query, s, kb_ids=kb_ids)
+        bundle, fusion, embed_ms = self.recall(query, s, kb_ids=kb_ids, doc_filter=doc_filter)
         res = RetrievalResult(query=query, bm25=fusion.bm25, vector=fusion.vector, fused=fusion.fused,
                               min_similarity=s.min_similarity, bm25_weight=fusion.bm25_weight,
                               fusion_mode=fusion.mode, fusion_features=fusion.features,
                               query_embedding=bundle.embedding, started=t_start,
-                              calibration=self.calibration.info())
+                              calibration=self.calibration.info(),
+                              doc_filter=doc_filter.to_dict() if doc_filter is not None else None)
         res.max_similarity = max((n.score or 0.0 for n in fusion.vector), default=0.0)
         res.ms = {"embed": embed_ms, **fusion.ms}
         # Gate (F3-4): refuse (no LLM call downstream) / weak evidence / answer — pipeline/retrieval/gate.py
@@ -220,8 +242,8 @@ class RetrievalService:
                  res.query[:40], res.ms.get("bm25", 0), res.ms.get("vector", 0), rerank_ms, res.hit)
         return res
 
-    def retrieve(self, query: str, s: Settings, kb_ids=None) -> RetrievalResult:
-        return self.rerank_stage(self.recall_stage(query, s, kb_ids), s)
+    def retrieve(self, query: str, s: Settings, kb_ids=None, doc_filter: DocFilter | None = None) -> RetrievalResult:
+        return self.rerank_stage(self.recall_stage(query, s, kb_ids, doc_filter), s)
 
     def _fill_similarity(self, nodes: list[NodeWithScore], query_emb) -> None:
         """Cosine similarity for every final node, also those the vector route did not return."""
@@ -234,10 +256,10 @@ class RetrievalService:
         for n in missing:
             n.node.metadata["similarity_full"] = got.get(n.node.node_id)
 
-    def debug_search(self, query: str, top_k: int, s: Settings, kb_ids=None) -> dict:
+    def debug_search(self, query: str, top_k: int, s: Settings, kb_ids=None, doc_filter: DocFilter | None = None) -> dict:
         """SRS §7.2 shape: bm25 / vector / fused groups, each top_k long; `rrf` is the same fused list under the
-        SRS's name (whatever the fusion mode)."""
-        _, fusion, _ = self.recall(query, s, recall=max(top_k, s.recall_size), kb_ids=kb_ids)
+        SRS's name (whatever the fusion mode). `filter`: the document filter applied (None: none)."""
+        _, fusion, _ = self.recall(query, s, recall=max(top_k, s.recall_size), kb_ids=kb_ids, doc_filter=doc_filter)
 
         def row(n):
             m = n.node.metadata
@@ -252,6 +274,7 @@ class RetrievalService:
             "ms": {k: round(v, 1) for k, v in fusion.ms.items()},
             "bm25_weight": round(fusion.bm25_weight, 3),
             "fusion": fusion_info(fusion.mode, fusion.bm25_weight, fusion.features),
+            "filter": doc_filter.to_dict() if doc_filter is not None else None,
         }
 
 

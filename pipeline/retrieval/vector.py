@@ -68,8 +68,9 @@ class ReadyVectorRetriever(BaseRetriever):
 
     def __init__(self, index: Callable[[], VectorStoreIndex], lookup: ChunkLookup, top_k: int,
                  extra_fetch: Callable[[], int] = lambda: 0, enabled: Callable[[], bool] = lambda: True,
-                 ready_count: Callable[[], int | None] = lambda: None):
+                 ready_count: Callable[[], int | None] = lambda: None, kb_id: int | None = None):
         self._index = index
+        self._kb_id = kb_id  # whose documents a filter's allowed set picks for this collection
         self._lookup = lookup
         self._top_k = top_k
         self._extra_fetch = extra_fetch  # vectors not to return (not 就绪 / old versions): the widening's bound
@@ -78,12 +79,12 @@ class ReadyVectorRetriever(BaseRetriever):
         super().__init__()
 
     @staticmethod
-    def _search(index: VectorStoreIndex, embedding, k: int) -> list[tuple[int, float]]:
-        """(chunk_id, cosine) of the k nearest vectors, best first. Only ids and distances come back: the text
-        and metadata of a hit are read from SQL for the hits kept, and LlamaIndex's ChromaVectorStore would turn
-        every hit into a node with its text first."""
+    def _search(index: VectorStoreIndex, embedding, k: int, where: dict | None = None) -> list[tuple[int, float]]:
+        """(chunk_id, cosine) of the k nearest vectors (among those `where` allows), best first. Only ids and
+        distances come back: the text and metadata of a hit are read from SQL for the hits kept, and LlamaIndex's
+        ChromaVectorStore would turn every hit into a node with its text first."""
         got = index.vector_store.client.query(query_embeddings=[list(map(float, embedding))], n_results=int(k),
-                                              include=["distances"])
+                                              where=where, include=["distances"])
         return [(int(i), cosine_from_distance(d)) for i, d in zip(got["ids"][0], got["distances"][0])]
 
     def _retrieve(self, query_bundle: QueryBundle) -> list[NodeWithScore]:
@@ -116,5 +117,28 @@ class ReadyVectorRetriever(BaseRetriever):
                 break
             k = min(cap, 4 * k)
         scored.sort(key=lambda h: (-h[1], h[0]))
+        return self._nodes(scored, rows)
+
+    def _nodes(self, scored: list[tuple[int, float]], rows: dict) -> list[NodeWithScore]:
         # nodes only for the hits returned (building one costs more than finding it)
         return [NodeWithScore(node=node_from_row(rows[cid]), score=score) for cid, score in scored[: self._top_k]]
+
+    def retrieve_allowed(self, query_bundle: QueryBundle, allowed) -> list[NodeWithScore]:
+        """Top-k among the documents a filter allows (pipeline/retrieval/doc_filter.Allowed): Chroma's `where` on
+        doc_id restricts the ANN search itself, so the hits are the best allowed chunks however low they rank
+        without the filter. The allowed documents are 就绪 and active, so no widening is needed."""
+        if not self._enabled():
+            return []
+        doc_ids = allowed.docs_in(self._kb_id) if self._kb_id is not None else allowed.all_doc_ids
+        if not doc_ids:
+            return []
+        index = self._index()
+        emb = query_bundle.embedding
+        if emb is None:
+            emb = index._embed_model.get_query_embedding(query_bundle.query_str)
+        where = {"doc_id": doc_ids[0]} if len(doc_ids) == 1 else {"doc_id": {"$in": doc_ids}}
+        hits = self._search(index, emb, max(1, min(self._top_k, allowed.chunk_count)), where)
+        rows = self._lookup([cid for cid, _ in hits])
+        scored = sorted(((cid, score) for cid, score in hits if retrievable(rows.get(cid))),
+                        key=lambda h: (-h[1], h[0]))
+        return self._nodes(scored, rows)

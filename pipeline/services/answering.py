@@ -16,6 +16,7 @@ from pipeline.conversation.rewrite import Rewrite
 from pipeline.conversation.router import DIRECT, Route
 from pipeline.conversation.service import HISTORY_TURNS, TurnRecorder
 from pipeline.errors import CODE_ENGINE, CODE_LLM, CODE_VALIDATION, EngineError
+from pipeline.retrieval.doc_filter import DocFilter, parse_filter
 from pipeline.retrieval.result import RetrievalResult
 from pipeline.services.audit_log import Actor, AuditLog
 from pipeline.services.knowledge_bases import KnowledgeBaseService
@@ -55,22 +56,27 @@ class AnswerService:
         self.catch_up = catch_up
         self.retrieval_calls = 0
 
-    def search(self, query: str, top_k: int = 10, kb_ids: Any = None, reader: Reader | None = None) -> dict:
-        """Dual-route debug search in the given knowledge bases (default: the default one)."""
+    def search(self, query: str, top_k: int = 10, kb_ids: Any = None, reader: Reader | None = None,
+               doc_filter: Any = None) -> dict:
+        """Dual-route debug search in the given knowledge bases (default: the default one); `doc_filter`: the
+        documents both routes may return (pipeline/retrieval/doc_filter.py)."""
         self._validate_question(query, "query")
+        flt = parse_filter(doc_filter)
         if not isinstance(top_k, int) or isinstance(top_k, bool) or not 1 <= top_k <= 50:
             raise EngineError(CODE_VALIDATION, "top_k 必须是 1–50 的整数", "top_k")
         self.catch_up()
         scope = self.kbs.resolve(kb_ids, reader)
         self.lifecycle.require_ready()
-        return self.c.retrieval.debug_search(query.strip(), top_k, self.settings.current, scope)
+        return self.c.retrieval.debug_search(query.strip(), top_k, self.settings.current, scope, flt)
 
-    def retrieve(self, question: str, kb_ids: Any = None, reader: Reader | None = None) -> RetrievalResult:
+    def retrieve(self, question: str, kb_ids: Any = None, reader: Reader | None = None,
+                 doc_filter: Any = None) -> RetrievalResult:
+        flt = parse_filter(doc_filter)
         self.catch_up()
         scope = self.kbs.resolve(kb_ids, reader)
         self.lifecycle.require_ready()
         self.retrieval_calls += 1
-        return self.c.retrieval.retrieve(question, self.settings.current, scope)
+        return self.c.retrieval.retrieve(question, self.settings.current, scope, flt)
 
     @staticmethod
     def _validate_question(q: Any, field: str = "question") -> None:
@@ -83,20 +89,23 @@ class AnswerService:
     def ask(self, question: str, retry: bool = False, conversation_id: str | None = None,
             user: str | None = None, use_kb: bool = True, kb_ids: Any = None,
             reader: Reader | None = None, history: Sequence[dict] | None = None,
-            generation: Generation | None = None, actor: Actor | None = None) -> Iterator[ev.Event]:
+            generation: Generation | None = None, actor: Actor | None = None,
+            doc_filter: Any = None) -> Iterator[ev.Event]:
         """The one answer event stream (`_answer`), recorded in the audit log as asked by `actor` (default: `user`
-        through no door, i.e. a script) whichever door consumes it."""
+        through no door, i.e. a script) whichever door consumes it. `doc_filter`: tags / metadata / upload dates
+        the cited documents must match, applied inside both routes (pipeline/retrieval/doc_filter.py)."""
         searched: list[int] = []  # filled by _answer once it has resolved the scope (the log reads it at the end)
         asked = [int(k) for k in kb_ids if str(k).isdigit()] if isinstance(kb_ids, list | tuple) else None
         stream = self._answer(question, retry, conversation_id, user, use_kb, kb_ids, reader, history, generation,
-                              searched)
+                              searched, doc_filter)
         return self.audit.audited(stream, actor or Actor(user), searched, question if isinstance(question, str)
                                   else "", asked=asked)
 
     def _answer(self, question: str, retry: bool = False, conversation_id: str | None = None,
                 user: str | None = None, use_kb: bool = True, kb_ids: Any = None,
                 reader: Reader | None = None, history: Sequence[dict] | None = None,
-                generation: Generation | None = None, searched: list[int] | None = None) -> Iterator[ev.Event]:
+                generation: Generation | None = None, searched: list[int] | None = None,
+                doc_filter: Any = None) -> Iterator[ev.Event]:
         """The one answer event stream: stage → trace → stage → delta* → sources → done (or error).
         `kb_ids`: the knowledge bases to search (default: the default one); each must be readable by `reader`
         (4003 otherwise).
@@ -113,6 +122,7 @@ class AnswerService:
         c = self.c
         try:
             self._validate_question(question)
+            flt = parse_filter(doc_filter)
             self.catch_up()
             scope = self.kbs.resolve(kb_ids, reader)
             if searched is not None:
@@ -132,9 +142,10 @@ class AnswerService:
         route = c.router.route(question, use_kb=use_kb, has_history=bool(history),
                                rerank_available=c.models.cross_encoder is not None)
         recorder = TurnRecorder(c.conversations, conv_id, user, question)
-        qkey = f"{question}\x00{','.join(map(str, scope))}"  # a retry reuses the retrieval of the same scope
+        # a retry reuses the retrieval of the same scope and filter
+        qkey = f"{question}\x00{','.join(map(str, scope))}" + (f"\x00{flt.to_dict()}" if flt else "")
         inner = (self._direct_answer(question, route, history, t0, gen) if route.route == DIRECT
-                 else self._kb_answer(question, route, history, conv_id, retry, t0, scope, qkey, gen))
+                 else self._kb_answer(question, route, history, conv_id, retry, t0, scope, qkey, gen, flt))
         try:
             for e in inner:
                 if stateless:  # nothing stored: done says the route itself
@@ -168,7 +179,8 @@ class AnswerService:
         yield ev.done((time.perf_counter() - t0) * 1000, no_answer=False, mode=mode)
 
     def _kb_answer(self, question: str, route: Route, history: list[dict], conv_id: str | None, retry: bool,
-                   t0: float, scope: list[int], qkey: str, gen: Generation) -> Iterator[ev.Event]:
+                   t0: float, scope: list[int], qkey: str, gen: Generation,
+                   flt: DocFilter | None = None) -> Iterator[ev.Event]:
         from pipeline.generation.answer import stream_answer
         from pipeline.generation.llm_client import LLMError
 
@@ -180,7 +192,7 @@ class AnswerService:
             try:
                 yield ev.stage("recall")
                 rw = c.models.rewriter.rewrite(question, history) if history else Rewrite(question, question, "none")
-                res = c.retrieval.recall_stage(rw.query, s, scope)
+                res = c.retrieval.recall_stage(rw.query, s, scope, flt)
                 yield ev.stage("rerank")
                 res = c.retrieval.rerank_stage(res, s)  # LIGHT has no reranker: the stage reports skipped
             except Exception as exc:
@@ -216,7 +228,7 @@ class AnswerService:
     def ask_sync(self, question: str, retry: bool = False, conversation_id: str | None = None,
                  user: str | None = None, use_kb: bool = True, kb_ids: Any = None,
                  reader: Reader | None = None, history: Sequence[dict] | None = None,
-                 generation: Generation | None = None, actor: Actor | None = None) -> dict:
+                 generation: Generation | None = None, actor: Actor | None = None, doc_filter: Any = None) -> dict:
         """The synchronous form over the same stream: {answer, sources, elapsed_ms, trace, weak, support,
         conversation_id, turn_id, route, rewritten_query, mode, no_answer} or EngineError."""
         parts: list[str] = []
@@ -225,7 +237,7 @@ class AnswerService:
         done: dict = {}
         with closing(self.ask(question, retry=retry, conversation_id=conversation_id, user=user, use_kb=use_kb,
                               kb_ids=kb_ids, reader=reader, history=history, generation=generation,
-                              actor=actor)) as events:
+                              actor=actor, doc_filter=doc_filter)) as events:
             for e in events:
                 if e.type is ev.EventType.DELTA:
                     parts.append(e.data["text"])

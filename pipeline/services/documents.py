@@ -12,6 +12,7 @@ from pipeline.ingestion.rebuild import Rebuild
 from pipeline.ingestion.service import IngestBusy, UploadResult
 from pipeline.services.audit_log import Actor, AuditLog
 from pipeline.services.changes import SearchableChanges
+from pipeline.services.doc_tags import DocTagService
 from pipeline.services.lifecycle import Lifecycle
 from store.migrations import DEFAULT_KB_ID
 
@@ -23,8 +24,9 @@ _NO_PROGRESS = {"stage": None, "stage_label": None, "done": None, "total": None,
 
 class DocumentService:
     def __init__(self, c: Components, access: KBAccess, lifecycle: Lifecycle, changes: SearchableChanges,
-                 rebuild: Rebuild, audit: AuditLog):
+                 rebuild: Rebuild, audit: AuditLog, tags: DocTagService | None = None):
         self.c = c
+        self.tags = tags
         self.audit = audit
         self.access = access
         self.lifecycle = lifecycle
@@ -32,12 +34,20 @@ class DocumentService:
         self.rebuild_job = rebuild
 
     # ---- upload and the queue
-    def upload(self, items: list[tuple[str, Path]], kb_id: int = DEFAULT_KB_ID) -> list[UploadResult]:
+    def upload(self, items: list[tuple[str, Path]], kb_id: int = DEFAULT_KB_ID, tags=None, metadata=None,
+               actor: Actor | None = None) -> list[UploadResult]:
+        """`tags` (a list, or comma-separated text) and `metadata` ({key: value}) go onto every new document;
+        a new version starts with those of the version it replaces (pipeline/services/doc_tags.py)."""
         self.c.kbs.check(kb_id, fresh=True)  # deleted by another process meanwhile: 3002
+        if self.tags is not None:
+            tags, metadata = self.tags.check_upload(tags, metadata)
         try:
-            return self.c.ingest.upload(items, kb_id)
+            results = self.c.ingest.upload(items, kb_id)
         except IngestBusy as exc:
             raise EngineError(CODE_ENGINE, str(exc)) from None
+        if self.tags is not None:
+            self.tags.at_upload(results, tags, metadata, actor)
+        return results
 
     def wait_idle(self, timeout: float | None = None) -> bool:
         """Block until every queued document is processed (scripts, tests, benchmarks)."""

@@ -2,6 +2,7 @@
 
     python -m tools.bench.bench_retrieval [--chunks 50000] [--base 1000] [--queries 200] [--reranker DIR]
                                           [--chroma-url http://127.0.0.1:8000/db [--database-url postgresql://…]]
+                                          [--filter [--filter-share 0.1] [--per-doc 500]]
 
 Embedding 50k chunks would take over an hour on 2 cores, so the corpus is built from `--base` real chunks
 (CMRC 2018 contexts + CRUD-RAG news, chunked by our chunker, embedded by the engine's model) and replicated
@@ -12,6 +13,9 @@ Prints: BM25 rebuild from stored tokens vs re-tokenizing the corpus with jieba; 
 stage (embed, bm25, vector, fusion, rerank) for the convex fusion and the SRS's RRF in the same run, on the same
 questions; and the serving state's RSS component by component, measured in a fresh process over the built
 data dir (the build process's own peak is printed separately: it is the benchmark's, not the app's).
+With `--filter` a share of the documents (`--filter-share`, every k-th one) is tagged and the same questions run
+with and without the filter tags_any=[that tag], alternating question by question in the same serving process:
+retrieval latency p50/p95 without vs with the filter (issue 28: with a filter p50 ≤ without + 10 ms at 50k chunks).
 With `--chroma-url` the same chunks, vectors and questions also go into a second engine on that Chroma server (and
 on `--database-url`'s PostgreSQL when given, else SQLite) and both configurations are measured in the same run,
 alternating question by question (default settings).
@@ -109,7 +113,7 @@ def _compare_server(embedded, corpus, args, tmp: Path) -> dict:
             server.reload()
         if server.components.vectors.count() or server.components.docs.counts()["docs"]:
             raise SystemExit("the server databases must start empty (use a fresh Chroma database path / PG db)")
-        insert_s = _fill(server, corpus)
+        insert_s = _fill(server, corpus, args.per_doc)
         s = server.settings
         server.components.bm25.rebuild(s.bm25_k1, s.bm25_b, persist=False)
         keys = ("vector", "bm25", "retrieval_no_rerank")
@@ -150,12 +154,17 @@ def main(argv=None) -> int:
     ap.add_argument("--reranker", default=None, help="cross-encoder directory (rerank stage timing)")
     ap.add_argument("--chroma-url", default=None, help="also measure on this Chroma server (http://host:port/db)")
     ap.add_argument("--database-url", default=None, help="with --chroma-url: metadata on this PostgreSQL")
+    ap.add_argument("--filter", action="store_true",
+                    help="also measure with a document filter (a tag on --filter-share of the documents)")
+    ap.add_argument("--filter-share", type=float, default=0.1, help="share of the documents the filter allows")
+    ap.add_argument("--per-doc", type=int, default=500, help="chunks per benchmark document")
     ap.add_argument("--json", default=None)
     ap.add_argument("--data", default=None, help="measure only the serving state over (a copy of) this data dir")
     ap.add_argument("--serve", default=None, help=argparse.SUPPRESS)  # internal: measure a built data dir
     args = ap.parse_args(argv)
     if args.serve:
-        Path(args.json).write_text(json.dumps(serve(Path(args.serve), args.queries, args.reranker)))
+        share = args.filter_share if args.filter else None
+        Path(args.json).write_text(json.dumps(serve(Path(args.serve), args.queries, args.reranker, share)))
         return 0
     if args.data:  # serving state only, over a copy of an existing data dir (no 50k build)
         with tempfile.TemporaryDirectory(prefix="kbqa-bench-") as tmp:
@@ -183,7 +192,7 @@ def main(argv=None) -> int:
         rng = np.random.default_rng(7)
         corpus = list(_replicas(base, base_emb, base_tok, args.chunks, rng))
         all_texts = [text for _, _, text in corpus]
-        report["insert_s"] = _fill(engine, corpus)
+        report["insert_s"] = _fill(engine, corpus, args.per_doc)
 
         s = engine.settings
         t0 = time.perf_counter()
@@ -237,9 +246,10 @@ MODES = {"convex (auto weight + fragment prior)": {"fusion_mode": "convex", "con
          "rrf (SRS, K=60)": {"fusion_mode": "rrf", "bm25_adaptive": False}}
 
 
-def serve(data: Path, n_queries: int, reranker: str | None) -> dict:
+def serve(data: Path, n_queries: int, reranker: str | None, filter_share: float | None = None) -> dict:
     """The serving state over a built data dir, component by component, as Engine.load builds it; then the
-    same questions through each fusion mode (latency per stage)."""
+    same questions through each fusion mode (latency per stage); with `filter_share` also without vs with a
+    document filter allowing that share of the documents (`filter_compare`)."""
     steps: list[tuple[str, float]] = [("python", rss_mb()[0])]
     # imported here on purpose: the RSS the libraries add is the next measured step (see the module's imports)
     from pipeline.components import build_components, load_models
@@ -269,10 +279,81 @@ def serve(data: Path, n_queries: int, reranker: str | None) -> dict:
             stages["retrieval_no_rerank"].append(sum(r.ms.get(k, 0.0) for k in ("embed", "bm25", "vector", "fusion")))
         latency[name] = {k: {"p50": pct(v, 50), "p95": pct(v, 95)} for k, v in stages.items()}
     steps.append((f"{len(MODES) * n_queries} questions", rss_mb()[0]))
+    filtered = filter_compare(c, s, qs, filter_share) if filter_share else None
     rerank = c.retrieval.rerank_label or "未配置精排模型（阶段跳过）"
     c.close()
     rows = [(name, mb, mb - prev) for (name, mb), (_, prev) in zip(steps[1:], steps[:-1])]
-    return {"latency_ms": latency, "rerank": rerank, "rss_steps": rows, "peak_rss_mb": rss_mb()[1]}
+    out = {"latency_ms": latency, "rerank": rerank, "rss_steps": rows, "peak_rss_mb": rss_mb()[1]}
+    return out | ({"filter_compare": filtered} if filtered else {})
+
+
+FILTER_TAG = "bench-filter"
+FILTER_KEYS = ("filter", "bm25", "vector", "fusion", "retrieval_no_rerank")
+
+
+def filter_compare(c, s, qs: list[str], share: float) -> dict:
+    """Tag every k-th document (k = 1 / share), then the same questions without and with tags_any=[tag],
+    alternating question by question (default settings, no rerank). retrieval_no_rerank includes the filter's
+    SQL resolution (stage "filter")."""
+    from store.doc_tags import DocFilter
+
+    docs = [d["doc_id"] for d in c.docs.all_docs()]
+    every = max(1, round(1 / share))
+    tagged = docs[::every]
+    for d in tagged:
+        c.doc_tags.set(d, [FILTER_TAG])
+    flt = DocFilter(tags_any=(FILTER_TAG,))
+    allowed = c.retrieval.allowed(flt, None)
+    c.retrieval.recall_stage(qs[0], s)
+    t0 = time.perf_counter()  # the first filtered question after a (re)build maps the BM25 positions to documents
+    c.retrieval.chunk_docs.of_snapshot(c.bm25.snapshot.chunk_ids)
+    map_ms = round((time.perf_counter() - t0) * 1000, 1)
+    t0 = time.perf_counter()
+    c.retrieval.recall_stage(qs[0], s, doc_filter=flt)
+    first_ms = round((time.perf_counter() - t0) * 1000, 1)
+    for q in qs[:3]:  # warm-up: both paths
+        c.retrieval.recall_stage(q, s)
+        c.retrieval.recall_stage(q, s, doc_filter=flt)
+    got: dict[str, dict[str, list[float]]] = {"without": {k: [] for k in FILTER_KEYS},
+                                              "with": {k: [] for k in FILTER_KEYS}}
+    found = full_vector = 0
+    paired: list[float] = []  # per question: (filter + bm25 + vector + fusion) with − without; the embedding is
+    for q in qs:              # the same work either way and its noise on a busy machine dwarfs the difference
+        routes = {}
+        for name, f in (("without", None), ("with", flt)):
+            r = c.retrieval.recall_stage(q, s, doc_filter=f)
+            for k in FILTER_KEYS[:-1]:
+                got[name][k].append(r.ms.get(k, 0.0))
+            got[name]["retrieval_no_rerank"].append(sum(r.ms.get(k, 0.0)
+                                                        for k in ("embed", "filter", "bm25", "vector", "fusion")))
+            routes[name] = sum(r.ms.get(k, 0.0) for k in ("filter", "bm25", "vector", "fusion"))
+            if f is not None:
+                found += bool(r.fused) and all(n.node.metadata["doc_id"] in set(tagged) for n in r.fused)
+                full_vector += len(r.vector) == min(s.recall_size, allowed.chunk_count)
+        paired.append(routes["with"] - routes["without"])
+    return {"docs": len(docs), "tagged_docs": len(tagged), "first_filtered_ms": first_ms, "map_ms": map_ms,
+            "paired_delta_ms": {"p50": pct(paired, 50), "p95": pct(paired, 95)}, "full_vector_lists": full_vector, "allowed_chunks": int(allowed.chunk_count),
+            "questions_with_only_allowed_hits": found, "questions": len(qs),
+            **{n: {k: {"p50": pct(v, 50), "p95": pct(v, 95)} for k, v in d.items()} for n, d in got.items()}}
+
+
+def print_filter(report: dict) -> None:
+    fc = report["filter_compare"]
+    print(f"\nDocument filter, same serving process and questions, alternating: tags_any=[{FILTER_TAG}] on "
+          f"{fc['tagged_docs']}/{fc['docs']} documents ({fc['allowed_chunks']} chunks allowed); "
+          f"{fc['questions_with_only_allowed_hits']}/{fc['questions']} filtered questions got hits, all allowed")
+    print("| stage | without p50 / p95 ms | with filter p50 / p95 ms |\n|---|---|---|")
+    for k in FILTER_KEYS:
+        w, f = fc["without"][k], fc["with"][k]
+        print(f"| {k} | {w['p50']} / {w['p95']} | {f['p50']} / {f['p95']} |")
+    d = round(fc["with"]["retrieval_no_rerank"]["p50"] - fc["without"]["retrieval_no_rerank"]["p50"], 1)
+    print(f"- retrieval p50 with the filter − without: {d:+} ms (issue 28 asks ≤ +10 ms at 50k chunks)")
+    pd = fc["paired_delta_ms"]
+    print(f"- per question, routes only (filter + bm25 + vector + fusion), with − without: p50 {pd['p50']:+} ms, "
+          f"p95 {pd['p95']:+} ms; the vector route returned a full top-k of allowed chunks for "
+          f"{fc['full_vector_lists']}/{fc['questions']} filtered questions")
+    print(f"- first filtered question after the BM25 index was built: {fc['first_filtered_ms']} ms (mapping its "
+          f"positions to documents, once per build: {fc['map_ms']} ms)")
 
 
 def serve_both(data: Path, args) -> dict:
@@ -284,6 +365,8 @@ def serve_both(data: Path, args) -> dict:
         path = data.parent / f"serve-{name}.json"
         cmd = [sys.executable, "-m", "tools.bench.bench_retrieval", "--serve", str(data), "--queries", str(args.queries),
                "--json", str(path)] + (["--reranker", args.reranker] if args.reranker else [])
+        if getattr(args, "filter", False) and name == "lean":  # the filter comparison once, as shipped
+            cmd += ["--filter", "--filter-share", str(args.filter_share)]
         subprocess.run(cmd, check=True, env={**os.environ, **env})
         out[name] = json.loads(path.read_text())
     report = dict(out["lean"])
@@ -313,6 +396,8 @@ def print_serving(report: dict) -> None:
         for n, r in report["tokenizer_compare"].items():
             steps = " / ".join(f"{a:+}" for a in r["steps_added_mb"])
             print(f"| {n} | {steps} | {r['after_questions_mb']} | {r['peak_rss_mb']} |")
+    if "filter_compare" in report:
+        print_filter(report)
 
 
 if __name__ == "__main__":
