@@ -76,6 +76,8 @@ def test_sync_adds_versions_and_removes_files_never_modified(env):
     assert {rules_name, "test.txt", DOCX.name} <= set(docs) and ".hidden.txt" not in docs
     assert all(docs[n]["status"] == "ready" for n in (rules_name, "test.txt", DOCX.name))
     assert fingerprint(folder) == before  # read, never modified
+    meta = engine.components.doc_tags.get(docs["test.txt"]["doc_id"])["metadata"]
+    assert meta["source"] == str(folder / "test.txt")  # the file it came from: automatic metadata
 
     # nothing changed: nothing happens
     again = engine.sync_folder(kb)

@@ -185,6 +185,10 @@ def test_article_main_text_searchable_navigation_not(engine, site):
     path, _ = engine.document_file(doc["doc_id"])
     assert f"来源：{site.base}/article" in path.read_text(encoding="utf-8")
     assert engine.list_web_sources(1)[0]["url"] == f"{site.base}/article"
+    # the URL is the document's automatic `source` metadata: a filter on it finds the page
+    assert engine.components.doc_tags.get(doc["doc_id"])["metadata"]["source"] == f"{site.base}/article"
+    found = engine.search(first[:40], 5, [1], doc_filter={"metadata": {"source": f"{site.base}/article"}})
+    assert found["fused"] and {h["doc_id"] for h in found["fused"]} == {doc["doc_id"]}, found
 
 
 def test_404_is_a_failed_document_with_reason_nothing_indexed(engine, site):

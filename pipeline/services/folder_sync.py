@@ -202,6 +202,8 @@ class FolderSync:
             report["failed"].append({"name": rel, "reason": result.msg})
             return
         doc = self.c.docs.get(result.doc_id) if result.doc_id else None
+        if doc is not None and not result.existed and self.c.doc_tags is not None:
+            self.c.doc_tags.put(doc["doc_id"], "source", str(Path(src["path"]) / rel))  # automatic: the file it is
         if doc is not None and not (result.existed and values["lineage_id"] is None):
             # (an identical file already in the knowledge base under another name is not this file's document:
             # deleting this file must not delete that one)

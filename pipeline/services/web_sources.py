@@ -185,6 +185,8 @@ class WebSources:
         if not result.ok:
             self._failed({**src, "last_doc_id": None}, result.msg)
             return
+        if not result.existed and result.doc_id is not None and self.c.doc_tags is not None:
+            self.c.doc_tags.put(result.doc_id, "source", src["url"])  # automatic metadata: where it came from
         status = "unchanged" if result.existed else "ok"
         msg = "内容未变化，未产生新版本" if result.existed else result.msg
         self.store.record(src["source_id"], status=status, message=msg, last_fetch_at=self.clock(),
