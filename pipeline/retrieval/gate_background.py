@@ -264,6 +264,10 @@ class GateBackground:
         return Background.from_dict(stored[1]).previous() if stored is not None else None
 
 
+class _Closing(Exception):
+    """Raised between two probes of a background refresh once the engine closes."""
+
+
 class GateBackgrounds:
     """One GateBackground per knowledge base (made on first use), the combination for a question's scope, and
     the debounced refresh after knowledge-base changes. `make(kb_id)` builds the one of a knowledge base."""
@@ -277,6 +281,9 @@ class GateBackgrounds:
         self._of: dict[int, GateBackground] = {}
         self._lock = threading.Lock()
         self._timer: threading.Timer | None = None
+        # every timer that may still run: a newer refresh_soon cancels the pending one, but one already measuring
+        # goes on (and must be waited for at close — a thread inside the model at interpreter exit aborts it)
+        self._timers: list[threading.Timer] = []
         self._closed = False  # set by cancel(): the engine is closing, no refresh may start or go on
 
     def of(self, kb_id: int) -> GateBackground:
@@ -296,6 +303,8 @@ class GateBackgrounds:
             self.refresh_soon()
 
     def _yield_to_questions(self) -> None:
+        if self._closed:
+            raise _Closing()  # between two probes: a closing engine does not wait for the other probes
         time.sleep(PROBE_PAUSE_S)
         deadline = time.monotonic() + YIELD_MAX_S
         while self._busy() and not self._closed and time.monotonic() < deadline:
@@ -329,18 +338,21 @@ class GateBackgrounds:
                 self._timer.cancel()
             self._timer = threading.Timer(delay, self._refresh_quietly)
             self._timer.daemon = True
+            self._timers = [t for t in self._timers if t.is_alive()] + [self._timer]
             self._timer.start()
 
     def cancel(self, wait: float = 30.0) -> None:
         """Stop: a pending refresh never starts, one that runs stops after its current knowledge base and is
         waited for — it embeds probes in onnxruntime, and a daemon thread still inside it when the interpreter
         exits crashes the process (seen as rc 134/139 after a passing test run)."""
-        self._closed = True
-        timer = self._timer
-        if timer is not None:
+        with self._lock:
+            self._closed = True
+            timers = list(self._timers)
+        deadline = time.monotonic() + wait
+        for timer in timers:
             timer.cancel()
             if timer.is_alive() and timer is not threading.current_thread():
-                timer.join(wait)
+                timer.join(max(0.0, deadline - time.monotonic()))
 
     def _refresh_quietly(self) -> None:
         for kb_id in list(self._kb_ids()):
@@ -348,5 +360,7 @@ class GateBackgrounds:
                 return
             try:
                 self.of(kb_id).refresh_if_changed()
+            except _Closing:
+                return
             except Exception:  # noqa: BLE001 — a failed refresh is retried by the next question (current())
                 log.exception("gate background refresh of kb %s failed", kb_id)
