@@ -18,7 +18,7 @@ import pytest
 from sqlalchemy import update
 
 from store.schema import kb_document
-from tests.live import LiveApp
+from tests.live import LiveApp, backgrounds_measured
 from tests.mcp_client import over_http
 from tests.tiny_engine import tiny_engine, tiny_model, wait_idle
 
@@ -58,6 +58,7 @@ def kb(tmp_path_factory):
                            metadata={"dept": "legal", "source": "/srv/share/书院"})[0]
     other = engine.upload([(other_file.name, other_file)], tags="档案", metadata={"dept": "hr"})[0]
     wait_idle(engine)
+    backgrounds_measured(engine)  # the gate's full background, as seconds after an ingest (not the quick estimate)
     app = LiveApp(engine)
     app.tmp, app.target, app.other = tmp, target.doc_id, other.doc_id
     yield app

@@ -98,7 +98,7 @@ class SourcesSection:
 
 
 def build_sources_section(engine, policy: AccessPolicy) -> SourcesSection:
-    with gr.Accordion("网页与文件夹同步", open=False, elem_id="kb-sources"):
+    with gr.Accordion("网页与文件夹同步", open=False, elem_id="kb-follow"):
         with gr.Row(equal_height=True):
             url = gr.Textbox(show_label=False, placeholder="https://… 要导入的网页地址", scale=4, max_lines=1,
                              elem_id="src-url", container=False)
