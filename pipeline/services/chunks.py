@@ -106,6 +106,18 @@ class ChunkService:
         self.access.check(row["kb_id"], reader)
         return row
 
+    def _ready_doc(self, doc_id, reader: Reader | None, refused: str) -> dict:
+        """A document a KB admin may curate now: it exists, the reader may see it, it is 就绪, not a verified entry."""
+        self.lifecycle.refuse_while_rebuilding()
+        doc = self.c.docs.get(int(doc_id))
+        if doc is None:
+            raise EngineError(CODE_NO_DOC, f"文档不存在：{doc_id}", "doc_id")
+        self.access.check(doc["kb_id"], reader)
+        if doc["status"] != "ready":
+            raise EngineError(CODE_VALIDATION, f"文档还未就绪（处理中或失败），{refused}", "doc_id")
+        _refuse_verified(doc)
+        return doc
+
     def _editable(self, chunk_id, reader: Reader | None) -> dict:
         self.lifecycle.refuse_while_rebuilding()
         row = self._chunk(chunk_id, reader)
@@ -153,8 +165,7 @@ class ChunkService:
                 return public(row)  # already so: nothing to do, nothing to log
             kb.vectors.delete_ids([row["chunk_id"]])
             if enabled:
-                self._claim(kb)
-                kb.vectors.add_many([row["chunk_id"]], [emb], [row["text"]], [row["doc_id"]], [row["file_name"]])
+                self._add_vector(kb, row["chunk_id"], emb, row["text"], row["doc_id"], row["file_name"])
         if enabled:
             self.changes.changed(wait=True)  # BM25 holds it again before this returns
         else:
@@ -168,14 +179,7 @@ class ChunkService:
     def add(self, doc_id: int, text: str, context: str | None = None, actor: Actor | None = None,
             reader: Reader | None = None) -> dict:
         """A chunk written by hand, appended to the document; searchable when this returns."""
-        self.lifecycle.refuse_while_rebuilding()
-        doc = self.c.docs.get(int(doc_id))
-        if doc is None:
-            raise EngineError(CODE_NO_DOC, f"文档不存在：{doc_id}", "doc_id")
-        self.access.check(doc["kb_id"], reader)
-        if doc["status"] != "ready":
-            raise EngineError(CODE_VALIDATION, "文档还未就绪（处理中或失败），不能添加块", "doc_id")
-        _refuse_verified(doc)
+        doc = self._ready_doc(doc_id, reader, "不能添加块")
         text = _clean_text(text)
         context = _clean_text(context, "context", MAX_CONTEXT_CHARS, required=False)
         full = indexed_text(text, context)
@@ -183,8 +187,7 @@ class ChunkService:
         kb = self.c.kbs.get(doc["kb_id"])
         with self.c.write_lock.writing():
             chunk_id = self.store.add_manual(doc["doc_id"], text, context, tokens, (actor or Actor(None)).name)
-            self._claim(kb)
-            kb.vectors.add_many([chunk_id], [emb], [text], [doc["doc_id"]], [doc["file_name"]])
+            self._add_vector(kb, chunk_id, emb, text, doc["doc_id"], doc["file_name"])
         self.changes.changed(wait=True)
         self.audit.admin(actor, "chunk.add", {"chunk_id": chunk_id, "doc_id": doc["doc_id"],
                                               "file_name": doc["file_name"], "chars": len(text)}, [doc["kb_id"]])
@@ -193,14 +196,7 @@ class ChunkService:
     def reparse(self, doc_id: int, actor: Actor | None = None, reader: Reader | None = None) -> dict:
         """Discard every edit, switch-off and hand-made chunk of the document: its original is parsed again (the
         document is 处理中 until then, as in a rebuild). What "unless asked to" means for a rebuild."""
-        self.lifecycle.refuse_while_rebuilding()
-        doc = self.c.docs.get(int(doc_id))
-        if doc is None:
-            raise EngineError(CODE_NO_DOC, f"文档不存在：{doc_id}", "doc_id")
-        self.access.check(doc["kb_id"], reader)
-        if doc["status"] != "ready":
-            raise EngineError(CODE_VALIDATION, "文档还未就绪（处理中或失败），不能重新解析", "doc_id")
-        _refuse_verified(doc)
+        doc = self._ready_doc(doc_id, reader, "不能重新解析")
         self.c.docs.set_status(doc["doc_id"], "processing", None, "重新解析（放弃分块修改）")
         self.c.ingest.enqueue(doc["doc_id"], doc)
         self.changes.changed()  # 处理中: out of both routes now; its new chunks come with 就绪
@@ -244,8 +240,7 @@ class ChunkService:
             store_write(tokens)
             if emb is not None:
                 kb.vectors.delete_ids([row["chunk_id"]])
-                self._claim(kb)
-                kb.vectors.add_many([row["chunk_id"]], [emb], [text], [row["doc_id"]], [row["file_name"]])
+                self._add_vector(kb, row["chunk_id"], emb, text, row["doc_id"], row["file_name"])
         self.changes.changed(wait=True)
 
     def _embed(self, texts: list[str]) -> list[list[float]]:
@@ -253,6 +248,10 @@ class ChunkService:
         if self.c.models.model_warning:  # the collection holds another model's vectors: never mix them
             raise EngineError(CODE_ENGINE, f"{self.c.models.model_warning}，之后才能修改块")
         return self.c.models.embedding.embed_model.get_text_embedding_batch(texts)
+
+    def _add_vector(self, kb, chunk_id: int, emb, text: str, doc_id: int, file_name: str) -> None:
+        self._claim(kb)
+        kb.vectors.add_many([chunk_id], [emb], [text], [doc_id], [file_name])
 
     def _claim(self, kb) -> None:
         emb = self.c.models.embedding

@@ -15,21 +15,18 @@ from __future__ import annotations
 
 import logging
 import os
-import time
-from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 from pipeline.errors import CODE_ENGINE, CODE_NO_DOC, CODE_VALIDATION, EngineError
-from pipeline.services.audit_log import Actor, AuditLog
+from pipeline.services.audit_log import Actor
+from pipeline.services.source_schedule import FollowedSources
 from pipeline.services.web_sources import check_interval
 from store.files import md5_of
 from store.sources import FolderSourceStore
 
 if TYPE_CHECKING:
-    from pipeline.components import Components
-    from pipeline.services.documents import DocumentService
-    from pipeline.settings import Settings
+    pass
 
 log = logging.getLogger(__name__)
 
@@ -59,15 +56,9 @@ def walk(root: Path) -> list[tuple[str, Path]]:
     return out
 
 
-class FolderSync:
-    def __init__(self, c: Components, documents: DocumentService, audit: AuditLog,
-                 settings: Callable[[], Settings], clock: Callable[[], float] = time.time):
-        self.c = c
-        self.documents = documents
-        self.audit = audit
-        self.settings = settings
-        self.clock = clock
-        self.store = FolderSourceStore(c.db)
+class FolderSync(FollowedSources):
+    store_type = FolderSourceStore
+    kind = "folder source"
 
     # ---- configuration (the path: admins only — the doors check the role)
     def set_folder(self, kb_id: int, path: str, interval_min: int | None = None, actor: Actor | None = None) -> dict:
@@ -119,16 +110,8 @@ class FolderSync:
             raise EngineError(CODE_ENGINE, "该文件夹正在同步中，请稍后再试")
         return report
 
-    def run_due(self, now: float | None = None) -> int:
-        claimed = self.store.claim_due(self.clock() if now is None else now)
-        for source_id in claimed:
-            src = self.store.get(source_id)
-            if src is not None:
-                try:
-                    self._sync(src, "interval", None)
-                except Exception:
-                    log.exception("scheduled sync of folder source %s failed", source_id)
-        return len(claimed)
+    def _run_due_one(self, src: dict) -> None:
+        self._sync(src, "interval", None)
 
     def _sync(self, src: dict, cause: str, actor: Actor | None) -> dict | None:
         lease, owner = f"folder_sync:{src['source_id']}", self.c.ingest.owner

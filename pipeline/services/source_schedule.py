@@ -5,11 +5,51 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from pipeline.components import Components
+    from pipeline.services.audit_log import AuditLog
+    from pipeline.services.documents import DocumentService
+    from pipeline.settings import Settings
 
 log = logging.getLogger(__name__)
 
 POLL_S = 30.0
+
+
+class FollowedSources:
+    """What the web pages and the synced folders a knowledge base follows share: their wiring, and the
+    scheduler's tick that runs every source of this kind whose interval ran out and that this process claimed.
+    A subclass names its store (`store_type`, over the database) and what one scheduled run does (`_run_due_one`)."""
+
+    store_type: Any
+    kind = "source"
+
+    def __init__(self, c: Components, documents: DocumentService, audit: AuditLog,
+                 settings: Callable[[], Settings], clock: Callable[[], float] = time.time):
+        self.c = c
+        self.documents = documents
+        self.audit = audit
+        self.settings = settings
+        self.clock = clock
+        self.store = self.store_type(c.db)
+
+    def run_due(self, now: float | None = None) -> int:
+        claimed = self.store.claim_due(self.clock() if now is None else now)
+        for source_id in claimed:
+            src = self.store.get(source_id)
+            if src is not None:
+                try:
+                    self._run_due_one(src)
+                except Exception:  # one broken source must not stop the others
+                    log.exception("scheduled run of %s %s failed", self.kind, source_id)
+        return len(claimed)
+
+    def _run_due_one(self, src: dict) -> None:
+        raise NotImplementedError
 
 
 class SourceSchedule:

@@ -19,21 +19,18 @@ from __future__ import annotations
 import hashlib
 import logging
 import tempfile
-import time
 import uuid
-from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING
 from urllib.parse import urlsplit
 
 from pipeline.errors import CODE_ENGINE, CODE_NO_DOC, CODE_VALIDATION, EngineError
 from pipeline.ingestion.web_fetch import FetchFailed, FetchLimits, check_url, fetch_page
-from pipeline.services.audit_log import Actor, AuditLog
+from pipeline.services.audit_log import Actor
+from pipeline.services.source_schedule import FollowedSources
 from store.sources import WebSourceStore
 
 if TYPE_CHECKING:
-    from pipeline.components import Components
-    from pipeline.services.documents import DocumentService
     from pipeline.settings import Settings
 
 log = logging.getLogger(__name__)
@@ -69,15 +66,9 @@ def fetch_limits(s: Settings) -> FetchLimits:
                        max_redirects=s.web_max_redirects, allow_private=s.web_allow_private)
 
 
-class WebSources:
-    def __init__(self, c: Components, documents: DocumentService, audit: AuditLog,
-                 settings: Callable[[], Settings], clock: Callable[[], float] = time.time):
-        self.c = c
-        self.documents = documents
-        self.audit = audit
-        self.settings = settings
-        self.clock = clock
-        self.store = WebSourceStore(c.db)
+class WebSources(FollowedSources):
+    store_type = WebSourceStore
+    kind = "web source"
 
     # ---- reading
     def list(self, kb_id: int) -> list[dict]:
@@ -135,17 +126,8 @@ class WebSources:
         self.audit.admin(actor, "web_source.remove", {"url": src["url"]}, [src["kb_id"]])
         return {"source_id": source_id, "removed": True}
 
-    def run_due(self, now: float | None = None) -> int:
-        """The scheduler's tick: fetch every URL whose interval ran out and that this process claimed."""
-        claimed = self.store.claim_due(self.clock() if now is None else now)
-        for source_id in claimed:
-            src = self.store.get(source_id)
-            if src is not None:
-                try:
-                    self._fetch(src)
-                except Exception:
-                    log.exception("scheduled fetch of web source %s failed", source_id)
-        return len(claimed)
+    def _run_due_one(self, src: dict) -> None:
+        self._fetch(src)
 
     # ---- the fetch
     def _fetch(self, src: dict, refuse_busy: bool = False) -> dict:
