@@ -307,6 +307,16 @@ class DocumentStore:
                     self._ready_chunks(C.c.chunk_id, C.c.tokens, kb_id=kb_id).order_by(C.c.chunk_id)):
                 yield chunk_id, decode_tokens(tokens)
 
+    def ready_chunk_ids_of_docs(self, doc_ids: Iterable[int]) -> list[int]:
+        """Enabled chunks of these documents when they are retrievable: the ids a document filter hands to the
+        vector search."""
+        docs = sorted({int(d) for d in doc_ids})
+        out: list[int] = []
+        with self.db.connect() as conn:
+            for i in range(0, len(docs), 500):
+                out += [r[0] for r in conn.execute(self._ready_chunks(C.c.chunk_id).where(C.c.doc_id.in_(docs[i:i + 500])))]
+        return out
+
     def ready_chunk_count(self, kb_id: int | None = None) -> int:
         """Retrievable chunks (就绪, active version) of one knowledge base or all."""
         with self.db.connect() as conn:

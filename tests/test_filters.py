@@ -357,3 +357,28 @@ def test_chunk_to_document_map_contiguous_interleaved_and_gone(dialect_db):
     store = DocTagStore(db)
     assert len(q) > 500 and (store.doc_ids_of(q) == expect).all()
     assert (store.doc_ids_of(q[-20:]) == expect[-20:]).all()  # a few: one IN list
+
+
+def test_a_filtered_vector_search_survives_an_allowed_chunk_that_lost_its_vector(tmp_path):
+    """A filter reaches Chroma as the allowed chunk ids; Chroma refuses a query naming an id it does not hold
+    (a vector lost in a crash, which the audit reports), so the route answers through `where` on doc_id instead."""
+    engine = tiny_engine(tmp_path / "data", tiny_model(tmp_path / "tiny"), recall_size=RECALL)
+    try:
+        for name, text in (("a.txt", TARGET), ("b.txt", OTHER)):
+            p = tmp_path / name
+            p.write_text(text, encoding="utf-8")
+            assert engine.upload([(p.name, p)], tags=["档案"])[0].ok
+        wait_idle(engine)
+        c = engine.components
+        a, b = sorted(d["doc_id"] for d in c.docs.all_docs())
+        before = search_vector_docs(engine)
+        assert before == {a, b}
+        lost = [ch["chunk_id"] for ch in c.docs.chunks_of(a)]
+        c.vectors.delete_ids(lost)
+        assert search_vector_docs(engine) == {b}  # no error; only what still has a vector
+    finally:
+        engine.close()
+
+
+def search_vector_docs(engine) -> set[int]:
+    return docs_of(engine.search(ASK, RECALL, doc_filter={"tags_any": ["档案"]})["vector"])

@@ -112,7 +112,7 @@ class RetrievalService:
                                                    extra_fetch=lambda kb=kb: self.docs.pending_chunk_count(kb.kb_id),
                                                    enabled=self.vector_enabled,
                                                    ready_count=lambda kb=kb: self.docs.ready_chunk_count(kb.kb_id),
-                                                   kb_id=kb.kb_id)
+                                                   kb_id=kb.kb_id, allowed_chunks=self.docs.ready_chunk_ids_of_docs)
                               for kb in kbs], recall)
                 fusion = HybridRetriever(bm25, vec, lambda q, ids, kbs=kbs: self._stored_cosines(q, ids, kbs), params)
                 built = _Stages(fusion, SafeRerank(self.cross_encoder, top_n=s.final_top_k,
