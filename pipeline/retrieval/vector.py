@@ -157,7 +157,7 @@ class ReadyVectorRetriever(BaseRetriever):
             try:
                 hits = self._search(index, emb, min(k, len(ids)), ids=ids)
             except ChromaError:
-                hits = None
+                pass  # hits stays None: `where` below
         if hits is None:
             where = {"doc_id": doc_ids[0]} if len(doc_ids) == 1 else {"doc_id": {"$in": doc_ids}}
             hits = self._search(index, emb, k, where)
