@@ -382,3 +382,28 @@ def test_a_filtered_vector_search_survives_an_allowed_chunk_that_lost_its_vector
 
 def search_vector_docs(engine) -> set[int]:
     return docs_of(engine.search(ASK, RECALL, doc_filter={"tags_any": ["档案"]})["vector"])
+
+
+def test_the_filtered_vector_search_follows_chunk_changes_at_once(tmp_path):
+    """The allowed chunk ids handed to Chroma are kept per BM25 snapshot: a chunk added to an allowed document is
+    found by the next filtered search and a switched-off one is gone from it, with the cache warm before each."""
+    engine = tiny_engine(tmp_path / "data", tiny_model(tmp_path / "tiny"), recall_size=RECALL)
+    try:
+        p = tmp_path / "a.txt"
+        p.write_text(OTHER, encoding="utf-8")
+        doc = engine.upload([(p.name, p)], tags=["档案"])[0].doc_id
+        wait_idle(engine)
+
+        def vector_ids() -> set[int]:
+            return {r["chunk_id"] for r in engine.search(ASK, RECALL, doc_filter={"tags_any": ["档案"]})["vector"]}
+
+        first = vector_ids()
+        assert first == vector_ids()  # served from the cache the second time
+        added = engine.add_chunk(doc, "退货政策：书籍自签收之日起七日内可以退货。")["chunk_id"]
+        assert vector_ids() == first | {added}
+        engine.set_chunk_enabled(added, False)
+        assert vector_ids() == first
+        engine.set_chunk_enabled(added, True)
+        assert vector_ids() == first | {added}
+    finally:
+        engine.close()

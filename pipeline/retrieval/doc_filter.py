@@ -5,8 +5,8 @@ to the allowed documents (store.doc_tags.DocTagStore.allowed: one small query ov
 - the BM25 route scores the whole index as always and zeroes every chunk of another document before taking its
   top-k (`Allowed.keep`: the document of each score position comes from `ChunkDocs`, learned once per index
   snapshot — reading the allowed chunk ids per question cost ~1 µs a row, 7 ms for 5,000), and
-- the vector route asks Chroma for the top-k among the allowed documents (`where` on doc_id), so the ANN search
-  ranks allowed chunks only,
+- the vector route asks Chroma for the top-k among the allowed chunks (their ids, `AllowedChunkIds`; `where` on
+  doc_id past a bound), so the ANN search ranks allowed chunks only,
 both before the fusion. A filter therefore never comes back empty because the unfiltered top-k held other
 documents.
 
@@ -27,7 +27,7 @@ import numpy as np
 from pipeline.errors import CODE_VALIDATION, EngineError
 from store.doc_tags import AUTO_KEYS, DocFilter
 
-__all__ = ["AUTO_KEYS", "Allowed", "ChunkDocs", "DocFilter", "clean_metadata", "clean_tags", "parse_filter"]
+__all__ = ["AUTO_KEYS", "Allowed", "AllowedChunkIds", "ChunkDocs", "DocFilter", "clean_metadata", "clean_tags", "parse_filter"]
 
 MAX_TAG = 50
 MAX_TAGS = 50
@@ -170,3 +170,40 @@ class Allowed:
         if len(tail_ids):
             docs = np.concatenate([docs, self.chunk_docs.of_chunks(tail_ids)])
         return np.isin(docs, allowed)
+
+
+class AllowedChunkIds:
+    """The retrievable chunk ids of a filter's documents in one knowledge base, as the strings Chroma takes, kept
+    until that KB's BM25 snapshot is replaced. Every change of what is searchable, here or in another process,
+    ends in a new snapshot (pipeline/services/changes.py), the same signal the gate background follows; reading
+    the ids per question was most of a filter's cost (5,000 ids: ~10 ms of SQL and conversion, the ids-restricted
+    ANN query itself ~2 ms more than an open one; docs/benchmarks.md). Between a change and its snapshot a cached
+    list can be stale, which costs nothing wrong: every hit is looked up and dropped unless retrievable, and an id
+    whose vector is gone makes the route fall back to `where`. A chunk that became retrievable meanwhile is found
+    once the snapshot follows, as on the BM25 route."""
+
+    MAX_IDS = 400_000  # ids kept over all entries (~25 MB of strings); the oldest entries go first
+
+    def __init__(self, fetch: Callable[[list[int]], list[int]], snapshot: Callable[[int], object]):
+        self._fetch = fetch        # doc ids → retrievable chunk ids (store.documents.DocumentStore)
+        self._snapshot = snapshot  # kb_id → that KB's current BM25 snapshot object
+        self._cache: dict[tuple[int, tuple[int, ...]], tuple[object, list[str]]] = {}
+        self._held = 0
+        self._lock = threading.Lock()
+
+    def of(self, kb_id: int, doc_ids: list[int]) -> list[str]:
+        key = (int(kb_id), tuple(sorted(int(d) for d in doc_ids)))
+        snap = self._snapshot(kb_id)
+        got = self._cache.get(key)
+        if got is not None and got[0] is snap:
+            return got[1]
+        ids = [str(i) for i in self._fetch(list(key[1]))]
+        with self._lock:
+            old = self._cache.pop(key, None)
+            self._held -= len(old[1]) if old else 0
+            while self._cache and self._held + len(ids) > self.MAX_IDS:
+                self._held -= len(self._cache.pop(next(iter(self._cache)))[1])
+            if len(ids) <= self.MAX_IDS:
+                self._cache[key] = (snap, ids)  # holding the snapshot keeps its identity unique
+                self._held += len(ids)
+        return ids

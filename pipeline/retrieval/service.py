@@ -21,7 +21,7 @@ from llama_index.core.schema import NodeWithScore, QueryBundle
 from pipeline.calibration import ActiveProfile
 from pipeline.models.tokenize_zh import ChineseTokenizer
 from pipeline.retrieval.bm25 import LiveBM25Retriever
-from pipeline.retrieval.doc_filter import Allowed, ChunkDocs, DocFilter
+from pipeline.retrieval.doc_filter import Allowed, AllowedChunkIds, ChunkDocs, DocFilter
 from pipeline.retrieval.fusion import FusionOutput, FusionParams, HybridRetriever
 from pipeline.retrieval.gate import GateModel, decide
 from pipeline.retrieval.gate_background import Background
@@ -64,6 +64,8 @@ class RetrievalService:
                  sentences: SentenceEvidence | None = None, tags: DocTagStore | None = None):
         self.tags = tags  # resolves a question's document filter to the documents it allows (store/doc_tags.py)
         self.chunk_docs = ChunkDocs(tags.doc_ids_of) if tags is not None else None  # BM25 position → doc_id
+        # a filter's allowed chunk ids per knowledge base, for the vector route (kept per BM25 snapshot)
+        self.allowed_ids = AllowedChunkIds(docs.ready_chunk_ids_of_docs, lambda kb_id: kbs.get(kb_id).bm25.snapshot)
         # the gate's background of the knowledge bases a question searches (pipeline/retrieval/gate_background.py)
         self.background = background
         self.in_flight = 0  # questions being retrieved now (a gate background refresh waits for them)
@@ -112,7 +114,8 @@ class RetrievalService:
                                                    extra_fetch=lambda kb=kb: self.docs.pending_chunk_count(kb.kb_id),
                                                    enabled=self.vector_enabled,
                                                    ready_count=lambda kb=kb: self.docs.ready_chunk_count(kb.kb_id),
-                                                   kb_id=kb.kb_id, allowed_chunks=self.docs.ready_chunk_ids_of_docs)
+                                                   kb_id=kb.kb_id,
+                                                   allowed_chunks=lambda d, kb=kb: self.allowed_ids.of(kb.kb_id, d))
                               for kb in kbs], recall)
                 fusion = HybridRetriever(bm25, vec, lambda q, ids, kbs=kbs: self._stored_cosines(q, ids, kbs), params)
                 built = _Stages(fusion, SafeRerank(self.cross_encoder, top_n=s.final_top_k,

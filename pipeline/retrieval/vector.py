@@ -75,9 +75,9 @@ class ReadyVectorRetriever(BaseRetriever):
     def __init__(self, index: Callable[[], VectorStoreIndex], lookup: ChunkLookup, top_k: int,
                  extra_fetch: Callable[[], int] = lambda: 0, enabled: Callable[[], bool] = lambda: True,
                  ready_count: Callable[[], int | None] = lambda: None, kb_id: int | None = None,
-                 allowed_chunks: Callable[[list[int]], list[int]] | None = None):
+                 allowed_chunks: Callable[[list[int]], list[str]] | None = None):
         self._index = index
-        self._allowed_chunks = allowed_chunks  # enabled chunk ids of retrievable documents, for a filter
+        self._allowed_chunks = allowed_chunks  # doc ids → retrievable chunk ids (as Chroma ids), for a filter
         self._kb_id = kb_id  # whose documents a filter's allowed set picks for this collection
         self._lookup = lookup
         self._top_k = top_k
@@ -149,9 +149,10 @@ class ReadyVectorRetriever(BaseRetriever):
         hits = None
         if self._allowed_chunks is not None and allowed.chunk_count <= IDS_FILTER_MAX:
             # Chroma restricts the search to given ids far faster than it resolves `where` on metadata (5,000
-            # allowed of 50,000: ~6 ms vs ~32 ms, same top-k; docs/benchmarks.md). An id without a vector (an
+            # allowed of 50,000: ~6 ms vs ~32 ms, same top-k; docs/benchmarks.md); the ids are cached per BM25
+            # snapshot (doc_filter.AllowedChunkIds). An id without a vector (an
             # inconsistency the audit reports) makes Chroma refuse the query: then `where` answers.
-            ids = [str(i) for i in self._allowed_chunks(doc_ids)]
+            ids = self._allowed_chunks(doc_ids)
             if not ids:
                 return []
             try:
