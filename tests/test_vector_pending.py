@@ -43,12 +43,17 @@ def test_ready_hits_survive_a_crowd_of_not_ready_vectors(tmp_path):
         col = c.vectors.collection
         real_query = col.query
 
+        reads: list[tuple[int, int]] = []  # (asked, returned) per read, for the failure message
+
         def spy(*a, **kw):  # records how many hits each Chroma read asks for; the real query runs
             calls.append(kw.get("n_results"))
-            return real_query(*a, **kw)
+            got = real_query(*a, **kw)
+            reads.append((kw.get("n_results"), len(got["ids"][0])))
+            return got
 
         def search() -> list[dict]:
             calls.clear()
+            reads.clear()
             col.query = spy
             try:
                 return engine.search(query, top_k=5)["vector"]
@@ -62,7 +67,7 @@ def test_ready_hits_survive_a_crowd_of_not_ready_vectors(tmp_path):
         c.vectors.delete_ids(ids)
         c.vectors.add(ids, [(-q).tolist()] * len(ids), [r.text for r in rows], doc["doc_id"], "long.txt")
         got = search()
-        assert [h["chunk_id"] for h in got] == want
-        assert calls == [2 * engine.settings.recall_size]
+        assert [h["chunk_id"] for h in got] == want, reads
+        assert calls == [2 * engine.settings.recall_size], reads
     finally:
         engine.close()
