@@ -74,6 +74,18 @@ def build_app(engine, policy, bind_host: str = "127.0.0.1"):
                                **page_kwargs()), blocks
 
 
+
+# On stop, open streams (an answer being written, the page's event stream, which Gradio keeps open with heartbeats)
+# get this long to finish before uvicorn cancels them; without a bound, one open browser tab held the stop forever.
+SHUTDOWN_GRACE_S = 5.0
+
+
+def server_config(app, host: str, port: int, grace_s: float = SHUTDOWN_GRACE_S):
+    import uvicorn
+
+    return uvicorn.Config(app, host=host, port=port, log_level="warning", timeout_graceful_shutdown=grace_s)
+
+
 def main(argv=None) -> int:
     args = parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
@@ -108,8 +120,7 @@ def main(argv=None) -> int:
 
     from ui.share import open_share_tunnel
 
-    config = uvicorn.Config(app, host=args.host, port=args.port, log_level="warning")
-    server = uvicorn.Server(config)
+    server = uvicorn.Server(server_config(app, args.host, args.port))
     shown_host = "127.0.0.1" if args.host in ("0.0.0.0", "::") else args.host
     url = f"http://{shown_host}:{args.port}/"
 

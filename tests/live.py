@@ -44,8 +44,8 @@ class LiveApp:
         self._sock = socket.socket()
         self._sock.bind(("127.0.0.1", 0))
         self.port = self._sock.getsockname()[1]
-        self.server = uvicorn.Server(uvicorn.Config(self.app, host="127.0.0.1", port=self.port,
-                                                    log_level="warning"))
+        # streams a test left open (the page's event stream of a gradio_client) get 1 s, not the app's 5
+        self.server = uvicorn.Server(app_module.server_config(self.app, "127.0.0.1", self.port, grace_s=1.0))
         self.thread = threading.Thread(target=self.server.run, kwargs={"sockets": [self._sock]}, daemon=True)
         self.thread.start()
         wait_until(lambda: self.server.started or not self.thread.is_alive(), 60, 0.05, "the app to start")
