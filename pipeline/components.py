@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -35,6 +35,7 @@ from pipeline.ops.deployment import Deployment
 from pipeline.ops.repair import KBRepairer, RepairHooks
 from pipeline.retrieval.bm25 import BM25Index
 from pipeline.retrieval.gate_background import GateBackground, GateBackgrounds
+from pipeline.retrieval.in_flight import QuestionsInFlight
 from pipeline.retrieval.kb_indexes import KnowledgeBases, bm25_dir, collection_name
 from pipeline.retrieval.nodes import kb_id_of, kb_ids_of
 from pipeline.retrieval.rerank import CrossEncoder, load_cross_encoder
@@ -86,6 +87,9 @@ from store.write_lock import WriteLock
 log = logging.getLogger(__name__)
 
 PROJECT_ROOT = Path(__file__).resolve().parents[1]
+# The longest the ingest waits, per embedding batch, for the questions computing in this process (a cap that keeps
+# it moving under a steady stream of questions, not a fitted value)
+INGEST_YIELD_MAX_S = 2.0
 REWRITE_TIMEOUT_S = 8.0  # a follow-up's LLM rewrite must not hold the answer longer; then the rule rewrite runs
 
 
@@ -141,6 +145,8 @@ class Components:
     support: SupportChecker | None = None
     chunking: KBChunking | None = None  # each knowledge base's chunk settings over the global ones
     doc_tags: DocTagStore | None = None  # document tags / metadata; resolves question filters (store/doc_tags.py)
+    # questions computing now; the ingest and the gate background's refresh yield to them (retrieval/in_flight.py)
+    questions: QuestionsInFlight = field(default_factory=QuestionsInFlight)
 
     def close(self) -> None:
         if self.gate_background is not None:
@@ -211,11 +217,13 @@ def build_components(data_dir: Path | str, *, project_root: Path | None = None, 
     write_lock = WriteLock()
     config = ConfigStore(db, SecretBox.for_data_dir(data_dir, dep.shared), frozenset(SECRET_FIELDS))
     chunking = KBChunking(config, settings)
+    questions = QuestionsInFlight()
     ingest = IngestService(docs, kbs, files, tokenizer, settings, embed_model, model_ident,
                            on_change=on_ingested, busy_reason=busy_reason, write_lock=write_lock,
                            jobs=jobs, ready=lambda: comps is not None and comps.models is not None,
                            lease_s=dep.ingest_lease_s, chunking_of=chunking.effective, claim_jobs=dep.ingests,
-                           keeps_bm25=dep.serves, group_docs=dep.ingest_group)
+                           keeps_bm25=dep.serves, group_docs=dep.ingest_group,
+                           yield_cpu=lambda: questions.wait_idle(INGEST_YIELD_MAX_S))
     conversations = ConversationService(ConversationStore(db))
     verified = VerifiedQAService(VerifiedQAStore(db), docs, files, ingest.enqueue, delete_document,
                                  busy_reason=busy_reason)
@@ -225,7 +233,7 @@ def build_components(data_dir: Path | str, *, project_root: Path | None = None, 
                        default.vectors, tokenizer, default.bm25, ingest, write_lock, dir_lock,
                        conversations, FeedbackService(FeedbackStore(db), conversations), verified, Router(),
                        DeterministicRewriter(), jobs, SharedState(db), RetrievalStore(db), LeaseStore(db), dep, kbs,
-                       GateStatsStore(db), chunking=chunking, doc_tags=DocTagStore(db))
+                       GateStatsStore(db), chunking=chunking, doc_tags=DocTagStore(db), questions=questions)
     return comps
 
 
@@ -361,13 +369,13 @@ def load_models(c: Components, s: Settings) -> Models:
         c.docs, c.kbs, c.tokenizer, emb.embed_model, models.cross_encoder, calibration,
         pending_vectors=c.docs.pending_chunk_count, vector_enabled=lambda: models.model_warning is None,
         background=lambda kb_ids: c.gate_background.current(kb_ids),
-        sentences=SentenceEvidence(emb.embed_model), tags=c.doc_tags)
+        sentences=SentenceEvidence(emb.embed_model), tags=c.doc_tags, questions=c.questions)
     # One background per knowledge base, its probes scored over that knowledge base alone with the settings of
     # this load (recall size / fusion barely move their best cosine).
     c.gate_background = GateBackgrounds(c.gate_stats, lambda kb_id: GateBackground(
         c.gate_stats, lambda: emb.model_id, lambda q: c.retrieval.measure_gate(q, s, (kb_id,)),
         lambda: c.kbs.get(kb_id).bm25.snapshot, kb_id=kb_id, sentences=c.retrieval.gate_model.two_stage), c.kbs.ids,
-        busy=lambda: c.retrieval is not None and c.retrieval.in_flight > 0)
+        busy=c.questions.busy)
     # the live IDF table and the background of the knowledge bases the sources come from, read per question
     weights = c.retrieval.term_weights
     background = c.gate_background.current

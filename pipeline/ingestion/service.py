@@ -108,7 +108,8 @@ class IngestService:
                  busy_reason: Callable[[], str | None] = lambda: None, *, write_lock: WriteLock, jobs: JobStore,
                  ready: Callable[[], bool] = lambda: True, lease_s: float = 60.0, poll_s: float = 1.0,
                  chunking_of: Callable[[int, Settings], Chunking] = lambda kb_id, s: Chunking.of(s),
-                 claim_jobs: bool = True, keeps_bm25: bool = True, group_docs: int = GROUP_DOCS):
+                 claim_jobs: bool = True, keeps_bm25: bool = True, group_docs: int = GROUP_DOCS,
+                 yield_cpu: Callable[[], object] = lambda: None):
         self.docs = docs
         self.kbs = kbs  # kb_id → its collection and BM25 index
         self.files = files
@@ -124,6 +125,9 @@ class IngestService:
         self.lease_s = float(lease_s)
         self.chunking_of = chunking_of  # kb_id, settings → that KB's chunking (pipeline/ingestion/kb_chunking.py)
         self.poll_s = poll_s  # how often an idle worker looks for jobs other processes queued
+        # before each embedding batch and each document's tokenizing: questions computing in this process go
+        # first (a bounded wait, pipeline/retrieval/in_flight.py); both take the cores and jieba takes the GIL
+        self.yield_cpu = yield_cpu
         self.owner = f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
         self.timer = StageTimer()
         self.progress = ProgressBoard()  # stage / counts / ETA per document (the list API and the UI read it)
@@ -407,6 +411,7 @@ class IngestService:
         t2 = time.perf_counter()
         self.timer.add("chunk", t2 - t1)
         self.progress.chunked(doc_id, len(pieces))
+        self.yield_cpu()
 
         rows = [ChunkRow(doc_id=doc_id, chunk_index=i, text=pc.text, page=page.page, char_start=pc.start,
                          char_end=pc.end, source=page.source or "text",
@@ -474,6 +479,7 @@ class IngestService:
 
         cancelled: set[int] = set()
         for start in range(0, len(items), EMBED_BATCH):
+            self.yield_cpu()
             batch = [(p, i) for p, i in items[start:start + EMBED_BATCH] if p.doc_id not in cancelled]
             for p in {p.doc_id: p for p, _ in batch}.values():
                 if p.doc_id in self._lost:

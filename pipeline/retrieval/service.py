@@ -26,6 +26,7 @@ from pipeline.retrieval.fusion import FusionOutput, FusionParams, HybridRetrieve
 from pipeline.retrieval.gate import GateModel, decide
 from pipeline.retrieval.gate_background import Background
 from pipeline.retrieval.gate_features import GateFeatures, measure
+from pipeline.retrieval.in_flight import QuestionsInFlight
 from pipeline.retrieval.lexical import TermWeights, merged_weights, weights_for
 from pipeline.retrieval.rerank import CrossEncoder, SafeRerank, rerank_status
 from pipeline.retrieval.result import RetrievalResult, fused_row, fusion_info
@@ -61,15 +62,16 @@ class RetrievalService:
                  calibration: ActiveProfile,
                  pending_vectors: Callable[[], int] = lambda: 0, vector_enabled: Callable[[], bool] = lambda: True,
                  background: Callable[[tuple[int, ...]], Background | None] = lambda kb_ids: None,
-                 sentences: SentenceEvidence | None = None, tags: DocTagStore | None = None):
+                 sentences: SentenceEvidence | None = None, tags: DocTagStore | None = None,
+                 questions: QuestionsInFlight | None = None):
         self.tags = tags  # resolves a question's document filter to the documents it allows (store/doc_tags.py)
         self.chunk_docs = ChunkDocs(tags.doc_ids_of) if tags is not None else None  # BM25 position → doc_id
         # a filter's allowed chunk ids per knowledge base, for the vector route (kept per BM25 snapshot)
         self.allowed_ids = AllowedChunkIds(docs.ready_chunk_ids_of_docs, lambda kb_id: kbs.get(kb_id).bm25.snapshot)
         # the gate's background of the knowledge bases a question searches (pipeline/retrieval/gate_background.py)
         self.background = background
-        self.in_flight = 0  # questions being retrieved now (a gate background refresh waits for them)
-        self._in_flight_lock = threading.Lock()
+        # questions computing now: background work (gate background refresh, ingest) yields to them
+        self.questions = questions or QuestionsInFlight()
         self.sentences = sentences  # the gate's second-stage evidence (None: the quick score decides alone)
         self.calibration = calibration
         self.gate_model = GateModel.from_calibration(calibration.profile.gate)  # on this model's cosine scale
@@ -174,13 +176,8 @@ class RetrievalService:
 
     def recall_stage(self, query: str, s: Settings, kb_ids=None, doc_filter: DocFilter | None = None) -> RetrievalResult:
         """Both routes + fusion + the no-answer gate (the answer stream reports it as stage "recall")."""
-        with self._in_flight_lock:
-            self.in_flight += 1
-        try:
+        with self.questions.computing():
             return self._recall_stage(query, s, kb_ids, doc_filter)
-        finally:
-            with self._in_flight_lock:
-                self.in_flight -= 1
 
     def _recall_stage(self, query: str, s: Settings, kb_ids=None, doc_filter: DocFilter | None = None) -> RetrievalResult:
         t_start = time.perf_counter()
@@ -231,6 +228,10 @@ class RetrievalService:
 
     def rerank_stage(self, res: RetrievalResult, s: Settings) -> RetrievalResult:
         """Cross-encoder (or its skip/fallback) over the fused candidates → the final, numbered sources."""
+        with self.questions.computing():
+            return self._rerank_stage(res, s)
+
+    def _rerank_stage(self, res: RetrievalResult, s: Settings) -> RetrievalResult:
         t_r = time.perf_counter()
         if res.hit:
             final = self.stages(s).rerank.postprocess_nodes(res.fused, query_str=res.query)

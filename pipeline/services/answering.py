@@ -5,7 +5,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable, Iterator, Sequence
-from contextlib import closing
+from contextlib import closing, nullcontext
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -212,9 +212,11 @@ class AnswerService:
         yield ev.stage("generate")
         llm = c.models.llm
         try:
-            result = yield from stream_answer(question, res.final, llm, self._temperature(gen),
-                                              history=history, retrieval_query=rw.query, picker=c.picker,
-                                              query_embedding=res.query_embedding, max_tokens=gen.max_tokens)
+            # an extractive answer is CPU work here (background work yields to it); an LLM's is a wait
+            with c.questions.computing() if llm is None else nullcontext():
+                result = yield from stream_answer(question, res.final, llm, self._temperature(gen),
+                                                  history=history, retrieval_query=rw.query, picker=c.picker,
+                                                  query_embedding=res.query_embedding, max_tokens=gen.max_tokens)
         except LLMError as exc:
             yield ev.error(CODE_LLM, exc.msg)
             return

@@ -2,7 +2,7 @@
 the gate background's re-measurement (docs/benchmarks.md "Load"; docs/security.md "availability").
 
     python -m tools.bench.bench_restart_ingest --data-dir KB_DIR --docs DIR --questions FILE
-        [--documents 40] [--concurrency 8] [--requests 60] [--port 7893] [--prime]
+        [--documents 40] [--concurrency 8] [--requests 60] [--port 7893] [--prime] [--app-root DIR]
 
 A copy of KB_DIR (a data dir that already holds a knowledge base, e.g. a dev-set KB of tools.eval.kb_cache) is
 served by a fresh `python app.py` (the restart); as soon as its engine is ready, the first `--documents` files of
@@ -34,8 +34,10 @@ from tools.bench.bench_load import load_questions, run
 MEASURED = re.compile(r"gate background of kb (\d+): (quick estimate from )?(\d+) probes.*?\((\d+) ms\)")
 
 
-def start_app(data: Path, port: int, log) -> subprocess.Popen:
-    root = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def start_app(data: Path, port: int, log, root: Path = ROOT) -> subprocess.Popen:
     return subprocess.Popen([sys.executable, "app.py", "--data-dir", str(data), "--port", str(port)], cwd=root,
                             stdout=log, stderr=subprocess.STDOUT, env={**os.environ, "GRADIO_ANALYTICS_ENABLED": "False"})
 
@@ -91,6 +93,9 @@ def main(argv=None) -> int:
     ap.add_argument("--requests", type=int, default=60)
     ap.add_argument("--port", type=int, default=7893)
     ap.add_argument("--prime", action="store_true", help="serve the copy once first, until its gate background is stored")
+    ap.add_argument("--app-root", default=str(ROOT),
+                    help="serve with the app.py of this checkout (e.g. an older revision unpacked by git archive, with "
+                         "models/ linked): old and new measured by the same benchmark")
     ap.add_argument("--json", default=None)
     args = ap.parse_args(argv)
     files = sorted(p for p in Path(args.docs).iterdir() if p.suffix in {".md", ".txt"})[:args.documents]
@@ -105,7 +110,7 @@ def main(argv=None) -> int:
         http = stack.enter_context(httpx.Client(base_url=url, timeout=300))
         if args.prime:
             prime(data, args.port, tmp / "prime.log", http, questions[0])
-        proc = start_app(data, args.port, log)
+        proc = start_app(data, args.port, log, Path(args.app_root))
         stack.callback(lambda: (proc.terminate(), proc.wait(60)))
         ready_s = wait_ready(http, proc)
         t_upload = time.monotonic()
