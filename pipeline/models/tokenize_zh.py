@@ -63,11 +63,24 @@ class ChineseTokenizer:
     def tagged(self, text: str) -> list[tuple[str, str]]:
         """(word, part of speech) pairs, jieba.posseg over this tokenizer's dictionary (nr person, ns place, m
         numeral, t time …); ~0.4 ms a sentence — for a few answer candidates, not for indexing."""
-        if self._pos is None:
-            import jieba.posseg
+        pos = self._pos or self.warm_tags()
+        return [(w.word, w.flag) for w in pos.lcut(unicodedata.normalize("NFKC", text or ""))]
 
-            self._pos = jieba.posseg.POSTokenizer(self._jieba)
-        return [(w.word, w.flag) for w in self._pos.lcut(unicodedata.normalize("NFKC", text or ""))]
+    def warm_tags(self):
+        """Ready the part-of-speech tagger (the engine calls it while loading, so no question pays for it).
+        Importing jieba.posseg reads the main dictionary's tags once per process (~0.7 s of pure Python, holding
+        the GIL: every other thread stalled behind the first question that needed it); each tokenizer then takes
+        a copy of that table instead of reading the dictionary file again (POSTokenizer's own constructor would,
+        ~0.6 s more). A copy, because the tagger adds the user dictionary's words to its table."""
+        with _init_lock:
+            if self._pos is None:
+                import jieba.posseg as pseg
+
+                pos = pseg.POSTokenizer.__new__(pseg.POSTokenizer)  # its __init__ = these two attributes
+                pos.tokenizer = self._jieba
+                pos.word_tag_tab = dict(pseg.dt.word_tag_tab)  # dt: the module's tagger over the same main dictionary
+                self._pos = pos
+            return self._pos
 
     def _plain(self, text: str) -> list[str]:
         if not text.strip():

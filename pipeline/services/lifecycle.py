@@ -63,6 +63,8 @@ class Lifecycle:
             try:
                 s = self.settings.current
                 self._load_models(s)
+                if self.serves:
+                    c.tokenizer.warm_tags()  # extractive answers tag words; not in the first question's time
                 with c.write_lock.writing():
                     c.ingest.recover()  # documents left 处理中 are queued again; orphan vectors go
                 for kb in c.kbs.all() if self.serves else ():  # a worker answers nothing: no BM25 to hold
