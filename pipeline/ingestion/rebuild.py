@@ -17,6 +17,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from pipeline.errors import CODE_ENGINE, EngineError
+from pipeline.retrieval.in_flight import lower_this_thread
 
 if TYPE_CHECKING:
     from pipeline.components import Components
@@ -99,6 +100,7 @@ class Rebuild:
             return True
 
     def _run(self, docs: list[dict], kb_id: int | None) -> None:
+        lower_this_thread()  # a full rebuild: questions first (pipeline/retrieval/in_flight.py)
         c, st = self._c, self._status
         t0 = time.perf_counter()
         threading.Thread(target=self._keep_lease, name="kb-rebuild-lease", daemon=True).start()

@@ -42,6 +42,7 @@ from pipeline.ingestion.parsing import (
 from pipeline.ingestion.progress import ProgressBoard
 from pipeline.ingestion.structured_chunking import indexed_text
 from pipeline.models.tokenize_zh import ChineseTokenizer
+from pipeline.retrieval.in_flight import lower_this_thread
 from pipeline.retrieval.kb_indexes import KnowledgeBases
 from pipeline.settings import Settings
 from store.documents import ChunkRow, DocumentStore, SectionRow
@@ -252,6 +253,7 @@ class IngestService:
 
     # --- worker --------------------------------------------------------------------------------
     def _run(self) -> None:
+        lower_this_thread()  # questions first (pipeline/retrieval/in_flight.py)
         while not self._stop.is_set():
             if not self.ready():
                 self._stop.wait(0.2)

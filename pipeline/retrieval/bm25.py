@@ -25,6 +25,7 @@ from llama_index.retrievers.bm25 import BM25Retriever
 
 from pipeline.models.tokenize_zh import ChineseTokenizer
 from pipeline.retrieval.bm25_delta import DeltaBM25
+from pipeline.retrieval.in_flight import lower_this_thread
 from pipeline.retrieval.nodes import ChunkLookup, node_from_row, retrievable
 
 log = logging.getLogger(__name__)
@@ -294,6 +295,7 @@ class BM25Index:
             t.join(timeout)
 
     def _fold(self, k1: float, b: float) -> None:
+        lower_this_thread()
         try:
             self.rebuild(k1, b)
         except Exception:

@@ -36,6 +36,7 @@ import numpy as np
 
 from pipeline.retrieval.gate_features import GateFeatures
 from pipeline.retrieval.gate_probes import PROBES
+from pipeline.retrieval.in_flight import lower_this_thread
 from store.gate_stats import GateStatsStore
 from store.migrations import DEFAULT_KB_ID
 
@@ -355,6 +356,7 @@ class GateBackgrounds:
                 timer.join(max(0.0, deadline - time.monotonic()))
 
     def _refresh_quietly(self) -> None:
+        lower_this_thread()  # questions first (pipeline/retrieval/in_flight.py)
         for kb_id in list(self._kb_ids()):
             if self._closed:
                 return

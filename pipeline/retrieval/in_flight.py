@@ -37,3 +37,19 @@ class QuestionsInFlight:
         """Block until no question computes (True) or `timeout` seconds passed (False)."""
         with self._idle:
             return self._idle.wait_for(lambda: self._n == 0, timeout)
+
+
+BACKGROUND_NICE = 10  # how much lower background threads run than the threads answering questions
+
+
+def lower_this_thread() -> None:
+    """Run the calling thread (and processes it starts, e.g. a parse worker) at a lower priority. Linux keeps a
+    nice value per thread, so within the app's process the scheduler gives the cores to the threads answering
+    questions first, while background work (ingest, BM25 rebuilds, the gate background refresh) still uses
+    whatever they leave. Where the platform has no per-thread nice this does nothing."""
+    import os
+
+    try:
+        os.setpriority(os.PRIO_PROCESS, 0, min(19, os.getpriority(os.PRIO_PROCESS, 0) + BACKGROUND_NICE))
+    except (AttributeError, OSError):
+        pass

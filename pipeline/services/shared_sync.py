@@ -18,6 +18,7 @@ import logging
 import threading
 from collections.abc import Callable
 
+from pipeline.retrieval.in_flight import lower_this_thread
 from store.shared_state import CONFIG_VERSION, ENGINE_VERSION, KB_GENERATION, SharedState
 
 log = logging.getLogger(__name__)
@@ -98,6 +99,7 @@ class SharedSync:
             self._kb_cond.wait_for(lambda: not self._kb_running, timeout=timeout)
 
     def _kb_passes(self) -> None:
+        lower_this_thread()  # BM25 rebuilds: questions first (pipeline/retrieval/in_flight.py)
         while True:
             with self._kb_cond:
                 target = self._kb_wanted
