@@ -9,6 +9,7 @@ import time
 from pipeline.components import INGEST_YIELD_MAX_S
 from pipeline.retrieval.in_flight import QuestionsInFlight
 from tests.tiny_engine import tiny_engine, tiny_model, wait_idle
+from tests.waiting import wait_until
 
 TEXT = "员工请假须提前三天提交申请，经部门负责人批准后方可休假。病假须附医院证明。" * 4
 
@@ -56,5 +57,24 @@ def test_ingest_waits_for_a_question_computing_then_goes_on(tmp_path):
         assert engine.upload([(b.name, b)])[0].ok  # no question: no wait
         wait_idle(engine)
         assert time.monotonic() - t0 < held
+    finally:
+        engine.close()
+
+
+def test_background_threads_run_at_a_lower_priority_and_questions_do_not(tmp_path):
+    """Linux keeps nice per thread: the ingest worker runs BACKGROUND_NICE lower than the thread that answers,
+    and the answering thread keeps its priority."""
+    import os
+
+    from pipeline.retrieval.in_flight import BACKGROUND_NICE
+
+    mine = os.getpriority(os.PRIO_PROCESS, 0)
+    engine = tiny_engine(tmp_path / "data", tiny_model(tmp_path / "tiny"))
+    try:
+        worker = next(t for t in threading.enumerate() if t.name == "ingest-worker")
+        wait_until(lambda: os.getpriority(os.PRIO_PROCESS, worker.native_id) == min(19, mine + BACKGROUND_NICE),
+                   10, 0.01, "the ingest worker to lower its priority")
+        engine.search("请假", 5)
+        assert os.getpriority(os.PRIO_PROCESS, 0) == mine
     finally:
         engine.close()

@@ -131,6 +131,21 @@ class RetrievalService:
     def rerank_label(self) -> str:
         return self.cross_encoder.label if self.cross_encoder else ""
 
+    def warm(self) -> None:
+        """Pay the first question's one-off costs while the engine loads: the embedding session's first run and
+        each collection's HNSW index, which Chroma reads from disk on the first query (the first wave of questions
+        after a restart spent 0.2–0.7 s each in the vector route, all of them at once; docs/benchmarks.md)."""
+        if not self.vector_enabled():
+            return  # the collections hold another model's vectors: nothing to search
+        emb = [float(x) for x in self.embed_model.get_query_embedding("预热")]
+        for kb_id in self.kbs.ids():
+            col = self.kbs.get(kb_id).vectors.collection
+            try:
+                if col.count():
+                    col.query(query_embeddings=[emb], n_results=1, include=[])
+            except Exception as exc:  # a warm-up never fails the load; the question reports a real error
+                log.warning("warming the vector index of kb %s failed: %s", kb_id, exc)
+
     # --- stages ------------------------------------------------------------------------------------
     def forget(self, kb_id: int) -> None:
         """A knowledge base was deleted: drop what was built over it."""

@@ -63,8 +63,9 @@ class Lifecycle:
             try:
                 s = self.settings.current
                 self._load_models(s)
-                if self.serves:
-                    c.tokenizer.warm_tags()  # extractive answers tag words; not in the first question's time
+                if self.serves:  # one-off costs of the first question, paid before questions are accepted
+                    c.tokenizer.warm_tags()  # extractive answers tag words
+                    c.retrieval.warm()  # the embedding session and each collection's HNSW index
                 with c.write_lock.writing():
                     c.ingest.recover()  # documents left 处理中 are queued again; orphan vectors go
                 for kb in c.kbs.all() if self.serves else ():  # a worker answers nothing: no BM25 to hold

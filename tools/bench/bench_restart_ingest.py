@@ -96,6 +96,7 @@ def main(argv=None) -> int:
     ap.add_argument("--app-root", default=str(ROOT),
                     help="serve with the app.py of this checkout (e.g. an older revision unpacked by git archive, with "
                          "models/ linked): old and new measured by the same benchmark")
+    ap.add_argument("--log", default=None, help="keep the served app's log here")
     ap.add_argument("--json", default=None)
     args = ap.parse_args(argv)
     files = sorted(p for p in Path(args.docs).iterdir() if p.suffix in {".md", ".txt"})[:args.documents]
@@ -125,6 +126,8 @@ def main(argv=None) -> int:
         ingest_s = ingest_seconds(http, t_upload)
         measured = [(int(k), ("quick " if quick else "") + n, int(ms))
                     for k, quick, n, ms in MEASURED.findall(log_path.read_text(errors="replace"))]
+        if args.log:
+            shutil.copy(log_path, args.log)
     d = result["done_s"]
     out = {"ready_s": round(ready_s, 1), "documents": len(files), "accepted": accepted,
            "requests": result["requests"], "successes": result["successes"],
