@@ -30,6 +30,7 @@ import platform
 import struct
 import tempfile
 import warnings
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -346,6 +347,13 @@ def _word_embedding_memmap(model_dir: Path) -> np.ndarray:
     return np.memmap(path, dtype=np.float32, mode="r", offset=8 + hlen + start, shape=tuple(meta["shape"]))
 
 
+def available_cores() -> int:
+    try:
+        return max(1, len(os.sched_getaffinity(0)))
+    except (AttributeError, OSError):
+        return max(1, os.cpu_count() or 1)
+
+
 class _Runner:
     """Tokenizer + word-embedding gather + ORT session; embeds already-prefixed texts, one text per run.
 
@@ -355,11 +363,17 @@ class _Runner:
     is a function of the text only (documents get the vector their text gets as a query would: alone), and
     there is no padding — length-sorted batches of 16 still carried ~20 % padding tokens on 300-character
     chunks; alone, the same chunks cost ~27 % less CPU (docs/benchmarks.md, tools.bench.bench_ingest).
+
+    Why one thread per run and several runs at once (`lanes`, default: the cores this process may use): one short
+    text split over two intra-op threads kept both cores busy (spinning included) for little speed-up, so eight
+    questions at once shared the cores badly; run in parallel, texts use the cores fully, and each run happens in
+    the thread that asked (threads of a lower-priority caller, such as the ingest, keep its priority).
     """
 
     def __init__(self, model_dir: Path, onnx_path: Path, num_threads: int | None = None,
                  max_length: int = 512):
         import onnxruntime as ort
+
         from pipeline.models.unigram_tokenizer import load_tokenizer
 
         # e5's Unigram: the lean search (−200 MB resident, same ids); any other tokenizer: tokenizers itself
@@ -370,19 +384,30 @@ class _Runner:
         opts = ort.SessionOptions()
         opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
         opts.log_severity_level = 3
-        if num_threads:
-            opts.intra_op_num_threads = int(num_threads)
+        self.lanes = int(num_threads) if num_threads else available_cores()  # texts embedded at once
+        opts.intra_op_num_threads = 1
         opts.inter_op_num_threads = 1
+        opts.add_session_config_entry("session.intra_op.allow_spinning", "0")
         self.session = ort.InferenceSession(str(onnx_path), opts, providers=["CPUExecutionProvider"])
         self.dim = int(self.word.shape[1])  # mean pooling keeps the hidden size
 
     def embed(self, texts: list[str]) -> np.ndarray:
         out = np.zeros((len(texts), self.dim), dtype=np.float32)
-        for row, enc in enumerate(self.tokenizer.encode_batch(list(texts)) if texts else []):
-            ids = np.asarray(enc.ids, dtype=np.int64)[None, :]
+        encs = self.tokenizer.encode_batch(list(texts)) if texts else []
+
+        def run(row: int) -> None:
+            ids = np.asarray(encs[row].ids, dtype=np.int64)[None, :]
             feeds = {"inputs_embeds": np.ascontiguousarray(self.word[ids]),
                      "attention_mask": np.ones_like(ids)}
-            out[row] = self.session.run(None, feeds)[0][0]
+            out[row] = self.session.run(None, feeds)[0][0]  # releases the GIL while it computes
+
+        lanes = min(self.lanes, len(encs))
+        if lanes <= 1:
+            for row in range(len(encs)):
+                run(row)
+        else:  # threads made here inherit the caller's priority (Linux)
+            with ThreadPoolExecutor(lanes, thread_name_prefix="embed") as pool:
+                list(pool.map(run, range(len(encs))))
         return out
 
 
