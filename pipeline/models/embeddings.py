@@ -24,8 +24,9 @@ logger = logging.getLogger(__name__)
 
 BGE_ZH_QUERY_INSTRUCTION = "为这个句子生成表示以用于检索相关文章："
 BACKEND_ENV = "RAG_EMBED_BACKEND"  # auto (default) | onnx | torch — for the packaged model
-# ONNX intra-op threads of the packaged model (default: onnxruntime's, one per core). Several ingest workers on
-# one machine (app.py --role worker, docs/deploy.md#roles) each take one: they then do not fight over the cores.
+# Texts the packaged model embeds at once, each run on one thread (default: one per core this process may use).
+# Several ingest workers on one machine (app.py --role worker, docs/deploy.md#roles) each take one: they then do
+# not fight over the cores.
 THREADS_ENV = "KBQA_EMBED_THREADS"
 
 

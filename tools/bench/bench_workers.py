@@ -6,7 +6,7 @@
 Each configuration gets a fresh data dir and a fresh Chroma database; vectors go to a Chroma server (started here
 on a loopback port unless `--chroma-url` names one), metadata to SQLite in the shared data dir (or to
 `--database-url`'s PostgreSQL, each process then on a data dir of its own). The workers start first and load
-their model (each with `--threads` ONNX intra-op threads, KBQA_EMBED_THREADS); then this process, a `--role web`
+their model (each embedding `--threads` texts at once, one thread each, KBQA_EMBED_THREADS); then this process, a `--role web`
 engine, uploads the corpus (CMRC 2018 contexts joined into documents of ~`--doc-chars` characters) and the clock
 runs until every document reads 就绪. Prints chunks/s per configuration and the speedup over the first one, with
 the machine's load average (other processes on the same cores show up there, not in the numbers).
