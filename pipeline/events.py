@@ -35,9 +35,6 @@ class EventType(str, Enum):
     ERROR = "error"
 
 
-EVENT_TYPES = tuple(t.value for t in EventType)
-
-
 # --- payloads ----------------------------------------------------------------------------------------
 class StagePayload(TypedDict):
     phase: Literal["recall", "rerank", "generate"]
