@@ -13,6 +13,7 @@ from typing import Any
 from fastapi import APIRouter, Depends, Query
 from pydantic import BaseModel, ConfigDict, Field
 
+from api.envelope import ok
 from pipeline.access.kb_readers import Reader
 from pipeline.errors import CODE_VALIDATION, EngineError
 from pipeline.services.audit_log import Actor
@@ -61,9 +62,6 @@ def upload_metadata(text: str | None) -> dict | None:
 def router(engine, reader_of: Callable[..., Reader], kb_admin_user: Callable[..., Any],
            rest_actor: Callable[..., Actor]) -> APIRouter:
     r = APIRouter()
-
-    def ok(data: Any) -> dict:
-        return {"code": 0, "msg": "ok", "data": data}
 
     @r.get("/api/kb/documents/{doc_id}/tags", tags=["kb"])
     def get_tags(doc_id: int, reader: Reader = Depends(reader_of)):
