@@ -151,7 +151,7 @@ def make_search_handler(engine, policy=None):
             result = engine.search(query or "", k, scope_ids(engine, kbs, reader), reader,
                                    doc_filter=filter_of(tags, mode))
         except Exception as exc:  # EngineError (validation / 2002) or a retrieval failure
-            msg = getattr(exc, "msg", None) or str(exc)
+            msg = guard.error_text(exc)
             if not getattr(exc, "code", None):
                 log.exception("debug search failed")
             return (f"⚠️ {esc(msg)}", *empty)

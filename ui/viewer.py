@@ -156,7 +156,7 @@ def make_open(engine, policy=None):
         except Exception as exc:  # EngineError: the document was deleted meanwhile, …
             if not getattr(exc, "code", None):
                 log.exception("viewer failed")
-            msg = getattr(exc, "msg", None) or str(exc)
+            msg = guard.error_text(exc)
             return gr.update(visible=True), f'<div class="kbv-note">⚠️ {esc(msg)}</div>'
         return gr.update(visible=True), viewer_html(view, page_jpeg, boxed)
 
