@@ -8,20 +8,15 @@ team deployment counts into the same window.
 from __future__ import annotations
 
 import json
-from datetime import datetime
 
 from sqlalchemy import delete, func, select, update
 
-from .db import Database, as_dict, dicts
+from .db import Database, as_dict, dicts, now_text
 from .schema import api_key, rate_window
 
 K = api_key.c
 W = rate_window.c
 PUBLIC_COLUMNS = [c for c in api_key.c if c.name != "secret_hash"]  # what lists and lookups hand out
-
-
-def _now() -> str:
-    return datetime.now().isoformat(sep=" ", timespec="seconds")
 
 
 def _row(d: dict | None) -> dict | None:
@@ -41,7 +36,7 @@ class ApiKeyStore:
             key_id = conn.execute(api_key.insert().values(
                 name=name, role=role, kb_ids=None if kb_ids is None else json.dumps(kb_ids), secret_hash=secret_hash,
                 prefix=prefix, rate_limit=rate_limit, expires_at=expires_at, created_by=created_by,
-                created_at=_now()).returning(K.key_id)).scalar_one()
+                created_at=now_text()).returning(K.key_id)).scalar_one()
         return self.get(key_id)
 
     def get(self, key_id: int) -> dict | None:
@@ -64,11 +59,11 @@ class ApiKeyStore:
     def revoke(self, key_id: int) -> bool:
         with self.db.transaction() as conn:
             return conn.execute(update(api_key).where(K.key_id == key_id, K.revoked_at.is_(None))
-                                .values(revoked_at=_now())).rowcount > 0
+                                .values(revoked_at=now_text())).rowcount > 0
 
     def touch(self, key_id: int) -> None:
         with self.db.transaction() as conn:
-            conn.execute(update(api_key).where(K.key_id == key_id).values(last_used_at=_now()))
+            conn.execute(update(api_key).where(K.key_id == key_id).values(last_used_at=now_text()))
 
 
 class RateWindowStore:

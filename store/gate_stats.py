@@ -7,11 +7,10 @@ The rows are a cache: a missing or stale one is measured again, so dropping a kn
 from __future__ import annotations
 
 import json
-from datetime import datetime
 
 from sqlalchemy import delete, func, select
 
-from .db import Database
+from .db import Database, now_text
 from .schema import kb_chunk, kb_document, kb_gate_background
 
 G = kb_gate_background.c
@@ -39,7 +38,7 @@ class GateStatsStore:
             conn.execute(stmt.on_conflict_do_update(index_elements=[G.kb_id], set_={
                 "fingerprint": new.fingerprint, "stats": new.stats, "updated_at": new.updated_at}), {
                 "kb_id": int(kb_id), "fingerprint": fingerprint, "stats": json.dumps(stats, ensure_ascii=False),
-                "updated_at": datetime.now().isoformat(sep=" ", timespec="seconds")})
+                "updated_at": now_text()})
 
     def delete(self, kb_id: int) -> None:
         with self.db.transaction() as conn:

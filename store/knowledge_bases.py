@@ -7,11 +7,10 @@ releases before knowledge bases existed); it can be renamed but not deleted.
 from __future__ import annotations
 
 import json
-from datetime import datetime
 
 from sqlalchemy import and_, delete, func, or_, select, update
 
-from .db import Database, as_dict, dicts
+from .db import Database, as_dict, dicts, now_text
 from .migrations import DEFAULT_KB_ID
 from .schema import kb_base, kb_chunk, kb_document
 
@@ -69,7 +68,7 @@ class KBStore:
         with self.db.transaction() as conn:
             kb_id = conn.execute(kb_base.insert().returning(B.kb_id), {
                 "name": name, "description": description,
-                "created_at": datetime.now().isoformat(sep=" ", timespec="seconds"),
+                "created_at": now_text(),
                 "readers": _readers_json(readers)}).scalar_one()
         return self.get(kb_id)
 
