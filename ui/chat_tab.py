@@ -48,23 +48,11 @@ HISTORY_PAGE = 100  # conversations listed in the panel (newest first)
 
 @dataclass
 class ChatTab:
-    chatbot: gr.Chatbot
-    question: gr.Textbox
-    send: gr.Button
-    retry: gr.Button
+    """What the page wires around the tab (ui/__init__.py)."""
     goto_kb: gr.Button
-    stage: gr.HTML
-    sources: gr.HTML
-    trace: gr.HTML
-    use_kb: gr.Checkbox
-    history_list: gr.Radio
     last_conv: gr.BrowserState
     view: list  # the components a conversation view fills (chat, panels, states)
     on_load: Any  # fn(last_conv, request) -> view updates + history list, for demo.load
-    current_turn: Any  # fn(turns, active) -> the active turn dict or None (feedback acts on it)
-    turns_state: gr.State
-    active_state: gr.State
-    kbs: Any = None  # gr.Dropdown: the knowledge bases a question searches
 
 
 def build_chat_tab(engine, policy: AccessPolicy | None = None) -> ChatTab:
@@ -383,10 +371,4 @@ def build_chat_tab(engine, policy: AccessPolicy | None = None) -> ChatTab:
     history_acc.expand(refresh_history, None, [history_list], api_name="history_list", show_progress="hidden",
                        queue=False)
 
-    def current_turn(turns, active):
-        turns = list(turns or [])
-        return turns[active] if isinstance(active, int) and 0 <= active < len(turns) else None
-
-    return ChatTab(chatbot, question, send, retry, goto_kb, stage, sources, trace, use_kb, history_list,
-                   last_conv, view + [retry, goto_kb, history_list], restore, current_turn, turns_state,
-                   active_state, kbs)
+    return ChatTab(goto_kb, last_conv, view + [retry, goto_kb, history_list], restore)
