@@ -31,10 +31,10 @@ from pipeline.services.audit_log import Actor
 from . import history as hist
 from .answer_feedback import build_answer_feedback
 from .guard import request_user
-from .kb_spaces import refresh_scope, scope_ids, scope_picker
+from .kb_spaces import scope_ids, scope_picker
 from .render import answer_markdown, mark_replaced, render_sources, render_stage, render_trace, trace_marks
 from .safe_markdown import safe_markdown
-from .tag_filter import build_tag_filter, filter_of, refresh_tags
+from .tag_filter import build_tag_filter, filter_of, wire_scope
 from .viewer import OPENER_JS, build_viewer
 
 log = logging.getLogger(__name__)
@@ -240,16 +240,7 @@ def build_chat_tab(engine, policy: AccessPolicy | None = None) -> ChatTab:
           run_outputs, api_name="ask", concurrency_limit=4, concurrency_id="kb-ask", show_progress="hidden")
     retry.click(retry_fn, [use_kb, current, conv_state, turns_state, kbs, *tag_filter.inputs], run_outputs,
                 api_name="retry", concurrency_limit=4, concurrency_id="kb-ask", show_progress="hidden")
-    def load_scope(request: gr.Request):  # the knowledge bases this user may read, all picked
-        return refresh_scope(engine, policy.reader(request_user(request)))
-
-    def load_tags(kb_value, picked, request: gr.Request):  # the tags in use in the picked knowledge bases
-        reader = policy.reader(request_user(request))
-        return refresh_tags(engine, scope_ids(engine, kb_value, reader), reader, picked)
-
-    gr.on(None, load_scope, None, [kbs], api_name=False, show_progress="hidden").then(
-        load_tags, [kbs, tag_filter.tags], [tag_filter.tags], api_name=False, show_progress="hidden")
-    kbs.change(load_tags, [kbs, tag_filter.tags], [tag_filter.tags], api_name="chat_tags", show_progress="hidden")
+    wire_scope(engine, policy, kbs, tag_filter, tags_api_name="chat_tags")
 
     # ------------------------------------------------------------------ turns of the open conversation
     def select_turn(idx, turns, conv_id, request: gr.Request):
