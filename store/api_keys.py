@@ -11,7 +11,7 @@ import json
 
 from sqlalchemy import delete, func, select, update
 
-from .db import Database, as_dict, dicts, now_text
+from .db import Store, as_dict, dicts, now_text
 from .schema import api_key, rate_window
 
 K = api_key.c
@@ -26,10 +26,7 @@ def _row(d: dict | None) -> dict | None:
     return d
 
 
-class ApiKeyStore:
-    def __init__(self, db: Database):
-        self.db = db
-
+class ApiKeyStore(Store):
     def create(self, *, name: str, role: str, kb_ids: list[int] | None, secret_hash: str, prefix: str,
                rate_limit: int | None, expires_at: float | None, created_by: str | None) -> dict:
         with self.db.transaction() as conn:
@@ -66,10 +63,7 @@ class ApiKeyStore:
             conn.execute(update(api_key).where(K.key_id == key_id).values(last_used_at=now_text()))
 
 
-class RateWindowStore:
-    def __init__(self, db: Database):
-        self.db = db
-
+class RateWindowStore(Store):
     def hit(self, bucket: str, minute: int) -> int:
         """Count one request of `bucket` in `minute`; the count after it (every process adds to the same row)."""
         stmt = self.db.insert(rate_window).values(bucket=bucket, minute=minute, hits=1)

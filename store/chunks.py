@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from sqlalchemy import and_, case, func, insert, or_, select, update
 
-from .db import Database, as_dict, dicts, now_text
+from .db import Store, as_dict, dicts, now_text
 from .documents import encode_tokens
 from .schema import kb_chunk, kb_document
 
@@ -21,10 +21,7 @@ _ROW = (select(C.c.chunk_id, C.c.doc_id, C.c.chunk_index, C.c.text, C.c.page, C.
         .select_from(C.join(D, D.c.doc_id == C.c.doc_id)))
 
 
-class ChunkStore:
-    def __init__(self, db: Database):
-        self.db = db
-
+class ChunkStore(Store):
     def get(self, chunk_id: int) -> dict | None:
         """The chunk with its document's kb_id, file_name, status and active flag."""
         with self.db.connect() as conn:

@@ -171,6 +171,13 @@ class Database:
         self.engine.dispose()
 
 
+class Store:
+    """What every store is built on: its statements run on the one Database, `self.db`."""
+
+    def __init__(self, db: Database):
+        self.db = db
+
+
 def _sqlite_engine(path: Path, pool_size: int):
     # max_overflow -1: no thread ever waits for a connection (each thread had its own before the engine)
     engine = create_engine(f"sqlite:///{path}", pool_size=pool_size, max_overflow=-1,

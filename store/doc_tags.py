@@ -16,7 +16,7 @@ from datetime import date, timedelta
 import numpy as np
 from sqlalchemy import delete, exists, false, func, insert, select
 
-from .db import Database
+from .db import Store
 from .documents import RETRIEVABLE, VISIBLE
 from .schema import kb_chunk, kb_doc_meta, kb_doc_tag, kb_document, kb_section
 
@@ -83,10 +83,7 @@ class DocFilter:
         return terms
 
 
-class DocTagStore:
-    def __init__(self, db: Database):
-        self.db = db
-
+class DocTagStore(Store):
     # --- per document ---------------------------------------------------------------------------------------
     def get(self, doc_id: int) -> dict:
         """{tags: [...], metadata: {key: value}} of one document (user-set parts only)."""

@@ -11,7 +11,7 @@ from typing import Any
 
 from sqlalchemy import and_, bindparam, delete, func, insert, or_, select, update
 
-from .db import Database, as_dict, dicts, now_text
+from .db import Store, as_dict, dicts, now_text
 from .migrations import DEFAULT_KB_ID
 from .schema import kb_base, kb_chunk, kb_doc_meta, kb_doc_tag, kb_document, kb_section
 
@@ -101,10 +101,7 @@ def _labelled(d: dict | None) -> dict | None:
     return d
 
 
-class DocumentStore:
-    def __init__(self, db: Database):
-        self.db = db
-
+class DocumentStore(Store):
     def _one_doc(self, *where) -> dict | None:
         with self.db.connect() as conn:
             return _labelled(as_dict(conn.execute(select(D).where(*where).order_by(D.c.doc_id.desc()).limit(1))

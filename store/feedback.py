@@ -10,7 +10,7 @@ import json
 
 from sqlalchemy import func, select
 
-from .db import Database, as_dict, dicts, now_text, with_json
+from .db import Store, as_dict, dicts, now_text, with_json
 from .schema import answer_feedback
 
 F = answer_feedback.c
@@ -27,10 +27,7 @@ def _rated(rating: int | None) -> list:
     return [] if rating is None else [F.rating == rating]
 
 
-class FeedbackStore:
-    def __init__(self, db: Database):
-        self.db = db
-
+class FeedbackStore(Store):
     def upsert(self, turn: dict, rating: int, reason: str | None, comment: str | None) -> dict:
         stmt = self.db.insert(answer_feedback)
         new = stmt.excluded

@@ -10,16 +10,13 @@ import json
 
 from sqlalchemy import delete, func, select
 
-from .db import Database, now_text
+from .db import Store, now_text
 from .schema import kb_chunk, kb_document, kb_gate_background
 
 G = kb_gate_background.c
 
 
-class GateStatsStore:
-    def __init__(self, db: Database):
-        self.db = db
-
+class GateStatsStore(Store):
     def load(self, kb_id: int) -> tuple[str, dict] | None:
         """(fingerprint, stats) of one knowledge base, or None when never measured."""
         with self.db.connect() as conn:

@@ -10,7 +10,7 @@ import json
 
 from sqlalchemy import and_, delete, func, or_, select, update
 
-from .db import Database, as_dict, dicts, now_text
+from .db import Store, as_dict, dicts, now_text
 from .migrations import DEFAULT_KB_ID
 from .schema import kb_base, kb_chunk, kb_document
 
@@ -35,10 +35,7 @@ def _readers_json(readers: list[str] | None) -> str | None:
     return None if readers is None else json.dumps(sorted(set(readers)), ensure_ascii=False)
 
 
-class KBStore:
-    def __init__(self, db: Database):
-        self.db = db
-
+class KBStore(Store):
     def list(self) -> list[dict]:
         with self.db.connect() as conn:
             return [_kb_dict(d) for d in dicts(conn.execute(_COUNTS.order_by(B.kb_id)))]

@@ -7,16 +7,13 @@ import json
 
 from sqlalchemy import delete, insert, select
 
-from .db import Database, as_dict, dicts, now_text, with_json
+from .db import Store, as_dict, dicts, now_text, with_json
 from .schema import kb_document, verified_qa
 
 Q = verified_qa.c
 
 
-class VerifiedQAStore:
-    def __init__(self, db: Database):
-        self.db = db
-
+class VerifiedQAStore(Store):
     def add(self, doc_id: int, question: str, answer: str, cited: list, turn_id: int | None, user: str) -> dict:
         with self.db.transaction() as conn:
             qa_id = conn.execute(insert(verified_qa).returning(Q.qa_id), {
