@@ -7,34 +7,30 @@ adding a chunk need a KB admin whose reach covers that knowledge base (a key bou
 from __future__ import annotations
 
 from fastapi import APIRouter, Depends, Query
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import Field
 
-from api.envelope import ok, require
+from api.envelope import Body, ok, require
 from pipeline.access.callers import Caller
 from pipeline.access.policy import Role
 from pipeline.services.audit_log import Actor
 from pipeline.services.chunks import MAX_CHUNK_CHARS, MAX_CONTEXT_CHARS
 
 
-class ChunkText(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+class ChunkText(Body):
     text: str = Field(..., min_length=1, max_length=MAX_CHUNK_CHARS, description="the chunk's new text")
 
 
-class ChunkEnabled(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+class ChunkEnabled(Body):
     enabled: bool = Field(..., description="false: out of both retrieval routes and of citations; true: back")
 
 
-class ChunkNew(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+class ChunkNew(Body):
     doc_id: int = Field(..., ge=1)
     text: str = Field(..., min_length=1, max_length=MAX_CHUNK_CHARS)
     context: str | None = Field(None, max_length=MAX_CONTEXT_CHARS, description="heading path shown with it")
 
 
-class DocRef(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+class DocRef(Body):
     doc_id: int = Field(..., ge=1)
 
 

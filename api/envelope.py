@@ -1,14 +1,21 @@
-"""What the /api routers share: the envelope of an answer, the role check of a route, an upload read to disk."""
+"""What the /api routers share: the request body base, the envelope of an answer, the role check of a route, an
+upload read to disk."""
 from __future__ import annotations
 
 from pathlib import Path
 from typing import Any
 
 from fastapi import UploadFile
+from pydantic import BaseModel, ConfigDict
 
 from pipeline.access.callers import Caller
 from pipeline.access.policy import Role
 from pipeline.errors import CODE_FORBIDDEN, EngineError
+
+
+class Body(BaseModel):
+    """A request body: extra keys are refused, so a typo is reported rather than ignored."""
+    model_config = ConfigDict(extra="forbid")
 
 
 def ok(data: Any = None) -> dict:

@@ -24,7 +24,7 @@ from api import chunks, doc_tags, kb_chunking, openai_compat, security_headers, 
 from api.auth_first import AuthBeforeBody
 from api.body_limit import BodyLimit
 from api.doc_tags import FILTER_DOC, DocFilterBody, as_filter, upload_metadata
-from api.envelope import ok, require, save_upload
+from api.envelope import Body, ok, require, save_upload
 from api.int_range import IntRange
 from api.mcp_server import CallerRefused, mount_mcp
 from api.sse import sse_frames
@@ -112,16 +112,14 @@ class AskBody(KBScope):
     use_kb: bool = Field(True, description="false: talk to the LLM without the knowledge base (route DIRECT)")
 
 
-class FeedbackBody(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+class FeedbackBody(Body):
     turn_id: int
     rating: str = Field(description="up | down")
     reason: str | None = Field(None, description="👎 only: 不准确 / 引用错误 / 没回答 / 其他")
     comment: str | None = Field(None, max_length=500)
 
 
-class VerifiedBody(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+class VerifiedBody(Body):
     question: str = Field(min_length=1, max_length=500)
     answer: str = Field(min_length=1, max_length=4000)
     feedback_id: int | None = Field(None, ge=1, le=2**63 - 1, description="the feedback item (and so the answer) it comes from")
@@ -129,35 +127,30 @@ class VerifiedBody(BaseModel):
                                                        "sources; refused where that would widen who reads them)")
 
 
-class RenameBody(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+class RenameBody(Body):
     title: str = Field(min_length=1, max_length=100)
 
 
-class BackupBody(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+class BackupBody(Body):
     dest: str = Field(min_length=1, max_length=1000, description="absolute path on the app's machine; new or empty")
 
 
 READERS_DOC = "user names who may read it (KB admins always may); null = every logged-in user"
 
 
-class KBCreate(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+class KBCreate(Body):
     name: str = Field(min_length=1, max_length=50)
     description: str = Field("", max_length=500)
     readers: list[str] | None = Field(None, max_length=200, description=READERS_DOC)
 
 
-class KBUpdate(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+class KBUpdate(Body):
     name: str | None = Field(None, min_length=1, max_length=50)
     description: str | None = Field(None, max_length=500)
     readers: list[str] | None = Field(None, max_length=200, description=READERS_DOC + " (omit: unchanged)")
 
 
-class KeyCreate(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+class KeyCreate(Body):
     name: str = Field(min_length=1, max_length=50)
     role: str = Field("reader", description="reader | kb-admin | admin")
     kb_ids: list[int] | None = Field(None, max_length=200, description="knowledge bases it may read; null = all "

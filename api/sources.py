@@ -5,27 +5,24 @@ readers) reaches only those (4003). No logic: each endpoint calls the engine."""
 from __future__ import annotations
 
 from fastapi import APIRouter, Depends, Request
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import Field
 
-from api.envelope import ok, require
+from api.envelope import Body, ok, require
 from pipeline.access.callers import Caller
 from pipeline.access.policy import Role
 from pipeline.services.audit_log import Actor
 
 
-class WebSourceBody(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+class WebSourceBody(Body):
     url: str = Field(min_length=1, max_length=2000, description="http:// or https://")
     interval_min: int | None = Field(None, ge=1, le=43200, description="re-fetch every N minutes; null = on demand")
 
 
-class IntervalBody(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+class IntervalBody(Body):
     interval_min: int | None = Field(None, ge=1, le=43200)
 
 
-class FolderBody(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+class FolderBody(Body):
     path: str = Field(min_length=1, max_length=4000, description="absolute path of a folder on the server")
     interval_min: int | None = Field(None, ge=1, le=43200, description="sync every N minutes; null = on demand")
 
