@@ -6,52 +6,39 @@ adding a chunk need a KB admin whose reach covers that knowledge base (a key bou
 """
 from __future__ import annotations
 
-from typing import Any
-
 from fastapi import APIRouter, Depends, Query
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import Field
 
+from api.envelope import Body, ok, require
 from pipeline.access.callers import Caller
 from pipeline.access.policy import Role
-from pipeline.errors import CODE_FORBIDDEN, EngineError
 from pipeline.services.audit_log import Actor
 from pipeline.services.chunks import MAX_CHUNK_CHARS, MAX_CONTEXT_CHARS
 
 
-class ChunkText(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+class ChunkText(Body):
     text: str = Field(..., min_length=1, max_length=MAX_CHUNK_CHARS, description="the chunk's new text")
 
 
-class ChunkEnabled(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+class ChunkEnabled(Body):
     enabled: bool = Field(..., description="false: out of both retrieval routes and of citations; true: back")
 
 
-class ChunkNew(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+class ChunkNew(Body):
     doc_id: int = Field(..., ge=1)
     text: str = Field(..., min_length=1, max_length=MAX_CHUNK_CHARS)
     context: str | None = Field(None, max_length=MAX_CONTEXT_CHARS, description="heading path shown with it")
 
 
-class DocRef(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+class DocRef(Body):
     doc_id: int = Field(..., ge=1)
-
-
-def _ok(data: Any) -> dict:
-    return {"code": 0, "msg": "ok", "data": data}
 
 
 def router(engine, caller_of) -> APIRouter:
     r = APIRouter(prefix="/api/kb/chunks", tags=["chunks"])
 
     def kb_admin(caller: Caller = Depends(caller_of)) -> Caller:
-        denied = caller.denial(Role.KB_ADMIN)
-        if denied:
-            raise EngineError(CODE_FORBIDDEN, denied)
-        return caller
+        return require(caller, Role.KB_ADMIN)
 
     def actor(caller: Caller) -> Actor:
         return Actor(caller.label, "rest")
@@ -59,35 +46,35 @@ def router(engine, caller_of) -> APIRouter:
     @r.get("")
     def list_chunks(doc_id: int = Query(..., ge=1), caller: Caller = Depends(caller_of)):
         """Every chunk of a document: text, context, length, enabled, edited (by / at, the parsed original), manual."""
-        return _ok(engine.list_chunks(doc_id, caller.reader))
+        return ok(engine.list_chunks(doc_id, caller.reader))
 
     @r.post("/reparse")
     def reparse(body: DocRef, caller: Caller = Depends(kb_admin)):
         """Discard every chunk edit of the document: its original is parsed again (处理中 until done)."""
-        return _ok(engine.reparse_document(body.doc_id, actor(caller), caller.reader))
+        return ok(engine.reparse_document(body.doc_id, actor(caller), caller.reader))
 
     @r.get("/{chunk_id}")
     def get_chunk(chunk_id: int, caller: Caller = Depends(caller_of)):
-        return _ok(engine.get_chunk(chunk_id, caller.reader))
+        return ok(engine.get_chunk(chunk_id, caller.reader))
 
     @r.put("/{chunk_id}")
     def edit_chunk(chunk_id: int, body: ChunkText, caller: Caller = Depends(kb_admin)):
         """New text: re-tokenized and re-embedded before the answer; the parsed original is kept (restore)."""
-        return _ok(engine.edit_chunk(chunk_id, body.text, actor(caller), caller.reader))
+        return ok(engine.edit_chunk(chunk_id, body.text, actor(caller), caller.reader))
 
     @r.post("/{chunk_id}/restore")
     def restore_chunk(chunk_id: int, caller: Caller = Depends(kb_admin)):
         """The parsed original text back."""
-        return _ok(engine.restore_chunk(chunk_id, actor(caller), caller.reader))
+        return ok(engine.restore_chunk(chunk_id, actor(caller), caller.reader))
 
     @r.put("/{chunk_id}/enabled")
     def set_enabled(chunk_id: int, body: ChunkEnabled, caller: Caller = Depends(kb_admin)):
         """Switch a chunk off (never retrieved nor cited, in every process) or on again."""
-        return _ok(engine.set_chunk_enabled(chunk_id, body.enabled, actor(caller), caller.reader))
+        return ok(engine.set_chunk_enabled(chunk_id, body.enabled, actor(caller), caller.reader))
 
     @r.post("")
     def add_chunk(body: ChunkNew, caller: Caller = Depends(kb_admin)):
         """A chunk written by hand, appended to the document; searchable when this answers."""
-        return _ok(engine.add_chunk(body.doc_id, body.text, body.context, actor(caller), caller.reader))
+        return ok(engine.add_chunk(body.doc_id, body.text, body.context, actor(caller), caller.reader))
 
     return r

@@ -11,8 +11,9 @@ from collections.abc import Callable
 from typing import Any
 
 from fastapi import APIRouter, Depends, Query
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import Field
 
+from api.envelope import Body, ok
 from pipeline.access.kb_readers import Reader
 from pipeline.errors import CODE_VALIDATION, EngineError
 from pipeline.services.audit_log import Actor
@@ -22,8 +23,7 @@ FILTER_DOC = ("only documents matching it: tags_any (one of these tags), tags_al
               "(upload date YYYY-MM-DD, inclusive); applied inside both retrieval routes before fusion")
 
 
-class DocFilterBody(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+class DocFilterBody(Body):
     tags_any: list[str] | None = Field(None, max_length=50, description="at least one of these tags")
     tags_all: list[str] | None = Field(None, max_length=50, description="every one of these tags")
     metadata: dict[str, str | int | float] | None = Field(None, description="key = value, each must hold")
@@ -34,8 +34,7 @@ class DocFilterBody(BaseModel):
         return self.model_dump(exclude_none=True)
 
 
-class TagsBody(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+class TagsBody(Body):
     tags: list[str] | None = Field(None, max_length=50, description="replaces the tags (omit: unchanged)")
     metadata: dict[str, str | int | float] | None = Field(
         None, description="replaces the key-value metadata (omit: unchanged; e.g. source = folder or URL)")
@@ -61,9 +60,6 @@ def upload_metadata(text: str | None) -> dict | None:
 def router(engine, reader_of: Callable[..., Reader], kb_admin_user: Callable[..., Any],
            rest_actor: Callable[..., Actor]) -> APIRouter:
     r = APIRouter()
-
-    def ok(data: Any) -> dict:
-        return {"code": 0, "msg": "ok", "data": data}
 
     @r.get("/api/kb/documents/{doc_id}/tags", tags=["kb"])
     def get_tags(doc_id: int, reader: Reader = Depends(reader_of)):

@@ -19,9 +19,10 @@ from fastapi import APIRouter, Depends, File, Form, UploadFile
 from fastapi import Path as PathParam
 from starlette.concurrency import run_in_threadpool
 
+from api.envelope import ok, require, save_upload
 from pipeline.access.callers import Caller
 from pipeline.access.policy import Role
-from pipeline.errors import CODE_FORBIDDEN, CODE_VALIDATION, EngineError
+from pipeline.errors import CODE_VALIDATION, EngineError
 from pipeline.ingestion.parsing import MAX_FILE_BYTES
 from pipeline.services.audit_log import Actor
 
@@ -30,14 +31,11 @@ def router(engine, caller_of) -> APIRouter:
     r = APIRouter(prefix="/api/kbs", tags=["kb"])
 
     def kb_admin(caller: Caller = Depends(caller_of)) -> Actor:
-        denied = caller.denial(Role.KB_ADMIN)
-        if denied:
-            raise EngineError(CODE_FORBIDDEN, denied)
-        return Actor(caller.label, "rest")
+        return Actor(require(caller, Role.KB_ADMIN).label, "rest")
 
     @r.get("/{kb_id}/chunking")
     def get_chunking(kb_id: int = PathParam(ge=1), _: Actor = Depends(kb_admin)):
-        return _ok(engine.kb_chunking(kb_id))
+        return ok(engine.kb_chunking(kb_id))
 
     @r.put("/{kb_id}/chunking")
     def put_chunking(payload: dict[str, Any], kb_id: int = PathParam(ge=1), actor: Actor = Depends(kb_admin)):
@@ -46,7 +44,7 @@ def router(engine, caller_of) -> APIRouter:
         rebuild = payload.pop("rebuild", False)
         if not isinstance(rebuild, bool):
             raise EngineError(CODE_VALIDATION, "rebuild 必须是 true/false", "rebuild")
-        return _ok(engine.update_kb_chunking(kb_id, payload, rebuild=rebuild, actor=actor))
+        return ok(engine.update_kb_chunking(kb_id, payload, rebuild=rebuild, actor=actor))
 
     @r.post("/{kb_id}/preview")
     async def preview(file: UploadFile = File(...), kb_id: int = PathParam(ge=1),
@@ -58,22 +56,13 @@ def router(engine, caller_of) -> APIRouter:
         tmpdir = Path(tempfile.mkdtemp(prefix="kbqa-preview-"))
         try:
             dest = tmpdir / "upload.bin"
-            size = 0
-            with open(dest, "wb") as out:
-                while chunk := await file.read(1 << 20):
-                    size += len(chunk)
-                    if size > MAX_FILE_BYTES:
-                        raise EngineError(CODE_VALIDATION, f"文件超过 {MAX_FILE_BYTES // (1024 * 1024)} MB", "file")
-                    out.write(chunk)
+            if not await save_upload(file, dest, MAX_FILE_BYTES):
+                raise EngineError(CODE_VALIDATION, f"文件超过 {MAX_FILE_BYTES // (1024 * 1024)} MB", "file")
             tried = {k: v for k, v in (("chunk_size", chunk_size), ("chunk_overlap", chunk_overlap),
                                        ("chunk_structure", chunk_structure)) if v is not None}
-            return _ok(await run_in_threadpool(engine.preview_upload, kb_id, file.filename or "未命名", dest,
+            return ok(await run_in_threadpool(engine.preview_upload, kb_id, file.filename or "未命名", dest,
                                                tried or None))
         finally:
             shutil.rmtree(tmpdir, ignore_errors=True)
 
     return r
-
-
-def _ok(data: Any) -> dict:
-    return {"code": 0, "msg": "ok", "data": data}

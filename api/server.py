@@ -24,6 +24,7 @@ from api import chunks, doc_tags, kb_chunking, openai_compat, security_headers, 
 from api.auth_first import AuthBeforeBody
 from api.body_limit import BodyLimit
 from api.doc_tags import FILTER_DOC, DocFilterBody, as_filter, upload_metadata
+from api.envelope import Body, ok, require, save_upload
 from api.int_range import IntRange
 from api.mcp_server import CallerRefused, mount_mcp
 from api.sse import sse_frames
@@ -55,10 +56,6 @@ MEDIA_TYPES = {"txt": "text/plain", "md": "text/markdown", "csv": "text/csv",  #
                "xlsx": "application/vnd.openxmlformats-officedocument.spreadsheetml.sheet"}
 HTTP_STATUS = {CODE_VALIDATION: 400, CODE_LLM: 502, CODE_ENGINE: 503, CODE_PARSE: 422, CODE_NO_DOC: 404,
                CODE_AUTH: 401, CODE_FORBIDDEN: 403, CODE_RATE_LIMIT: 429}
-
-
-def ok(data: Any = None) -> dict:
-    return {"code": 0, "msg": "ok", "data": data}
 
 
 def fail(code: int, msg: str, data: Any = None, headers: dict | None = None) -> JSONResponse:
@@ -115,16 +112,14 @@ class AskBody(KBScope):
     use_kb: bool = Field(True, description="false: talk to the LLM without the knowledge base (route DIRECT)")
 
 
-class FeedbackBody(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+class FeedbackBody(Body):
     turn_id: int
     rating: str = Field(description="up | down")
     reason: str | None = Field(None, description="👎 only: 不准确 / 引用错误 / 没回答 / 其他")
     comment: str | None = Field(None, max_length=500)
 
 
-class VerifiedBody(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+class VerifiedBody(Body):
     question: str = Field(min_length=1, max_length=500)
     answer: str = Field(min_length=1, max_length=4000)
     feedback_id: int | None = Field(None, ge=1, le=2**63 - 1, description="the feedback item (and so the answer) it comes from")
@@ -132,35 +127,30 @@ class VerifiedBody(BaseModel):
                                                        "sources; refused where that would widen who reads them)")
 
 
-class RenameBody(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+class RenameBody(Body):
     title: str = Field(min_length=1, max_length=100)
 
 
-class BackupBody(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+class BackupBody(Body):
     dest: str = Field(min_length=1, max_length=1000, description="absolute path on the app's machine; new or empty")
 
 
 READERS_DOC = "user names who may read it (KB admins always may); null = every logged-in user"
 
 
-class KBCreate(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+class KBCreate(Body):
     name: str = Field(min_length=1, max_length=50)
     description: str = Field("", max_length=500)
     readers: list[str] | None = Field(None, max_length=200, description=READERS_DOC)
 
 
-class KBUpdate(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+class KBUpdate(Body):
     name: str | None = Field(None, min_length=1, max_length=50)
     description: str | None = Field(None, max_length=500)
     readers: list[str] | None = Field(None, max_length=200, description=READERS_DOC + " (omit: unchanged)")
 
 
-class KeyCreate(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+class KeyCreate(Body):
     name: str = Field(min_length=1, max_length=50)
     role: str = Field("reader", description="reader | kb-admin | admin")
     kb_ids: list[int] | None = Field(None, max_length=200, description="knowledge bases it may read; null = all "
@@ -264,10 +254,7 @@ def create_api(engine: Engine, policy: AccessPolicy | None = None, bind_host: st
 
     def role_user(role: Role):
         def dependency(caller: Caller = Depends(caller_of)) -> str | None:
-            denied = caller.denial(role)
-            if denied:
-                raise ApiError(CODE_FORBIDDEN, denied)
-            return caller.user
+            return require(caller, role).user
         return dependency
 
     admin_user = role_user(Role.ADMIN)
@@ -391,16 +378,7 @@ def create_api(engine: Engine, policy: AccessPolicy | None = None, bind_host: st
                                     "msg": f"单次最多上传 {MAX_BATCH_FILES} 个文件，本文件未处理"})
                     continue
                 dest = tmpdir / f"{i}.bin"
-                size = 0
-                too_big = False
-                with open(dest, "wb") as out:
-                    while chunk := await f.read(1 << 20):
-                        size += len(chunk)
-                        if size > MAX_FILE_BYTES:
-                            too_big = True
-                            break
-                        out.write(chunk)
-                if too_big:
+                if not await save_upload(f, dest, MAX_FILE_BYTES):
                     refused.append({"file_name": name, "ok": False, "status": "refused",
                                     "msg": f"文件超过 {MAX_FILE_BYTES // (1024 * 1024)} MB"})
                     continue

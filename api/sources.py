@@ -4,34 +4,25 @@ Everything else here is for KB admins; a caller limited to some knowledge bases 
 readers) reaches only those (4003). No logic: each endpoint calls the engine."""
 from __future__ import annotations
 
-from typing import Any
-
 from fastapi import APIRouter, Depends, Request
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import Field
 
+from api.envelope import Body, ok, require
 from pipeline.access.callers import Caller
 from pipeline.access.policy import Role
-from pipeline.errors import CODE_FORBIDDEN, EngineError
 from pipeline.services.audit_log import Actor
 
 
-def _ok(data: Any = None) -> dict:
-    return {"code": 0, "msg": "ok", "data": data}
-
-
-class WebSourceBody(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+class WebSourceBody(Body):
     url: str = Field(min_length=1, max_length=2000, description="http:// or https://")
     interval_min: int | None = Field(None, ge=1, le=43200, description="re-fetch every N minutes; null = on demand")
 
 
-class IntervalBody(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+class IntervalBody(Body):
     interval_min: int | None = Field(None, ge=1, le=43200)
 
 
-class FolderBody(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+class FolderBody(Body):
     path: str = Field(min_length=1, max_length=4000, description="absolute path of a folder on the server")
     interval_min: int | None = Field(None, ge=1, le=43200, description="sync every N minutes; null = on demand")
 
@@ -41,9 +32,7 @@ def router(engine, caller_of) -> APIRouter:
 
     def actor_with(role: Role):
         def dependency(request: Request, caller: Caller = Depends(caller_of)) -> Actor:
-            denied = caller.denial(role)
-            if denied:
-                raise EngineError(CODE_FORBIDDEN, denied)
+            require(caller, role)
             kb_id, source_id = request.path_params.get("kb_id"), request.path_params.get("source_id")
             if kb_id is None and source_id is not None and str(source_id).isdigit():
                 kb_id = engine.web_sources.get(int(source_id))["kb_id"]  # the knowledge base the URL belongs to
@@ -59,46 +48,46 @@ def router(engine, caller_of) -> APIRouter:
     def list_web_sources(kb_id: int, _: Actor = Depends(kb_admin)):
         """The URLs the knowledge base follows: status (pending / ok / unchanged / failed), message, last fetch,
         interval, the document."""
-        return _ok(engine.list_web_sources(kb_id))
+        return ok(engine.list_web_sources(kb_id))
 
     @r.post("/kbs/{kb_id}/web-sources")
     def add_web_source(kb_id: int, body: WebSourceBody, actor: Actor = Depends(kb_admin)):
         """Follow a URL: fetched now (the reply is the source after the fetch) and ingested as a document named
         after it; a failed fetch is a 失败 document with the reason, never content."""
-        return _ok(engine.add_web_source(kb_id, body.url, body.interval_min, actor=actor))
+        return ok(engine.add_web_source(kb_id, body.url, body.interval_min, actor=actor))
 
     @r.post("/web-sources/{source_id}/refetch")
     def refetch_web_source(source_id: int, actor: Actor = Depends(kb_admin)):
         """重新抓取 now; changed content becomes a new version, unchanged content none."""
-        return _ok(engine.refetch_web_source(source_id, actor=actor))
+        return ok(engine.refetch_web_source(source_id, actor=actor))
 
     @r.put("/web-sources/{source_id}")
     def set_web_source_interval(source_id: int, body: IntervalBody, actor: Actor = Depends(kb_admin)):
-        return _ok(engine.set_web_source_interval(source_id, body.interval_min, actor=actor))
+        return ok(engine.set_web_source_interval(source_id, body.interval_min, actor=actor))
 
     @r.delete("/web-sources/{source_id}")
     def remove_web_source(source_id: int, actor: Actor = Depends(kb_admin)):
         """Stop following the URL (its document stays)."""
-        return _ok(engine.remove_web_source(source_id, actor=actor))
+        return ok(engine.remove_web_source(source_id, actor=actor))
 
     # --- the folder
     @r.get("/kbs/{kb_id}/folder")
     def get_folder(kb_id: int, _: Actor = Depends(kb_admin)):
         """The folder the knowledge base follows with its last sync reports, or null."""
-        return _ok(engine.folder_source(kb_id))
+        return ok(engine.folder_source(kb_id))
 
     @r.put("/kbs/{kb_id}/folder")
     def set_folder(kb_id: int, body: FolderBody, actor: Actor = Depends(admin)):
         """Follow a server-side folder (admins only)."""
-        return _ok(engine.set_folder_source(kb_id, body.path, body.interval_min, actor=actor))
+        return ok(engine.set_folder_source(kb_id, body.path, body.interval_min, actor=actor))
 
     @r.delete("/kbs/{kb_id}/folder")
     def remove_folder(kb_id: int, actor: Actor = Depends(admin)):
-        return _ok(engine.remove_folder_source(kb_id, actor=actor))
+        return ok(engine.remove_folder_source(kb_id, actor=actor))
 
     @r.post("/kbs/{kb_id}/folder/sync")
     def sync_folder(kb_id: int, actor: Actor = Depends(kb_admin)):
         """同步 now: new files ingested, changed ones new versions, deleted ones deleted (or flagged); the report."""
-        return _ok(engine.sync_folder(kb_id, actor=actor))
+        return ok(engine.sync_folder(kb_id, actor=actor))
 
     return r

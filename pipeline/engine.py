@@ -89,7 +89,6 @@ class Engine:
     create_kb = _To("kbs", "create")
     update_kb = _To("kbs", "update")
     delete_kb = _To("kbs", "delete")
-    resolve_kbs = _To("kbs", "resolve")
     kb_chunking = _To("chunking", "get")
     update_kb_chunking = _To("chunking", "update")
     preview_upload = _To("chunking", "preview")

@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Any, Literal, NotRequired, TypedDict
 
 from pipeline.retrieval.nodes import node_meta, node_text
 from pipeline.retrieval.result import fused_row, fusion_info
+from pipeline.retrieval.result import rounded as _r
 
 if TYPE_CHECKING:
     from pipeline.retrieval.result import RetrievalResult
@@ -33,9 +34,6 @@ class EventType(str, Enum):
     SOURCES = "sources"
     DONE = "done"
     ERROR = "error"
-
-
-EVENT_TYPES = tuple(t.value for t in EventType)
 
 
 # --- payloads ----------------------------------------------------------------------------------------
@@ -257,10 +255,6 @@ def trace_with_support(trace: dict | None, done_payload: dict) -> dict | None:
     if trace is None or "support_summary" not in done_payload:
         return trace
     return {**trace, "support": done_payload["support_summary"], "support_sentences": done_payload.get("support")}
-
-
-def _r(x: Any, nd: int = 4) -> float | None:
-    return None if x is None else round(float(x), nd)
 
 
 def _row(n: Any) -> TraceRow:

@@ -193,12 +193,6 @@ class Settings(BaseModel):
             out[group] = {f: (mask_secret(data[f]) if mask and f in SECRET_FIELDS else data[f]) for f in fields}
         return out
 
-    def masked_dict(self) -> dict[str, Any]:
-        d = self.model_dump()
-        for f in SECRET_FIELDS:
-            d[f] = mask_secret(d[f])
-        return d
-
 
 # --- metadata derived from the Field declarations ------------------------------------------------
 def field_meta(name: str) -> dict[str, Any]:

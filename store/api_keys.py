@@ -8,20 +8,15 @@ team deployment counts into the same window.
 from __future__ import annotations
 
 import json
-from datetime import datetime
 
 from sqlalchemy import delete, func, select, update
 
-from .db import Database, as_dict, dicts
+from .db import Store, as_dict, dicts, now_text
 from .schema import api_key, rate_window
 
 K = api_key.c
 W = rate_window.c
 PUBLIC_COLUMNS = [c for c in api_key.c if c.name != "secret_hash"]  # what lists and lookups hand out
-
-
-def _now() -> str:
-    return datetime.now().isoformat(sep=" ", timespec="seconds")
 
 
 def _row(d: dict | None) -> dict | None:
@@ -31,17 +26,14 @@ def _row(d: dict | None) -> dict | None:
     return d
 
 
-class ApiKeyStore:
-    def __init__(self, db: Database):
-        self.db = db
-
+class ApiKeyStore(Store):
     def create(self, *, name: str, role: str, kb_ids: list[int] | None, secret_hash: str, prefix: str,
                rate_limit: int | None, expires_at: float | None, created_by: str | None) -> dict:
         with self.db.transaction() as conn:
             key_id = conn.execute(api_key.insert().values(
                 name=name, role=role, kb_ids=None if kb_ids is None else json.dumps(kb_ids), secret_hash=secret_hash,
                 prefix=prefix, rate_limit=rate_limit, expires_at=expires_at, created_by=created_by,
-                created_at=_now()).returning(K.key_id)).scalar_one()
+                created_at=now_text()).returning(K.key_id)).scalar_one()
         return self.get(key_id)
 
     def get(self, key_id: int) -> dict | None:
@@ -64,17 +56,14 @@ class ApiKeyStore:
     def revoke(self, key_id: int) -> bool:
         with self.db.transaction() as conn:
             return conn.execute(update(api_key).where(K.key_id == key_id, K.revoked_at.is_(None))
-                                .values(revoked_at=_now())).rowcount > 0
+                                .values(revoked_at=now_text())).rowcount > 0
 
     def touch(self, key_id: int) -> None:
         with self.db.transaction() as conn:
-            conn.execute(update(api_key).where(K.key_id == key_id).values(last_used_at=_now()))
+            conn.execute(update(api_key).where(K.key_id == key_id).values(last_used_at=now_text()))
 
 
-class RateWindowStore:
-    def __init__(self, db: Database):
-        self.db = db
-
+class RateWindowStore(Store):
     def hit(self, bucket: str, minute: int) -> int:
         """Count one request of `bucket` in `minute`; the count after it (every process adds to the same row)."""
         stmt = self.db.insert(rate_window).values(bucket=bucket, minute=minute, hits=1)

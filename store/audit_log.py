@@ -11,7 +11,7 @@ from dataclasses import dataclass
 
 from sqlalchemy import delete, func, insert, select
 
-from .db import Database, dicts
+from .db import Store, dicts
 from .schema import audit_log
 
 A = audit_log.c
@@ -50,10 +50,7 @@ def _row(d: dict) -> dict:
     return d
 
 
-class AuditLogStore:
-    def __init__(self, db: Database):
-        self.db = db
-
+class AuditLogStore(Store):
     def add(self, *, at: float, actor: str | None, door: str, kind: str, action: str, outcome: str,
             kb_ids: list[int] | None = None, question: str | None = None, latency_ms: int | None = None,
             cited: list[dict] | None = None, detail: dict | None = None) -> None:

@@ -6,11 +6,9 @@ restore), so the parse can always be restored. A manual chunk has no original: `
 """
 from __future__ import annotations
 
-from datetime import datetime
-
 from sqlalchemy import and_, case, func, insert, or_, select, update
 
-from .db import Database, as_dict, dicts
+from .db import Store, as_dict, dicts, now_text
 from .documents import encode_tokens
 from .schema import kb_chunk, kb_document
 
@@ -23,14 +21,7 @@ _ROW = (select(C.c.chunk_id, C.c.doc_id, C.c.chunk_index, C.c.text, C.c.page, C.
         .select_from(C.join(D, D.c.doc_id == C.c.doc_id)))
 
 
-def _now() -> str:
-    return datetime.now().isoformat(sep=" ", timespec="seconds")
-
-
-class ChunkStore:
-    def __init__(self, db: Database):
-        self.db = db
-
+class ChunkStore(Store):
     def get(self, chunk_id: int) -> dict | None:
         """The chunk with its document's kb_id, file_name, status and active flag."""
         with self.db.connect() as conn:
@@ -45,7 +36,7 @@ class ChunkStore:
         with self.db.transaction() as conn:
             conn.execute(update(C).where(C.c.chunk_id == int(chunk_id)).values(
                 original_text=case((C.c.manual == 1, None), else_=func.coalesce(C.c.original_text, C.c.text)),
-                text=text, tokens=encode_tokens(tokens), edited_by=by, edited_at=_now()))
+                text=text, tokens=encode_tokens(tokens), edited_by=by, edited_at=now_text()))
 
     def restore(self, chunk_id: int, tokens: list[str]) -> bool:
         """The parsed original back (tokens of it given); False when the chunk was not edited."""
@@ -68,7 +59,7 @@ class ChunkStore:
                 "doc_id": int(doc_id), "chunk_index": 0 if last is None else int(last) + 1, "text": text,
                 "page": None, "char_start": 0, "char_end": 0, "source": "text", "tokens": encode_tokens(tokens),
                 "context": context, "section": 0, "enabled": 1, "manual": 1, "edited_by": by,
-                "edited_at": _now()}).scalar_one()
+                "edited_at": now_text()}).scalar_one()
             conn.execute(update(D).where(D.c.doc_id == int(doc_id)).values(chunk_count=D.c.chunk_count + 1))
         return int(chunk_id)
 

@@ -15,7 +15,7 @@ from typing import Any
 
 from sqlalchemy import delete, func, insert, select, update
 
-from .db import Database, as_dict, dicts, with_json
+from .db import Store, as_dict, dicts, with_json
 from .schema import conversation, conversation_turn
 
 CV, T = conversation.c, conversation_turn.c
@@ -51,10 +51,7 @@ def _conv_dict(d: dict | None) -> dict | None:
     return d
 
 
-class ConversationStore:
-    def __init__(self, db: Database):
-        self.db = db
-
+class ConversationStore(Store):
     # --- conversations ---------------------------------------------------------------------------
     def create(self, user: str, title: str) -> dict:
         cid, now = new_conv_id(), _now()

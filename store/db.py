@@ -16,6 +16,7 @@ import json
 import os
 import threading
 from contextlib import contextmanager, nullcontext
+from datetime import datetime
 from pathlib import Path
 
 from sqlalchemy import Double, cast, create_engine, event, extract, func, literal
@@ -47,6 +48,11 @@ def dicts(result) -> list[dict]:
     about 3× more per row, which shows on the 50 chunk rows behind every answer)."""
     keys = tuple(result.keys())
     return [dict(zip(keys, row)) for row in result.all()]
+
+
+def now_text() -> str:
+    """The local time as the stores write it into their created_at / updated_at columns (to the second)."""
+    return datetime.now().isoformat(sep=" ", timespec="seconds")
 
 
 def with_json(d: dict, *fields: str, default: str = "[]") -> dict:
@@ -163,6 +169,13 @@ class Database:
 
     def close(self) -> None:
         self.engine.dispose()
+
+
+class Store:
+    """What every store is built on: its statements run on the one Database, `self.db`."""
+
+    def __init__(self, db: Database):
+        self.db = db
 
 
 def _sqlite_engine(path: Path, pool_size: int):

@@ -16,7 +16,7 @@ from datetime import date, timedelta
 import numpy as np
 from sqlalchemy import delete, exists, false, func, insert, select
 
-from .db import Database
+from .db import Store
 from .documents import RETRIEVABLE, VISIBLE
 from .schema import kb_chunk, kb_doc_meta, kb_doc_tag, kb_document, kb_section
 
@@ -83,10 +83,7 @@ class DocFilter:
         return terms
 
 
-class DocTagStore:
-    def __init__(self, db: Database):
-        self.db = db
-
+class DocTagStore(Store):
     # --- per document ---------------------------------------------------------------------------------------
     def get(self, doc_id: int) -> dict:
         """{tags: [...], metadata: {key: value}} of one document (user-set parts only)."""
@@ -105,19 +102,6 @@ class DocTagStore:
             return {}
         return {"file_type": row.file_type, "version": row.version, "pages": row.pages,
                 "uploaded": (row.created_at or "")[:10]}
-
-    def many(self, doc_ids: Iterable[int]) -> dict[int, dict]:
-        """doc_id → {tags, metadata} for several documents (the KB list)."""
-        ids = sorted({int(i) for i in doc_ids})
-        out = {i: {"tags": [], "metadata": {}} for i in ids}
-        if not ids:
-            return out
-        with self.db.connect() as conn:
-            for d, tag in conn.execute(select(T.c.doc_id, T.c.tag).where(T.c.doc_id.in_(ids)).order_by(T.c.tag)):
-                out[d]["tags"].append(tag)
-            for d, k, v in conn.execute(select(M.c.doc_id, M.c.key, M.c.value).where(M.c.doc_id.in_(ids))):
-                out[d]["metadata"][k] = v
-        return out
 
     def set(self, doc_id: int, tags: list[str] | None = None, metadata: dict[str, str] | None = None) -> None:
         """Replace the tags (when given) and / or the metadata (when given) of a document."""
@@ -144,11 +128,6 @@ class DocTagStore:
         """A new version starts with the tags and metadata of the version it replaces."""
         got = self.get(from_doc)
         self.set(to_doc, got["tags"], got["metadata"])
-
-    def delete_doc(self, doc_id: int) -> None:
-        with self.db.transaction() as conn:
-            conn.execute(delete(T).where(T.c.doc_id == int(doc_id)))
-            conn.execute(delete(M).where(M.c.doc_id == int(doc_id)))
 
     # --- across documents -----------------------------------------------------------------------------------
     def tags_in_use(self, kb_ids: Iterable[int] | None = None) -> list[dict]:

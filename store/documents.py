@@ -7,12 +7,11 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
-from datetime import datetime
 from typing import Any
 
 from sqlalchemy import and_, bindparam, delete, func, insert, or_, select, update
 
-from .db import Database, as_dict, dicts
+from .db import Store, as_dict, dicts, now_text
 from .migrations import DEFAULT_KB_ID
 from .schema import kb_base, kb_chunk, kb_doc_meta, kb_doc_tag, kb_document, kb_section
 
@@ -96,20 +95,13 @@ def decode_tokens(stored: str) -> list[str]:
     return [t.replace("\u00a0", " ") for t in stored.split(" ")] if stored else []
 
 
-def _now() -> str:
-    return datetime.now().isoformat(sep=" ", timespec="seconds")
-
-
 def _labelled(d: dict | None) -> dict | None:
     if d is not None:
         d["status_label"] = STATUS_LABELS.get(d["status"], d["status"])
     return d
 
 
-class DocumentStore:
-    def __init__(self, db: Database):
-        self.db = db
-
+class DocumentStore(Store):
     def _one_doc(self, *where) -> dict | None:
         with self.db.connect() as conn:
             return _labelled(as_dict(conn.execute(select(D).where(*where).order_by(D.c.doc_id.desc()).limit(1))
@@ -125,7 +117,7 @@ class DocumentStore:
         with self.db.transaction() as conn:
             doc_id = conn.execute(insert(D).returning(D.c.doc_id), {
                 "file_name": file_name, "file_type": file_type, "file_size": file_size, "content_md5": md5,
-                "status": "processing", "created_at": _now(), "stored_name": stored_name, "kb_id": int(kb_id),
+                "status": "processing", "created_at": now_text(), "stored_name": stored_name, "kb_id": int(kb_id),
                 "version": version, "lineage_id": lineage_id,
                 "active": ACTIVE if lineage_id is None else ACTIVATE_WHEN_READY}).scalar_one()
             if lineage_id is None:

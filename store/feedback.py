@@ -7,18 +7,13 @@ conversation (feedback is quality data of the knowledge base, kept deliberately)
 from __future__ import annotations
 
 import json
-from datetime import datetime
 
 from sqlalchemy import func, select
 
-from .db import Database, as_dict, dicts, with_json
+from .db import Store, as_dict, dicts, now_text, with_json
 from .schema import answer_feedback
 
 F = answer_feedback.c
-
-
-def _now() -> str:
-    return datetime.now().isoformat(sep=" ", timespec="seconds")
 
 
 def _row(d: dict | None) -> dict | None:
@@ -32,10 +27,7 @@ def _rated(rating: int | None) -> list:
     return [] if rating is None else [F.rating == rating]
 
 
-class FeedbackStore:
-    def __init__(self, db: Database):
-        self.db = db
-
+class FeedbackStore(Store):
     def upsert(self, turn: dict, rating: int, reason: str | None, comment: str | None) -> dict:
         stmt = self.db.insert(answer_feedback)
         new = stmt.excluded
@@ -45,7 +37,7 @@ class FeedbackStore:
                 "turn_id": turn["turn_id"], "conv_id": turn["conv_id"], "user": turn["user"], "rating": rating,
                 "reason": reason, "comment": comment, "question": turn["question"], "rewritten": turn.get("rewritten"),
                 "answer": turn["answer"], "sources": json.dumps(turn.get("sources") or [], ensure_ascii=False),
-                "created_at": _now()})
+                "created_at": now_text()})
         return self.get_by_turn(turn["turn_id"])
 
     def _one(self, *where) -> dict | None:

@@ -7,20 +7,16 @@ The rows are a cache: a missing or stale one is measured again, so dropping a kn
 from __future__ import annotations
 
 import json
-from datetime import datetime
 
 from sqlalchemy import delete, func, select
 
-from .db import Database
+from .db import Store, now_text
 from .schema import kb_chunk, kb_document, kb_gate_background
 
 G = kb_gate_background.c
 
 
-class GateStatsStore:
-    def __init__(self, db: Database):
-        self.db = db
-
+class GateStatsStore(Store):
     def load(self, kb_id: int) -> tuple[str, dict] | None:
         """(fingerprint, stats) of one knowledge base, or None when never measured."""
         with self.db.connect() as conn:
@@ -39,7 +35,7 @@ class GateStatsStore:
             conn.execute(stmt.on_conflict_do_update(index_elements=[G.kb_id], set_={
                 "fingerprint": new.fingerprint, "stats": new.stats, "updated_at": new.updated_at}), {
                 "kb_id": int(kb_id), "fingerprint": fingerprint, "stats": json.dumps(stats, ensure_ascii=False),
-                "updated_at": datetime.now().isoformat(sep=" ", timespec="seconds")})
+                "updated_at": now_text()})
 
     def delete(self, kb_id: int) -> None:
         with self.db.transaction() as conn:

@@ -122,11 +122,6 @@ class JobStore:
                              .values(value=app_state.c.value + 1))
         return True
 
-    def drop(self, doc_id: int, owner: str) -> None:
-        """Give up a job without touching the document (it was deleted meanwhile)."""
-        with self.db.transaction() as conn:
-            conn.execute(delete(ingest_job).where(J.doc_id == doc_id, J.owner == owner))
-
     def release_all(self) -> int:
         """Single-process start (SQLite): every lease belongs to a previous run, so free them now."""
         with self.db.transaction() as conn:

@@ -7,11 +7,10 @@ releases before knowledge bases existed); it can be renamed but not deleted.
 from __future__ import annotations
 
 import json
-from datetime import datetime
 
 from sqlalchemy import and_, delete, func, or_, select, update
 
-from .db import Database, as_dict, dicts
+from .db import Store, as_dict, dicts, now_text
 from .migrations import DEFAULT_KB_ID
 from .schema import kb_base, kb_chunk, kb_document
 
@@ -36,10 +35,7 @@ def _readers_json(readers: list[str] | None) -> str | None:
     return None if readers is None else json.dumps(sorted(set(readers)), ensure_ascii=False)
 
 
-class KBStore:
-    def __init__(self, db: Database):
-        self.db = db
-
+class KBStore(Store):
     def list(self) -> list[dict]:
         with self.db.connect() as conn:
             return [_kb_dict(d) for d in dicts(conn.execute(_COUNTS.order_by(B.kb_id)))]
@@ -69,7 +65,7 @@ class KBStore:
         with self.db.transaction() as conn:
             kb_id = conn.execute(kb_base.insert().returning(B.kb_id), {
                 "name": name, "description": description,
-                "created_at": datetime.now().isoformat(sep=" ", timespec="seconds"),
+                "created_at": now_text(),
                 "readers": _readers_json(readers)}).scalar_one()
         return self.get(kb_id)
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from sqlalchemy import select, update
 
-from .db import Database
+from .db import Store
 from .schema import app_state
 
 KB_GENERATION = "kb_generation"
@@ -16,10 +16,7 @@ CONFIG_VERSION = "config_version"
 ENGINE_VERSION = "engine_version"
 
 
-class SharedState:
-    def __init__(self, db: Database):
-        self.db = db
-
+class SharedState(Store):
     def read(self) -> dict[str, int]:
         with self.db.connect() as conn:
             return {name: int(value) for name, value in conn.execute(select(app_state.c.name, app_state.c.value))}

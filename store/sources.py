@@ -11,7 +11,7 @@ import json
 
 from sqlalchemy import delete, desc, insert, select, update
 
-from .db import Database, as_dict, dicts
+from .db import Store, as_dict, dicts
 from .schema import folder_file, folder_source, sync_report, web_source
 
 W, F, FF, R = web_source.c, folder_source.c, folder_file.c, sync_report.c
@@ -21,11 +21,8 @@ def _due(interval_min, now: float) -> float | None:
     return None if not interval_min else now + 60.0 * int(interval_min)
 
 
-class _Due:
+class _Due(Store):
     table = None
-
-    def __init__(self, db: Database):
-        self.db = db
 
     def claim_due(self, now: float) -> list[int]:
         """Ids of sources whose interval ran out, each claimed by this caller alone (their next_due moved on)."""

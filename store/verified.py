@@ -4,26 +4,22 @@ based on. Each entry is indexed as a small document of its own (kb_document.file
 from __future__ import annotations
 
 import json
-from datetime import datetime
 
 from sqlalchemy import delete, insert, select
 
-from .db import Database, as_dict, dicts, with_json
+from .db import Store, as_dict, dicts, now_text, with_json
 from .schema import kb_document, verified_qa
 
 Q = verified_qa.c
 
 
-class VerifiedQAStore:
-    def __init__(self, db: Database):
-        self.db = db
-
+class VerifiedQAStore(Store):
     def add(self, doc_id: int, question: str, answer: str, cited: list, turn_id: int | None, user: str) -> dict:
         with self.db.transaction() as conn:
             qa_id = conn.execute(insert(verified_qa).returning(Q.qa_id), {
                 "doc_id": doc_id, "question": question, "answer": answer, "cited": json.dumps(cited, ensure_ascii=False),
                 "turn_id": turn_id, "created_by": user,
-                "created_at": datetime.now().isoformat(sep=" ", timespec="seconds")}).scalar_one()
+                "created_at": now_text()}).scalar_one()
         return self.get(qa_id)
 
     def get(self, qa_id: int) -> dict | None:

@@ -2,7 +2,7 @@
 logic of its own.
 
 Gradio 6: theme/css/head are arguments of `launch()` / `gr.mount_gradio_app()`, not of `gr.Blocks()`; use
-`ui.launch_kwargs()` (or `ui.theme.page_kwargs()`) there. `build_ui()` also leaves them on the Blocks as
+`ui.page_kwargs()` there. `build_ui()` also leaves them on the Blocks as
 `demo.page_kwargs` for callers that only get the Blocks.
 """
 from __future__ import annotations
@@ -19,7 +19,7 @@ from .kb_tab import build_kb_tab
 from .settings_tab import build_settings_tab
 from .theme import CSS, HEAD_JS, page_kwargs
 
-__all__ = ["build_ui", "page_kwargs", "launch_kwargs", "CSS", "HEAD_JS", "DOCUMENTED_EVENTS"]
+__all__ = ["build_ui", "page_kwargs", "CSS", "HEAD_JS", "DOCUMENTED_EVENTS"]
 
 # The page's events that other programs may call through Gradio (shown in /gradio_api/info and the page's
 # "Use via API"): asking and the two-route search. Both apply the same per-KB permissions as the REST API.
@@ -28,11 +28,6 @@ __all__ = ["build_ui", "page_kwargs", "launch_kwargs", "CSS", "HEAD_JS", "DOCUME
 # what protects them is the permission check each handler makes (docs/security.md). Programs use /api, /v1
 # or /mcp.
 DOCUMENTED_EVENTS = frozenset({"ask", "debug_search"})
-
-
-def launch_kwargs() -> dict:
-    """Keyword arguments for `demo.launch()` that carry the page look and the citation script."""
-    return page_kwargs()
 
 
 def build_ui(engine, policy: AccessPolicy | None = None) -> gr.Blocks:

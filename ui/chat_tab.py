@@ -31,10 +31,10 @@ from pipeline.services.audit_log import Actor
 from . import history as hist
 from .answer_feedback import build_answer_feedback
 from .guard import request_user
-from .kb_spaces import refresh_scope, scope_ids, scope_picker
+from .kb_spaces import scope_ids, scope_picker
 from .render import answer_markdown, mark_replaced, render_sources, render_stage, render_trace, trace_marks
 from .safe_markdown import safe_markdown
-from .tag_filter import build_tag_filter, filter_of, refresh_tags
+from .tag_filter import build_tag_filter, filter_of, wire_scope
 from .viewer import OPENER_JS, build_viewer
 
 log = logging.getLogger(__name__)
@@ -48,23 +48,11 @@ HISTORY_PAGE = 100  # conversations listed in the panel (newest first)
 
 @dataclass
 class ChatTab:
-    chatbot: gr.Chatbot
-    question: gr.Textbox
-    send: gr.Button
-    retry: gr.Button
+    """What the page wires around the tab (ui/__init__.py)."""
     goto_kb: gr.Button
-    stage: gr.HTML
-    sources: gr.HTML
-    trace: gr.HTML
-    use_kb: gr.Checkbox
-    history_list: gr.Radio
     last_conv: gr.BrowserState
     view: list  # the components a conversation view fills (chat, panels, states)
     on_load: Any  # fn(last_conv, request) -> view updates + history list, for demo.load
-    current_turn: Any  # fn(turns, active) -> the active turn dict or None (feedback acts on it)
-    turns_state: gr.State
-    active_state: gr.State
-    kbs: Any = None  # gr.Dropdown: the knowledge bases a question searches
 
 
 def build_chat_tab(engine, policy: AccessPolicy | None = None) -> ChatTab:
@@ -252,16 +240,7 @@ def build_chat_tab(engine, policy: AccessPolicy | None = None) -> ChatTab:
           run_outputs, api_name="ask", concurrency_limit=4, concurrency_id="kb-ask", show_progress="hidden")
     retry.click(retry_fn, [use_kb, current, conv_state, turns_state, kbs, *tag_filter.inputs], run_outputs,
                 api_name="retry", concurrency_limit=4, concurrency_id="kb-ask", show_progress="hidden")
-    def load_scope(request: gr.Request):  # the knowledge bases this user may read, all picked
-        return refresh_scope(engine, policy.reader(request_user(request)))
-
-    def load_tags(kb_value, picked, request: gr.Request):  # the tags in use in the picked knowledge bases
-        reader = policy.reader(request_user(request))
-        return refresh_tags(engine, scope_ids(engine, kb_value, reader), reader, picked)
-
-    gr.on(None, load_scope, None, [kbs], api_name=False, show_progress="hidden").then(
-        load_tags, [kbs, tag_filter.tags], [tag_filter.tags], api_name=False, show_progress="hidden")
-    kbs.change(load_tags, [kbs, tag_filter.tags], [tag_filter.tags], api_name="chat_tags", show_progress="hidden")
+    wire_scope(engine, policy, kbs, tag_filter, tags_api_name="chat_tags")
 
     # ------------------------------------------------------------------ turns of the open conversation
     def select_turn(idx, turns, conv_id, request: gr.Request):
@@ -383,10 +362,4 @@ def build_chat_tab(engine, policy: AccessPolicy | None = None) -> ChatTab:
     history_acc.expand(refresh_history, None, [history_list], api_name="history_list", show_progress="hidden",
                        queue=False)
 
-    def current_turn(turns, active):
-        turns = list(turns or [])
-        return turns[active] if isinstance(active, int) and 0 <= active < len(turns) else None
-
-    return ChatTab(chatbot, question, send, retry, goto_kb, stage, sources, trace, use_kb, history_list,
-                   last_conv, view + [retry, goto_kb, history_list], restore, current_turn, turns_state,
-                   active_state, kbs)
+    return ChatTab(goto_kb, last_conv, view + [retry, goto_kb, history_list], restore)

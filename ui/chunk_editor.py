@@ -9,7 +9,6 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
 
 import gradio as gr
 
@@ -60,13 +59,6 @@ def _info(c: dict | None) -> str:
     return " · ".join(bits)
 
 
-def _int(x: Any) -> int | None:
-    try:
-        return int(float(x))
-    except (TypeError, ValueError):
-        return None
-
-
 @dataclass
 class ChunkEditor:
     load: Callable  # doc_id → the editor reset for that document (wired after the chunk list opens)
@@ -111,7 +103,7 @@ def build_chunk_editor(engine, policy: AccessPolicy, doc_id: gr.Number, view: gr
                 picked["text"] if picked else "", _info(picked), message)
 
     def load(did):
-        did = _int(did)
+        did = guard.to_int(did)
         if did is None:
             return gr.update(), gr.update(choices=[], value=None), "", "", ""
         try:
@@ -120,7 +112,7 @@ def build_chunk_editor(engine, policy: AccessPolicy, doc_id: gr.Number, view: gr
             return gr.update(), gr.update(choices=[], value=None), "", "", f"⚠️ {esc(getattr(exc, 'msg', exc))}"
 
     def show(chunk_id):
-        cid = _int(chunk_id)
+        cid = guard.to_int(chunk_id)
         if cid is None:
             return "", ""
         try:
@@ -131,7 +123,7 @@ def build_chunk_editor(engine, policy: AccessPolicy, doc_id: gr.Number, view: gr
 
     def act(did, chunk_id, request, change: Callable[[int], dict], done: str) -> tuple:
         require(request)
-        did, cid = _int(did), _int(chunk_id)
+        did, cid = guard.to_int(did), guard.to_int(chunk_id)
         if cid is None:
             return gr.update(), gr.update(), gr.update(), gr.update(), "⚠️ 请先选择一个块"
         try:
@@ -159,7 +151,7 @@ def build_chunk_editor(engine, policy: AccessPolicy, doc_id: gr.Number, view: gr
 
     def kb_chunk_add(did, body, context, request: gr.Request):
         require(request)
-        did = _int(did)
+        did = guard.to_int(did)
         if did is None:
             return gr.update(), gr.update(), gr.update(), gr.update(), "⚠️ 请先打开一个文档的分块", gr.update()
         try:
@@ -171,7 +163,7 @@ def build_chunk_editor(engine, policy: AccessPolicy, doc_id: gr.Number, view: gr
 
     def kb_chunk_reparse(did, request: gr.Request):
         require(request)
-        did = _int(did)
+        did = guard.to_int(did)
         if did is None:
             return gr.update(), gr.update(), gr.update(), gr.update(), "⚠️ 请先打开一个文档的分块"
         try:

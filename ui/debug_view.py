@@ -14,9 +14,9 @@ from typing import Any
 import gradio as gr
 
 from . import guard
-from .kb_spaces import refresh_scope, scope_ids, scope_picker
+from .kb_spaces import scope_ids, scope_picker
 from .render import esc, fmt_num, fusion_title, snippet
-from .tag_filter import build_tag_filter, describe_filter, filter_of, refresh_tags
+from .tag_filter import build_tag_filter, describe_filter, filter_of, wire_scope
 from .viewer import OPENER_JS
 
 log = logging.getLogger(__name__)
@@ -151,7 +151,7 @@ def make_search_handler(engine, policy=None):
             result = engine.search(query or "", k, scope_ids(engine, kbs, reader), reader,
                                    doc_filter=filter_of(tags, mode))
         except Exception as exc:  # EngineError (validation / 2002) or a retrieval failure
-            msg = getattr(exc, "msg", None) or str(exc)
+            msg = guard.error_text(exc)
             if not getattr(exc, "code", None):
                 log.exception("debug search failed")
             return (f"⚠️ {esc(msg)}", *empty)
@@ -184,14 +184,5 @@ def build_debug_view(engine, policy=None) -> dict[str, Any]:
     handler = make_search_handler(engine, policy)
     go.click(handler, [query, top_k, kbs, *tag_filter.inputs], [status, *cols], api_name="debug_search")
     query.submit(handler, [query, top_k, kbs, *tag_filter.inputs], [status, *cols], api_name=False)
-    def load_scope(request: gr.Request):
-        return refresh_scope(engine, guard.reader_of(policy, request))
-
-    def load_tags(kb_value, picked, request: gr.Request):
-        reader = guard.reader_of(policy, request)
-        return refresh_tags(engine, scope_ids(engine, kb_value, reader), reader, picked)
-
-    gr.on(None, load_scope, None, [kbs], api_name=False, show_progress="hidden").then(
-        load_tags, [kbs, tag_filter.tags], [tag_filter.tags], api_name=False, show_progress="hidden")
-    kbs.change(load_tags, [kbs, tag_filter.tags], [tag_filter.tags], api_name=False, show_progress="hidden")
+    wire_scope(engine, policy, kbs, tag_filter)
     return {"query": query, "top_k": top_k, "status": status, "columns": cols}

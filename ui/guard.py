@@ -1,4 +1,5 @@
-"""The UI side of the one role check (pipeline.access.AccessPolicy.denial): who is calling, and refuse.
+"""The UI side of the one role check (pipeline.access.AccessPolicy.denial): who is calling, and refuse; and what
+every handler reads the same way (a number from a Gradio value, the text of an engine error).
 
 A hidden tab is not security: every handler that changes something calls `require` on the server.
 """
@@ -36,3 +37,16 @@ def require(policy: AccessPolicy, request: Any, role: Role) -> None:
     if denied:
         log.warning("%s action refused for user %r", role.value, request_user(request))
         raise gr.Error(denied)
+
+
+def to_int(x: Any, default: int | None = None) -> int | None:
+    """A Gradio value (number, numeric text, None) as an int; `default` when it is not one."""
+    try:
+        return int(float(x))
+    except (TypeError, ValueError):
+        return default
+
+
+def error_text(exc: Exception) -> str:
+    """What to show of an error: an EngineError's message, else the exception's text."""
+    return getattr(exc, "msg", None) or str(exc)

@@ -60,10 +60,6 @@ class KBManager:
     wire: Callable[[Callable[..., tuple], list], None]  # (refresh(kb_id, request) → values, their outputs)
 
 
-def _err(exc: Exception) -> str:
-    return getattr(exc, "msg", None) or str(exc)
-
-
 def build_kb_manager(engine, policy: AccessPolicy) -> KBManager:
     """The selector row (laid out where this is called); `.wire(refresh, refresh_outputs)` connects it once the
     document table exists: `refresh(kb_id, request)` returns the values of `refresh_outputs` for that KB."""
@@ -123,7 +119,7 @@ def _wire(engine, policy, refresh, refresh_outputs, pick, info, mode, form, name
                 kb = engine.create_kb(name_value, desc_value or "", who, actor=guard.page_actor(request))
                 text = f"已新建知识库「{safe_markdown(kb['name'])}」"
         except Exception as exc:  # EngineError: empty / duplicate name …
-            return (gr.skip(), gr.skip(), f"⚠️ {esc(_err(exc))}", gr.skip(), *(gr.skip(),) * len(refresh_outputs))
+            return (gr.skip(), gr.skip(), f"⚠️ {esc(guard.error_text(exc))}", gr.skip(), *(gr.skip(),) * len(refresh_outputs))
         return (gr.update(visible=False), gr.Dropdown(choices=kb_choices(engine), value=kb["kb_id"]), text,
                 kb_summary(engine, kb["kb_id"]), *refresh(kb["kb_id"], request))
 
@@ -143,7 +139,7 @@ def _wire(engine, policy, refresh, refresh_outputs, pick, info, mode, form, name
             text = f"已删除知识库「{safe_markdown(res['name'])}」（{res['docs_removed']} 个文档）"
             kb_id = DEFAULT_KB_ID
         except Exception as exc:
-            text = f"⚠️ 删除失败：{esc(_err(exc))}"
+            text = f"⚠️ 删除失败：{esc(guard.error_text(exc))}"
         return (gr.update(visible=False), gr.Dropdown(choices=kb_choices(engine), value=int(kb_id)), text,
                 kb_summary(engine, kb_id), *refresh(kb_id, request))
 

@@ -231,17 +231,6 @@ def chunks_html(chunks: list[dict]) -> str:
 
 
 # ---------------------------------------------------------------------------------------------- helpers
-def _int(x: Any, default: int = 1) -> int:
-    try:
-        return int(float(x))
-    except (TypeError, ValueError):
-        return default
-
-
-def _err_msg(exc: Exception) -> str:
-    return getattr(exc, "msg", None) or str(exc)
-
-
 def _file_items(files: Any) -> list[tuple[str, Path]]:
     """(original name, path) from gr.File's raw payload (preprocess=False: FileData dicts) or plain paths."""
     if files is None:
@@ -340,8 +329,8 @@ def build_kb_tab(engine, badge=None, policy: AccessPolicy | None = None) -> dict
             if badge is not None:
                 vals.append(gr.skip())
             return tuple(vals)
-        pg = max(1, _int(pg))
-        kb = _int(kb, DEFAULT_KB_ID)
+        pg = max(1, guard.to_int(pg, 1))
+        kb = guard.to_int(kb, DEFAULT_KB_ID)
         try:
             res = engine.list_documents(pg, PAGE_SIZE, kw, kb)
         except Exception:  # the knowledge base was deleted meanwhile (another tab): show the default one
@@ -374,10 +363,10 @@ def build_kb_tab(engine, badge=None, policy: AccessPolicy | None = None) -> dict
         return list_values(pg, kw, request, kb)
 
     def kb_prev(pg, kw, request: gr.Request, kb=DEFAULT_KB_ID):
-        return list_values(max(1, _int(pg) - 1), kw, request, kb)
+        return list_values(max(1, guard.to_int(pg, 1) - 1), kw, request, kb)
 
     def kb_next(pg, kw, request: gr.Request, kb=DEFAULT_KB_ID):
-        return list_values(_int(pg) + 1, kw, request, kb)
+        return list_values(guard.to_int(pg, 1) + 1, kw, request, kb)
 
     def kb_search(kw, request: gr.Request, kb=DEFAULT_KB_ID):
         return list_values(1, kw, request, kb)
@@ -388,12 +377,12 @@ def build_kb_tab(engine, badge=None, policy: AccessPolicy | None = None) -> dict
         if not items:
             return ("", *list_values(pg, kw, request, kb, clear_upload=True))
         try:
-            results = [r.to_dict() for r in engine.upload(items, _int(kb, DEFAULT_KB_ID), tags=tags or None,
+            results = [r.to_dict() for r in engine.upload(items, guard.to_int(kb, DEFAULT_KB_ID), tags=tags or None,
                                                           actor=guard.page_actor(request))]
         except Exception as exc:  # EngineError: rebuild running / engine not ready / vectors of another model
             if not getattr(exc, "code", None):
                 log.exception("upload failed")
-            return (f'<div class="kbu-bad">上传未处理：{esc(_err_msg(exc))}</div>',
+            return (f'<div class="kbu-bad">上传未处理：{esc(guard.error_text(exc))}</div>',
                     *list_values(pg, kw, request, kb, clear_upload=True))
         # new documents are listed first: jump to page 1 unless a search hides them
         return (upload_report_html(results), *list_values(1 if not (kw or "").strip() else pg, kw, request, kb,
@@ -403,12 +392,12 @@ def build_kb_tab(engine, badge=None, policy: AccessPolicy | None = None) -> dict
         require(request)
         if doc_id is None:
             return gr.update(visible=False), "", ""
-        did = _int(doc_id, -1)
+        did = guard.to_int(doc_id, -1)
         try:
             doc = engine.get_document(did)
             chunks = engine.document_chunks(did)
         except Exception as exc:
-            return gr.update(visible=True), f"⚠️ {esc(_err_msg(exc))}", ""
+            return gr.update(visible=True), f"⚠️ {esc(guard.error_text(exc))}", ""
         title = f"**{safe_markdown(doc.get('file_name'))}** 的块（共 {len(chunks)} 块）"
         return gr.update(visible=True), title, chunks_html(chunks)
 
@@ -419,7 +408,7 @@ def build_kb_tab(engine, badge=None, policy: AccessPolicy | None = None) -> dict
         if did is None or act not in ("view", "delete", "versions"):
             return {}
         require(request)
-        did = _int(did, -1)
+        did = guard.to_int(did, -1)
         if act == "view":
             panel, title, body = kb_chunks(did, request)
             return {view_id: did, chunk_panel: panel, chunk_title: title, chunk_view: body,
@@ -427,7 +416,7 @@ def build_kb_tab(engine, badge=None, policy: AccessPolicy | None = None) -> dict
         try:
             doc = engine.get_document(did)
         except Exception as exc:
-            return {del_confirm: gr.update(visible=False), del_msg: f"⚠️ {esc(_err_msg(exc))}"}
+            return {del_confirm: gr.update(visible=False), del_msg: f"⚠️ {esc(guard.error_text(exc))}"}
         if act == "versions":
             title, body = show_versions(engine, did)
             return {versions.group: gr.update(visible=True), versions.title: title, versions.view: body,
@@ -444,12 +433,12 @@ def build_kb_tab(engine, badge=None, policy: AccessPolicy | None = None) -> dict
         if data.get("act") != "restore" or data.get("doc_id") is None:
             return (gr.skip(),) * (3 + len(list_outputs))
         require(request)
-        did = _int(data["doc_id"], -1)
+        did = guard.to_int(data["doc_id"], -1)
         try:
             res = engine.restore_version(did)
             msg = f"已恢复为 v{res['version']}：之后的回答只引用这个版本"
         except Exception as exc:
-            msg = f"⚠️ 恢复失败：{esc(_err_msg(exc))}"
+            msg = f"⚠️ 恢复失败：{esc(guard.error_text(exc))}"
         title, body = show_versions(engine, did)
         return (title, body, msg, *list_values(pg, kw, request, kb))
 
@@ -457,14 +446,14 @@ def build_kb_tab(engine, badge=None, policy: AccessPolicy | None = None) -> dict
         require(request)
         if doc_id is None:
             return (gr.update(visible=False), "", None, *list_values(pg, kw, request, kb))
-        did = _int(doc_id, -1)
+        did = guard.to_int(doc_id, -1)
         try:
             res = engine.delete_document(did, actor=guard.page_actor(request))
             msg = f"已删除「{safe_markdown(res.get('file_name'))}」（{res.get('chunks_removed', 0)} 个块）"
         except Exception as exc:
             if not getattr(exc, "code", None):
                 log.exception("delete failed")
-            msg = f"⚠️ 删除失败：{esc(_err_msg(exc))}"
+            msg = f"⚠️ 删除失败：{esc(guard.error_text(exc))}"
         return (gr.update(visible=False), msg, None, *list_values(pg, kw, request, kb))
 
     def kb_rebuild(pg, kw, request: gr.Request, kb=DEFAULT_KB_ID, progress=gr.Progress()):
@@ -474,7 +463,7 @@ def build_kb_tab(engine, badge=None, policy: AccessPolicy | None = None) -> dict
         try:
             engine.start_rebuild()
         except Exception as exc:
-            yield (hide, f"⚠️ 无法开始全量重建：{esc(_err_msg(exc))}", *list_values(pg, kw, request, kb))
+            yield (hide, f"⚠️ 无法开始全量重建：{esc(guard.error_text(exc))}", *list_values(pg, kw, request, kb))
             return
         log.info("full rebuild started by %r", request_user(request))
         yield (hide, "全量重建中…", *list_values(pg, kw, request, kb))
@@ -503,7 +492,7 @@ def build_kb_tab(engine, badge=None, policy: AccessPolicy | None = None) -> dict
         try:
             return audit_html(engine.audit())
         except Exception as exc:  # EngineError: engine loading
-            return f'<div class="kbu-bad">审计未执行：{esc(_err_msg(exc))}</div>'
+            return f'<div class="kbu-bad">审计未执行：{esc(guard.error_text(exc))}</div>'
 
     def kb_repair(request: gr.Request):
         guard.require(policy, request, Role.ADMIN)
@@ -512,7 +501,7 @@ def build_kb_tab(engine, badge=None, policy: AccessPolicy | None = None) -> dict
         except Exception as exc:
             if not getattr(exc, "code", None):
                 log.exception("repair failed")
-            return f'<div class="kbu-bad">修复未执行：{esc(_err_msg(exc))}</div>'
+            return f'<div class="kbu-bad">修复未执行：{esc(guard.error_text(exc))}</div>'
         log.info("repair by %r: %s → %s problems", request_user(request), res["before"], res["after"])
         return repair_html(res)
 

@@ -38,17 +38,6 @@ def _when(ts: Any) -> str:
     return time.strftime("%Y-%m-%d %H:%M", time.localtime(float(ts))) if ts else "—"
 
 
-def _int(x: Any, default: int | None = None) -> int | None:
-    try:
-        return int(float(x))
-    except (TypeError, ValueError):
-        return default
-
-
-def _err(exc: Exception) -> str:
-    return getattr(exc, "msg", None) or str(exc)
-
-
 def sources_html(rows: list[dict]) -> str:
     if not rows:
         return '<div class="kbt-empty">还没有网页来源</div>'
@@ -124,7 +113,7 @@ def build_sources_section(engine, policy: AccessPolicy) -> SourcesSection:
         guard.require(policy, request, Role.KB_ADMIN)
 
     def shown(kb_id) -> tuple[str, str]:
-        kb_id = _int(kb_id, DEFAULT_KB_ID)
+        kb_id = guard.to_int(kb_id, DEFAULT_KB_ID)
         return sources_html(engine.list_web_sources(kb_id)), report_html(engine.folder_source(kb_id))
 
     def src_list(kb, request: gr.Request):
@@ -133,26 +122,26 @@ def build_sources_section(engine, policy: AccessPolicy) -> SourcesSection:
         try:
             return shown(kb)
         except Exception as exc:  # the knowledge base was deleted meanwhile
-            return f'<div class="kbt-empty">{esc(_err(exc))}</div>', ""
+            return f'<div class="kbt-empty">{esc(guard.error_text(exc))}</div>', ""
 
     def src_add_url(link, minutes, kb, request: gr.Request):
         require(request)
         try:
-            s = engine.add_web_source(_int(kb, DEFAULT_KB_ID), link or "", _int(minutes),
+            s = engine.add_web_source(guard.to_int(kb, DEFAULT_KB_ID), link or "", guard.to_int(minutes),
                                       actor=guard.page_actor(request))
             label = STATUS.get(s["status"], (s["status"],))[0]
             msg = f"{label}：{s.get('message') or ''}" if s["status"] == "failed" else f"✅ 已添加并抓取：{label}"
         except Exception as exc:
-            msg = f"⚠️ {_err(exc)}"
+            msg = f"⚠️ {guard.error_text(exc)}"
         return (msg, *shown(kb))
 
     def src_refetch(source_id, kb, request: gr.Request):
         require(request)
         try:
-            s = engine.refetch_web_source(_int(source_id, -1), actor=guard.page_actor(request))
+            s = engine.refetch_web_source(guard.to_int(source_id, -1), actor=guard.page_actor(request))
             msg = f"重新抓取：{STATUS.get(s['status'], (s['status'],))[0]} {s.get('message') or ''}"
         except Exception as exc:
-            msg = f"⚠️ {_err(exc)}"
+            msg = f"⚠️ {guard.error_text(exc)}"
         return (msg, *shown(kb))
 
     def src_row(evt: gr.EventData, kb, request: gr.Request):
@@ -164,21 +153,21 @@ def build_sources_section(engine, policy: AccessPolicy) -> SourcesSection:
     def src_set_folder(folder, minutes, kb, request: gr.Request):
         guard.require(policy, request, Role.ADMIN)  # the path reads the server's disk: admins only
         try:
-            engine.set_folder_source(_int(kb, DEFAULT_KB_ID), folder or "", _int(minutes),
+            engine.set_folder_source(guard.to_int(kb, DEFAULT_KB_ID), folder or "", guard.to_int(minutes),
                                      actor=guard.page_actor(request))
             msg = "✅ 已保存同步文件夹，点击「同步」开始"
         except Exception as exc:
-            msg = f"⚠️ {_err(exc)}"
+            msg = f"⚠️ {guard.error_text(exc)}"
         return (msg, *shown(kb))
 
     def src_sync(kb, request: gr.Request):
         require(request)
         try:
-            r = engine.sync_folder(_int(kb, DEFAULT_KB_ID), actor=guard.page_actor(request))
+            r = engine.sync_folder(guard.to_int(kb, DEFAULT_KB_ID), actor=guard.page_actor(request))
             msg = (f"✅ 同步完成：新增 {len(r['added'])} · 更新 {len(r['updated'])} · 移除 {len(r['removed'])} · "
                    f"失败 {len(r['failed'])}")
         except Exception as exc:
-            msg = f"⚠️ {_err(exc)}"
+            msg = f"⚠️ {guard.error_text(exc)}"
         return (msg, *shown(kb))
 
     def wire(kb: gr.Dropdown) -> None:

@@ -14,6 +14,8 @@ import gradio as gr
 
 from pipeline.access.policy import Reader
 
+from . import guard
+from .kb_spaces import refresh_scope, scope_ids
 from .render import esc
 
 ANY, ALL = "任一标签", "全部标签"
@@ -60,6 +62,21 @@ def refresh_tags(engine, kb_ids: list[int] | None, reader: Reader | None, picked
     choices = tag_choices(engine, kb_ids, reader)
     have = {v for _, v in choices}
     return gr.Dropdown(choices=choices, value=[t for t in (picked or []) if t in have])
+
+
+def wire_scope(engine, policy, kbs: gr.Dropdown, tag_filter: TagFilter, tags_api_name: str | bool = False) -> None:
+    """On page load: the knowledge bases the user may read, all picked, then the tags in use in them; a new pick of
+    knowledge bases: their tags."""
+    def load_scope(request: gr.Request):
+        return refresh_scope(engine, guard.reader_of(policy, request))
+
+    def load_tags(kb_value, picked, request: gr.Request):
+        reader = guard.reader_of(policy, request)
+        return refresh_tags(engine, scope_ids(engine, kb_value, reader), reader, picked)
+
+    gr.on(None, load_scope, None, [kbs], api_name=False, show_progress="hidden").then(
+        load_tags, [kbs, tag_filter.tags], [tag_filter.tags], api_name=False, show_progress="hidden")
+    kbs.change(load_tags, [kbs, tag_filter.tags], [tag_filter.tags], api_name=tags_api_name, show_progress="hidden")
 
 
 def describe_filter(flt: dict | None) -> str:

@@ -80,10 +80,6 @@ def preview_html(res: dict) -> str:
     return f'{head}</div><div class="kbp-list">{"".join(cards)}</div>{more}'
 
 
-def _err(exc: Exception) -> str:
-    return getattr(exc, "msg", None) or str(exc)
-
-
 def _file(payload: Any) -> tuple[str, Path] | None:
     """(original name, path) of gr.File's raw payload (preprocess=False) or a plain path."""
     if isinstance(payload, (list, tuple)):
@@ -154,7 +150,7 @@ def build_upload_preview(engine, policy: AccessPolicy, file_types: list[str]) ->
         try:
             return fields_of(kb_id)
         except Exception as exc:
-            return gr.skip(), gr.skip(), gr.skip(), f"⚠️ {esc(_err(exc))}"
+            return gr.skip(), gr.skip(), gr.skip(), f"⚠️ {esc(guard.error_text(exc))}"
 
     def kb_preview(file, kb_id, size_v, overlap_v, structure_v, request: gr.Request):
         require(request)
@@ -167,7 +163,7 @@ def build_upload_preview(engine, policy: AccessPolicy, file_types: list[str]) ->
         except Exception as exc:  # EngineError / SettingsError: a refused file, a value out of range
             if not getattr(exc, "code", None) and not getattr(exc, "errors", None):
                 log.exception("preview failed")
-            return f'<div class="kbp-bad">无法预览：{esc(_err(exc))}</div>'
+            return f'<div class="kbp-bad">无法预览：{esc(guard.error_text(exc))}</div>'
         return preview_html(res)
 
     def saved(kb_id, size_v, overlap_v, structure_v, request) -> tuple[dict | None, str]:
@@ -176,7 +172,7 @@ def build_upload_preview(engine, policy: AccessPolicy, file_types: list[str]) ->
             res = engine.update_kb_chunking(int(kb_id), changes_of(kb_id, size_v, overlap_v, structure_v),
                                             actor=guard.page_actor(request))
         except Exception as exc:
-            return None, f"⚠️ 切块参数未保存：{esc(_err(exc))}"
+            return None, f"⚠️ 切块参数未保存：{esc(guard.error_text(exc))}"
         return res, ("已保存本知识库的切块参数" if res["changed"] else "切块参数未变")
 
     def ask_rebuild(res: dict | None) -> tuple:
@@ -201,7 +197,7 @@ def build_upload_preview(engine, policy: AccessPolicy, file_types: list[str]) ->
         try:
             engine.start_rebuild(int(kb_id))
         except Exception as exc:
-            return gr.update(visible=False), f"⚠️ 无法开始重建：{esc(_err(exc))}"
+            return gr.update(visible=False), f"⚠️ 无法开始重建：{esc(guard.error_text(exc))}"
         return gr.update(visible=False), "本知识库重建中（进度见下方文档列表）"
 
     def wire(kb: gr.Dropdown, refresh: Callable[..., tuple], refresh_outputs: list, report: gr.HTML,
@@ -220,7 +216,7 @@ def build_upload_preview(engine, policy: AccessPolicy, file_types: list[str]) ->
             try:
                 results = [r.to_dict() for r in engine.upload([item], int(kb_id))]
             except Exception as exc:  # rebuild running / engine not ready
-                return (gr.skip(), gr.skip(), f"⚠️ 未导入：{esc(_err(exc))}", gr.skip(), gr.skip(), gr.skip(),
+                return (gr.skip(), gr.skip(), f"⚠️ 未导入：{esc(guard.error_text(exc))}", gr.skip(), gr.skip(), gr.skip(),
                         chunking_text(res), *skip)
             return (None, "", text, *ask_rebuild(res), report_html(results), chunking_text(res),
                     *refresh(int(kb_id or DEFAULT_KB_ID), request))

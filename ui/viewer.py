@@ -129,7 +129,6 @@ def viewer_html(view: dict, page_jpeg: bytes | None = None, boxed: bool = False)
 @dataclass
 class Viewer:
     group: gr.Group
-    html: gr.HTML
     outputs: list
     policy: Any = None  # pipeline.access.AccessPolicy: who may read which knowledge base
 
@@ -156,7 +155,7 @@ def make_open(engine, policy=None):
         except Exception as exc:  # EngineError: the document was deleted meanwhile, …
             if not getattr(exc, "code", None):
                 log.exception("viewer failed")
-            msg = getattr(exc, "msg", None) or str(exc)
+            msg = guard.error_text(exc)
             return gr.update(visible=True), f'<div class="kbv-note">⚠️ {esc(msg)}</div>'
         return gr.update(visible=True), viewer_html(view, page_jpeg, boxed)
 
@@ -171,6 +170,6 @@ def build_viewer(engine, elem_id: str, policy=None) -> Viewer:
             close = gr.Button("关闭", size="sm", scale=0, min_width=70, elem_id=f"{elem_id}-close")
         html = gr.HTML("", css_template=VIEWER_CSS, js_on_load=VIEWER_JS, elem_id=elem_id)
     close.click(lambda: gr.update(visible=False), None, group, api_name=False, queue=False)
-    viewer = Viewer(group, html, [group, html], policy)
+    viewer = Viewer(group, [group, html], policy)
     viewer.connect(html, engine)  # its own 上一部分 / 下一部分
     return viewer

@@ -11,7 +11,7 @@ from __future__ import annotations
 from typing import Any
 
 from pipeline.access.policy import EVERYONE, Reader
-from pipeline.errors import CODE_FORBIDDEN, CODE_VALIDATION, EngineError
+from pipeline.errors import CODE_FORBIDDEN, CODE_NO_DOC, CODE_VALIDATION, EngineError
 from pipeline.retrieval.kb_indexes import KnowledgeBases
 from store.migrations import DEFAULT_KB_ID
 
@@ -55,6 +55,14 @@ class KBAccess:
             if kb is not None and not reader.may_read(kb):
                 raise denied()
         return kb_id
+
+    def document(self, doc_id: Any, reader: Reader | None, field: str | None = "doc_id") -> dict:
+        """The document row (3002 when missing) if the reader may read its knowledge base (else 4003)."""
+        d = self.kbs.docs.get(doc_id)
+        if d is None:
+            raise EngineError(CODE_NO_DOC, f"文档不存在：{doc_id}", field)
+        self.check(d.get("kb_id") or DEFAULT_KB_ID, reader)
+        return d
 
     def scope(self, kb_ids: Any, reader: Reader | None) -> list[int]:
         """The knowledge bases a question searches. Given ids: each must be readable (4003 names the first that

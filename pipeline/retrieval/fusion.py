@@ -204,11 +204,6 @@ class Candidates:
         return c
 
 
-# Route completion: the real score of given chunks on a route, for chunks that route's list did not hold.
-BM25Completer = Callable[[list[str]], dict[str, float]]
-CosineCompleter = Callable[[list[str]], dict[str, float]]
-
-
 @dataclass
 class FusionParams:
     """What one fusion needs: the settings, and the fitted numbers of the embedding model's calibration profile

@@ -29,6 +29,7 @@ from dataclasses import dataclass
 
 from pipeline.retrieval.gate_background import Background
 from pipeline.retrieval.gate_features import GateFeatures
+from pipeline.retrieval.result import rounded as _r
 
 ANSWER, WEAK, REFUSE = "answer", "weak", "refuse"
 WEAK_BANNER = "资料相关度较低，请核对原文"
@@ -137,10 +138,6 @@ class GateDecision:
             "agreement": _r(f.agreement, 2), "top_agreement": _r(f.top_agreement, 3), "routes_agree": f.routes_agree,
             "score": _r(self.score, 3), "confidence": _r(self.confidence, 3),
         }
-
-
-def _r(x, nd: int = 4):
-    return None if x is None else round(float(x), nd)
 
 
 def decide(f: GateFeatures, bg: Background | None, min_similarity: float, has_results: bool = True,

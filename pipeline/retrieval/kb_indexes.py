@@ -223,9 +223,6 @@ class AllVectors:
             out.update(vs.entries())
         return out
 
-    def all_ids(self) -> set[int]:
-        return set().union(*(vs.all_ids() for vs in self._stores()))
-
     def count(self) -> int:
         return sum(vs.count() for vs in self._stores())
 
@@ -235,9 +232,6 @@ class AllVectors:
             if vs.count():
                 return vs.model_info()
         return self._kbs.default.vectors.model_info()
-
-    def check_model(self, model_id: str, dim: int) -> str | None:
-        return self._kbs.model_warning(model_id, dim)
 
     def claim_model(self, model_id: str, dim: int) -> None:
         for vs in self._stores():

@@ -65,10 +65,6 @@ class SafeRerank(BaseNodePostprocessor):
     def class_name(cls) -> str:
         return "SafeRerank"
 
-    @property
-    def available(self) -> bool:
-        return self._model is not None
-
     def _postprocess_nodes(self, nodes: list[NodeWithScore],
                            query_bundle: QueryBundle | None = None) -> list[NodeWithScore]:
         pool = list(nodes[: max(self.candidates, self.top_n)])

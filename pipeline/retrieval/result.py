@@ -34,7 +34,8 @@ class RetrievalResult:
         return bool(self.gate and self.gate.get("weak"))
 
 
-def _r(x, nd: int = 4):
+def rounded(x, nd: int = 4) -> float | None:
+    """A score for the trace: rounded to `nd` places, None kept."""
     return None if x is None else round(float(x), nd)
 
 
@@ -42,12 +43,13 @@ def fused_row(n: NodeWithScore) -> dict:
     """A fused candidate's numbers for the trace and the debug view: the fused score, the RRF score, and both
     routes' rank (None: not in that route's list) and real score; the fragment prior's term (None: off)."""
     m = n.node.metadata
-    return {"fused_score": _r(m.get("fused_score"), 6), "rrf_score": _r(m.get("rrf_score"), 6),
-            "bm25_rank": m.get("bm25_rank"), "bm25_score": _r(m.get("bm25_score")),
-            "vector_rank": m.get("vector_rank"), "similarity": _r(m.get("similarity")),
-            "length_prior": _r(m.get("length_prior"))}
+    return {"fused_score": rounded(m.get("fused_score"), 6), "rrf_score": rounded(m.get("rrf_score"), 6),
+            "bm25_rank": m.get("bm25_rank"), "bm25_score": rounded(m.get("bm25_score")),
+            "vector_rank": m.get("vector_rank"), "similarity": rounded(m.get("similarity")),
+            "length_prior": rounded(m.get("length_prior"))}
 
 
 def fusion_info(mode: str, weight: float, features: dict) -> dict:
     """The fusion mode, the BM25 weight used for this query and the features it came from."""
-    return {"mode": mode, "bm25_weight": _r(weight, 3), "features": {k: _r(v, 3) for k, v in features.items()}}
+    return {"mode": mode, "bm25_weight": rounded(weight, 3),
+            "features": {k: rounded(v, 3) for k, v in features.items()}}

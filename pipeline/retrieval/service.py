@@ -30,6 +30,7 @@ from pipeline.retrieval.in_flight import QuestionsInFlight
 from pipeline.retrieval.lexical import TermWeights, merged_weights, weights_for
 from pipeline.retrieval.rerank import CrossEncoder, SafeRerank, rerank_status
 from pipeline.retrieval.result import RetrievalResult, fused_row, fusion_info
+from pipeline.retrieval.result import rounded as _r
 from pipeline.retrieval.scope import scoped, scoped_bm25
 from pipeline.retrieval.sentence_evidence import SentenceEvidence
 from pipeline.retrieval.vector import ReadyVectorRetriever, chroma_index, stored_cosines
@@ -295,8 +296,4 @@ class RetrievalService:
             "fusion": fusion_info(fusion.mode, fusion.bm25_weight, fusion.features),
             "filter": doc_filter.to_dict() if doc_filter is not None else None,
         }
-
-
-def _r(x, nd: int = 4):
-    return None if x is None else round(float(x), nd)
 

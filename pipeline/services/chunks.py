@@ -82,10 +82,7 @@ class ChunkService:
     def list(self, doc_id: int, reader: Reader | None = None) -> dict:
         """Every chunk of a document (text, context, length, enabled, edited by / at, manual) and the note that a
         new version starts from its own parse."""
-        doc = self.c.docs.get(int(doc_id))
-        if doc is None:
-            raise EngineError(CODE_NO_DOC, f"文档不存在：{doc_id}", "doc_id")
-        self.access.check(doc["kb_id"], reader)
+        doc = self.access.document(int(doc_id), reader)
         rows = self.store.of_doc(doc["doc_id"])
         return {"doc_id": doc["doc_id"], "file_name": doc["file_name"], "kb_id": doc["kb_id"],
                 "version": doc.get("version"), "active": doc.get("active"), "status": doc["status"],
@@ -109,10 +106,7 @@ class ChunkService:
     def _ready_doc(self, doc_id, reader: Reader | None, refused: str) -> dict:
         """A document a KB admin may curate now: it exists, the reader may see it, it is 就绪, not a verified entry."""
         self.lifecycle.refuse_while_rebuilding()
-        doc = self.c.docs.get(int(doc_id))
-        if doc is None:
-            raise EngineError(CODE_NO_DOC, f"文档不存在：{doc_id}", "doc_id")
-        self.access.check(doc["kb_id"], reader)
+        doc = self.access.document(int(doc_id), reader)
         if doc["status"] != "ready":
             raise EngineError(CODE_VALIDATION, f"文档还未就绪（处理中或失败），{refused}", "doc_id")
         _refuse_verified(doc)

@@ -5,10 +5,8 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from pipeline.access.kb_readers import KBAccess, Reader
-from pipeline.errors import CODE_NO_DOC, EngineError
 from pipeline.retrieval.doc_filter import clean_metadata, clean_tags
 from pipeline.services.audit_log import Actor, AuditLog
-from store.migrations import DEFAULT_KB_ID
 
 if TYPE_CHECKING:
     from pipeline.components import Components
@@ -25,23 +23,16 @@ class DocTagService:
     def store(self):
         return self.c.doc_tags
 
-    def _doc(self, doc_id: int, reader: Reader | None) -> dict:
-        d = self.c.docs.get(int(doc_id))
-        if d is None:
-            raise EngineError(CODE_NO_DOC, f"文档不存在：{doc_id}", "doc_id")
-        self.access.check(d.get("kb_id") or DEFAULT_KB_ID, reader)
-        return d
-
     def get(self, doc_id: int, reader: Reader | None = None) -> dict:
         """{doc_id, tags, metadata, auto}: what a KB admin set, and what the document itself says (file type,
         version, pages, upload date)."""
-        self._doc(doc_id, reader)
+        self.access.document(int(doc_id), reader)
         return {"doc_id": int(doc_id), **self.store.get(doc_id), "auto": self.store.auto(doc_id)}
 
     def set(self, doc_id: int, tags: Any = None, metadata: Any = None, actor: Actor | None = None) -> dict:
         """Replace a document's tags and / or metadata (None: leave that part as it is). The next question's
         filter sees the change (filters are resolved per question)."""
-        doc = self._doc(doc_id, None)
+        doc = self.access.document(int(doc_id), None)
         new_tags = clean_tags(tags) if tags is not None else None
         new_meta = clean_metadata(metadata) if metadata is not None else None
         before = self.store.get(doc_id)

@@ -78,16 +78,8 @@ class DocumentService:
         return snap
 
     # ---- reading
-    def _readable(self, doc_id: int, reader: Reader | None) -> dict:
-        """The document row (3002 when missing) if the reader may read its knowledge base (else 4003)."""
-        d = self.c.docs.get(doc_id)
-        if d is None:
-            raise EngineError(CODE_NO_DOC, f"文档不存在：{doc_id}")
-        self.access.check(d.get("kb_id") or DEFAULT_KB_ID, reader)
-        return d
-
     def get(self, doc_id: int, reader: Reader | None = None) -> dict:
-        d = self._readable(doc_id, reader)
+        d = self.access.document(doc_id, reader, field=None)
         d.pop("stored_name", None)
         return d
 
@@ -102,7 +94,7 @@ class DocumentService:
         from pipeline.services.document_view import document_view
 
         c = self.c
-        doc = self._readable(doc_id, reader)
+        doc = self.access.document(doc_id, reader, field=None)
         view = document_view(c.docs, doc, c.kbs.store.names().get(doc.get("kb_id")), part, chunk_id)
         if doc.get("active") != 1 and doc.get("lineage_id"):
             current = c.docs.find_active_in_lineage(doc["lineage_id"])
@@ -140,7 +132,7 @@ class DocumentService:
 
     def file(self, doc_id: int, reader: Reader | None = None) -> tuple[Path, str]:
         """(path of the stored original, its display name) for download."""
-        doc = self._readable(doc_id, reader)
+        doc = self.access.document(doc_id, reader, field=None)
         path = self.c.files.path_of(doc["stored_name"]) if doc.get("stored_name") else None
         if path is None or not path.exists():
             raise EngineError(CODE_NO_DOC, f"文档 {doc_id} 的原始文件不存在")

@@ -115,11 +115,6 @@ class ChunkingService:
                 "chunks": [{"index": i, "text": pc.text, "context": pc.context, "length": len(pc.text),
                             "page": page.page} for i, (_, page, pc) in enumerate(pieces[:PREVIEW_MAX_CHUNKS])]}
 
-    def forget(self, kb_id: int) -> None:
-        """A deleted knowledge base's chunking goes with it."""
-        self.c.chunking.forget(kb_id)
-
-
 def _field_info(name: str) -> dict:
     lo, hi = bounds(name)
     return {"label": LABELS[name], "description": Settings.model_fields[name].description, "ge": lo, "le": hi,

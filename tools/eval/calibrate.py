@@ -50,9 +50,10 @@ from tools.eval import calibrate_extractive as cx
 from tools.eval import calibrate_gate as cg
 from tools.eval import calibrate_support as cs
 from tools.eval import extractive_dataset, fusion_cv, gate_dataset
+from tools.eval.cli import add_kb_cache, kb_cache_root
 from tools.eval.devsets import DEV_SETS, load_corpus
 from tools.eval.evaluate import evaluate_set
-from tools.eval.kb_cache import cache_root, ensure_built
+from tools.eval.kb_cache import ensure_built
 
 REPO = Path(__file__).resolve().parents[2]
 PER_SET = {"gate": 800, "extractive": 240, "support": 150}  # the separate tools' defaults
@@ -283,7 +284,7 @@ def main(argv=None) -> int:
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--embedding-model", required=True,
                     help="the model folder (with config.json); 'packaged' for the packaged multilingual-e5-small")
-    ap.add_argument("--kb-cache", default=None, help="the dev-set KB cache (tools/kb_cache.py; or $KBQA_KB_CACHE)")
+    add_kb_cache(ap)
     ap.add_argument("--dump-dir", default=None, help="where the per-step dumps and the draft profile go "
                                                      "(default: a temporary folder)")
     ap.add_argument("--sets", default=",".join(DEV_SETS), help="comma-separated dev sets (default: all five)")
@@ -292,9 +293,7 @@ def main(argv=None) -> int:
     for step, n in PER_SET.items():
         ap.add_argument(f"--{step}-per-set", type=int, default=n, help=f"questions sampled per set for the {step} fit")
     args = ap.parse_args(argv)
-    root = cache_root(args.kb_cache)
-    if root is None:
-        ap.error("--kb-cache DIR (or $KBQA_KB_CACHE) is required")
+    root = kb_cache_root(ap, args)
     model = "" if args.embedding_model == "packaged" else args.embedding_model
     if model and embedding_model_id(model, REPO) == PACKAGED_MODEL_ID:
         ap.error(f"--embedding-model {model}: no model folder (config.json) there")

@@ -121,10 +121,6 @@ def summarize(ranks: list[float]) -> dict:
             "hit@1": round(float((r <= 1).sum() / n), 4), "hit@5": round(float((r <= 5).sum() / n), 4)}
 
 
-def rr(rank: float) -> float:
-    return 1.0 / rank if rank <= K else 0.0
-
-
 # ------------------------------------------------------------------------------------------ score functions
 def union_mask(q: Q, depth: int | None) -> np.ndarray:
     """Candidates within `depth` of either route's list (None: all of them, as the engine fuses)."""

@@ -34,12 +34,6 @@ SEED = 14
 DEEP_RECALL = 80  # recall deeper when results are removed, so the routes still hold recall_size candidates
 
 
-def features_for(engine, question: str, exclude=None) -> tuple[dict, list[NodeWithScore]]:
-    """Gate features of one question; `exclude(node) -> bool` drops results (gold removal)."""
-    feats, fusion = _measured(engine, question, exclude)
-    return feats, fusion.fused
-
-
 def _measured(engine, question: str, exclude=None):
     """(gate features, FusionOutput). Gold removal drops the results before the app's own fusion
     (HybridRetriever.run's `keep`), so the negatives are fused exactly as the app fuses."""

@@ -30,10 +30,6 @@ def cache_root(arg: str | None) -> Path | None:
     return Path(root) if root else None
 
 
-def is_ready(root: Path, name: str) -> bool:
-    return (root / name / "READY").exists()
-
-
 def ensure_built(root: Path, ds: DevSet, embedding_model: str = "") -> Path:
     """The cached data dir of `ds`, building it (under the lock) when no READY copy exists. `embedding_model`: the
     model folder to build it with (empty: the settings' default, the packaged e5) — one cache root per model."""

@@ -5,10 +5,7 @@ from __future__ import annotations
 class _ReasonError(Exception):
     def __init__(self, reason: str):
         super().__init__(reason)
-        self.reason = reason
-
-    def __str__(self) -> str:  # pragma: no cover - trivial
-        return self.reason
+        self.reason = reason  # str(exc) is the reason too (the one argument)
 
 
 class UploadRefused(_ReasonError):
