@@ -63,6 +63,7 @@ def test_data_dir_lock_lets_only_safe_roles_share_a_dir(tmp_path):
     assert tool.acquire("both")
 
 
+@pytest.mark.slow  # starts app processes (python app.py …): the full run, not the fast loop
 def test_split_roles_need_a_chroma_server(tmp_path):
     """Embedded Chroma is opened by one process only: web / worker without --chroma-url are refused, clearly."""
     assert Deployment.from_sources(env={}).role == "both"
@@ -75,6 +76,7 @@ def test_split_roles_need_a_chroma_server(tmp_path):
         assert not (tmp_path / "d").exists()  # refused before anything was opened
 
 
+@pytest.mark.slow  # starts an app process
 def test_default_role_both_ingests_in_its_own_process(tmp_path):
     engine = engine_with_texts(tmp_path, {"青松水务.txt": TEXT})  # wait_idle: this process claimed and finished it
     try:

@@ -126,8 +126,8 @@ class IngestService:
         self.lease_s = float(lease_s)
         self.chunking_of = chunking_of  # kb_id, settings → that KB's chunking (pipeline/ingestion/kb_chunking.py)
         self.poll_s = poll_s  # how often an idle worker looks for jobs other processes queued
-        # before each embedding batch and each document's tokenizing: questions computing in this process go
-        # first (a bounded wait, pipeline/retrieval/in_flight.py); both take the cores and jieba takes the GIL
+        # before each embedding batch: questions computing in this process go first (a bounded wait,
+        # pipeline/retrieval/in_flight.py)
         self.yield_cpu = yield_cpu
         self.owner = f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
         self.timer = StageTimer()
@@ -413,7 +413,6 @@ class IngestService:
         t2 = time.perf_counter()
         self.timer.add("chunk", t2 - t1)
         self.progress.chunked(doc_id, len(pieces))
-        self.yield_cpu()
 
         rows = [ChunkRow(doc_id=doc_id, chunk_index=i, text=pc.text, page=page.page, char_start=pc.start,
                          char_end=pc.end, source=page.source or "text",
