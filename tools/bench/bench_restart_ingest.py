@@ -136,7 +136,8 @@ def main(argv=None) -> int:
            "gate_background_measurements_ms": measured}
     print(f"ready after restart {out['ready_s']} s; {accepted}/{len(files)} documents accepted; "
           f"{result['successes']}/{result['requests']} answered by {args.concurrency} clients in {out['questions_wall_s']} s "
-          f"(ingest done after {out['ingest_s']} s)")
+          f"(ingest done after {out['ingest_s']} s)" + (f"; failures by code: {out['failures_by_code']}"
+                                                       if out["failures_by_code"] else ""))
     print(f"done p50 / p95 / p99: {d['p50']} / {d['p95']} / {d['p99']} s; first text p50 / p95: "
           f"{result['first_text_s']['p50']} / {result['first_text_s']['p95']} s")
     print(f"gate background measured meanwhile (kb, probes, ms): {measured or 'none'}")
