@@ -198,12 +198,13 @@ class AllowedChunkIds:
         if got is not None and got[0] is snap:
             return got[1]
         ids = [str(i) for i in self._fetch(list(key[1]))]
+        if len(ids) > self.MAX_IDS:
+            return ids  # too many to keep: the others stay cached
         with self._lock:
             old = self._cache.pop(key, None)
             self._held -= len(old[1]) if old else 0
             while self._cache and self._held + len(ids) > self.MAX_IDS:
                 self._held -= len(self._cache.pop(next(iter(self._cache)))[1])
-            if len(ids) <= self.MAX_IDS:
-                self._cache[key] = (snap, ids)  # holding the snapshot keeps its identity unique
-                self._held += len(ids)
+            self._cache[key] = (snap, ids)  # holding the snapshot keeps its identity unique
+            self._held += len(ids)
         return ids

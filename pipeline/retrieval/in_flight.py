@@ -8,6 +8,7 @@ a steady stream of questions (8 clients asking back to back keep one in flight n
 """
 from __future__ import annotations
 
+import os
 import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -47,8 +48,6 @@ def lower_this_thread() -> None:
     nice value per thread, so within the app's process the scheduler gives the cores to the threads answering
     questions first, while background work (ingest, BM25 rebuilds, the gate background refresh) still uses
     whatever they leave. Where the platform has no per-thread nice this does nothing."""
-    import os
-
     try:
         os.setpriority(os.PRIO_PROCESS, 0, min(19, os.getpriority(os.PRIO_PROCESS, 0) + BACKGROUND_NICE))
     except (AttributeError, OSError):

@@ -63,8 +63,8 @@ class RetrievalService:
                  calibration: ActiveProfile,
                  pending_vectors: Callable[[], int] = lambda: 0, vector_enabled: Callable[[], bool] = lambda: True,
                  background: Callable[[tuple[int, ...]], Background | None] = lambda kb_ids: None,
-                 sentences: SentenceEvidence | None = None, tags: DocTagStore | None = None,
-                 questions: QuestionsInFlight | None = None):
+                 sentences: SentenceEvidence | None = None, tags: DocTagStore | None = None, *,
+                 questions: QuestionsInFlight):
         self.tags = tags  # resolves a question's document filter to the documents it allows (store/doc_tags.py)
         self.chunk_docs = ChunkDocs(tags.doc_ids_of) if tags is not None else None  # BM25 position → doc_id
         # a filter's allowed chunk ids per knowledge base, for the vector route (kept per BM25 snapshot)
@@ -72,7 +72,7 @@ class RetrievalService:
         # the gate's background of the knowledge bases a question searches (pipeline/retrieval/gate_background.py)
         self.background = background
         # questions computing now: background work (gate background refresh, ingest) yields to them
-        self.questions = questions or QuestionsInFlight()
+        self.questions = questions  # the one counter of the process (components.py)
         self.sentences = sentences  # the gate's second-stage evidence (None: the quick score decides alone)
         self.calibration = calibration
         self.gate_model = GateModel.from_calibration(calibration.profile.gate)  # on this model's cosine scale
