@@ -79,7 +79,7 @@ from store.leases import LeaseStore
 from store.migrations import DEFAULT_KB_ID
 from store.retrievals import RetrievalStore
 from store.secrets import SecretBox
-from store.shared_state import SharedState
+from store.shared_state import KB_GENERATION, SharedState
 from store.vectors import VectorStore
 from store.verified import VerifiedQAStore
 from store.write_lock import WriteLock
@@ -160,13 +160,14 @@ class Components:
 
 def build_components(data_dir: Path | str, *, project_root: Path | None = None, models_dir: Path | None = None,
                      settings: Callable[[], Settings], on_ingested: Callable[[], None] = lambda: None,
+                     on_generation: Callable[[int], None] = lambda generation: None,
                      busy_reason: Callable[[], str | None] = lambda: None, exclusive: bool = False,
                      delete_document: Callable[[int], Any] = lambda doc_id: None,
                      deployment: Deployment | None = None, calibration_dir: Path | None = None) -> Components:
     """Stores, indexes and the ingest worker over one data dir. Models come later (`load_models`).
 
     `settings` returns the current settings (they change at run time); `on_ingested` runs after the ingest
-    queue drains; `busy_reason` says why uploads are refused right now (or None); `delete_document` removes a
+    queue drains, `on_generation(g)` after each document's 就绪 moved the KB generation to g; `busy_reason` says why uploads are refused right now (or None); `delete_document` removes a
     document from every index (a deleted verified Q&A entry uses it). The data dir's lock (store/dirlock.py)
     is taken; with `exclusive` (offline tools) a dir another process holds is refused. `deployment` says where
     metadata, vectors and originals live (default: all embedded in the data dir; docs/deploy.md).
@@ -223,7 +224,7 @@ def build_components(data_dir: Path | str, *, project_root: Path | None = None, 
                            jobs=jobs, ready=lambda: comps is not None and comps.models is not None,
                            lease_s=dep.ingest_lease_s, chunking_of=chunking.effective, claim_jobs=dep.ingests,
                            keeps_bm25=dep.serves, group_docs=dep.ingest_group,
-                           yield_cpu=lambda: questions.wait_idle(INGEST_YIELD_MAX_S))
+                           yield_cpu=lambda: questions.wait_idle(INGEST_YIELD_MAX_S), on_generation=on_generation)
     conversations = ConversationService(ConversationStore(db))
     verified = VerifiedQAService(VerifiedQAStore(db), docs, files, ingest.enqueue, delete_document,
                                  busy_reason=busy_reason)
@@ -296,7 +297,8 @@ def build_services(data_dir: Path | str, *, project_root: Path | None = None, mo
     svc: Services | None = None
     c = build_components(
         data_dir, project_root=project_root, models_dir=models_dir, settings=lambda: svc.settings.current,
-        on_ingested=lambda: svc.changes.changed(bumped=True, wait=True),  # jobs.complete moved the counter
+        on_ingested=lambda: svc.changes.ingested(),
+        on_generation=lambda g: svc.sync.bumped(KB_GENERATION, g),  # jobs.complete moved it: not news here
         busy_reason=lambda: svc.lifecycle.busy_reason(), delete_document=lambda doc_id: svc.documents.delete(doc_id),
         deployment=deployment, calibration_dir=calibration_dir)
     recent = StoredRetrievals(c.retrievals, c.docs.get_chunks)
@@ -310,7 +312,7 @@ def build_services(data_dir: Path | str, *, project_root: Path | None = None, mo
                           clear_caches=recent.clear, audit=audit)
     sync = SharedSync(c.state, on_kb=lifecycle.refresh_indexes, on_config=settings.reread,
                       on_engine=lifecycle.reload_from_elsewhere)
-    changes = SearchableChanges(sync, clear_caches=recent.clear)
+    changes = SearchableChanges(sync, clear_caches=recent.clear, follow_ingest=lifecycle.follow_ingest)
     access = KBAccess(c.kbs)  # per-KB readers: every read takes a `reader` (None = everyone)
     kbs = KnowledgeBaseService(c, access, lifecycle, changes, audit)
     doc_tags = DocTagService(c, access, audit)
@@ -374,7 +376,7 @@ def load_models(c: Components, s: Settings) -> Models:
     # this load (recall size / fusion barely move their best cosine).
     c.gate_background = GateBackgrounds(c.gate_stats, lambda kb_id: GateBackground(
         c.gate_stats, lambda: emb.model_id, lambda q: c.retrieval.measure_gate(q, s, (kb_id,)),
-        lambda: c.kbs.get(kb_id).bm25.snapshot, kb_id=kb_id, sentences=c.retrieval.gate_model.two_stage), c.kbs.ids,
+        lambda: c.kbs.get(kb_id).bm25.view, kb_id=kb_id, sentences=c.retrieval.gate_model.two_stage), c.kbs.ids,
         busy=c.questions.busy)
     # the live IDF table and the background of the knowledge bases the sources come from, read per question
     weights = c.retrieval.term_weights

@@ -102,25 +102,28 @@ class JobStore:
         with self.db.connect() as conn:
             return conn.execute(select(1).where(J.doc_id == doc_id, J.owner == owner)).first() is not None
 
-    def complete(self, doc_id: int, owner: str, chunk_count: int) -> bool:
-        """The job ends and the document turns 就绪 in one transaction — only while `owner` holds the lease."""
+    def complete(self, doc_id: int, owner: str, chunk_count: int) -> int | None:
+        """The job ends and the document turns 就绪 in one transaction — only while `owner` holds the lease (else
+        None). Returns the KB generation this moved the counter to (SharedSync.bumped: no need to react to it)."""
         return self._end(doc_id, owner, {"status": "ready", "fail_reason": None, "progress": None,
                                          "chunk_count": chunk_count}, ready=True)
 
     def fail(self, doc_id: int, owner: str, reason: str) -> bool:
         """The job ends and the document turns 失败 (with its reason) — only while `owner` holds the lease."""
-        return self._end(doc_id, owner, {"status": "failed", "fail_reason": reason, "progress": None})
+        return self._end(doc_id, owner, {"status": "failed", "fail_reason": reason, "progress": None}) is not None
 
-    def _end(self, doc_id: int, owner: str, doc_values: dict, ready: bool = False) -> bool:
+    def _end(self, doc_id: int, owner: str, doc_values: dict, ready: bool = False) -> int | None:
+        """None when fenced; else the KB generation after the change (0: the ready set did not change)."""
         with self.db.transaction() as conn:
             if conn.execute(delete(ingest_job).where(J.doc_id == doc_id, J.owner == owner)).rowcount == 0:
-                return False  # fenced: the lease ran out and another worker holds the job
+                return None  # fenced: the lease ran out and another worker holds the job
             conn.execute(update(kb_document).where(kb_document.c.doc_id == doc_id).values(doc_values))
-            if ready:  # the set of 就绪 chunks changed: every process rebuilds its BM25
-                activate_waiting_version(conn, doc_id)  # a new version replaces the old one at the same moment
-                conn.execute(update(app_state).where(app_state.c.name == "kb_generation")
-                             .values(value=app_state.c.value + 1))
-        return True
+            if not ready:
+                return 0
+            # the set of 就绪 chunks changed: every other process's BM25 follows it
+            activate_waiting_version(conn, doc_id)  # a new version replaces the old one at the same moment
+            return int(conn.execute(update(app_state).where(app_state.c.name == "kb_generation")
+                                    .values(value=app_state.c.value + 1).returning(app_state.c.value)).scalar_one())
 
     def release_all(self) -> int:
         """Single-process start (SQLite): every lease belongs to a previous run, so free them now."""

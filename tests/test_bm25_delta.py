@@ -161,6 +161,67 @@ def test_big_delta_is_folded_in_the_background(corpus, tok, tmp_path, monkeypatc
     assert idx.indexed_ids() == {c for c, _ in items[:10]}
 
 
+def _quiet_gate():
+    """A `quiet` for follow_ingest that the test opens: (quiet, open_it, asked)."""
+    opened, asked = threading.Event(), threading.Event()
+
+    def quiet(stop: threading.Event) -> bool:
+        asked.set()
+        while not (opened.is_set() or stop.is_set()):
+            opened.wait(0.01)
+        return opened.is_set()
+    return quiet, opened, asked
+
+
+def test_after_an_ingest_bm25_follows_without_a_build_and_folds_when_quiet(corpus, tok, tmp_path):
+    items = [(c, t) for c, _, t in corpus]
+    ready = list(items[:30])
+    idx = BM25Index(tmp_path / "bm25", lambda: list(ready))
+    first = idx.rebuild(1.5, 0.75)
+    # the ingest: two new chunks made ready through the delta, and chunk 1's document replaced (out of the set)
+    idx.add_ready(items[30:32])
+    ready = ready[1:] + items[30:32]
+    view = idx.view
+    quiet, opened, asked = _quiet_gate()
+    assert idx.follow_ingest({c for c, _ in ready}, quiet) == "followed"
+    assert idx.snapshot is first and idx.delta.size == 2  # no full build on the questions' CPU
+    assert idx.view is not view  # the gate background and the filter cache key on the pair: they re-read
+    assert idx.indexed_ids() == {c for c, _ in ready}  # the replaced chunk is out at once
+    hits = idx.retriever(tok, lambda ids: {i: {"chunk_id": i, "doc_id": i, "file_name": "f", "chunk_index": 0,
+                                              "text": "t", "status": "ready"} for i in ids}, 50
+                         ).retrieve(" ".join(items[0][1][:8]))
+    assert items[0][0] not in {h.node.metadata.get("chunk_id", int(h.node.node_id)) for h in hits}
+    wait_until(asked.is_set, 10, 0.01, "the fold to wait for a quiet moment")
+    assert idx.snapshot is first and idx.persisted_ids() == {c for c, _ in items[:30]}
+    opened.set()  # no question for a while: the delta is folded into a persisted full build
+    wait_until(lambda: idx.delta.size == 0, 20, 0.02, "the fold after the quiet moment")
+    assert idx.snapshot.size == 31 and idx.persisted_ids() == {c for c, _ in ready}
+
+
+def test_a_fold_waiting_for_quiet_is_persisted_when_the_app_closes(corpus, tok, tmp_path):
+    items = [(c, t) for c, _, t in corpus]
+    ready = list(items[:10])
+    idx = BM25Index(tmp_path / "bm25", lambda: list(ready))
+    idx.rebuild(1.5, 0.75)
+    idx.add_ready(items[10:12])
+    ready += items[10:12]
+    quiet, _opened, asked = _quiet_gate()
+    idx.follow_ingest({c for c, _ in ready}, quiet)
+    wait_until(asked.is_set, 10, 0.01, "the fold to wait for a quiet moment")
+    idx.wait_idle(20)  # closing: what the next start (and the offline audit) reads holds the ingest
+    assert idx.persisted_ids() == {c for c, _ in ready} and idx.delta.size == 0
+
+
+def test_a_ready_chunk_the_ingest_did_not_add_means_a_full_build(corpus, tok, tmp_path):
+    items = [(c, t) for c, _, t in corpus]
+    ready = list(items[:10])
+    idx = BM25Index(tmp_path / "bm25", lambda: list(ready))
+    first = idx.rebuild(1.5, 0.75)
+    ready += items[10:12]  # made ready elsewhere: never in this process's delta
+    assert idx.follow_ingest({c for c, _ in ready}, lambda stop: True) == "rebuilt"
+    assert idx.snapshot is not first and idx.indexed_ids() == {c for c, _ in ready}
+
+
 def test_full_information_fusion_reads_delta_chunks_like_main_ones(corpus, tok, tmp_path):
     """query_scores / hits / scores_of / coverage (the fusion's per-query reads) cover the delta too."""
     from pipeline.retrieval.bm25 import LiveBM25Retriever

@@ -5,6 +5,8 @@ import threading
 
 import pytest
 
+from pipeline.services import lifecycle as lifecycle_mod
+from store.shared_state import KB_GENERATION
 from tests.shared_data import NOVEL, RULES, needs
 from tests.tiny_engine import real_paragraphs, tiny_engine, tiny_model, wait_idle
 from tests.waiting import wait_until
@@ -73,8 +75,48 @@ def test_every_document_is_bm25_searchable_as_soon_as_it_reads_ready(tmp_path):
         assert len(checked) == N_SMALL
         # The check ran while the queue was busy, served by the delta (so it would fail with the old behaviour).
         assert sum(1 for c in checked.values() if c["via_delta"] and c["queue_busy"]) >= N_SMALL // 3, checked
-        # Once drained, the full build has folded the delta in.
-        assert engine.components.bm25.delta.size == 0
+        # Once drained and no question asked for a while, a full build folds the delta in.
+        wait_until(lambda: engine.components.bm25.delta.size == 0, 60, 0.1, "the fold after the queue drained")
         assert engine.components.bm25.indexed_ids() == engine.components.docs.ready_chunk_ids()
+    finally:
+        engine.close()
+
+
+def _found(engine, ident: str) -> set[int]:
+    c = engine.components
+    bm25 = c.bm25.retriever(c.tokenizer, c.docs.get_chunks, 5)
+    return {h.node.metadata["doc_id"] for h in bm25.retrieve(ident)} if bm25 is not None else set()
+
+
+@needs(RULES)
+def test_a_drained_queue_costs_no_full_bm25_build_while_questions_come(tmp_path, monkeypatch):
+    """The ingest's chunks are in the delta already; the drain only follows what else moved (the replaced version
+    out) and the full build that persists it waits until no question computes for a while."""
+    monkeypatch.setattr(lifecycle_mod, "FOLD_AFTER_QUIET_S", 0.2)
+    engine = tiny_engine(tmp_path / "data", tiny_model(tmp_path / "tiny"))
+    try:
+        c = engine.components
+        paras = real_paragraphs()
+        a, b = tmp_path / "a.txt", tmp_path / "b.txt"
+        a.write_text(f"{paras[0]}\n档案编号 FLW-101-A。\n{paras[1]}\n", encoding="utf-8")
+        assert all(r.ok for r in engine.upload([(a.name, a)]))
+        wait_idle(engine)
+        wait_until(lambda: c.bm25.delta.size == 0, 30, 0.05, "the first document folded in")
+        first = c.bm25.snapshot
+        with c.questions.computing():  # questions keep coming: no quiet moment for the fold
+            a.write_text(f"{paras[2]}\n档案编号 FLW-202-A。\n{paras[3]}\n", encoding="utf-8")  # a new version
+            b.write_text(f"{paras[4]}\n档案编号 FLW-303-B。\n{paras[5]}\n", encoding="utf-8")
+            assert all(r.ok for r in engine.upload([(a.name, a), (b.name, b)]))
+            wait_idle(engine)
+            assert c.bm25.snapshot is first  # no full build after the drain
+            assert c.bm25.indexed_ids() == c.docs.ready_chunk_ids()  # the old version is out, the new ones in
+            ready = {d["file_name"]: d["doc_id"] for d in c.docs.all_docs() if d["status"] == "ready" and d["active"] == 1}
+            assert _found(engine, "FLW-202-A") >= {ready["a.txt"]} and _found(engine, "FLW-303-B") >= {ready["b.txt"]}
+            assert not _found(engine, "FLW-101-A") & {ready["a.txt"]}
+            # each 就绪 moved the KB generation in its own transaction; this process took them as its own
+            assert engine.services.sync.seen[KB_GENERATION] == c.state.read()[KB_GENERATION]
+            assert c.bm25.delta.size > 0 and c.bm25.persisted_ids() != c.docs.ready_chunk_ids()
+        wait_until(lambda: c.bm25.delta.size == 0, 30, 0.05, "the fold once questions paused")
+        assert c.bm25.snapshot is not first and c.bm25.persisted_ids() == c.docs.ready_chunk_ids()
     finally:
         engine.close()

@@ -110,7 +110,8 @@ class IngestService:
                  ready: Callable[[], bool] = lambda: True, lease_s: float = 60.0, poll_s: float = 1.0,
                  chunking_of: Callable[[int, Settings], Chunking] = lambda kb_id, s: Chunking.of(s),
                  claim_jobs: bool = True, keeps_bm25: bool = True, group_docs: int = GROUP_DOCS,
-                 yield_cpu: Callable[[], object] = lambda: None):
+                 yield_cpu: Callable[[], object] = lambda: None,
+                 on_generation: Callable[[int], None] = lambda generation: None):
         self.docs = docs
         self.kbs = kbs  # kb_id → its collection and BM25 index
         self.files = files
@@ -118,7 +119,8 @@ class IngestService:
         self.get_settings = get_settings
         self.get_embedding = get_embedding
         self.model_ident = model_ident
-        self.on_change = on_change  # refresh BM25 / ready-set after a document changes state
+        self.on_change = on_change  # the queue drained: what is searchable follows (SearchableChanges.ingested)
+        self.on_generation = on_generation  # a document's 就绪 moved the KB generation to this value
         self.write_lock = write_lock  # writes spanning Chroma + SQL hold it (a backup freezes it)
         self.busy_reason = busy_reason
         self.jobs = jobs
@@ -547,9 +549,11 @@ class IngestService:
         if self.keeps_bm25:
             self.kbs.get(p.doc.get("kb_id") or DEFAULT_KB_ID).bm25.add_ready(
                 [(cid, row.tokens) for cid, row in zip(p.chunk_ids, p.rows)])
-        if not self.jobs.complete(p.doc_id, self.owner, len(p.rows)):
+        generation = self.jobs.complete(p.doc_id, self.owner, len(p.rows))
+        if generation is None:
             log.warning("doc %s: lease lost before 就绪; its new owner finishes it", p.doc_id)
             return
+        self.on_generation(generation)
         self.timer.chunks += len(p.rows)
         log.info("doc %s ready: %d chunks", p.doc["file_name"], len(p.rows))
 

@@ -238,6 +238,9 @@ class BM25Index:
         self._generation = 0
         self._folding = False
         self._fold_thread: threading.Thread | None = None
+        self._closing = threading.Event()  # wait_idle: a fold waiting for quiet runs at once
+        self._fold_waiting = False  # a follow_ingest fold waits for a quiet moment (in _later_thread)
+        self._later_thread: threading.Thread | None = None
         self.last_build_ms = 0.0
 
     @property
@@ -285,23 +288,70 @@ class BM25Index:
                 self._folding = True
             k1, b = self.snapshot.k1, self.snapshot.b
         if fold:
-            self._fold_thread = threading.Thread(target=self._fold, args=(k1, b), name="bm25-fold", daemon=True)
-            self._fold_thread.start()
+            self._start_fold(k1, b)
+
+    def follow_ingest(self, expected_ids: set[int], quiet: Callable[[threading.Event], bool]) -> str:
+        """This process's ingest made documents 就绪: their chunks are in the delta already (`add_ready`), so no
+        full build is needed for them — that was seconds of CPU per drained queue, taken from the questions asked
+        meanwhile. What else the ingest changed is followed here: chunks that left the ready set (the previous
+        version a new one replaced) are soft-deleted. A ready chunk neither index holds (not this ingest's doing)
+        means a full build, as before. The delta is folded into a full build (persisted, what the next start
+        loads) once no question has computed for a while (`quiet`), or earlier when it passes its share.
+
+        Returns "followed" or "rebuilt". The (snapshot, delta) pair is replaced either way: what keys on it (the
+        gate background, the filter's allowed ids) re-reads what changed."""
+        snap, delta = self._view
+        indexed = (set(snap.chunk_ids.tolist()) | set(delta.chunk_ids[:delta.size])) - self.deleted
+        if expected_ids - indexed:
+            self.rebuild(snap.k1, snap.b)
+            return "rebuilt"
+        with self._lock:
+            if self._view[0] is not snap:  # a build landed meanwhile: it read the ready set after ours
+                return "followed"
+            self.deleted = self.deleted | (indexed - expected_ids)
+            self._view = (snap, self._view[1])
+            later = delta.size > 0 and not self._fold_waiting
+            self._fold_waiting = self._fold_waiting or later
+        if later:
+            self._later_thread = threading.Thread(target=self._fold_when_quiet, args=(quiet,), name="bm25-fold-later",
+                                                  daemon=True)
+            self._later_thread.start()
+        return "followed"
 
     def wait_idle(self, timeout: float = 30.0) -> None:
-        """Wait for a fold in flight: it persists into the data dir, which a closing caller may remove next."""
-        t = self._fold_thread
-        if t is not None and t is not threading.current_thread():
-            t.join(timeout)
+        """Wait for a fold in flight: it persists into the data dir, which a closing caller may remove next. A
+        fold still waiting for a quiet moment runs now (what the next start and the offline audit read)."""
+        self._closing.set()
+        for t in (self._later_thread, self._fold_thread):
+            if t is not None and t is not threading.current_thread():
+                t.join(timeout)
+
+    def _start_fold(self, k1: float, b: float) -> None:
+        self._fold_thread = threading.Thread(target=self._fold, args=(k1, b), name="bm25-fold", daemon=True)
+        self._fold_thread.start()
 
     def _fold(self, k1: float, b: float) -> None:
         lower_this_thread()
         try:
-            self.rebuild(k1, b)
+            if self.delta.size:  # another build may have folded it meanwhile
+                self.rebuild(k1, b)
         except Exception:
             log.exception("BM25 fold failed")
         finally:
             self._folding = False
+
+    def _fold_when_quiet(self, quiet: Callable[[threading.Event], bool]) -> None:
+        try:
+            quiet(self._closing)  # closing ends the wait: the build is persisted before the app exits
+        finally:
+            self._fold_waiting = False
+        with self._lock:
+            fold = not self._folding and self.delta.size > 0
+            if fold:
+                self._folding = True
+            k1, b = self.snapshot.k1, self.snapshot.b
+        if fold:
+            self._fold(k1, b)
 
     def soft_delete(self, chunk_ids: Iterable[int]) -> None:
         self.deleted = self.deleted | set(int(c) for c in chunk_ids)

@@ -174,19 +174,19 @@ class Allowed:
 
 class AllowedChunkIds:
     """The retrievable chunk ids of a filter's documents in one knowledge base, as the strings Chroma takes, kept
-    until that KB's BM25 snapshot is replaced. Every change of what is searchable, here or in another process,
-    ends in a new snapshot (pipeline/services/changes.py), the same signal the gate background follows; reading
+    until that KB's BM25 view (snapshot, delta) is replaced. Every change of what is searchable, here or in another
+    process, ends in a new view (pipeline/services/changes.py), the same signal the gate background follows; reading
     the ids per question was most of a filter's cost (5,000 ids: ~10 ms of SQL and conversion, the ids-restricted
     ANN query itself ~2 ms more than an open one; docs/benchmarks.md). Between a change and its snapshot a cached
     list can be stale, which costs nothing wrong: every hit is looked up and dropped unless retrievable, and an id
     whose vector is gone makes the route fall back to `where`. A chunk that became retrievable meanwhile is found
-    once the snapshot follows, as on the BM25 route."""
+    once the view follows, as on the BM25 route."""
 
     MAX_IDS = 400_000  # ids kept over all entries (~25 MB of strings); the oldest entries go first
 
     def __init__(self, fetch: Callable[[list[int]], list[int]], snapshot: Callable[[int], object]):
         self._fetch = fetch        # doc ids → retrievable chunk ids (store.documents.DocumentStore)
-        self._snapshot = snapshot  # kb_id → that KB's current BM25 snapshot object
+        self._snapshot = snapshot  # kb_id → that KB's current BM25 (snapshot, delta) pair
         self._cache: dict[tuple[int, tuple[int, ...]], tuple[object, list[str]]] = {}
         self._held = 0
         self._lock = threading.Lock()

@@ -148,7 +148,7 @@ class GateBackground:
         self.kb_id = kb_id
         self.model_id = model_id
         self.measure_probe = measure_probe
-        self.snapshot = snapshot    # the KB's BM25 snapshot object: replaced on every change of that KB
+        self.snapshot = snapshot    # the KB's BM25 (snapshot, delta) pair: replaced on every change of that KB
         self.probes = tuple(probes)
         self._cached: tuple[object, Background | None] | None = None
         self._lock = threading.Lock()  # held while measuring

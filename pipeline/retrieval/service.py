@@ -68,7 +68,7 @@ class RetrievalService:
         self.tags = tags  # resolves a question's document filter to the documents it allows (store/doc_tags.py)
         self.chunk_docs = ChunkDocs(tags.doc_ids_of) if tags is not None else None  # BM25 position → doc_id
         # a filter's allowed chunk ids per knowledge base, for the vector route (kept per BM25 snapshot)
-        self.allowed_ids = AllowedChunkIds(docs.ready_chunk_ids_of_docs, lambda kb_id: kbs.get(kb_id).bm25.snapshot)
+        self.allowed_ids = AllowedChunkIds(docs.ready_chunk_ids_of_docs, lambda kb_id: kbs.get(kb_id).bm25.view)
         # the gate's background of the knowledge bases a question searches (pipeline/retrieval/gate_background.py)
         self.background = background
         # questions computing now: background work (gate background refresh, ingest) yields to them

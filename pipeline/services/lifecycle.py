@@ -22,6 +22,11 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 
+# After an ingest, the BM25 delta is folded into a persisted full build once no question has computed for this long
+# (the build takes the CPU for seconds; the next start loads what it persisted instead of building at load).
+FOLD_AFTER_QUIET_S = 5.0
+
+
 class Lifecycle:
     def __init__(self, c: Components, settings: SettingsService, rebuild: Rebuild, *,
                  load_models: Callable[[Settings], object], sync: Callable[[], SharedSync],
@@ -118,6 +123,18 @@ class Lifecycle:
         s = self.settings.current
         for kb in c.kbs.all() if self.serves else ():
             kb.bm25.rebuild(s.bm25_k1, s.bm25_b)
+        self.refresh_gate_background()
+
+    def follow_ingest(self) -> None:
+        """This process's ingest queue drained: every knowledge base's BM25 follows without a full build
+        (BM25Index.follow_ingest; the fold into a persisted build waits until questions pause), gate backgrounds
+        are re-measured soon."""
+        if not (self.ready and self.serves):
+            return  # loading: the load reads the ready set itself; a worker keeps no BM25
+        c = self.c
+        for kb in c.kbs.all():
+            kb.bm25.follow_ingest(c.docs.ready_chunk_ids(kb.kb_id),
+                                  quiet=lambda stop: c.questions.wait_quiet(FOLD_AFTER_QUIET_S, stop))
         self.refresh_gate_background()
 
     def refresh_gate_background(self) -> None:
