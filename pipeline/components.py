@@ -30,6 +30,7 @@ from pipeline.ingestion.rebuild import Rebuild
 from pipeline.ingestion.service import IngestService
 from pipeline.models.paths import resolve_model_dir
 from pipeline.models.tokenize_zh import ChineseTokenizer
+from pipeline.models.vectors import TextVectors
 from pipeline.ops.audit import KBAuditor, ModelIds
 from pipeline.ops.deployment import Deployment
 from pipeline.ops.repair import KBRepairer, RepairHooks
@@ -367,11 +368,12 @@ def load_models(c: Components, s: Settings) -> Models:
     models = Models(emb, _load_cross_encoder(c, s), llm, c.kbs.model_warning(emb.model_id, emb.dim), rewriter,
                     calibration)
     c.models = models
+    texts = TextVectors(emb.embed_model)  # sentence / answer-window vectors, kept by text for both readers
     c.retrieval = RetrievalService(
         c.docs, c.kbs, c.tokenizer, emb.embed_model, models.cross_encoder, calibration,
         pending_vectors=c.docs.pending_chunk_count, vector_enabled=lambda: models.model_warning is None,
         background=lambda kb_ids: c.gate_background.current(kb_ids),
-        sentences=SentenceEvidence(emb.embed_model), tags=c.doc_tags, questions=c.questions)
+        sentences=SentenceEvidence(texts), tags=c.doc_tags, questions=c.questions)
     # One background per knowledge base, its probes scored over that knowledge base alone with the settings of
     # this load (recall size / fusion barely move their best cosine).
     c.gate_background = GateBackgrounds(c.gate_stats, lambda kb_id: GateBackground(
@@ -383,7 +385,7 @@ def load_models(c: Components, s: Settings) -> Models:
     background = c.gate_background.current
     prof = calibration.profile
     c.picker = ExtractivePicker(c.tokenizer, emb.embed_model, weights, PickerParams.from_calibration(prof.extractive),
-                                background=background)
+                                background=background, vectors=texts)
     c.support = SupportChecker(emb.embed_model, c.tokenizer, weights, source_vectors=lambda nodes: _stored(c, nodes),
                                params=SupportParams.from_calibration(prof.support), background=background)
     return models

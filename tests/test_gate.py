@@ -302,10 +302,11 @@ class CountingEmbedder:
 
 
 def test_sentence_evidence_is_the_best_sentence_and_embeds_each_sentence_once():
+    from pipeline.models.vectors import TextVectors
     from pipeline.retrieval.sentence_evidence import SentenceEvidence
 
     emb = CountingEmbedder()
-    ev = SentenceEvidence(emb, top=2, cache_size=3)
+    ev = SentenceEvidence(TextVectors(emb, cache_size=3), top=2)
     nodes = [NodeWithScore(node=TextNode(text="商品七天内可退货。退款三日到账。"), score=0.9),
              NodeWithScore(node=TextNode(text="运费由买家承担。"), score=0.8),
              NodeWithScore(node=TextNode(text="第三块不读。"), score=0.7)]
@@ -316,7 +317,7 @@ def test_sentence_evidence_is_the_best_sentence_and_embeds_each_sentence_once():
     assert sorted(emb.embedded) == sorted(vecs)  # the top-2 chunks' sentences, the third chunk untouched
     assert ev.best(q, nodes) == pytest.approx(best) and len(emb.embedded) == 3  # cached: nothing embedded again
     ev.best(q, [NodeWithScore(node=TextNode(text="另一句。"), score=0.5)])
-    assert len(ev._cache) == 3  # bounded: the oldest went
+    assert len(ev.vectors._cache) == 3  # bounded: the oldest went
     assert ev.best(None, nodes) is None and ev.best(q, []) is None
 
 

@@ -44,7 +44,7 @@ from pipeline.generation.answer_type import offers
 from pipeline.generation.candidates import Candidate, Cues, assemble, measure
 from pipeline.generation.instructions import is_instruction
 from pipeline.generation.sentences import clauses, split_sentences
-from pipeline.models.vectors import unit
+from pipeline.models.vectors import TextVectors, unit
 from pipeline.retrieval.lexical import TermWeights, content_bigrams, content_terms, coverage, normalize
 from pipeline.retrieval.nodes import kb_ids_of, node_text
 
@@ -119,11 +119,12 @@ class ExtractivePicker:
     def __init__(self, tokenizer: Any, embed_model: Any = None,
                  weights_of: Callable[[Sequence[int]], TermWeights] = _uniform, params: PickerParams | None = None,
                  prefilter: int = PREFILTER, max_chunks: int = MAX_CHUNKS,
-                 background: Callable[[Sequence[int]], Any] = _no_background):
+                 background: Callable[[Sequence[int]], Any] = _no_background, vectors: TextVectors | None = None):
         self.background = background  # None from it: no "not found" from scores
         self.prefilter = prefilter  # calibration dumps embed every candidate
         self.max_chunks = max_chunks
         self.embed_model = embed_model
+        self.vectors = vectors  # the answer windows' vectors kept by text (shared with the gate's sentences)
         self.tokenizer = tokenizer
         self.weights_of = weights_of
         if embed_model is not None and params is None:
@@ -131,6 +132,8 @@ class ExtractivePicker:
         self.params = params if embed_model is not None else LEXICAL
 
     def _embed(self, texts: list[str]) -> np.ndarray:
+        if self.vectors is not None:
+            return self.vectors(texts)
         return unit(self.embed_model.get_text_embedding_batch(texts))
 
     def candidates(self, question: str, nodes: Sequence[Any], query_embedding=None) -> list[Candidate]:

@@ -10,15 +10,11 @@ repeated question or a follow-up over the same chunks do not embed them again.
 """
 from __future__ import annotations
 
-import threading
-from collections import OrderedDict
 from collections.abc import Sequence
 from typing import Any
 
-import numpy as np
-
 from pipeline.generation.sentences import split_sentences
-from pipeline.models.vectors import unit
+from pipeline.models.vectors import TextVectors, unit
 
 TOP_CHUNKS = 3  # the fused top-3, the same chunks the gate's lexical coverage reads
 
@@ -31,32 +27,12 @@ def chunk_sentences(text: str) -> list[str]:
 class SentenceEvidence:
     """best(query_embedding, nodes): max cosine of the question against the sentences of the top chunks."""
 
-    def __init__(self, embed_model: Any, top: int = TOP_CHUNKS, cache_size: int = 20_000):
-        self.embed_model = embed_model
+    def __init__(self, vectors: TextVectors, top: int = TOP_CHUNKS):
+        self.vectors = vectors  # kept per sentence text, shared with the extractive picker
         self.top = top
-        self.cache_size = cache_size
-        self._cache: OrderedDict[str, np.ndarray] = OrderedDict()
-        self._lock = threading.Lock()
 
     def best(self, query_embedding: Sequence[float] | None, nodes: Sequence[Any]) -> float | None:
         if query_embedding is None or not nodes:
             return None
         sentences = [s for n in list(nodes)[: self.top] for s in chunk_sentences(n.node.get_content())]
-        return float((self._vectors(sentences) @ unit(query_embedding)).max()) if sentences else None
-
-    def _vectors(self, sentences: list[str]) -> np.ndarray:
-        """Unit vectors of the sentences, in order: cached ones as they are, the rest embedded in one batch."""
-        wanted = list(dict.fromkeys(sentences))
-        with self._lock:
-            have = {s: self._cache[s] for s in wanted if s in self._cache}
-            for s in have:
-                self._cache.move_to_end(s)
-        missing = [s for s in wanted if s not in have]
-        if missing:
-            have.update(zip(missing, unit(self.embed_model.get_text_embedding_batch(missing))))
-            with self._lock:
-                for s in missing:
-                    self._cache[s] = have[s]
-                while len(self._cache) > self.cache_size:
-                    self._cache.popitem(last=False)
-        return np.vstack([have[s] for s in sentences])
+        return float((self.vectors(sentences) @ unit(query_embedding)).max()) if sentences else None

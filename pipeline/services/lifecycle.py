@@ -75,6 +75,8 @@ class Lifecycle:
                     c.ingest.recover()  # documents left 处理中 are queued again; orphan vectors go
                 for kb in c.kbs.all() if self.serves else ():  # a worker answers nothing: no BM25 to hold
                     kb.bm25.load_or_rebuild(s.bm25_k1, s.bm25_b, c.docs.ready_chunk_ids(kb.kb_id))
+                if self.serves:
+                    c.retrieval.warm_question(s)
                 self._clear_caches()
                 self.state, self.load_error = "ready", None
             except Exception as exc:

@@ -137,6 +137,7 @@ def run(url: str, questions: list[str], concurrency: int, duration: float | None
             "failures_by_code": dict(Counter(o.code for o in outcomes if not o.ok)),
             "first_event_s": pcts([o.first_s for o in ok]), "done_s": pcts([o.done_s for o in ok]),
             "first_text_s": pcts([o.text_s for o in ok if o.text_s is not None]),
+            "done_s_in_order": [round(o.done_s, 3) for o in ok],  # as they finished
             "throughput_per_s": round(len(ok) / wall, 2) if wall else 0.0, "wall_s": round(wall, 2)}
 
 

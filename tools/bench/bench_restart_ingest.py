@@ -140,6 +140,10 @@ def main(argv=None) -> int:
                                                        if out["failures_by_code"] else ""))
     print(f"done p50 / p95 / p99: {d['p50']} / {d['p95']} / {d['p99']} s; first text p50 / p95: "
           f"{result['first_text_s']['p50']} / {result['first_text_s']['p95']} s")
+    wave, rest = result["done_s_in_order"][:args.concurrency], result["done_s_in_order"][args.concurrency:]
+    if rest:  # the first wave pays what is cold after the restart; the rest is the steady closed loop
+        print(f"first wave of {len(wave)}: max {max(wave)} s; the other {len(rest)}: p50 {sorted(rest)[len(rest) // 2]}, "
+              f"max {max(rest)} s")
     print(f"gate background measured meanwhile (kb, probes, ms): {measured or 'none'}")
     if args.json:
         Path(args.json).write_text(json.dumps(out, ensure_ascii=False, indent=2), encoding="utf-8")
