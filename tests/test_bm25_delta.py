@@ -194,8 +194,9 @@ def test_after_an_ingest_bm25_follows_without_a_build_and_folds_when_quiet(corpu
     wait_until(asked.is_set, 10, 0.01, "the fold to wait for a quiet moment")
     assert idx.snapshot is first and idx.persisted_ids() == {c for c, _ in items[:30]}
     opened.set()  # no question for a while: the delta is folded into a persisted full build
-    wait_until(lambda: idx.delta.size == 0, 20, 0.02, "the fold after the quiet moment")
-    assert idx.snapshot.size == 31 and idx.persisted_ids() == {c for c, _ in ready}
+    # the build swaps the index in, then persists it
+    wait_until(lambda: idx.persisted_ids() == {c for c, _ in ready}, 20, 0.02, "the fold after the quiet moment")
+    assert idx.snapshot.size == 31 and idx.delta.size == 0
 
 
 def test_a_fold_waiting_for_quiet_is_persisted_when_the_app_closes(corpus, tok, tmp_path):
