@@ -168,9 +168,9 @@ def build_components(data_dir: Path | str, *, project_root: Path | None = None, 
     """Stores, indexes and the ingest worker over one data dir. Models come later (`load_models`).
 
     `settings` returns the current settings (they change at run time); `on_ingested` runs after the ingest
-    queue drains, `on_generation(g)` after each document's 就绪 moved the KB generation to g; `busy_reason` says why uploads are refused right now (or None); `delete_document` removes a
-    document from every index (a deleted verified Q&A entry uses it). The data dir's lock (store/dirlock.py)
-    is taken; with `exclusive` (offline tools) a dir another process holds is refused. `deployment` says where
+    queue drains, `on_generation(g)` after each document's 就绪 moved the KB generation to g; `busy_reason` says
+    why uploads are refused right now (or None); `delete_document` removes a document from every index (a deleted
+    verified Q&A entry uses it). The data dir's lock (store/dirlock.py) is taken; with `exclusive` (offline tools) a dir another process holds is refused. `deployment` says where
     metadata, vectors and originals live (default: all embedded in the data dir; docs/deploy.md).
     `calibration_dir` holds calibration profiles searched first (pipeline.calibration.store).
     """

@@ -283,12 +283,17 @@ class BM25Index:
         """
         with self._lock:
             self.delta.add(items)
-            fold = (not self._folding and self.delta.size >= max(FOLD_MIN, FOLD_SHARE * self.snapshot.size))
-            if fold:
-                self._folding = True
-            k1, b = self.snapshot.k1, self.snapshot.b
-        if fold:
-            self._start_fold(k1, b)
+            params = self._claim_fold() if self.delta.size >= max(FOLD_MIN, FOLD_SHARE * self.snapshot.size) else None
+        if params:
+            self._fold_thread = threading.Thread(target=self._fold, args=params, name="bm25-fold", daemon=True)
+            self._fold_thread.start()
+
+    def _claim_fold(self) -> tuple[float, float] | None:
+        """Under the lock: (k1, b) for the fold this caller now runs, or None when one runs already."""
+        if self._folding:
+            return None
+        self._folding = True
+        return self.snapshot.k1, self.snapshot.b
 
     def follow_ingest(self, expected_ids: set[int], quiet: Callable[[threading.Event], bool]) -> str:
         """This process's ingest made documents 就绪: their chunks are in the delta already (`add_ready`), so no
@@ -301,7 +306,7 @@ class BM25Index:
         Returns "followed" or "rebuilt". The (snapshot, delta) pair is replaced either way: what keys on it (the
         gate background, the filter's allowed ids) re-reads what changed."""
         snap, delta = self._view
-        indexed = (set(snap.chunk_ids.tolist()) | set(delta.chunk_ids[:delta.size])) - self.deleted
+        indexed = self.indexed_ids()  # a build landing after the read above is caught under the lock below
         if expected_ids - indexed:
             self.rebuild(snap.k1, snap.b)
             return "rebuilt"
@@ -326,10 +331,6 @@ class BM25Index:
             if t is not None and t is not threading.current_thread():
                 t.join(timeout)
 
-    def _start_fold(self, k1: float, b: float) -> None:
-        self._fold_thread = threading.Thread(target=self._fold, args=(k1, b), name="bm25-fold", daemon=True)
-        self._fold_thread.start()
-
     def _fold(self, k1: float, b: float) -> None:
         lower_this_thread()
         try:
@@ -346,12 +347,9 @@ class BM25Index:
         finally:
             self._fold_waiting = False
         with self._lock:
-            fold = not self._folding and self.delta.size > 0
-            if fold:
-                self._folding = True
-            k1, b = self.snapshot.k1, self.snapshot.b
-        if fold:
-            self._fold(k1, b)
+            params = self._claim_fold() if self.delta.size else None
+        if params:
+            self._fold(*params)
 
     def soft_delete(self, chunk_ids: Iterable[int]) -> None:
         self.deleted = self.deleted | set(int(c) for c in chunk_ids)
