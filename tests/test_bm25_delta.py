@@ -1,6 +1,7 @@
 """The BM25 delta (chunks made ready since the last full build): exact scores, merge, carry-over, fold."""
 from __future__ import annotations
 
+import shutil
 import threading
 
 import bm25s
@@ -173,7 +174,8 @@ def _quiet_gate():
     return quiet, opened, asked
 
 
-def test_after_an_ingest_bm25_follows_without_a_build_and_folds_when_quiet(corpus, tok, tmp_path):
+def test_after_an_ingest_bm25_follows_without_a_build_and_folds_when_quiet(corpus, tok, tmp_path, monkeypatch):
+    monkeypatch.setattr(bm25_mod, "FOLD_INLINE_MS", 0.0)  # as a knowledge base whose full build takes seconds
     items = [(c, t) for c, _, t in corpus]
     ready = list(items[:30])
     idx = BM25Index(tmp_path / "bm25", lambda: list(ready))
@@ -199,7 +201,8 @@ def test_after_an_ingest_bm25_follows_without_a_build_and_folds_when_quiet(corpu
     assert idx.snapshot.size == 31 and idx.delta.size == 0
 
 
-def test_a_fold_waiting_for_quiet_is_persisted_when_the_app_closes(corpus, tok, tmp_path):
+def test_a_fold_waiting_for_quiet_is_persisted_when_the_app_closes(corpus, tok, tmp_path, monkeypatch):
+    monkeypatch.setattr(bm25_mod, "FOLD_INLINE_MS", 0.0)
     items = [(c, t) for c, _, t in corpus]
     ready = list(items[:10])
     idx = BM25Index(tmp_path / "bm25", lambda: list(ready))
@@ -211,6 +214,41 @@ def test_a_fold_waiting_for_quiet_is_persisted_when_the_app_closes(corpus, tok, 
     wait_until(asked.is_set, 10, 0.01, "the fold to wait for a quiet moment")
     idx.wait_idle(20)  # closing: what the next start (and the offline audit) reads holds the ingest
     assert idx.persisted_ids() == {c for c, _ in ready} and idx.delta.size == 0
+
+
+def test_a_small_index_folds_at_once_after_the_drain(corpus, tok, tmp_path):
+    """A full build predicted under FOLD_INLINE_MS is not deferred: the answers are a full build's at once."""
+    items = [(c, t) for c, _, t in corpus]
+    ready = list(items[:10])
+    idx = BM25Index(tmp_path / "bm25", lambda: list(ready))
+    first = idx.rebuild(1.5, 0.75)
+    idx.add_ready(items[10:12])
+    ready += items[10:12]
+    quiet, _opened, asked = _quiet_gate()
+    assert idx.follow_ingest({c for c, _ in ready}, quiet) == "folded"
+    assert idx.snapshot is not first and idx.delta.size == 0 and not asked.is_set()
+    assert idx.persisted_ids() == {c for c, _ in ready}
+
+
+def test_a_discarded_index_never_persists_a_waiting_fold(corpus, tok, tmp_path, monkeypatch):
+    """Deleting a knowledge base while its fold waits for quiet: the folder removed stays removed."""
+    monkeypatch.setattr(bm25_mod, "FOLD_INLINE_MS", 0.0)
+    items = [(c, t) for c, _, t in corpus]
+    ready = list(items[:10])
+    idx = BM25Index(tmp_path / "bm25", lambda: list(ready))
+    idx.rebuild(1.5, 0.75)
+    idx.add_ready(items[10:12])
+    ready += items[10:12]
+    quiet, opened, asked = _quiet_gate()
+    idx.follow_ingest({c for c, _ in ready}, quiet)
+    wait_until(asked.is_set, 10, 0.01, "the fold to wait for a quiet moment")
+    idx.discard(20)
+    shutil.rmtree(idx.persist_dir)
+    opened.set()
+    idx.wait_idle(20)
+    assert not idx.persist_dir.exists()
+    idx.rebuild(1.5, 0.75)  # even an explicit build
+    assert not idx.persist_dir.exists()
 
 
 def test_a_ready_chunk_the_ingest_did_not_add_means_a_full_build(corpus, tok, tmp_path):

@@ -5,6 +5,7 @@ import threading
 
 import pytest
 
+from pipeline.retrieval import bm25 as bm25_mod
 from pipeline.services import lifecycle as lifecycle_mod
 from store.shared_state import KB_GENERATION
 from tests.shared_data import NOVEL, RULES, needs
@@ -93,6 +94,7 @@ def test_a_drained_queue_costs_no_full_bm25_build_while_questions_come(tmp_path,
     """The ingest's chunks are in the delta already; the drain only follows what else moved (the replaced version
     out) and the full build that persists it waits until no question computes for a while."""
     monkeypatch.setattr(lifecycle_mod, "FOLD_AFTER_QUIET_S", 0.2)
+    monkeypatch.setattr(bm25_mod, "FOLD_INLINE_MS", 0.0)  # as a knowledge base whose full build takes seconds
     engine = tiny_engine(tmp_path / "data", tiny_model(tmp_path / "tiny"))
     try:
         c = engine.components
