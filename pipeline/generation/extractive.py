@@ -19,7 +19,7 @@ Each is scored by
   − w_rank · (source number − 1)             a mild preference for the better-ranked source
 Only the PREFILTER best candidates by a fixed cheap order (coverage + phrase coverage − 0.1 per source rank;
 not fitted; on the dev sets the best-scoring sentence is inside it) are embedded (≈ 7 ms a sentence on 2
-cores) and part-of-speech tagged (≈ 0.4 ms). The answer is the best
+cores) and part-of-speech tagged (≈ 2 ms). The answer is the best
 sentence plus up to two more within `margin` of it, in source order, each cited [n]; the clause of the best
 sentence closest to the question is bold. When even the best sentence scores below `not_found_below` — measured
 above this knowledge base's background (w_cos × the median best cosine of the gate's probe questions,
