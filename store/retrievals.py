@@ -28,6 +28,12 @@ class RetrievalStore:
                 {"question": question, "result": result_json})
             conn.execute(delete(qa_retrieval).where(R.question.not_in(newest)))
 
+    def copy(self, question: str, to: str) -> None:
+        """The retrieval stored under `question` also under `to` (as stored: not decoded, not checked)."""
+        text = self.get(question)
+        if text is not None:
+            self.put(to, text)
+
     def clear(self) -> None:
         with self.db.transaction() as conn:
             conn.execute(delete(qa_retrieval))

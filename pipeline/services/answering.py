@@ -153,8 +153,8 @@ class AnswerService:
                     continue
                 if e.type is ev.EventType.DONE:
                     e = ev.Event(ev.EventType.DONE, recorder.finish(e.data, route.route))
-                    if conv_id is None and self.recent.get(("", qkey)):  # 重试 in the conversation just made
-                        self.recent.put((e.data["conversation_id"], qkey), self.recent.get(("", qkey)))
+                    if conv_id is None:  # 重试 in the conversation just made
+                        self.recent.copy(("", qkey), (e.data["conversation_id"], qkey))
                 recorder.see(e)
                 yield e
         finally:

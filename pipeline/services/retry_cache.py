@@ -100,6 +100,10 @@ class StoredRetrievals:
         self.store.put(self._key(key), json.dumps({"rewrite": asdict(rw), "retrieval": dumps(res)},
                                                   ensure_ascii=False))
 
+    def copy(self, key: Hashable, to: Hashable) -> None:
+        """What `key` holds also under `to` (a retry checks its sources when it reads it)."""
+        self.store.copy(self._key(key), self._key(to))
+
     def clear(self) -> None:
         """After a delete or rebuild: stored retrievals may hold chunks that are gone."""
         self.store.clear()
