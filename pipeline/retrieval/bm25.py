@@ -341,6 +341,12 @@ class BM25Index:
             self._later_thread.start()
         return "followed"
 
+    @property
+    def settled(self) -> bool:
+        """Nothing waits in the delta and no fold runs or waits: scores are a full build's. (Until then the main
+        snapshot's chunks keep the statistics of their own build while the delta's use main + delta.)"""
+        return self.delta.size == 0 and not self._folding and not self._fold_waiting
+
     def wait_idle(self, timeout: float = 30.0) -> None:
         """Wait for a fold in flight: it persists into the data dir, which a closing caller may remove next. A
         fold still waiting for a quiet moment runs now (what the next start and the offline audit read)."""
