@@ -50,3 +50,11 @@ def to_int(x: Any, default: int | None = None) -> int | None:
 def error_text(exc: Exception) -> str:
     """What to show of an error: an EngineError's message, else the exception's text."""
     return getattr(exc, "msg", None) or str(exc)
+
+
+def failure_text(exc: Exception, what: str) -> str:
+    """error_text(exc), called inside the `except`: an error without an engine code (a bug, not a refusal) is
+    logged with its traceback as "<what> failed" first."""
+    if not getattr(exc, "code", None):
+        log.exception("%s failed", what)
+    return error_text(exc)

@@ -380,9 +380,7 @@ def build_kb_tab(engine, badge=None, policy: AccessPolicy | None = None) -> dict
             results = [r.to_dict() for r in engine.upload(items, guard.to_int(kb, DEFAULT_KB_ID), tags=tags or None,
                                                           actor=guard.page_actor(request))]
         except Exception as exc:  # EngineError: rebuild running / engine not ready / vectors of another model
-            if not getattr(exc, "code", None):
-                log.exception("upload failed")
-            return (f'<div class="kbu-bad">上传未处理：{esc(guard.error_text(exc))}</div>',
+            return (f'<div class="kbu-bad">上传未处理：{esc(guard.failure_text(exc, "upload"))}</div>',
                     *list_values(pg, kw, request, kb, clear_upload=True))
         # new documents are listed first: jump to page 1 unless a search hides them
         return (upload_report_html(results), *list_values(1 if not (kw or "").strip() else pg, kw, request, kb,
@@ -451,9 +449,7 @@ def build_kb_tab(engine, badge=None, policy: AccessPolicy | None = None) -> dict
             res = engine.delete_document(did, actor=guard.page_actor(request))
             msg = f"已删除「{safe_markdown(res.get('file_name'))}」（{res.get('chunks_removed', 0)} 个块）"
         except Exception as exc:
-            if not getattr(exc, "code", None):
-                log.exception("delete failed")
-            msg = f"⚠️ 删除失败：{esc(guard.error_text(exc))}"
+            msg = f"⚠️ 删除失败：{esc(guard.failure_text(exc, 'delete'))}"
         return (gr.update(visible=False), msg, None, *list_values(pg, kw, request, kb))
 
     def kb_rebuild(pg, kw, request: gr.Request, kb=DEFAULT_KB_ID, progress=gr.Progress()):
@@ -499,9 +495,7 @@ def build_kb_tab(engine, badge=None, policy: AccessPolicy | None = None) -> dict
         try:
             res = engine.repair()
         except Exception as exc:
-            if not getattr(exc, "code", None):
-                log.exception("repair failed")
-            return f'<div class="kbu-bad">修复未执行：{esc(guard.error_text(exc))}</div>'
+            return f'<div class="kbu-bad">修复未执行：{esc(guard.failure_text(exc, "repair"))}</div>'
         log.info("repair by %r: %s → %s problems", request_user(request), res["before"], res["after"])
         return repair_html(res)
 
