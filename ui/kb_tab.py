@@ -12,7 +12,6 @@ from __future__ import annotations
 import logging
 import math
 import time
-from pathlib import Path
 from typing import Any
 
 import gradio as gr
@@ -230,26 +229,6 @@ def chunks_html(chunks: list[dict]) -> str:
     return f'<div class="kbc-list">{"".join(cards)}</div>{more}'
 
 
-# ---------------------------------------------------------------------------------------------- helpers
-def _file_items(files: Any) -> list[tuple[str, Path]]:
-    """(original name, path) from gr.File's raw payload (preprocess=False: FileData dicts) or plain paths."""
-    if files is None:
-        return []
-    if not isinstance(files, (list, tuple)):
-        files = [files]
-    items = []
-    for f in files:
-        if isinstance(f, dict):
-            path = f.get("path")
-            name = f.get("orig_name") or (Path(path).name if path else "")
-        else:
-            path = getattr(f, "path", None) or str(f)
-            name = getattr(f, "orig_name", None) or Path(path).name
-        if path:
-            items.append((name, Path(path)))
-    return items
-
-
 # ---------------------------------------------------------------------------------------------- the tab
 def build_kb_tab(engine, badge=None, policy: AccessPolicy | None = None) -> dict[str, Any]:
     """知识库 tab body. `badge` is the header component refreshed with ui.header.badge_html(engine)."""
@@ -373,7 +352,7 @@ def build_kb_tab(engine, badge=None, policy: AccessPolicy | None = None) -> dict
 
     def kb_upload(files, pg, kw, request: gr.Request, kb=DEFAULT_KB_ID, tags=None):
         require(request)
-        items = _file_items(files)
+        items = guard.file_items(files)
         if not items:
             return ("", *list_values(pg, kw, request, kb, clear_upload=True))
         try:
