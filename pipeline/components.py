@@ -246,7 +246,7 @@ def build_ops(c: Components, *, model_ids: Callable[[], Any], has_job: Callable[
     vectors = c.kbs.all_vectors  # audit / repair / backup look at every knowledge base
     auditor = KBAuditor(c.docs, vectors, c.files, c.tokenizer, model_ids,
                         bm25_ids=vectors.bm25_indexed_ids, has_job=has_job, write_lock=c.write_lock)
-    repairer = KBRepairer(auditor, c.docs, vectors, c.files, c.tokenizer, c.write_lock, RepairHooks(
+    repairer = KBRepairer(auditor, RepairHooks(
         embed=lambda texts: c.models.embedding.embed_model.get_text_embedding_batch(texts),
         model=lambda: (c.models.embedding.model_id, c.models.embedding.dim),
         requeue=c.ingest.enqueue, rebuild_bm25=rebuild_bm25, on_model_fixed=on_model_fixed))

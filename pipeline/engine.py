@@ -45,8 +45,7 @@ class Engine:
         self.api_keys, self.rate_limits, self.login_throttle = s.api_keys, s.rate_limits, s.login_throttle
         self.chunks, self.chunking, self.doc_tags = s.chunks, s.chunking, s.doc_tags
         self.web_sources, self.folder_sync = s.sources.web, s.sources.folders
-        self.data_dir, self.project_root, self.models_dir = (s.components.data_dir, s.components.project_root,
-                                                             s.components.models_dir)
+        self.data_dir = s.components.data_dir
         if load_async:
             threading.Thread(target=s.lifecycle.load_guarded, name="engine-load", daemon=True).start()
         else:
@@ -67,13 +66,11 @@ class Engine:
     def state(self, value: str) -> None:  # what a reload looks like to a client (tests set it)
         self.lifecycle.state = value
 
-    load_error = property(lambda self: self.lifecycle.load_error)
     last_reload_ms = property(lambda self: self.lifecycle.last_reload_ms)
     model_warning = property(lambda self: self.lifecycle.model_warning)
     retrieval_calls = property(lambda self: self.answers.retrieval_calls)
 
     # ---- settings and lifecycle
-    expected_model_id = _To("settings_service")
     default_settings = _To("settings_service")
     update_settings = _To("settings_service", "update")
     check_settings = _To("settings_service", "check")

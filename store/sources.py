@@ -24,6 +24,10 @@ def _due(interval_min, now: float) -> float | None:
 class _Due(Store):
     table = None
 
+    def get(self, source_id: int) -> dict | None:
+        with self.db.connect() as conn:
+            return as_dict(conn.execute(select(self.table).where(self.table.c.source_id == int(source_id))).first())
+
     def claim_due(self, now: float) -> list[int]:
         """Ids of sources whose interval ran out, each claimed by this caller alone (their next_due moved on)."""
         c = self.table.c
@@ -50,10 +54,6 @@ class WebSourceStore(_Due):
                 "next_due": _due(interval_min, now), "status": "pending", "created_by": created_by,
                 "created_at": now}).scalar_one()
         return self.get(source_id)
-
-    def get(self, source_id: int) -> dict | None:
-        with self.db.connect() as conn:
-            return as_dict(conn.execute(select(web_source).where(W.source_id == int(source_id))).first())
 
     def find(self, kb_id: int, url: str) -> dict | None:
         with self.db.connect() as conn:
@@ -95,10 +95,6 @@ class FolderSourceStore(_Due):
                     "kb_id": int(kb_id), "path": path, "interval_min": interval_min,
                     "next_due": _due(interval_min, now), "created_by": created_by, "created_at": now})
         return self.of_kb(kb_id)
-
-    def get(self, source_id: int) -> dict | None:
-        with self.db.connect() as conn:
-            return as_dict(conn.execute(select(folder_source).where(F.source_id == int(source_id))).first())
 
     def of_kb(self, kb_id: int) -> dict | None:
         with self.db.connect() as conn:

@@ -8,7 +8,6 @@ All data comes from `engine.search(query, top_k)`; nothing here retrieves anythi
 """
 from __future__ import annotations
 
-import logging
 from typing import Any
 
 import gradio as gr
@@ -18,8 +17,6 @@ from .kb_spaces import scope_ids, scope_picker
 from .render import esc, fmt_num, fusion_title, snippet
 from .tag_filter import build_tag_filter, describe_filter, filter_of, wire_scope
 from .viewer import OPENER_JS
-
-log = logging.getLogger(__name__)
 
 DEFAULT_TOP_K = 10
 MAX_TOP_K = 50
@@ -151,10 +148,7 @@ def make_search_handler(engine, policy=None):
             result = engine.search(query or "", k, scope_ids(engine, kbs, reader), reader,
                                    doc_filter=filter_of(tags, mode))
         except Exception as exc:  # EngineError (validation / 2002) or a retrieval failure
-            msg = guard.error_text(exc)
-            if not getattr(exc, "code", None):
-                log.exception("debug search failed")
-            return (f"⚠️ {esc(msg)}", *empty)
+            return (f"⚠️ {esc(guard.failure_text(exc, 'debug search'))}", *empty)
         cols = render_columns(result, k)
         both = len({r["chunk_id"] for r in result.get("bm25") or []} &
                    {r["chunk_id"] for r in result.get("vector") or []})

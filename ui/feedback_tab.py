@@ -90,26 +90,22 @@ def build_feedback_tab(engine, policy: AccessPolicy | None = None):
         del_id = gr.Number(label="已核实问答编号 #", precision=0, elem_id="kb-qa-del-id", scale=1)
         delete = gr.Button("删除", size="sm", variant="stop", elem_id="kb-qa-delete", scale=1)
 
-    def _allowed(request) -> bool:
+    def check(request) -> None:
         require(policy, request, Role.KB_ADMIN)  # raises gr.Error with the refusal text
-        return True
 
     def show_list(filter_label: str, request: gr.Request):
-        if not _allowed(request):
-            return gr.skip()
+        check(request)
         data = engine.list_feedback(FILTERS.get(filter_label), 1, PAGE)
         return render_feedback(data["items"], data["total"])
 
     def do_export(filter_label: str, request: gr.Request):
-        if not _allowed(request):
-            return gr.File(visible=False)
+        check(request)
         path = export_dir / f"feedback-{FILTERS.get(filter_label) or 'all'}.jsonl"
         path.write_text(engine.export_feedback(FILTERS.get(filter_label)), encoding="utf-8")
         return gr.File(value=str(path), visible=True)
 
     def do_pick(fb_id, request: gr.Request):
-        if not _allowed(request):
-            return gr.skip(), gr.skip(), gr.skip(), gr.skip()
+        check(request)
         try:
             fb = engine.get_feedback(int(fb_id)) if fb_id is not None else None
         except EngineError as exc:
@@ -126,8 +122,7 @@ def build_feedback_tab(engine, policy: AccessPolicy | None = None):
         return fb["question"], fb["answer"], cited_html, kbs
 
     def do_create(fb_id, question, answer, request: gr.Request, kb=0):
-        if not _allowed(request):
-            return gr.skip(), gr.skip()
+        check(request)
         try:
             # kb 0: where its sources are (refused where that would widen who reads them: KBAccess.place_copy)
             e = engine.create_verified(question, answer, request_user(request), int(fb_id) if fb_id else None,
@@ -139,11 +134,11 @@ def build_feedback_tab(engine, policy: AccessPolicy | None = None):
                 render_verified(engine.list_verified()))
 
     def show_verified(request: gr.Request):
-        return render_verified(engine.list_verified()) if _allowed(request) else gr.skip()
+        check(request)
+        return render_verified(engine.list_verified())
 
     def do_delete(qa_id, request: gr.Request):
-        if not _allowed(request):
-            return gr.skip()
+        check(request)
         try:
             engine.delete_verified(int(qa_id) if qa_id is not None else None)
         except EngineError as exc:

@@ -84,75 +84,70 @@ def build_kb_manager(engine, policy: AccessPolicy) -> KBManager:
     msg = gr.Markdown("", elem_id="kb-space-msg")
 
     def wire(refresh: Callable[..., tuple], refresh_outputs: list) -> None:
-        _wire(engine, policy, refresh, refresh_outputs, pick, info, mode, form, name, desc, readers, confirm,
-              confirm_text, msg, new_btn, rename_btn, del_btn, save, cancel, del_yes, del_no)
+        # Every handler here is reachable by fn_index through /gradio_api/queue/join whatever its api_name (Gradio's
+        # "private" only hides it from the docs and the client libraries): each checks the caller itself.
+        def picked(kb_id, request: gr.Request):
+            return (kb_summary(engine, kb_id, guard.reader_of(policy, request)), *refresh(kb_id, request))
+
+        def open_new():
+            return gr.update(visible=True), "new", "", "", ""
+
+        def open_rename(kb_id, request: gr.Request):
+            guard.require(policy, request, Role.KB_ADMIN)  # renaming is a KB admin's; readers are theirs to see
+            kb = engine.get_kb(int(kb_id), guard.reader_of(policy, request))
+            return gr.update(visible=True), "rename", kb["name"], kb.get("description") or "", readers_text(kb)
+
+        def kb_spaces_save(mode_value, name_value, desc_value, readers_value, kb_id, request: gr.Request):
+            guard.require(policy, request, Role.KB_ADMIN)
+            try:
+                who = parse_readers(readers_value)
+                unknown = policy.unknown_users(who)
+                if unknown:
+                    raise ValueError(f"可读用户中有不存在的用户：{'、'.join(unknown)}")
+                if mode_value == "rename":
+                    kb = engine.update_kb(int(kb_id), name_value, desc_value, who, actor=guard.page_actor(request))
+                    text = f"已保存「{safe_markdown(kb['name'])}」"
+                else:
+                    kb = engine.create_kb(name_value, desc_value or "", who, actor=guard.page_actor(request))
+                    text = f"已新建知识库「{safe_markdown(kb['name'])}」"
+            except Exception as exc:  # EngineError: empty / duplicate name …
+                return (gr.skip(), gr.skip(), f"⚠️ {esc(guard.error_text(exc))}", gr.skip(),
+                        *(gr.skip(),) * len(refresh_outputs))
+            return (gr.update(visible=False), gr.Dropdown(choices=kb_choices(engine), value=kb["kb_id"]), text,
+                    kb_summary(engine, kb["kb_id"]), *refresh(kb["kb_id"], request))
+
+        def ask_delete(kb_id, request: gr.Request):
+            guard.require(policy, request, Role.KB_ADMIN)
+            kb = engine.get_kb(int(kb_id))
+            if kb.get("is_default"):
+                return gr.update(visible=False), "", "⚠️ 默认知识库不能删除（可以重命名）"
+            return (gr.update(visible=True),
+                    f"**确定删除知识库「{safe_markdown(kb['name'])}」吗？** 其中的 {kb['docs']} 个文档（含全部版本）、"
+                    f"{kb['chunks']} 个块、向量和原文件都会被删除，无法恢复。", "")
+
+        def kb_spaces_delete(kb_id, request: gr.Request):
+            guard.require(policy, request, Role.KB_ADMIN)
+            try:
+                res = engine.delete_kb(int(kb_id), actor=guard.page_actor(request))
+                text = f"已删除知识库「{safe_markdown(res['name'])}」（{res['docs_removed']} 个文档）"
+                kb_id = DEFAULT_KB_ID
+            except Exception as exc:
+                text = f"⚠️ 删除失败：{esc(guard.error_text(exc))}"
+            return (gr.update(visible=False), gr.Dropdown(choices=kb_choices(engine), value=int(kb_id)), text,
+                    kb_summary(engine, kb_id), *refresh(kb_id, request))
+
+        pick.input(picked, [pick], [info, *refresh_outputs], api_name=False, show_progress="hidden")
+        new_btn.click(open_new, None, [form, mode, name, desc, readers], api_name=False)
+        rename_btn.click(open_rename, [pick], [form, mode, name, desc, readers], api_name=False)
+        cancel.click(lambda: gr.update(visible=False), None, form, api_name=False)
+        save.click(kb_spaces_save, [mode, name, desc, readers, pick], [form, pick, msg, info, *refresh_outputs],
+                   api_name="kb_spaces_save", concurrency_limit=1)
+        del_btn.click(ask_delete, [pick], [confirm, confirm_text, msg], api_name=False)
+        del_no.click(lambda: gr.update(visible=False), None, confirm, api_name=False)
+        del_yes.click(kb_spaces_delete, [pick], [confirm, pick, msg, info, *refresh_outputs],
+                      api_name="kb_spaces_delete", concurrency_limit=1)
 
     return KBManager(pick, info, wire)
-
-
-def _wire(engine, policy, refresh, refresh_outputs, pick, info, mode, form, name, desc, readers, confirm,
-          confirm_text, msg, new_btn, rename_btn, del_btn, save, cancel, del_yes, del_no) -> None:
-    # Every handler here is reachable by fn_index through /gradio_api/queue/join whatever its api_name (Gradio's
-    # "private" only hides it from the docs and the client libraries): each checks the caller itself.
-    def picked(kb_id, request: gr.Request):
-        return (kb_summary(engine, kb_id, guard.reader_of(policy, request)), *refresh(kb_id, request))
-
-    def open_new():
-        return gr.update(visible=True), "new", "", "", ""
-
-    def open_rename(kb_id, request: gr.Request):
-        guard.require(policy, request, Role.KB_ADMIN)  # renaming is a KB admin's; readers are theirs to see
-        kb = engine.get_kb(int(kb_id), guard.reader_of(policy, request))
-        return gr.update(visible=True), "rename", kb["name"], kb.get("description") or "", readers_text(kb)
-
-    def kb_spaces_save(mode_value, name_value, desc_value, readers_value, kb_id, request: gr.Request):
-        guard.require(policy, request, Role.KB_ADMIN)
-        try:
-            who = parse_readers(readers_value)
-            unknown = policy.unknown_users(who)
-            if unknown:
-                raise ValueError(f"可读用户中有不存在的用户：{'、'.join(unknown)}")
-            if mode_value == "rename":
-                kb = engine.update_kb(int(kb_id), name_value, desc_value, who, actor=guard.page_actor(request))
-                text = f"已保存「{safe_markdown(kb['name'])}」"
-            else:
-                kb = engine.create_kb(name_value, desc_value or "", who, actor=guard.page_actor(request))
-                text = f"已新建知识库「{safe_markdown(kb['name'])}」"
-        except Exception as exc:  # EngineError: empty / duplicate name …
-            return (gr.skip(), gr.skip(), f"⚠️ {esc(guard.error_text(exc))}", gr.skip(), *(gr.skip(),) * len(refresh_outputs))
-        return (gr.update(visible=False), gr.Dropdown(choices=kb_choices(engine), value=kb["kb_id"]), text,
-                kb_summary(engine, kb["kb_id"]), *refresh(kb["kb_id"], request))
-
-    def ask_delete(kb_id, request: gr.Request):
-        guard.require(policy, request, Role.KB_ADMIN)
-        kb = engine.get_kb(int(kb_id))
-        if kb.get("is_default"):
-            return gr.update(visible=False), "", "⚠️ 默认知识库不能删除（可以重命名）"
-        return (gr.update(visible=True),
-                f"**确定删除知识库「{safe_markdown(kb['name'])}」吗？** 其中的 {kb['docs']} 个文档（含全部版本）、"
-                f"{kb['chunks']} 个块、向量和原文件都会被删除，无法恢复。", "")
-
-    def kb_spaces_delete(kb_id, request: gr.Request):
-        guard.require(policy, request, Role.KB_ADMIN)
-        try:
-            res = engine.delete_kb(int(kb_id), actor=guard.page_actor(request))
-            text = f"已删除知识库「{safe_markdown(res['name'])}」（{res['docs_removed']} 个文档）"
-            kb_id = DEFAULT_KB_ID
-        except Exception as exc:
-            text = f"⚠️ 删除失败：{esc(guard.error_text(exc))}"
-        return (gr.update(visible=False), gr.Dropdown(choices=kb_choices(engine), value=int(kb_id)), text,
-                kb_summary(engine, kb_id), *refresh(kb_id, request))
-
-    pick.input(picked, [pick], [info, *refresh_outputs], api_name=False, show_progress="hidden")
-    new_btn.click(open_new, None, [form, mode, name, desc, readers], api_name=False)
-    rename_btn.click(open_rename, [pick], [form, mode, name, desc, readers], api_name=False)
-    cancel.click(lambda: gr.update(visible=False), None, form, api_name=False)
-    save.click(kb_spaces_save, [mode, name, desc, readers, pick], [form, pick, msg, info, *refresh_outputs],
-               api_name="kb_spaces_save", concurrency_limit=1)
-    del_btn.click(ask_delete, [pick], [confirm, confirm_text, msg], api_name=False)
-    del_no.click(lambda: gr.update(visible=False), None, confirm, api_name=False)
-    del_yes.click(kb_spaces_delete, [pick], [confirm, pick, msg, info, *refresh_outputs],
-                  api_name="kb_spaces_delete", concurrency_limit=1)
 
 
 # --- scope pickers (问答, 双路检索调试): one or several knowledge bases, all by default ----------------------------

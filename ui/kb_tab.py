@@ -12,7 +12,6 @@ from __future__ import annotations
 import logging
 import math
 import time
-from pathlib import Path
 from typing import Any
 
 import gradio as gr
@@ -230,26 +229,6 @@ def chunks_html(chunks: list[dict]) -> str:
     return f'<div class="kbc-list">{"".join(cards)}</div>{more}'
 
 
-# ---------------------------------------------------------------------------------------------- helpers
-def _file_items(files: Any) -> list[tuple[str, Path]]:
-    """(original name, path) from gr.File's raw payload (preprocess=False: FileData dicts) or plain paths."""
-    if files is None:
-        return []
-    if not isinstance(files, (list, tuple)):
-        files = [files]
-    items = []
-    for f in files:
-        if isinstance(f, dict):
-            path = f.get("path")
-            name = f.get("orig_name") or (Path(path).name if path else "")
-        else:
-            path = getattr(f, "path", None) or str(f)
-            name = getattr(f, "orig_name", None) or Path(path).name
-        if path:
-            items.append((name, Path(path)))
-    return items
-
-
 # ---------------------------------------------------------------------------------------------- the tab
 def build_kb_tab(engine, badge=None, policy: AccessPolicy | None = None) -> dict[str, Any]:
     """知识库 tab body. `badge` is the header component refreshed with ui.header.badge_html(engine)."""
@@ -373,16 +352,14 @@ def build_kb_tab(engine, badge=None, policy: AccessPolicy | None = None) -> dict
 
     def kb_upload(files, pg, kw, request: gr.Request, kb=DEFAULT_KB_ID, tags=None):
         require(request)
-        items = _file_items(files)
+        items = guard.file_items(files)
         if not items:
             return ("", *list_values(pg, kw, request, kb, clear_upload=True))
         try:
             results = [r.to_dict() for r in engine.upload(items, guard.to_int(kb, DEFAULT_KB_ID), tags=tags or None,
                                                           actor=guard.page_actor(request))]
         except Exception as exc:  # EngineError: rebuild running / engine not ready / vectors of another model
-            if not getattr(exc, "code", None):
-                log.exception("upload failed")
-            return (f'<div class="kbu-bad">上传未处理：{esc(guard.error_text(exc))}</div>',
+            return (f'<div class="kbu-bad">上传未处理：{esc(guard.failure_text(exc, "upload"))}</div>',
                     *list_values(pg, kw, request, kb, clear_upload=True))
         # new documents are listed first: jump to page 1 unless a search hides them
         return (upload_report_html(results), *list_values(1 if not (kw or "").strip() else pg, kw, request, kb,
@@ -451,9 +428,7 @@ def build_kb_tab(engine, badge=None, policy: AccessPolicy | None = None) -> dict
             res = engine.delete_document(did, actor=guard.page_actor(request))
             msg = f"已删除「{safe_markdown(res.get('file_name'))}」（{res.get('chunks_removed', 0)} 个块）"
         except Exception as exc:
-            if not getattr(exc, "code", None):
-                log.exception("delete failed")
-            msg = f"⚠️ 删除失败：{esc(guard.error_text(exc))}"
+            msg = f"⚠️ 删除失败：{esc(guard.failure_text(exc, 'delete'))}"
         return (gr.update(visible=False), msg, None, *list_values(pg, kw, request, kb))
 
     def kb_rebuild(pg, kw, request: gr.Request, kb=DEFAULT_KB_ID, progress=gr.Progress()):
@@ -499,9 +474,7 @@ def build_kb_tab(engine, badge=None, policy: AccessPolicy | None = None) -> dict
         try:
             res = engine.repair()
         except Exception as exc:
-            if not getattr(exc, "code", None):
-                log.exception("repair failed")
-            return f'<div class="kbu-bad">修复未执行：{esc(guard.error_text(exc))}</div>'
+            return f'<div class="kbu-bad">修复未执行：{esc(guard.failure_text(exc, "repair"))}</div>'
         log.info("repair by %r: %s → %s problems", request_user(request), res["before"], res["after"])
         return repair_html(res)
 

@@ -116,8 +116,8 @@ def scrub(text: str, secrets: list[str]) -> str:
     return text
 
 
-def _named(names: list[str], impl: Callable[..., Any], with_progress: bool = False) -> Callable[..., Any]:
-    """A handler whose signature is `(<each name>, request: gr.Request)` calling impl(values_dict, request).
+def _named(names: list[str], impl: Callable[..., Any], name: str) -> Callable[..., Any]:
+    """A handler `name` whose signature is `(<each name>, request: gr.Request)` calling impl(values_dict, request).
 
     Gradio reads the signature for API parameter names and the annotations to inject gr.Request, so the
     endpoint shows `llm_model, llm_api_url, …` (not param_0…) and still knows the caller.
@@ -136,7 +136,7 @@ def _named(names: list[str], impl: Callable[..., Any], with_progress: bool = Fal
 
     handler.__signature__ = sig  # type: ignore[attr-defined]
     handler.__annotations__ = {"request": gr.Request}
-    handler.__name__ = getattr(impl, "__name__", "handler")
+    handler.__name__ = name
     return handler
 
 
@@ -281,8 +281,7 @@ def build_settings_tab(engine, policy: AccessPolicy | None = None) -> dict[str, 
         cfg_flat = {k: v for g in (result.get("config") or {}).values() for k, v in g.items()}
         return (*values_of(cfg_flat), *no_errors(), save_banner(result))
 
-    settings_save = _named(FIELDS, save_impl)
-    settings_save.__name__ = "settings_save"
+    settings_save = _named(FIELDS, save_impl, "settings_save")
 
     # --- live validation: red message under the field, 保存 disabled while any field is refused -------------
     def check_impl(values: dict, request):
@@ -293,8 +292,7 @@ def build_settings_tab(engine, policy: AccessPolicy | None = None) -> dict[str, 
                 f'{_labels(list(errors))}，修正后才能保存</span>' if errors else "")
         return (*error_updates(errors), gr.update(interactive=not errors), note)
 
-    settings_check = _named(FIELDS, check_impl)
-    settings_check.__name__ = "settings_check"
+    settings_check = _named(FIELDS, check_impl, "settings_check")
 
     # --- LLM test (unsaved form values) -----------------------------------------------------------------------
     llm_fields = GROUPS["llm"]
@@ -313,8 +311,7 @@ def build_settings_tab(engine, policy: AccessPolicy | None = None) -> dict[str, 
             return banner("ok", "✅ LLM 连通测试成功", [esc(msg)] if msg else None)
         return banner("err", "❌ LLM 连通测试失败", [esc(msg)])
 
-    settings_test_llm = _named(llm_fields, test_impl)
-    settings_test_llm.__name__ = "settings_test_llm"
+    settings_test_llm = _named(llm_fields, test_impl, "settings_test_llm")
 
     # --- reload ---------------------------------------------------------------------------------------------
     def settings_reload(request: gr.Request):

@@ -7,7 +7,6 @@ API names: src_list, src_add_url, src_refetch, src_set_folder, src_sync.
 """
 from __future__ import annotations
 
-import logging
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -20,8 +19,6 @@ from pipeline.retrieval.kb_indexes import DEFAULT_KB_ID
 
 from . import guard
 from .render import esc
-
-log = logging.getLogger(__name__)
 
 STATUS = {"pending": ("等待抓取", "kbt-processing"), "fetching": ("抓取中", "kbt-processing"),
           "ok": ("已导入", "kbt-ready"), "unchanged": ("未变化", "kbt-ready"), "failed": ("失败", "kbt-failed")}

@@ -13,8 +13,6 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from pathlib import Path
-from typing import Any
 
 import gradio as gr
 
@@ -80,19 +78,6 @@ def preview_html(res: dict) -> str:
     return f'{head}</div><div class="kbp-list">{"".join(cards)}</div>{more}'
 
 
-def _file(payload: Any) -> tuple[str, Path] | None:
-    """(original name, path) of gr.File's raw payload (preprocess=False) or a plain path."""
-    if isinstance(payload, (list, tuple)):
-        payload = payload[0] if payload else None
-    if not payload:
-        return None
-    if isinstance(payload, dict):
-        path = payload.get("path")
-        return (payload.get("orig_name") or Path(path).name, Path(path)) if path else None
-    path = getattr(payload, "path", None) or str(payload)
-    return getattr(payload, "orig_name", None) or Path(path).name, Path(path)
-
-
 @dataclass
 class UploadPreview:
     wire: Callable[..., None]  # (kb picker, refresh(kb_id, request) → table values, their outputs, report)
@@ -154,7 +139,7 @@ def build_upload_preview(engine, policy: AccessPolicy, file_types: list[str]) ->
 
     def kb_preview(file, kb_id, size_v, overlap_v, structure_v, request: gr.Request):
         require(request)
-        item = _file(file)
+        item = next(iter(guard.file_items(file)), None)
         if item is None:
             return '<div class="kbp-bad">请先选择要预览的文件</div>'
         try:
@@ -205,7 +190,7 @@ def build_upload_preview(engine, policy: AccessPolicy, file_types: list[str]) ->
         def kb_preview_ingest(file, kb_id, size_v, overlap_v, structure_v, request: gr.Request):
             """Save the fields as this KB's chunking, then ingest the file (cut with them)."""
             require(request)
-            item = _file(file)
+            item = next(iter(guard.file_items(file)), None)
             skip = (gr.skip(),) * len(refresh_outputs)
             if item is None:
                 return (gr.skip(), '<div class="kbp-bad">请先选择要导入的文件</div>', gr.skip(), gr.skip(),

@@ -10,7 +10,6 @@ Data: Engine.document_text (GET /api/kb/documents/{id}/text); the original: /api
 from __future__ import annotations
 
 import base64
-import logging
 from dataclasses import dataclass
 from typing import Any
 
@@ -18,8 +17,6 @@ import gradio as gr
 
 from . import guard
 from .render import esc
-
-log = logging.getLogger(__name__)
 
 VIEWER_CSS = """
 .kbv-head { font-size: .9rem; display: flex; flex-wrap: wrap; gap: 6px; align-items: center; margin-bottom: 6px; }
@@ -153,9 +150,7 @@ def make_open(engine, policy=None):
             else:
                 return gr.skip(), gr.skip()
         except Exception as exc:  # EngineError: the document was deleted meanwhile, …
-            if not getattr(exc, "code", None):
-                log.exception("viewer failed")
-            msg = guard.error_text(exc)
+            msg = guard.failure_text(exc, "viewer")
             return gr.update(visible=True), f'<div class="kbv-note">⚠️ {esc(msg)}</div>'
         return gr.update(visible=True), viewer_html(view, page_jpeg, boxed)
 

@@ -39,7 +39,6 @@ class Caller:
     reader: Reader
     key_id: int | None = None
     key_name: str | None = None
-    key_prefix: str | None = None
 
     @property
     def label(self) -> str:
@@ -65,8 +64,7 @@ def key_reader(row: dict) -> Reader:
 
 
 def key_caller(row: dict) -> Caller:
-    return Caller("key", f"key:{row['key_id']}", Role(row["role"]), key_reader(row), row["key_id"], row["name"],
-                  row["prefix"])
+    return Caller("key", f"key:{row['key_id']}", Role(row["role"]), key_reader(row), row["key_id"], row["name"])
 
 
 class CallerResolver:

@@ -25,7 +25,7 @@ import time
 import uuid
 from collections import defaultdict
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from pipeline.generation.instructions import FLAG_NOTE, flagged_sentences
@@ -80,8 +80,7 @@ class UploadResult:
     version: int | None = None
 
     def to_dict(self) -> dict:
-        return {"file_name": self.file_name, "ok": self.ok, "doc_id": self.doc_id, "status": self.status,
-                "msg": self.msg, "existed": self.existed, "kb_id": self.kb_id, "version": self.version}
+        return asdict(self)
 
 
 class StageTimer:

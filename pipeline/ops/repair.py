@@ -19,12 +19,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from pipeline.ingestion.structured_chunking import indexed_text
-from pipeline.models.tokenize_zh import ChineseTokenizer
 from pipeline.ops.audit import UPLOAD_GRACE_S, AuditReport, KBAuditor
-from store.documents import DocumentStore
-from store.files import FileStore
-from store.vectors import VectorStore
-from store.write_lock import WriteLock
 
 log = logging.getLogger(__name__)
 
@@ -61,14 +56,15 @@ class RepairResult:
 
 
 class KBRepairer:
-    def __init__(self, auditor: KBAuditor, docs: DocumentStore, vectors: VectorStore, files: FileStore,
-                 tokenizer: ChineseTokenizer, write_lock: WriteLock, hooks: RepairHooks):
+    """Repairs what its auditor finds, over the auditor's own stores and write lock (it must have one)."""
+
+    def __init__(self, auditor: KBAuditor, hooks: RepairHooks):
         self.auditor = auditor
-        self.docs = docs
-        self.vectors = vectors
-        self.files = files
-        self.tokenizer = tokenizer
-        self.write_lock = write_lock
+        self.docs = auditor.docs
+        self.vectors = auditor.vectors
+        self.files = auditor.files
+        self.tokenizer = auditor.tokenizer
+        self.write_lock = auditor.write_lock
         self.hooks = hooks
 
     def repair(self, wait_requeued: Callable[[], None] = lambda: None) -> RepairResult:

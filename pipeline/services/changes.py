@@ -15,13 +15,10 @@ to bump, the rest alike.
 """
 from __future__ import annotations
 
-import logging
 from collections.abc import Callable
 
 from pipeline.services.shared_sync import SharedSync
 from store.shared_state import KB_GENERATION
-
-log = logging.getLogger(__name__)
 
 
 class SearchableChanges:

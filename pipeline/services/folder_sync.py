@@ -13,10 +13,8 @@ the named lease `folder_sync:<id>` so two processes never sync one folder at onc
 """
 from __future__ import annotations
 
-import logging
 import os
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 from pipeline.errors import CODE_ENGINE, CODE_NO_DOC, CODE_VALIDATION, EngineError
 from pipeline.services.audit_log import Actor
@@ -24,11 +22,6 @@ from pipeline.services.source_schedule import FollowedSources
 from pipeline.services.web_sources import check_interval
 from store.files import md5_of
 from store.sources import FolderSourceStore
-
-if TYPE_CHECKING:
-    pass
-
-log = logging.getLogger(__name__)
 
 LEASE_S = 3600.0
 MAX_FILES = 10_000  # a sync looks at no more files than this (a path pointing at / would walk forever)

@@ -109,8 +109,7 @@ class WebSources(FollowedSources):
         src = self.get(source_id)
         self.audit.admin(actor, "web_source.refetch", {"url": src["url"], "source_id": src["source_id"]},
                          [src["kb_id"]])
-        out = self._fetch(src, refuse_busy=True)
-        return out
+        return self._fetch(src, refuse_busy=True)
 
     def set_interval(self, source_id: int, interval_min: int | None, actor: Actor | None = None) -> dict:
         src = self.get(source_id)

@@ -79,15 +79,14 @@ def _replicas(base, base_emb, base_tok, n: int, rng):
         yield base_tok[b] + [marker], v / np.linalg.norm(v), f"{base[b]}（{marker}）"
 
 
-def _fill(engine, corpus, per_doc: int = 500, first_doc: int = 0) -> float:
-    """Insert the corpus as 就绪 documents of `per_doc` chunks (SQL rows, stored tokens, vectors); seconds.
-    `first_doc` numbers the documents on from an earlier fill (a data dir grown in steps)."""
+def _fill(engine, corpus, per_doc: int = 500) -> float:
+    """Insert the corpus as 就绪 documents of `per_doc` chunks (SQL rows, stored tokens, vectors); seconds."""
     from store.documents import ChunkRow
 
     c = engine.components
     c.vectors.claim_model(c.models.embedding.model_id, c.models.embedding.dim)
     t0 = time.perf_counter()
-    for d, start in enumerate(range(0, len(corpus), per_doc), start=first_doc):
+    for d, start in enumerate(range(0, len(corpus), per_doc)):
         part = corpus[start:start + per_doc]
         doc = c.docs.create(f"bench-{d}.txt", "txt", 0, f"{d:032x}", f"{d:032x}.txt")
         rows = [ChunkRow(doc["doc_id"], j, text, None, 0, len(text), "text", toks)

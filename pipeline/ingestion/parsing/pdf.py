@@ -39,7 +39,6 @@ class PageProbe:
     number: int  # 1-based
     text: str  # normalized text layer
     verdict: str  # "ok" | "scan" | "garbled" | "empty"
-    image_coverage: float  # -1 when not measured (pages with a usable text layer)
     needs_cjk_font: bool
     rule_paths: int = 0  # path objects (ruling lines, cell borders) on a usable text page: tables are looked for
 
@@ -140,21 +139,18 @@ def probe_page(page, number: int) -> PageProbe:
         textpage.close()
     text = normalize_text(raw)
     n_chars = sum(1 for c in text if not c.isspace())
-    coverage = -1.0  # only measured where it decides something (object walks cost on big documents)
     if n_chars and is_garbled(text):
         verdict = "garbled"
-    elif n_chars < MIN_TEXT_CHARS:
+    elif n_chars < MIN_TEXT_CHARS:  # images measured only where they decide (object walks cost on big documents)
         coverage = _image_coverage(page, width, height)
         verdict = "scan" if coverage >= MIN_IMAGE_COVERAGE else ("ok" if n_chars else "empty")
     else:
         verdict = "ok"
     needs_font = False
-    if verdict in ("scan", "garbled") and _CJK_RE.search(text) is not None:
-        needs_font = _uses_non_embedded_font(page)
-    elif verdict == "garbled":
+    if verdict == "garbled" or (verdict == "scan" and _CJK_RE.search(text) is not None):
         needs_font = _uses_non_embedded_font(page)
     rules = _path_objects(page) if verdict == "ok" else 0
-    return PageProbe(number, text, verdict, coverage, needs_font, rules)
+    return PageProbe(number, text, verdict, needs_font, rules)
 
 
 def _path_objects(page, stop_at: int = pdf_tables.MIN_RULE_PATHS) -> int:
