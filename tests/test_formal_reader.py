@@ -118,13 +118,15 @@ def test_another_document_stays_only_when_it_adds(picker):
 
 
 def test_stay_in_document_rule():
-    def cand(doc, terms, pos):
-        return Candidate(Piece(f"句子{pos}", "。", pos), 1, 0.5, 0.0, terms=frozenset(terms), doc=doc)
+    def cand(doc, terms, pos, formal=True):
+        return Candidate(Piece(f"句子{pos}", "。", pos), 1, 0.5, 0.0, terms=frozenset(terms), doc=doc, formal=formal)
 
     best, same, other_same_terms, other_new_terms = cand(1, {0}, 0), cand(1, {1}, 1), cand(2, {0, 1}, 2), \
         cand(2, {2}, 3)
     kept = stay_in_document(best, [best, same, other_same_terms, other_new_terms])
     assert kept == [best, same, other_new_terms]
+    web = cand(1, {0}, 0, formal=False)  # not a formal document: every close sentence stays
+    assert stay_in_document(web, [web, other_same_terms]) == [web, other_same_terms]
 
 
 def test_renders_no_citation_without_a_heading(picker):

@@ -86,6 +86,7 @@ class Candidate:
     other_party: bool = False  # it is a clause about another party than the one the question asks about
     terms: frozenset[int] = frozenset()  # indices of the question's terms it contains (Evidence.here)
     doc: Any = None           # the document of its chunk (doc_id; None when unknown: one document)
+    formal: bool = False      # its chunk has 第…条 article headings (a law, regulation, contract)
     cite: str = ""            # 《…》第十九条 when its chunk names the article (pipeline/generation/articles.py)
     lead: str = ""            # the lead-in of a list item (「下列项目免征增值税：」 above 「（一）…」), shown before it
 

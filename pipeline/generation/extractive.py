@@ -41,7 +41,7 @@ import numpy as np
 
 from pipeline.events import EXTRACTIVE_LABEL
 from pipeline.generation.answer_type import offers
-from pipeline.generation.articles import LEADING_HEADING, articles_of, citation
+from pipeline.generation.articles import HEADING, LEADING_HEADING, articles_of, citation
 from pipeline.generation.candidates import Candidate, Cues, assemble, measure
 from pipeline.generation.deciding import deciding_clause, lead_in
 from pipeline.generation.instructions import is_instruction
@@ -148,7 +148,8 @@ class ExtractivePicker:
                          if not is_instruction(piece.text)]
                         for nws in chunks], cues)
         docs = [node_meta(n).get("doc_id") for n in chunks]
-        out = [replace(c, doc=docs[c.source - 1]) for c in out]
+        formal = [HEADING.search(node_text(n)) is not None for n in chunks]
+        out = [replace(c, doc=docs[c.source - 1], formal=formal[c.source - 1]) for c in out]
         if self.embed_model is None or not out:
             return out
         order = sorted(range(len(out)), key=lambda i: (-out[i].prefilter_key(), out[i].source, i))
@@ -231,8 +232,13 @@ class ExtractivePicker:
 
 
 def stay_in_document(best: Candidate, picked: list[Candidate]) -> list[Candidate]:
-    """The best sentence's document answers; a sentence of another document stays only when it adds question
-    words the picked sentences of that document lack (it adds to the answer, not a second opinion beside it)."""
+    """When the best sentence comes from a formal document (its chunk has 第…条 article headings), that document
+    answers; a sentence of another document stays only when it adds question words the picked sentences of that
+    document lack (it adds to the answer, not a neighbouring rule beside it). Not for other text: web paragraphs
+    of one search are near-paraphrases stored as separate documents, and there the other paragraph's sentence is
+    often the one holding the answer (applied everywhere, the rule cost dureader_dev 6 of 99 answer-hits)."""
+    if not best.formal:
+        return picked
     own = [c for c in picked if c.doc == best.doc]
     covered = frozenset().union(*(c.terms for c in own))
     return own + [c for c in picked if c.doc != best.doc and c.terms - covered]
