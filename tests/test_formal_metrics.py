@@ -1,6 +1,9 @@
 """The outcome rules of the formal-documents evaluation (tools/eval/formal_metrics.py) on tiny inputs: no model."""
 from __future__ import annotations
 
+import pytest
+
+from tests.shared_data import DATA, needs
 from tools.eval.formal_eval import OFF_TOPIC, load_lines, summarize
 from tools.eval.formal_metrics import (
     answer_hit,
@@ -13,6 +16,7 @@ from tools.eval.formal_metrics import (
     span_share,
 )
 
+REGS = DATA / "regulations"
 SPAN = "无偿为公众兑换残缺、污损的人民币"
 LABEL = "原文摘录（未配置大模型）：\n"
 
@@ -86,3 +90,33 @@ def test_summarize_counts_each_list():
 def test_off_topic_list_has_its_fifty_questions():
     qs = load_lines(OFF_TOPIC)
     assert len(qs) >= 50 and len(set(qs)) == len(qs)
+
+
+@pytest.mark.slow
+@needs(REGS / "人民币管理条例(2018-03-19).md", REGS / "婚姻登记条例(2003-08-08).md")
+def test_harness_end_to_end_on_two_regulations(tmp_path):
+    """The real answer path (packaged e5) on a KB of two regulations uploaded as .md: every list is asked, the
+    follow-up inside its conversation, and the gold document comes first for most answerable questions."""
+    from pipeline.engine import Engine
+    from tools.eval.devsets import Corpus, load_folder
+    from tools.eval.formal_eval import evaluate
+    from tools.eval.kb_cache import build_kb
+    from tools.eval.regulations_devset import DevItems, load_items
+
+    files = {"人民币管理条例(2018-03-19).md", "婚姻登记条例(2003-08-08).md"}
+    docs = {k: v for k, v in load_folder(REGS).items() if k in files}
+    items = load_items()
+    small = DevItems([a for a in items.answerable if a.gold.file in files][:6], items.unanswerable[:2],
+                     [f for f in items.followups if f.first_gold.file in files and f.followup_gold.file in files][:1])
+    assert len(small.answerable) == 6 and len(small.followups) == 1
+    engine = Engine(tmp_path / "data")
+    try:
+        key_to_doc = build_kb(engine, Corpus(docs, []), tmp_path)
+        engine.wait_idle()
+        m, rows = evaluate(engine, key_to_doc, small, load_lines(OFF_TOPIC)[:2])
+    finally:
+        engine.close()
+    assert all(r["sources"] and r["sources"][0].endswith(".md") for r in rows["answerable"] if r["outcome"] != "refused")
+    assert m["answerable"]["n"] == 6 and m["unanswerable"]["n"] == 2 and m["off_topic"]["n"] == 2
+    assert m["answerable"]["doc_first"] >= 0.5  # two documents: the gold one is first for most questions
+    assert m["followups"]["n"] == 1 and rows["followups"][0]["rewritten"]  # asked inside its conversation
