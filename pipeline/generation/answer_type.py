@@ -63,7 +63,7 @@ def offers(kind: str | None, text: str, question: str, tagged: Callable[[str], l
     if kind == "yesno":
         return False  # 不得 / 可以 / 免 … stand in nearly every clause of a regulation: they tell which clause of
         # the answer holds the verdict (holds_verdict, the bold), not which sentence answers (as a score cue they
-        # moved the picker to the wrong 「不得」 for 3 of 41 yes/no questions of regulations_dev)
+        # lost 4 answers and won 1 on regulations_dev: docs/retrieval-eval.md, "Formal documents")
     if kind in DECIDING:
         return holds_verdict(kind, text, question)
     if kind in ("number", "time"):
