@@ -4,19 +4,42 @@
 does not answer it, one naming a person the question does not name (「女神卡卡献唱了国歌」) may. Cheap cues:
 question words for the kind, jieba's part-of-speech tags (nr person, ns place) and number / date patterns for
 the offer. The picker weighs the cue (w_type, fitted leave-one-set-out; pipeline/generation/extractive.py).
+
+Formal documents (laws, regulations, contracts; issue 25) are asked in everyday words for a verdict, and answered
+by the clause that decides it: 「钱撕破了去银行换要收手续费吗？」 (yes/no) by 「无偿为公众兑换…」, 「不交会怎么样？」
+(consequence) by 「责令限期改正…罚款」, 「找哪个部门批？」 (body) by 「由…药品监督管理部门审批」. Those kinds' offers are the
+deciding words themselves (DECIDING): modal verdicts, penalties, bodies. They were not fitted: the words are the
+ones Chinese legal drafting uses for each, and the weight is the same w_type.
 """
 from __future__ import annotations
 
 import re
 from collections.abc import Callable
 
-# Order matters: 「哪一年」 is a time before 「哪」 makes it anything, 「多少年」 a time before 「多少」 a number.
+# Order matters: 「哪一年」 is a time before 「哪」 makes it anything, 「多少年」 a time before 「多少」 a number; 「会不会被
+# 罚款」 a consequence before 「会不会」 a yes/no; 「找哪个部门」 a body before 「哪个」 a place; yes/no last (「能免费查几次吗」
+# wants the number).
 _KINDS: list[tuple[str, re.Pattern]] = [
+    ("consequence", re.compile(r"会怎么?样|会如何|怎么处理|如何处理|怎么处罚|如何处罚|怎么罚|罚多少|什么后果|什么责任|"
+                               r"被罚|受罚|会不会罚|处罚吗|被处罚|担什么责")),
+    ("body", re.compile(r"哪个?(?:部门|机关|单位|机构)|哪一?级(?:政府|部门)?|找谁|向谁|归谁|谁(?:来)?(?:批|管|审批|核定|鉴定|负责|发|办)")),
     ("time", re.compile(r"何时|什么时候|哪一?年|哪一?天|什么时间|何年|多少年前|哪个?世纪|哪个?朝代|哪个?年代|哪个?时期|几月|几号|何日")),
     ("person", re.compile(r"谁|哪一?位|何人|什么人|哪个人|哪些人")),
     ("place", re.compile(r"哪里|哪儿|何处|何地|什么地方|哪个?(?:国家|城市|省|地区|州|县|市|国)|在哪")),
     ("number", re.compile(r"多少|几[个次年天岁种位名人家条项倍]|多大|多长|多高|多重|多远|多久|多深|多宽|百分之几|几成")),
+    ("yesno", re.compile(r"吗[？?！!。]*$|吗[，,]|能不能|可不可以|行不行|要不要|是不是|算不算|能否|是否|可否|有没有|"
+                         r"需不需要|用不用|会不会|让不让|给不给|准不准|许不许|合不合法|违不违法|有效吗|无效吗")),
 ]
+# The words that decide a formal question of each kind (the clause holding them is the answer, and is bold). Not
+# 应当 / 必须 for yes/no: nearly every clause of a regulation states a duty; the verdict is 不得, 免, 无偿, 可以 ….
+DECIDING: dict[str, re.Pattern] = {
+    "yesno": re.compile(r"不得|禁止|严禁|不准|不予|不应|无须|无需|不需|不必|不收|免[征收缴除费于予交]|无偿|"
+                        r"可以|有权|无权|无效|有效|准予|允许|不实行|不适用|视为|不属于|属于"),
+    "consequence": re.compile(r"责令|罚款|没收|吊销|撤销|追究|处分|警告|拘留|强制执行|承担[^，。；]{0,8}责任|赔偿|取消|"
+                              r"停考|不予受理|处以|予以|暂停|关闭|取缔"),
+    "body": re.compile(r"由[^，。；]{2,40}?(?:负责|审批|批准|核定|决定|鉴定|办理|发放|核发|管理|组织|实施)|"
+                       r"(?:人民政府|部门|机关|委员会|机构|人民法院|银行|单位)"),
+}
 # a lone 一 before a measure word is mostly the article (「一个种」), not a quantity
 _NUMBER = re.compile(r"\d|(?:[二三四五六七八九十百千万亿两〇零]|[一二三四五六七八九十百千万亿两〇零]{2,})"
                      r"(?:[个次年天岁种位名人家条项倍米公里吨元%％]|分之)")
@@ -25,7 +48,8 @@ _POS = {"person": ("nr",), "place": ("ns",)}
 
 
 def expected_kind(question: str) -> str | None:
-    """'time' / 'person' / 'place' / 'number', or None for questions of other kinds (什么, 为什么, 如何 …)."""
+    """'consequence' / 'body' / 'time' / 'person' / 'place' / 'number' / 'yesno', or None for questions of
+    other kinds (什么, 为什么, 如何 …)."""
     for kind, pat in _KINDS:
         if pat.search(question or ""):
             return kind
@@ -36,8 +60,20 @@ def offers(kind: str | None, text: str, question: str, tagged: Callable[[str], l
     """Does `text` hold an answer of this kind that the question itself does not contain?"""
     if kind is None:
         return False
+    if kind == "yesno":
+        return False  # 不得 / 可以 / 免 … stand in nearly every clause of a regulation: they tell which clause of
+        # the answer holds the verdict (holds_verdict, the bold), not which sentence answers (as a score cue they
+        # lost 4 answers and won 1 on regulations_dev: docs/retrieval-eval.md, "Formal documents")
+    if kind in DECIDING:
+        return holds_verdict(kind, text, question)
     if kind in ("number", "time"):
         pat = _NUMBER if kind == "number" else _TIME
         return any(m.group(0) not in question for m in pat.finditer(text))
     flags = _POS[kind]
     return any(flag.startswith(flags) and len(word) > 1 and word not in question for word, flag in tagged(text))
+
+
+def holds_verdict(kind: str, text: str, question: str) -> bool:
+    """Does `text` hold deciding words of this kind (DECIDING) that the question does not?"""
+    pat = DECIDING.get(kind)
+    return pat is not None and any(m.group(0) not in question for m in pat.finditer(text))

@@ -12,6 +12,7 @@ from __future__ import annotations
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
 from pipeline.generation.answer_type import expected_kind
 from pipeline.generation.sentences import Piece, is_heading, is_statement, strip_label
@@ -83,6 +84,11 @@ class Candidate:
     focus_part: float = 0.0   # Evidence.focus_part
     offers: float = 0.0       # 1 when it holds an answer of the kind asked that the question lacks (answer_type)
     other_party: bool = False  # it is a clause about another party than the one the question asks about
+    terms: frozenset[int] = frozenset()  # indices of the question's terms it contains (Evidence.here)
+    doc: Any = None           # the document of its chunk (doc_id; None when unknown: one document)
+    formal: bool = False      # its chunk has 第…条 article headings (a law, regulation, contract)
+    cite: str = ""            # 《…》第十九条 when its chunk names the article (pipeline/generation/articles.py)
+    lead: str = ""            # the lead-in of a list item (「下列项目免征增值税：」 above 「（一）…」), shown before it
 
     def prefilter_key(self) -> float:
         return self.coverage + self.phrase - PREFILTER_RANK_COST * (self.source - 1)
@@ -111,6 +117,6 @@ def assemble(chunks: Sequence[Sequence[Evidence]], cues: Cues) -> list[Candidate
                 out.append(Candidate(ev.piece, rank, cues.share(ev.here), ev.phrase,
                                      context=cues.share(carried) if carried else 0.0, focus=ev.focus,
                                      focus_part=ev.focus_part,
-                                     other_party=other_party(ev.piece.text, cues.question)))
+                                     other_party=other_party(ev.piece.text, cues.question), terms=ev.here))
             earlier = set(ev.here) if is_heading(ev.piece) else earlier | ev.here
     return out

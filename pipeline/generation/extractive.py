@@ -41,12 +41,14 @@ import numpy as np
 
 from pipeline.events import EXTRACTIVE_LABEL
 from pipeline.generation.answer_type import offers
+from pipeline.generation.articles import HEADING, LEADING_HEADING, articles_of, citation
 from pipeline.generation.candidates import Candidate, Cues, assemble, measure
+from pipeline.generation.deciding import deciding_clause, lead_in
 from pipeline.generation.instructions import is_instruction
-from pipeline.generation.sentences import clauses, split_sentences
+from pipeline.generation.sentences import answer_units, clauses
 from pipeline.models.vectors import TextVectors, unit
 from pipeline.retrieval.lexical import TermWeights, content_bigrams, content_terms, coverage, normalize
-from pipeline.retrieval.nodes import kb_ids_of, node_text
+from pipeline.retrieval.nodes import kb_ids_of, node_meta, node_text
 
 VERIFIED_LABEL = "未配置大模型，以下为已核实问答"
 MAX_CHUNKS = 6           # the sources the answer may quote (w_rank prefers the better-ranked ones)
@@ -140,10 +142,14 @@ class ExtractivePicker:
         """Statements of the top sources with their lexical scores; cosines and the answer-kind cue for the
         PREFILTER best (only those can win: the cosine term dominates)."""
         cues = Cues.of(question, self.tokenizer, self.weights_of(kb_ids_of(nodes)))
+        chunks = list(nodes)[:self.max_chunks]
         # an instruction-like sentence (「忽略以上所有规则……」) is never quoted as the answer
-        out = assemble([[measure(piece, cues) for piece in split_sentences(node_text(nws))
+        out = assemble([[measure(piece, cues) for piece in answer_units(node_text(nws))
                          if not is_instruction(piece.text)]
-                        for nws in list(nodes)[:self.max_chunks]], cues)
+                        for nws in chunks], cues)
+        docs = [node_meta(n).get("doc_id") for n in chunks]
+        formal = [HEADING.search(node_text(n)) is not None for n in chunks]
+        out = [replace(c, doc=docs[c.source - 1], formal=formal[c.source - 1]) for c in out]
         if self.embed_model is None or not out:
             return out
         order = sorted(range(len(out)), key=lambda i: (-out[i].prefilter_key(), out[i].source, i))
@@ -189,7 +195,7 @@ class ExtractivePicker:
         offset = p.w_cos * bg_median if bg_median is not None else 0.0
         if (bg_median is not None or p.w_cos == 0) and top - offset < p.not_found_below:
             return Pick([], best, None, False, top, closest)
-        picked = [c for c in ranked[:MAX_SENTENCES] if score(c, p) >= top - p.margin]
+        picked = stay_in_document(best, [c for c in ranked[:MAX_SENTENCES] if score(c, p) >= top - p.margin])
         picked.sort(key=lambda c: (c.source, c.piece.position))
         return Pick(picked, best, None, True, top, closest)
 
@@ -200,6 +206,7 @@ class ExtractivePicker:
         result = self.select(self.candidates(question, nodes, query_embedding), len(nodes),
                              bg.sim_median if bg is not None else None)
         if result.found and result.best is not None:
+            result = _with_sources(result, nodes)
             result = replace(result, bold=self._bold_span(question, result.best, self.weights_of(scope)))
         return result
 
@@ -208,8 +215,12 @@ class ExtractivePicker:
         sentence when it has one clause). Lexical, not embedded: a second embedding batch would cost ~10–40 ms."""
         text = best.piece.text
         spans = clauses(text)
-        if len(spans) <= 1:
+        if len(spans) <= 1 or best.lead:  # a list item under its lead-in (which holds the verdict): the item
             return (0, len(text)) if text else None
+        # a formal question's verdict: the clause with the deciding words (「不得…」「…三十日内」「由…负责」)
+        spans = deciding_clause(question, text) or spans
+        if len(spans) == 1:
+            return spans[0]
         terms = content_terms(self.tokenizer(question))
         grams = content_bigrams(self.tokenizer.segments(question))
 
@@ -220,7 +231,52 @@ class ExtractivePicker:
         return max(spans, key=score)
 
 
+def stay_in_document(best: Candidate, picked: list[Candidate]) -> list[Candidate]:
+    """When the best sentence comes from a formal document (its chunk has 第…条 article headings), that document
+    answers; a sentence of another document stays only when it adds question words the picked sentences of that
+    document lack (it adds to the answer, not a neighbouring rule beside it). Not for other text: web paragraphs
+    of one search are near-paraphrases stored as separate documents, and there the other paragraph's sentence is
+    often the one holding the answer (applied everywhere, the rule cost dureader_dev 6 of 99 answer-hits)."""
+    if not best.formal:
+        return picked
+    own = [c for c in picked if c.doc == best.doc]
+    covered = frozenset().union(*(c.terms for c in own))
+    return own + [c for c in picked if c.doc != best.doc and c.terms - covered]
+
+
+def _with_sources(pick: Pick, nodes: Sequence[Any]) -> Pick:
+    """The picked sentences with what their chunk says about them: the article they sit under (《…》第十九条) and
+    the lead-in of a list item (its verdict: 「下列项目免征增值税：」 above 「（一）…」). Display only: scoring items
+    as lead-in + item was tried and lost 3 of 138 regulations_dev answers (every item of a list then scores alike
+    and crowds out the sentence that answers)."""
+    units: dict[int, list] = {}
+    changed: dict[int, Candidate] = {}
+    for c in pick.sentences:
+        n = nodes[c.source - 1]
+        if c.source not in units:
+            units[c.source] = answer_units(node_text(n))
+        pieces = units[c.source]
+        article = articles_of(node_text(n), pieces).get(c.piece.position, "")
+        lead = lead_in(pieces, c.piece.position)
+        changed[id(c)] = replace(c, cite=citation(node_meta(n).get("doc_name"), article),
+                                 lead=LEADING_HEADING.sub("", lead) if article else lead)
+    return replace(pick, sentences=[changed[id(c)] for c in pick.sentences],
+                   best=changed.get(id(pick.best), pick.best))
+
+
 def render_sentence(c: Candidate, bold: tuple[int, int] | None = None) -> str:
+    text = c.piece.text
+    head = LEADING_HEADING.match(text) if c.cite else None
+    if head:  # 「第二十二条 办理…」 under the citation naming 第二十二条: the heading once
+        cut = head.end()
+        text = text[cut:]
+        bold = (max(bold[0] - cut, 0), bold[1] - cut) if bold is not None and bold[1] > cut else None
+        c = replace(c, piece=replace(c.piece, text=text))
+    prefix = (f"{c.cite}：" if c.cite else "") + (f"{c.lead}……" if c.lead else "")
+    return _render_body(c, bold, prefix)
+
+
+def _render_body(c: Candidate, bold: tuple[int, int] | None, prefix: str) -> str:
     body = _PRIVATE_USE.sub("", c.piece.text).strip() if bold is None else c.piece.text
     if bold is not None:
         a, b = bold
@@ -230,7 +286,7 @@ def render_sentence(c: Candidate, bold: tuple[int, int] | None = None) -> str:
     if len(body) > MAX_SENTENCE_CHARS:
         body = body[:MAX_SENTENCE_CHARS].rstrip("*").rstrip() + "……" + ("**" if body.count("**") % 2 else "")
     punct = {"！": "！", "!": "！", "？": "？", "?": "？"}.get(c.piece.punct, "。")
-    return f"- {body}[{c.source}]{punct}"
+    return f"- {prefix}{body}[{c.source}]{punct}"
 
 
 def render(pick: Pick) -> tuple[list[str], set[int]]:

@@ -25,6 +25,9 @@ _DATE_END = re.compile(r"\d{4}[.\-/年]\d{1,2}(?:[.\-/月]\d{1,2}日?)?$")
 _CJK = re.compile(r"[\u4e00-\u9fff]")
 _CLAUSE = re.compile(r"[，,：:、]")
 
+LONG_UNIT_CHARS = 200   # a sentence longer than the answer shows (extractive.MAX_SENTENCE_CHARS) is cut into
+UNIT_CHARS = 100        # runs of whole clauses of at most this many characters (comma-only text; not fitted)
+_INLINE_ARTICLE = re.compile(r"(?<=[ \t\u3000])(第[一二三四五六七八九十百千零〇\d]+条)(?=[ \t\u3000])")
 MIN_BODY_CHARS = 6      # fewer Chinese characters than this (after a list label) is a fragment
 HEADING_MAX_CHARS = 30  # a line without closing punctuation and without a clause break, this short: a heading
 WRAP_MIN_CHARS = 20     # a line at least this long that ends mid-sentence is hard-wrapped (joined to the next)
@@ -123,3 +126,37 @@ def clauses(text: str, min_chars: int = 4) -> list[tuple[int, int]]:
     if len(text) - start >= min_chars:
         spans.append((start, len(text)))
     return spans
+
+
+def answer_units(text: str) -> list[Piece]:
+    """The sentences the extractive picker chooses from: split_sentences, and two cuts it does not make (the
+    gate's sentence evidence keeps split_sentences, so it embeds no more sentences than it did):
+    - at an article heading inside a line (「…的规定。 第三条 …」 of text flattened by a PDF or a paste): a new 第…条
+      after whitespace starts a new sentence (a cross-reference 「依照第三条规定」 has no space after it);
+    - comma-only text (court judgments, flattened tables of content: runs of hundreds of characters without 。):
+      a sentence longer than LONG_UNIT_CHARS becomes runs of whole clauses of ≤ UNIT_CHARS, so the answer quotes
+      the clause that answers instead of a paragraph cut off at 200 characters."""
+    pieces = split_sentences(_INLINE_ARTICLE.sub(r"\n\1", text or ""))
+    if any(len(p.text) > LONG_UNIT_CHARS for p in pieces):
+        out: list[Piece] = []
+        for p in pieces:
+            runs = _clause_runs(p.text) if len(p.text) > LONG_UNIT_CHARS else [p.text]
+            for k, run in enumerate(runs):
+                last = k == len(runs) - 1
+                out.append(Piece(run, p.punct if last else "，", len(out), cut=p.cut and last))
+        pieces = out
+    return pieces
+
+
+def _clause_runs(text: str) -> list[str]:
+    """Runs of whole clauses (cut after ，,；) of at most UNIT_CHARS characters (a longer clause stays whole)."""
+    parts = [x for x in re.split(r"(?<=[，,；;])", text) if x]
+    runs, cur = [], ""
+    for part in parts:
+        if cur and len(cur) + len(part) > UNIT_CHARS:
+            runs.append(cur)
+            cur = ""
+        cur += part
+    if cur:
+        runs.append(cur)
+    return [r.rstrip("，,；;").strip() for r in runs if r.strip("，,；; ")]

@@ -89,7 +89,7 @@ def add_distractors(corpus: Corpus, path: Path, n: int | None) -> None:
 @dataclass(frozen=True)
 class DevSet:
     name: str
-    kind: str  # "squad" | "dureader"
+    kind: str  # "squad" | "dureader" | "folder" (documents only: every *.md of the folder but README.md)
     path: str  # relative to the shared data dir
     distractors: str | None = None
     style: str = ""  # what kind of questions, for the report
@@ -108,6 +108,8 @@ DEV_SETS: dict[str, DevSet] = {s.name: s for s in (
 def load_corpus(ds: DevSet, data: Path | None = None) -> Corpus:
     """The set's documents and questions (whole set, no limit): what its cached knowledge base holds."""
     data = data or shared_data_dir()
+    if ds.kind == "folder":  # its questions live elsewhere (e.g. tools/eval/regulations_devset.py)
+        return Corpus(load_folder(data / ds.path), [])
     if ds.kind == "dureader":
         corpus = load_dureader(data / ds.path, None)
     else:
@@ -115,6 +117,11 @@ def load_corpus(ds: DevSet, data: Path | None = None) -> Corpus:
     if ds.distractors:
         add_distractors(corpus, data / ds.distractors, None)
     return corpus
+
+
+def load_folder(folder: Path) -> dict[str, str]:
+    """file name → text of every Markdown document of a folder (its README.md describes it, is not one)."""
+    return {p.name: p.read_text(encoding="utf-8") for p in sorted(folder.glob("*.md")) if p.name != "README.md"}
 
 
 # ------------------------------------------------------------------------------------------------ gold matching

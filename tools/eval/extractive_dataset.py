@@ -31,7 +31,7 @@ import numpy as np
 
 from pipeline.generation.candidates import Cues, measure
 from pipeline.generation.extractive import ExtractivePicker
-from pipeline.generation.sentences import split_sentences
+from pipeline.generation.sentences import answer_units
 from pipeline.retrieval.lexical import weights_for
 from pipeline.retrieval.nodes import kb_ids_of, node_text
 from tools.eval.cli import add_kb_cache, kb_cache_root
@@ -70,7 +70,7 @@ def question_row(picker, cache: EmbCache, q_text: str, q_emb, nodes, answers, sp
     chunks, windows, where = [], [], []
     for ci, nws in enumerate(nodes):
         sents = []
-        for piece in split_sentences(node_text(nws)):
+        for piece in answer_units(node_text(nws)):  # the units the picker chooses from
             ev = measure(piece, cues)
             sents.append({"text": piece.text, "punct": piece.punct, "statement": ev.statement,
                           "here": sorted(ev.here), "phrase": round(ev.phrase, 4), "focus": ev.focus,

@@ -51,6 +51,12 @@ def ensure_built(root: Path, ds: DevSet, embedding_model: str = "") -> Path:
     return final
 
 
+def _suffix(key: str) -> str:
+    """A document key that is a Markdown file name (a "folder" dev set) is uploaded as Markdown, as a user would
+    upload it (its # headings become the chunks' context); every other key as plain text."""
+    return ".md" if key.endswith(".md") else ".txt"
+
+
 def build_kb(engine, corpus: Corpus, tmp: Path) -> dict[str, int]:
     """Ingest every document through the engine; returns key → doc_id (duplicates share a doc)."""
     key_to_doc: dict[str, int] = {}
@@ -61,10 +67,10 @@ def build_kb(engine, corpus: Corpus, tmp: Path) -> dict[str, int]:
     for i in range(0, len(keys), 10):
         batch = []
         for k in keys[i:i + 10]:
-            p = src / f"{len(key_to_doc) + len(batch)}.txt"
+            p = src / f"{len(key_to_doc) + len(batch)}{_suffix(k)}"
             p.write_text(corpus.docs[k], encoding="utf-8")
             batch.append((k, p))
-        res = engine.upload([(f"{k[:60]}.txt", p) for k, p in batch])
+        res = engine.upload([(f"{k.removesuffix(_suffix(k))[:60]}{_suffix(k)}", p) for k, p in batch])
         for (k, p), r in zip(batch, res):
             if r.doc_id is None:
                 raise RuntimeError(f"upload refused: {k}: {r.msg}")

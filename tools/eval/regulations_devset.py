@@ -26,7 +26,7 @@ from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from tools.eval.devsets import REPO, Corpus, Question, shared_data_dir
+from tools.eval.devsets import REPO, Corpus, Question, load_folder, shared_data_dir
 
 QUESTIONS = REPO / "tests" / "data" / "regulations_dev" / "questions.json"
 TYPES = ("yesno", "howlong", "howmuch", "who", "whatif", "how")
@@ -108,8 +108,7 @@ def load_items(path: Path = QUESTIONS) -> DevItems:
 
 def load_texts(folder: Path | None = None) -> dict[str, str]:
     """file name → text of every regulation (README.md and SOURCE.txt are not documents)."""
-    folder = folder or corpus_dir()
-    return {p.name: p.read_text(encoding="utf-8") for p in sorted(folder.glob("*.md")) if p.name != "README.md"}
+    return load_folder(folder or corpus_dir())
 
 
 def as_corpus(items: DevItems | None = None, texts: dict[str, str] | None = None) -> Corpus:

@@ -1,0 +1,135 @@
+"""The extractive reader on formal documents (issue 25, item 5): real articles of ../shared/data/regulations through
+the real picker (the lexical one: no model) — the question's kind, the deciding clause in bold, the article named,
+a list item under its lead-in, sentences cut at article headings and in comma-only text, one document answering."""
+from __future__ import annotations
+
+import re
+
+import pytest
+from llama_index.core.schema import NodeWithScore, TextNode
+
+from pipeline.generation.answer_type import expected_kind
+from pipeline.generation.articles import articles_of, citation, title_of
+from pipeline.generation.candidates import Candidate
+from pipeline.generation.extractive import ExtractivePicker, extractive_deltas, stay_in_document
+from pipeline.generation.sentences import Piece, answer_units, split_sentences
+from tests.shared_data import DATA, needs
+
+REGS = DATA / "regulations"
+RMB = "人民币管理条例(2018-03-19).md"
+LAND_TAX = "城镇土地使用税暂行条例(2019-03-02).md"
+
+
+def article_text(file: str, first: str, last: str) -> str:
+    """The lines of a regulation from the heading `first` up to (not including) the heading `last`."""
+    text = (REGS / file).read_text(encoding="utf-8")
+    start = text.index(f"\n{first} ") + 1
+    return text[start:text.index(f"\n{last} ", start) + 1]
+
+
+def node(text: str, doc: str, doc_id: int) -> NodeWithScore:
+    return NodeWithScore(node=TextNode(text=text, metadata={"doc_name": doc, "doc_id": doc_id}), score=1.0)
+
+
+@pytest.fixture(scope="module")
+def picker():
+    from pipeline.models.tokenize_zh import ChineseTokenizer
+    return ExtractivePicker(ChineseTokenizer())
+
+
+def answer(picker, question: str, nodes) -> str:
+    deltas, _ = extractive_deltas(question, nodes, picker)
+    return "".join(deltas)
+
+
+@pytest.mark.parametrize("question, kind", [
+    ("钱被撕成两半了，拿去银行换要收手续费吗？", "yesno"),
+    ("电梯年检过期了还能继续开着用吗？", "yesno"),
+    ("要是偷偷把该火化的老人土葬了，被查到会怎么处理？", "consequence"),
+    ("明知对方没执照还把门面租给他，房东会不会被罚？", "consequence"),  # a penalty asked as yes/no: the penalty
+    ("诊所要进麻黄素，得找哪个部门批？", "body"),
+    ("城里房子征收这件事是哪级政府负责？", "body"),
+    ("个人征信报告一年能免费查几次？", "number"),  # 几次 wants the number, not a yes/no
+    ("谁在第 50 届超级碗上演唱了国歌？", "person"),  # encyclopedic questions keep their kinds
+    ("前鼻丝鳗的体长是多少？", "number"),
+    ("这部电影讲的是什么？", None),
+])
+def test_question_kinds(question, kind):
+    assert expected_kind(question) == kind
+
+
+def test_answer_units_cut_at_inline_article_headings_not_cross_references():
+    flat = "本条例自公布之日起施行。 第二条 本条例所称人民币，是指中国人民银行依法发行的货币 第三条 依照第十一条规定办理。"
+    units = [p.text for p in answer_units(flat)]
+    assert units[1].startswith("第二条") and units[2].startswith("第三条")
+    assert "依照第十一条规定办理" in units[2]  # the cross-reference is no heading
+    assert len(split_sentences(flat)) == 2  # the gate's sentences stay as they were
+
+
+def test_answer_units_cut_comma_only_text_into_clause_runs():
+    clause = "被告人张某某于2019年3月在某市某区以虚构投资项目的方式骗取被害人李某某人民币五万元，"
+    judgment = clause * 8 + "依法应予惩处。"
+    units = answer_units(judgment)
+    assert len(split_sentences(judgment)) == 1 and len(units) > 3
+    assert all(len(p.text) <= 100 for p in units)
+    assert "".join(p.text.replace("，", "") for p in units) == judgment.rstrip("。").replace("，", "")
+    short = "退货期限为 7 天，自签收之日起计算。退货运费由买家承担。"
+    assert answer_units(short) == split_sentences(short)
+
+
+@needs(REGS / RMB)
+def test_articles_of_real_regulation_text():
+    text = article_text(RMB, "第二十一条", "第二十三条")
+    pieces = answer_units(text)
+    arts = articles_of(text, pieces)
+    by_text = {p.text: arts.get(p.position) for p in pieces}
+    assert by_text[next(t for t in by_text if t.startswith("中国人民银行不得将残缺"))] == "第二十二条"  # 2nd 款
+    assert by_text[next(t for t in by_text if t.startswith("第二十一条"))] == "第二十一条"
+    assert title_of(RMB) == "人民币管理条例"
+    assert citation(RMB, "第二十二条") == "《人民币管理条例》第二十二条"
+    assert citation(RMB, "") == ""
+
+
+@needs(REGS / RMB)
+def test_yes_no_answer_names_the_article_and_bolds_the_verdict(picker):
+    text = article_text(RMB, "第二十条", "第二十四条")
+    got = answer(picker, "残缺、污损的人民币拿去金融机构兑换要收费吗？", [node(text, RMB, 1)])
+    first = got.split("\n")[1]
+    assert first.startswith("- 《人民币管理条例》第二十二条："), got
+    assert "**无偿为公众兑换残缺、污损的人民币**" in first, got
+    assert "第二十二条 办理" not in first  # the heading once, in the citation
+
+
+@needs(REGS / LAND_TAX)
+def test_list_item_is_quoted_under_its_lead_in(picker):
+    text = article_text(LAND_TAX, "第六条", "第七条")
+    got = answer(picker, "直接用于农、林、牧、渔业的生产用地要交土地使用税吗？", [node(text, LAND_TAX, 1)])
+    line = next(ln for ln in got.split("\n") if "渔业的生产用地" in ln)
+    # the item under its lead-in, which holds the verdict; the article named, its heading not repeated
+    assert line.startswith("- 《城镇土地使用税暂行条例》第六条：下列土地免缴土地使用税：……(五)直接用于"), got
+
+
+@needs(REGS / RMB, REGS / LAND_TAX)
+def test_another_document_stays_only_when_it_adds(picker):
+    rmb = article_text(RMB, "第二十二条", "第二十三条")
+    tax = article_text(LAND_TAX, "第六条", "第七条")
+    got = answer(picker, "金融机构兑换残缺、污损的人民币要收费吗？", [node(rmb, RMB, 1), node(tax, LAND_TAX, 2)])
+    assert "[2]" not in got and "[1]" in got, got
+
+
+def test_stay_in_document_rule():
+    def cand(doc, terms, pos, formal=True):
+        return Candidate(Piece(f"句子{pos}", "。", pos), 1, 0.5, 0.0, terms=frozenset(terms), doc=doc, formal=formal)
+
+    best, same, other_same_terms, other_new_terms = cand(1, {0}, 0), cand(1, {1}, 1), cand(2, {0, 1}, 2), \
+        cand(2, {2}, 3)
+    kept = stay_in_document(best, [best, same, other_same_terms, other_new_terms])
+    assert kept == [best, same, other_new_terms]
+    web = cand(1, {0}, 0, formal=False)  # not a formal document: every close sentence stays
+    assert stay_in_document(web, [web, other_same_terms]) == [web, other_same_terms]
+
+
+def test_renders_no_citation_without_a_heading(picker):
+    plain = "本公司商品支持七天无理由退货，退货期限为 7 天，自签收之日起计算。退货运费由买家承担。"
+    got = answer(picker, "退货期限是多久？", [node(plain, "售后政策.pdf", 1)])
+    assert "《" not in got and re.search(r"\*\*退货期限为 7 天\*\*", got), got

@@ -1,0 +1,160 @@
+"""Everyday questions against formal documents (issue 25): the regulations dev set through the real answer path.
+
+    python -m tools.eval.formal_eval --kb-cache /work/cache/kb [--limit N] [--json OUT]
+
+Builds once (tools/eval/kb_cache: flock, READY) the knowledge base `regulations` of the 160 files of
+../shared/data/regulations (uploaded as the .md files they are, the packaged default embedding model), then asks
+offline, as a user would through `ask_sync` (gate → extractive answer):
+- the answerable questions of tests/data/regulations_dev/questions.json: deciding span among the 6 sources, right
+  document first, extractive answer-hit, refused (gate or 「资料中未找到」) — overall and per question type;
+- the unanswerable ones (the rule lives in a law not in the KB): refused / weak / answered as if;
+- everyday off-topic questions (tests/data/offtopic_everyday.txt): refused / weak / answered;
+- the follow-up pairs: the follow-up asked in its conversation (first question, then the follow-up with the same
+  conversation_id: the app's rewrite runs) and asked alone: its gold span among the sources.
+The rules of each outcome: tools/eval/formal_metrics.py. `--limit N` keeps N of each list (seeded sample).
+`regulations` is not in tools/eval/devsets.DEV_SETS: calibration does not fit on it (it is the held-out family).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import random
+import sys
+import tempfile
+from collections import defaultdict
+from pathlib import Path
+
+from tools.eval.answer_eval import open_for_eval
+from tools.eval.cli import add_kb_cache, kb_cache_root, print_md_table
+from tools.eval.devsets import REPO, DevSet
+from tools.eval.formal_metrics import answer_hit, outcome, right_doc_first, share_of, span_in_sources
+from tools.eval.regulations_devset import DevItems, load_items
+
+REGULATIONS = DevSet("regulations", "folder", "regulations", style="everyday questions, Chinese regulations")
+OFF_TOPIC = REPO / "tests" / "data" / "offtopic_everyday.txt"
+
+
+def load_lines(path: Path) -> list[str]:
+    """One question a line; '#' lines are comments."""
+    return [ln.strip() for ln in path.read_text(encoding="utf-8").splitlines() if ln.strip() and not ln.startswith("#")]
+
+
+def _brief(r: dict) -> dict:
+    return {"answer": r["answer"], "sources": [s.get("doc_name") for s in r["sources"]], "weak": r["weak"]}
+
+
+def ask_answerable(engine, items, key_to_doc: dict[str, int]) -> list[dict]:
+    rows = []
+    for a in items:
+        r = engine.ask_sync(a.question)
+        rows.append({"id": a.id, "type": a.type, "q": a.question, "span": a.gold.span, "file": a.gold.file,
+                     "in_sources": span_in_sources(r["sources"], a.gold.span),
+                     "doc_first": right_doc_first(r["sources"], key_to_doc.get(a.gold.file)),
+                     "hit": answer_hit(r["answer"], a.gold.span) if r["sources"] else False,
+                     "outcome": outcome(r), "gate_refused": not r["sources"]} | _brief(r))
+    return rows
+
+
+def ask_plain(engine, questions: list[tuple[str, str]]) -> list[dict]:
+    """(id, question) pairs asked alone; the outcome only (unanswerable and off-topic questions)."""
+    return [{"id": i, "q": q, "outcome": outcome(r)} | _brief(r)
+            for i, q in questions for r in [engine.ask_sync(q)]]
+
+
+def ask_followups(engine, items) -> list[dict]:
+    rows = []
+    for f in items:
+        first = engine.ask_sync(f.first)
+        within = engine.ask_sync(f.followup, conversation_id=first["conversation_id"])
+        alone = engine.ask_sync(f.followup)
+        rows.append({"id": f.id, "q": f.followup, "span": f.followup_gold.span,
+                     "rewritten": within.get("rewritten_query"),
+                     "in_conversation": span_in_sources(within["sources"], f.followup_gold.span),
+                     "alone": span_in_sources(alone["sources"], f.followup_gold.span),
+                     "hit_in_conversation": answer_hit(within["answer"], f.followup_gold.span)
+                     if within["sources"] else False} | _brief(within))
+    return rows
+
+
+def outcomes(rows: list[dict]) -> dict:
+    return {k: share_of(rows, "outcome", k) for k in ("refused", "weak", "answered")}
+
+
+def summarize(ans: list[dict], unans: list[dict], off: list[dict], fol: list[dict]) -> dict:
+    by_type = defaultdict(list)
+    for r in ans:
+        by_type[r["type"]].append(r)
+    return {
+        "answerable": {"n": len(ans), "span_in_sources": share_of(ans, "in_sources"),
+                       "doc_first": share_of(ans, "doc_first"), "answer_hit": share_of(ans, "hit"),
+                       "refused": share_of(ans, "outcome", "refused"), "gate_refused": share_of(ans, "gate_refused"),
+                       "weak": share_of(ans, "outcome", "weak"),
+                       "by_type": {t: {"n": len(rs), "answer_hit": share_of(rs, "hit"),
+                                       "span_in_sources": share_of(rs, "in_sources")}
+                                   for t, rs in sorted(by_type.items())}},
+        "unanswerable": {"n": len(unans)} | outcomes(unans),
+        "off_topic": {"n": len(off)} | outcomes(off),
+        "followups": {"n": len(fol), "in_conversation": share_of(fol, "in_conversation"),
+                      "alone": share_of(fol, "alone"), "answer_hit_in_conversation": share_of(fol, "hit_in_conversation")},
+    }
+
+
+def print_report(m: dict) -> None:
+    a, u, o, f = m["answerable"], m["unanswerable"], m["off_topic"], m["followups"]
+    print(f"\nformal documents (regulations_dev), extractive mode; answerable {a['n']}, unanswerable {u['n']}, "
+          f"off-topic {o['n']}, follow-up pairs {f['n']}")
+    print_md_table(["what", "measured"], [
+        ["the deciding span is among the 6 sources", f"{a['span_in_sources']:.3f}"],
+        ["right document first", f"{a['doc_first']:.3f}"],
+        ["answer holds the deciding words (extractive answer-hit)", f"{a['answer_hit']:.3f}"],
+        ["answerable questions refused (gate / 未找到)",
+         f"{a['refused']:.3f} ({a['gate_refused']:.3f} / {a['refused'] - a['gate_refused']:.3f})"],
+        ["answerable questions weak", f"{a['weak']:.3f}"],
+        ["same-domain unanswerable: refused / weak / answered as if",
+         f"{u['refused']:.3f} / {u['weak']:.3f} / {u['answered']:.3f}"],
+        ["everyday off-topic: refused / weak / answered", f"{o['refused']:.3f} / {o['weak']:.3f} / {o['answered']:.3f}"],
+        ["follow-up in its conversation: deciding span in sources (asked alone)",
+         f"{f['in_conversation']:.3f} ({f['alone']:.3f})"],
+    ])
+    print("\nanswerable by question type")
+    print_md_table(["type", "n", "span in sources", "answer-hit"],
+                   [[t, v["n"], f"{v['span_in_sources']:.3f}", f"{v['answer_hit']:.3f}"]
+                    for t, v in a["by_type"].items()])
+
+
+def sample(xs: list, limit: int | None) -> list:
+    return random.Random(13).sample(xs, limit) if limit and limit < len(xs) else xs
+
+
+def evaluate(engine, key_to_doc: dict[str, int], items: DevItems, off_topic: list[str],
+             limit: int | None = None) -> tuple[dict, dict]:
+    ans = ask_answerable(engine, sample(items.answerable, limit), key_to_doc)
+    unans = ask_plain(engine, [(u.id, u.question) for u in sample(items.unanswerable, limit)])
+    off = ask_plain(engine, [(f"o{i:03d}", q) for i, q in enumerate(sample(off_topic, limit), 1)])
+    fol = ask_followups(engine, sample(items.followups, limit))
+    rows = {"answerable": ans, "unanswerable": unans, "off_topic": off, "followups": fol}
+    return summarize(ans, unans, off, fol), rows
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m tools.eval.formal_eval", description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    add_kb_cache(ap)
+    ap.add_argument("--limit", type=int, default=None, help="ask N of each list (seeded sample)")
+    ap.add_argument("--json", type=Path, default=None, help="write the metrics and every question's row here")
+    args = ap.parse_args(argv)
+    root = kb_cache_root(ap, args)
+    with tempfile.TemporaryDirectory(prefix="kbqa-formal-") as tmp:
+        engine, key_to_doc = open_for_eval(root, REGULATIONS, Path(tmp) / REGULATIONS.name)
+        try:
+            m, rows = evaluate(engine, key_to_doc, load_items(), load_lines(OFF_TOPIC), args.limit)
+        finally:
+            engine.close()
+    print_report(m)
+    if args.json:
+        args.json.write_text(json.dumps(m | {"rows": rows}, ensure_ascii=False, indent=1), encoding="utf-8")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
