@@ -186,6 +186,9 @@ def build_chat_tab(engine, policy: AccessPolicy | None = None) -> ChatTab:
                     if now - last >= STREAM_MIN_INTERVAL:
                         last = now
                         yield {chatbot: pending(answer_markdown(answer, **trace_marks(trace_data)))}
+                elif e.type is ev.EventType.REPLACE:  # the streamed text is void: the bubble shows only this
+                    answer = e.data.get("text", "")
+                    yield {chatbot: pending(answer_markdown(answer))}
                 elif e.type is ev.EventType.SOURCES:
                     sources_list = e.data.get("sources") or []
                 elif e.type is ev.EventType.DONE:

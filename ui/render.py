@@ -309,7 +309,22 @@ def _query_line(trace: dict, route: dict) -> str:
         note = f" · {esc(q.get('note'))}" if q.get("note") else ""
         out.append(f'<div class="kb-query" data-method="{esc(q.get("method"))}">检索问题：{esc(q.get("query"))}'
                    f'<span class="kb-muted">（{how}{note}）</span></div>')
+    if q.get("expansion"):
+        out.append(_expansion_line(q["expansion"]))
     return "".join(out)
+
+
+def _expansion_line(x: dict) -> str:
+    """The LLM's multi-query: the phrasings searched besides the question, or why the question went alone."""
+    ms = f'，{fmt_num(x.get("ms"), 0)} ms'
+    if x.get("fallback"):
+        return (f'<div class="kb-expansion" data-fallback="true">多查询检索：仅原问题'
+                f'<span class="kb-muted">（{esc(x.get("note"))}{ms}）</span></div>')
+    items = "".join(f"<li>{esc(t)}</li>" for t in x.get("queries") or [])
+    if x.get("keywords"):
+        items += f'<li>关键词：{esc("、".join(x["keywords"]))}</li>'
+    return (f'<div class="kb-expansion" data-fallback="false">多查询检索：原问题及以下改写一起检索、融合'
+            f'<span class="kb-muted">（大模型改写{ms}）</span><ul>{items}</ul></div>')
 
 
 def render_trace(trace: dict | None, elapsed_ms: Any = None) -> str:
@@ -330,6 +345,10 @@ def render_trace(trace: dict | None, elapsed_ms: Any = None) -> str:
         from .tag_filter import filter_html  # (that module imports gradio; this one does not)
 
         parts.append(filter_html(trace["filter"]))
+    refusal = trace.get("refusal")
+    if refusal:  # the LLM refused after the gate let the question through
+        parts.append(f'<div class="kb-refusal" data-by="{esc(refusal.get("by"))}">拒答：{esc(refusal.get("reason"))}'
+                     '</div>')
     support = trace.get("support")
     if support:
         bad = support.get("unsupported", 0)

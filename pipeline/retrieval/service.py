@@ -12,7 +12,7 @@ import dataclasses
 import logging
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -177,18 +177,24 @@ class RetrievalService:
         return Allowed(by_kb, chunks, self.chunk_docs)
 
     def recall(self, query: str, s: Settings, recall: int | None = None,
-               kb_ids=None, keep=None, doc_filter: DocFilter | None = None) -> tuple[QueryBundle, FusionOutput, float]:
+               kb_ids=None, keep=None, doc_filter: DocFilter | None = None,
+               expansions: Sequence[str] = ()) -> tuple[QueryBundle, FusionOutput, float]:
         """Embed the query, run both routes and the fusion. Returns (bundle, routes + fused + ms, embed ms).
         `keep` (evaluation tools only): drop hits before the fusion, route lists then cut to recall_size.
-        `doc_filter`: both routes rank only the documents it allows (pipeline/retrieval/doc_filter.py)."""
+        `doc_filter`: both routes rank only the documents it allows (pipeline/retrieval/doc_filter.py).
+        `expansions`: other phrasings of the query searched with it (HybridRetriever.run)."""
         t0 = time.perf_counter()
         allowed = self.allowed(doc_filter, kb_ids)
         filter_ms = (time.perf_counter() - t0) * 1000
         t0 = time.perf_counter()
-        emb = self.embed_model.get_query_embedding(query) if self.vector_enabled() else None
+        vectors = self.vector_enabled()
+        emb = self.embed_model.get_query_embedding(query) if vectors else None
+        extra = [QueryBundle(query_str=q, embedding=self.embed_model.get_query_embedding(q) if vectors else None)
+                 for q in expansions]
         embed_ms = (time.perf_counter() - t0) * 1000
         bundle = QueryBundle(query_str=query, embedding=emb)
-        fusion = self.stages(s, recall, kb_ids).fusion.run(bundle, keep, s.recall_size, allowed=allowed)
+        fusion = self.stages(s, recall, kb_ids).fusion.run(bundle, keep, s.recall_size, allowed=allowed,
+                                                           expansions=extra)
         if allowed is not None:
             fusion.ms["filter"] = filter_ms
         return bundle, fusion, embed_ms
@@ -203,14 +209,17 @@ class RetrievalService:
             out.update(stored_cosines(kb.vectors.collection, query_embedding, missing))  # today's collection
         return out
 
-    def recall_stage(self, query: str, s: Settings, kb_ids=None, doc_filter: DocFilter | None = None) -> RetrievalResult:
-        """Both routes + fusion + the no-answer gate (the answer stream reports it as stage "recall")."""
+    def recall_stage(self, query: str, s: Settings, kb_ids=None, doc_filter: DocFilter | None = None,
+                     expansions: Sequence[str] = ()) -> RetrievalResult:
+        """Both routes + fusion + the no-answer gate (the answer stream reports it as stage "recall").
+        `expansions`: other phrasings searched with the query; the gate still judges the query itself."""
         with self.questions.computing():
-            return self._recall_stage(query, s, kb_ids, doc_filter)
+            return self._recall_stage(query, s, kb_ids, doc_filter, expansions)
 
-    def _recall_stage(self, query: str, s: Settings, kb_ids=None, doc_filter: DocFilter | None = None) -> RetrievalResult:
+    def _recall_stage(self, query: str, s: Settings, kb_ids=None, doc_filter: DocFilter | None = None,
+                      expansions: Sequence[str] = ()) -> RetrievalResult:
         t_start = time.perf_counter()
-        bundle, fusion, embed_ms = self.recall(query, s, kb_ids=kb_ids, doc_filter=doc_filter)
+        bundle, fusion, embed_ms = self.recall(query, s, kb_ids=kb_ids, doc_filter=doc_filter, expansions=expansions)
         res = RetrievalResult(query=query, bm25=fusion.bm25, vector=fusion.vector, fused=fusion.fused,
                               min_similarity=s.min_similarity, bm25_weight=fusion.bm25_weight,
                               fusion_mode=fusion.mode, fusion_features=fusion.features,

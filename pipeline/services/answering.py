@@ -192,7 +192,10 @@ class AnswerService:
             try:
                 yield ev.stage("recall")
                 rw = c.models.rewriter.rewrite(question, history) if history else Rewrite(question, question, "none")
-                res = c.retrieval.recall_stage(rw.query, s, scope, flt)
+                exp = (c.models.expander.expand(rw.query, s.llm_multi_query_timeout)
+                       if c.models.expander is not None and s.llm_multi_query else None)
+                res = c.retrieval.recall_stage(rw.query, s, scope, flt, exp.searched if exp else ())
+                res.expansion = exp.to_dict() if exp else None
                 yield ev.stage("rerank")
                 res = c.retrieval.rerank_stage(res, s)  # LIGHT has no reranker: the stage reports skipped
             except Exception as exc:
@@ -202,7 +205,8 @@ class AnswerService:
         else:
             rw, res = cached
         self.recent.put(key, (rw, res))
-        yield ev.trace(res, route=route.to_dict(), query=rw.to_dict())
+        query = rw.to_dict() | ({"expansion": res.expansion} if res.expansion else {})
+        yield ev.trace(res, route=route.to_dict(), query=query)
         rewritten = rw.query if rw.changed else None
         if not res.hit:
             yield ev.delta(ev.NO_ANSWER_TEXT)
@@ -219,6 +223,13 @@ class AnswerService:
                                                   query_embedding=res.query_embedding, max_tokens=gen.max_tokens)
         except LLMError as exc:
             yield ev.error(CODE_LLM, exc.msg)
+            return
+        if result.insufficient:  # the LLM's 「资料不足」: the gate's refusal, said by the LLM
+            yield (ev.replace(ev.NO_ANSWER_TEXT, ev.LLM_INSUFFICIENT_REASON) if result.shown
+                   else ev.delta(ev.NO_ANSWER_TEXT))
+            yield ev.sources([])
+            yield ev.done((time.perf_counter() - t0) * 1000, no_answer=True, mode="llm", rewritten_query=rewritten,
+                          refusal=ev.RefusalInfo(by="llm", reason=ev.LLM_INSUFFICIENT_REASON))
             return
         # LLM answers: is each [n] backed by source n? (extractive sentences are quotes of their source)
         support = c.support.check(result.text, res.final) if llm is not None and c.support else None
@@ -243,6 +254,8 @@ class AnswerService:
             for e in events:
                 if e.type is ev.EventType.DELTA:
                     parts.append(e.data["text"])
+                elif e.type is ev.EventType.REPLACE:
+                    parts = [e.data["text"]]
                 elif e.type is ev.EventType.SOURCES:
                     sources = e.data["sources"]
                 elif e.type is ev.EventType.TRACE:
