@@ -121,11 +121,13 @@ class LLMQueryExpander:
             text = chat_within(self.llm, expand_messages(question), timeout_s, max_tokens=MAX_TOKENS,
                                name="multi-query")
             queries, keywords = parse_expansion(text, question)
-        except TimeoutError:
-            return self._fall_back(t0, f"大模型多查询改写超时（{timeout_s:g} 秒），仅用原问题检索")
         except MalformedExpansion as exc:
             return self._fall_back(t0, f"大模型多查询改写的回复无法使用（{exc}），仅用原问题检索")
-        except Exception as exc:  # noqa: BLE001 — connection, HTTP error: the offline path answers
+        except Exception as exc:  # noqa: BLE001 — timeout, connection, HTTP error: the offline path answers
+            from pipeline.generation.llm_client import KIND_TIMEOUT, map_llm_error  # openai: only with an LLM
+
+            if isinstance(exc, TimeoutError) or map_llm_error(exc).kind == KIND_TIMEOUT:
+                return self._fall_back(t0, f"大模型多查询改写超时（{timeout_s:g} 秒），仅用原问题检索")
             return self._fall_back(t0, f"大模型多查询改写失败（{type(exc).__name__}），仅用原问题检索")
         return Expansion(queries, keywords, "llm", "大模型改写为正式用语", (time.perf_counter() - t0) * 1000)
 
