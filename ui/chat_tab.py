@@ -197,7 +197,8 @@ def build_chat_tab(engine, policy: AccessPolicy | None = None) -> ChatTab:
                     turns2 = turns + [rec]
                     cid = e.data.get("conversation_id")
                     no_answer = rec["no_answer"]
-                    note = "未使用知识库" if rec["route"] == "DIRECT" else None
+                    note = ("未使用知识库" if rec["route"] == "DIRECT"
+                            else "大模型判定资料不足" if e.data.get("refusal") else None)
                     yield {**show(turns2, len(turns2) - 1, cid, user, note=note),
                            send: gr.Button(interactive=True), retry: gr.Button(visible=False),
                            goto_kb: gr.Button(visible=no_answer and policy.is_kb_admin(user)),
