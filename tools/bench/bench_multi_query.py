@@ -90,7 +90,8 @@ def main(argv=None) -> int:
             assert all(r.ok for r in res), res
             t0 = time.perf_counter()
             assert engine.wait_idle(1800), "ingest did not finish"
-            print(f"{len(files)} regulations, {engine.health()['chunks']} chunks, ingest {time.perf_counter() - t0:.0f} s;"
+            print(f"embedding model {engine.components.models.embedding.model_id}; "
+                  f"{len(files)} regulations, {engine.health()['chunks']} chunks, ingest {time.perf_counter() - t0:.0f} s;"
                   f" {len(questions)} questions × {args.rounds} rounds; scripted multi-query delay {args.llm_ms:g} ms")
             engine.update_settings({"llm": {"llm_api_url": server.base_url, "llm_model": "fake-model"}})
             engine.reload()
