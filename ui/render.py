@@ -255,7 +255,7 @@ def rerank_note(status: dict | None) -> str:
     return f"{label}：{msg}" if msg else label
 
 
-_GATE_LABELS = {"answer": "回答", "weak": "资料相关度较低（仍回答，请核对原文）", "refuse": "拒答（不调用大模型）"}
+_GATE_LABELS = {"answer": "回答", "weak": "资料相关度较低（仍回答，请核对原文）", "refuse": "拒答（不调用大模型生成回答）"}
 
 
 def render_gate(gate: dict) -> str:
