@@ -155,3 +155,15 @@ def test_the_page_bubble_keeps_only_the_refusal(live, llm):
     assert any("七日" in b for b in bubbles)  # streamed first …
     last = assistant_text(final[CHAT])
     assert ev.NO_ANSWER_TEXT in last and "七日" not in last  # … replaced, not left on screen
+
+
+def test_mcp_ask_holds_only_the_refusal(live, llm):
+    from tests.mcp_client import over_http
+
+    llm.reply, llm.responder = AT_THE_END, None
+
+    async def work(s):
+        return (await s.call_tool("ask", {"question": QUESTION})).structured_content
+
+    out = over_http(live.url, {}, work)
+    assert out["answer"] == ev.NO_ANSWER_TEXT and out["outcome"] == "refuse" and out["sources"] == []
