@@ -19,14 +19,16 @@ def watched(pieces: list[str]) -> tuple[str, bool, list[str]]:
 
 
 @pytest.mark.parametrize("pieces", [["资料", "不足"], ["「资料不足」"], ["  **资料", "不足**\n"], ["资料不足。", "资料未提到该产品"],
-                                    ["【资料不", "足】：未涉及"], ["资料不足\n", "其余"]])
+                                    ["【资料不", "足】：未涉及"], ["资料不足\n", "其余"], ["资料不足", "[", "1", "]", "。"],
+                                    ["资料不足[1]"]])
 def test_a_verdict_first_shows_nothing(pieces):
     shown, verdict, _ = watched(pieces)
     assert verdict and shown == ""
 
 
 @pytest.mark.parametrize("pieces", [["资料", "显示，退货", "期限为七日[1]。"], ["资料不足的，", "应当补正[1]。"],
-                                    ["根据资料，", "期限为七日[1]。"], ["申请资料不足，可以补交[1]。"], ["资料"]])
+                                    ["根据资料，", "期限为七日[1]。"], ["申请资料不足，可以补交[1]。"], ["资料"],
+                                    ["资料不足[", "a]"]])
 def test_an_answer_about_materials_is_no_verdict(pieces):
     shown, verdict, _ = watched(pieces)
     assert not verdict and shown == "".join(pieces)
@@ -43,7 +45,7 @@ def test_only_a_possible_verdict_start_is_held_and_never_long():
 
 @pytest.mark.parametrize(("text", "verdict"), [
     ("一般规定是七日内退货[1]。\n\n资料不足", True), ("一般规定是七日[1]。\n「资料不足」\n", True),
-    ("一般规定是七日[1]。\n资料不足：资料未提到定制商品。", True), ("退货期限为七日[1]，资料不足时可补交。", False),
+    ("一般规定是七日[1]。\n资料不足：资料未提到定制商品。", True), ("一般规定是七日[1]。\n**资料不足**[1]", True), ("退货期限为七日[1]，资料不足时可补交。", False),
     ("退货期限为七日[1]。\n资料不足的，应当补正[2]。", False), ("", False)])
 def test_a_verdict_at_the_end(text, verdict):
     assert ends_with_verdict(text) is verdict

@@ -19,22 +19,29 @@ import re
 VERDICT = "资料不足"
 # characters a model puts around a standalone verdict: quotes, brackets, Markdown emphasis, headings
 _DECOR = "「」『』【】[]\"'“”‘’*#_`>〔〕（）() \t\r\n"
-_INLINE_DECOR = _DECOR.replace("\r", "").replace("\n", "")
+# after the marker, on its line: decoration and citations (「资料不足[1]」), or a citation still arriving (「[1」)
+_TAIL = re.compile(r"(?:\[\d{1,3}\]|\[\d{0,3}$|[「」『』【】\[\]\"'“”‘’*#_`>〔〕（）() \t])*")
 _ENDS = "。.！!：:；;\r\n"  # what may follow the marker in a verdict (a colon or stop may carry a short note)
 HOLD_LIMIT = 16  # characters held back at most before the start is certain not to be the verdict
 
 
-def _lead(text: str) -> str:
-    return text.lstrip(_DECOR)
+def _state(text: str, final: bool) -> str:
+    """Whether `text` opens with the verdict: "yes", "no", or "maybe" (not known yet; only while not `final`)."""
+    lead = text.lstrip(_DECOR)
+    if len(lead) <= len(VERDICT) and lead != VERDICT:
+        return "maybe" if not final and VERDICT.startswith(lead) else "no"
+    if not lead.startswith(VERDICT):
+        return "no"
+    rest = lead[len(VERDICT):]
+    rest = rest[_TAIL.match(rest).end():]
+    if not rest:
+        return "yes" if final else "maybe"
+    return "yes" if rest[0] in _ENDS else "no"  # 「资料不足的，…」: a sentence, not the verdict
 
 
 def is_verdict_line(line: str) -> bool:
     """The line says 「资料不足」 and nothing that makes it part of a sentence about something else."""
-    s = _lead(line).rstrip(_DECOR)
-    if not s.startswith(VERDICT):
-        return False
-    rest = s[len(VERDICT):].lstrip(_INLINE_DECOR)
-    return rest == "" or rest[0] in _ENDS
+    return _state(line, final=True) == "yes"
 
 
 def ends_with_verdict(text: str) -> bool:
@@ -59,32 +66,21 @@ class VerdictWatch:
         if self._decided:
             return "" if self.verdict else text
         self._held += text
-        lead = _lead(self._held)
-        if not lead:
-            return "" if len(self._held) < HOLD_LIMIT else self._release()
-        if len(lead) <= len(VERDICT):
-            if VERDICT.startswith(lead):
-                return ""  # 「资料」: still undecided
-            return self._release()
-        if not lead.startswith(VERDICT):
-            return self._release()
-        after = lead[len(VERDICT):].lstrip(_INLINE_DECOR)
-        if not after:
-            return "" if len(self._held) < HOLD_LIMIT else self._release()
-        if after[0] in _ENDS:
-            self._decided, self.verdict = True, True
+        state = _state(self._held, final=False)
+        if state == "yes":
+            self._decided = self.verdict = True
             return ""
-        return self._release()  # 「资料不足的，…」: a sentence, not the verdict
+        if state == "maybe" and len(self._held) < HOLD_LIMIT:
+            return ""
+        return self._release()
 
     def flush(self) -> str:
         if self._decided:
             return ""
-        self._decided = True
-        if is_verdict_line(self._held):
-            self.verdict = True
+        if _state(self._held, final=True) == "yes":
+            self._decided = self.verdict = True
             return ""
-        out, self._held = self._held, ""
-        return out
+        return self._release()
 
     def _release(self) -> str:
         self._decided = True
