@@ -141,8 +141,9 @@ def test_the_trace_shows_the_queries_used(engine, llm):
 
     html = render_trace(ask(engine, llm, Script())["trace"])
     assert 'data-fallback="false"' in html and "残缺污损的人民币能否兑换" in html and "人民币、兑换" in html
+    assert "原问题与 3 个改写一起检索" in html  # ① and ② say the route searched with them
     html = render_trace(ask(engine, llm, Script(delay=4.0))["trace"])
-    assert 'data-fallback="true"' in html and "仅原问题" in html and "超时" in html
+    assert 'data-fallback="true"' in html and "仅原问题" in html and "超时" in html and "一起检索" not in html
 
 
 # --- the reply parser ----------------------------------------------------------------------------------
@@ -168,3 +169,11 @@ def test_the_question_reaches_the_expansion_prompt_contained():
     user = expand_messages(q)[1].content
     body = user.split("<question>\n", 1)[1].rsplit("\n</question>", 1)[0]
     assert markers(body) == [] and "钱撕破了能换吗" in body
+
+
+def test_a_retry_reuses_the_queries_without_a_new_call(engine, llm):
+    first = ask(engine, llm, Script())
+    llm.reset()
+    again = engine.ask_sync(QUESTION, retry=True, conversation_id=first["conversation_id"])
+    assert again["trace"]["query"]["expansion"] == first["trace"]["query"]["expansion"]
+    assert [is_expansion(r["body"]) for r in llm.chat_requests] == [False]  # the answer only

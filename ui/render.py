@@ -355,10 +355,14 @@ def render_trace(trace: dict | None, elapsed_ms: Any = None) -> str:
         parts.append(f'<div class="kb-support" data-unsupported="{esc(bad)}">引用核验：检查 '
                      f'{esc(support.get("checked", 0))} 处引用，'
                      f'{"全部有来源支持" if not bad else f"{esc(bad)} 处与所引来源不符（已在回答中标 ⚠）"}</div>')
-    parts.append('<div class="kb-trace-sec" data-sec="bm25"><h4>① BM25 关键词检索 Top-10（得分）</h4>')
+    x = (trace.get("query") or {}).get("expansion") or {}
+    n = 0 if x.get("fallback") else len(x.get("queries") or []) + bool(x.get("keywords"))
+    also = f"；原问题与 {n} 个改写一起检索" if n else ""  # which ones: the 多查询检索 line above
+    parts.append(f'<div class="kb-trace-sec" data-sec="bm25"><h4>① BM25 关键词检索 Top-10（得分{also}）</h4>')
     parts.append(_table(trace.get("bm25") or [], [("rank", "#"), ("doc", "文档"), ("score", "BM25 得分"),
                                                   ("text", "片段")]) + "</div>")
-    parts.append('<div class="kb-trace-sec" data-sec="vector"><h4>② 向量检索 Top-10（相似度）</h4>')
+    parts.append(f'<div class="kb-trace-sec" data-sec="vector"><h4>② 向量检索 Top-10（相似度{also}，取最高）</h4>'
+                 if also else '<div class="kb-trace-sec" data-sec="vector"><h4>② 向量检索 Top-10（相似度）</h4>')
     parts.append(_table(trace.get("vector") or [], [("rank", "#"), ("doc", "文档"), ("similarity", "相似度"),
                                                     ("text", "片段")]) + "</div>")
     parts.append(f'<div class="kb-trace-sec" data-sec="fused"><h4>③ {esc(fusion_title(trace.get("fusion")))}</h4>')
