@@ -155,6 +155,11 @@ def test_parse_takes_fenced_json_drops_the_question_itself_and_caps_counts():
     assert queries == ("甲", "乙") and len(keywords) == 8 and "很" * 30 not in keywords
 
 
+def test_parse_skips_a_reasoning_models_thinking():
+    reply = '<think>要输出 {"queries": ["错的"]} 这样的格式</think>\n{"queries": ["残缺人民币兑换"], "keywords": []}'
+    assert parse_expansion(reply, QUESTION) == (("残缺人民币兑换",), ())
+
+
 @pytest.mark.parametrize("reply", ["", "没有 JSON", "[1, 2]", '{"queries": [{"q": 1}]}', '{"queries": ["' + "长" * 500 + '"]}'])
 def test_parse_refuses_what_is_not_usable(reply):
     with pytest.raises(MalformedExpansion):

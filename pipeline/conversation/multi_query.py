@@ -73,6 +73,7 @@ class MalformedExpansion(ValueError):
 
 
 _FENCE = re.compile(r"^```[a-zA-Z]*\s*|\s*```$")
+_THINKING = re.compile(r"^\s*<think>.*?</think>", re.S)  # reasoning models served with thinking in `content`
 
 
 def _strings(value: Any, limit: int, max_chars: int) -> list[str]:
@@ -90,7 +91,7 @@ def _strings(value: Any, limit: int, max_chars: int) -> list[str]:
 
 def parse_expansion(text: str, question: str) -> tuple[tuple[str, ...], tuple[str, ...]]:
     """(reformulations, keywords) from the LLM's reply; MalformedExpansion when it is not usable."""
-    body = _FENCE.sub("", (text or "").strip())
+    body = _FENCE.sub("", _THINKING.sub("", text or "").strip())
     start, end = body.find("{"), body.rfind("}")
     if start < 0 or end <= start:
         raise MalformedExpansion("回复中没有 JSON 对象")

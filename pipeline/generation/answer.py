@@ -3,7 +3,9 @@
     result = yield from stream_answer(question, nodes, llm, temperature)
 
 yields `pipeline.events.delta` events only and returns a `GenerationResult`. Any LLM failure — before or in the
-middle of the stream — raises `LLMError` whose `.msg` is a specific Chinese message.
+middle of the stream — raises `LLMError` whose `.msg` is a specific Chinese message. An LLM answer that is the
+「资料不足」 verdict (verdict.py) returns `insufficient` (and `shown` when text was streamed before it): the answer
+stream turns it into the refusal.
 
 Helpers live in: prompting.py (materials + rules), citations.py (CitationGuard), extractive.py (no-LLM mode),
 llm_client.py (build_llm, LLMError, error mapping, test_llm_connection).
