@@ -86,6 +86,8 @@ def test_sse_verdict_at_the_end_replaces_the_streamed_text(live, llm):
     assert done["no_answer"] is True and done["refusal"]["by"] == "llm"
     turn = stored_turn(live, done)
     assert turn["answer"] == ev.NO_ANSWER_TEXT and "七日" not in turn["answer"] and turn["no_answer"]
+    row = live.engine.audit_log(1, 1, door="rest")["items"][0]
+    assert row["outcome"] == "refuse" and row["detail"]["refused_by"] == "llm"
 
 
 def test_sse_an_answer_mentioning_materials_is_no_verdict(live, llm):
