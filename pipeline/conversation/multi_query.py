@@ -38,7 +38,7 @@ EXPAND_SYSTEM = ("你是检索查询改写助手。知识库中是法律、法�
 
 @dataclass(frozen=True)
 class Expansion:
-    """The phrasings retrieval searched with besides the question (none: the fall-back or the setting off)."""
+    """The phrasings retrieval searched with besides the question (none on the fall-back)."""
 
     queries: tuple[str, ...] = ()
     keywords: tuple[str, ...] = ()
