@@ -108,7 +108,7 @@ class Models:
     llm: Any                             # OpenAILike, or None → extractive answers
     model_warning: str | None = None     # the collection holds vectors of another model (需要全量重建)
     rewriter: Any = None                 # follow-up rewrite: LLMRewriter with an LLM, else the rule rewrite
-    expander: LLMQueryExpander | None = None  # multi-query before retrieval (with an LLM; setting llm_multi_query)
+    expander: LLMQueryExpander | None = None  # multi-query after the gate (with an LLM; setting llm_multi_query)
     calibration: ActiveProfile | None = None  # the embedding model's fitted numbers (pipeline/calibration)
 
 

@@ -122,6 +122,9 @@ class ExpansionInfo(TypedDict):  # pipeline.conversation.multi_query.Expansion.t
     note: str            # fall-back: why (timeout, failed call, unusable reply)
     ms: float            # the LLM call's wall time
     fallback: bool       # True: retrieval searched the query alone (the offline path)
+    # the retrieval the sources come from: "expanded" (the query and its phrasings, after the gate let the query
+    # through) or "original" (the fall-back: the gate's own retrieval). The gate outcome is always the query's own.
+    sources: NotRequired[Literal["expanded", "original"]]
 
 
 class QueryInfo(TypedDict):  # pipeline.conversation.rewrite.Rewrite.to_dict(): 「检索问题：…」
@@ -131,7 +134,7 @@ class QueryInfo(TypedDict):  # pipeline.conversation.rewrite.Rewrite.to_dict(): 
     method: str
     kind: str | None
     note: str
-    expansion: NotRequired[ExpansionInfo]  # with an LLM and the setting llm_multi_query on
+    expansion: NotRequired[ExpansionInfo]  # with an LLM, the setting llm_multi_query on, the gate not refusing
 
 
 class CalibrationInfo(TypedDict):  # pipeline.calibration.ActiveProfile.info()

@@ -1,7 +1,9 @@
 """LLM multi-query (pipeline/conversation/multi_query.py): the question's reformulations in the documents' register
 reach retrieval and find what only their words find; a timeout, a failed call or an unusable reply falls back to
-the question alone and the trace says so; the setting off makes no extra call. The LLM is the scripted
-OpenAI-compatible server over real HTTP; the knowledge base a real engine with the tiny test model."""
+the question alone (the first retrieval, no second) and the trace says so; the setting off makes no extra call.
+The call comes after the no-answer gate: a question the gate refuses reaches no LLM (0 requests), one it lets
+through makes 2 (the multi-query, then the answer). The LLM is the scripted OpenAI-compatible server over real HTTP;
+the knowledge base a real engine with the tiny test model."""
 from __future__ import annotations
 
 import json
@@ -88,10 +90,34 @@ def test_reformulations_find_what_only_their_words_find(engine, llm):
     assert "人民币兑换.txt" in bm25_docs(out)
     assert out["trace"]["fused"][0]["doc_name"] == "人民币兑换.txt"
     assert out["sources"][0]["doc_name"] == "人民币兑换.txt" and out["answer"] == ANSWER
+    # the sources come from the second retrieval, after the gate let the question through
+    assert x["sources"] == "expanded" and "expanded_recall" in out["trace"]["ms"]
     # exactly one call added: the expansion, then the answer
     calls = llm.chat_requests
     assert len(calls) == 2 and is_expansion(calls[0]["body"]) and not is_expansion(calls[1]["body"])
     assert QUESTION in calls[0]["body"]["messages"][1]["content"]
+
+
+def test_a_refused_question_reaches_no_llm(engine, llm):
+    """The gate refuses on the question's own retrieval before any LLM call: the fixed refusal, zero requests —
+    the question is not sent to the LLM at all, not even to be reformulated."""
+    engine.update_settings({"retrieval": {"min_similarity": 1.0}})  # no cosine reaches 1: the hard floor refuses
+    try:
+        out = ask(engine, llm, Script())
+    finally:
+        engine.update_settings({"retrieval": {"min_similarity": 0.0}})  # tiny_engine's
+    assert out["no_answer"] and out["answer"] == "根据现有资料无法回答该问题，请到知识库补充相关资料。"
+    assert out["sources"] == [] and "expansion" not in out["trace"]["query"]
+    assert llm.chat_requests == []
+
+
+def test_the_gate_outcome_is_the_questions_own(engine, llm):
+    """The gate judges the question's own retrieval: its trace is the same with the multi-query on as off, though
+    the routes and sources differ."""
+    on = ask(engine, llm, Script())
+    off = ask(engine, llm, Script(), llm_multi_query=False)
+    assert on["trace"]["gate"] == off["trace"]["gate"]
+    assert bm25_docs(on) != bm25_docs(off)
 
 
 def test_without_the_reformulations_the_formal_text_is_not_found(engine, llm):
@@ -110,6 +136,7 @@ def test_a_timeout_falls_back_to_the_question_alone_in_time(engine, llm):
     x = out["trace"]["query"]["expansion"]
     assert x["fallback"] and x["method"] == "llm_fallback" and "超时" in x["note"] and x["queries"] == []
     assert "人民币兑换.txt" not in bm25_docs(out) and out["answer"] == ANSWER
+    assert x["sources"] == "original" and "expanded_recall" not in out["trace"]["ms"]  # no second retrieval
     assert took < 3.5, took  # the 1 s timeout held, not the server's 4 s
 
 
@@ -120,7 +147,7 @@ def test_a_malformed_reply_falls_back(engine, llm, reply):
     x = out["trace"]["query"]["expansion"]
     assert x["fallback"] and "无法使用" in x["note"]
     assert "人民币兑换.txt" not in bm25_docs(out) and out["answer"] == ANSWER
-    assert len(llm.chat_requests) == 2
+    assert len(llm.chat_requests) == 2 and "expanded_recall" not in out["trace"]["ms"]
 
 
 def test_a_failed_call_falls_back(engine, llm):
@@ -182,3 +209,70 @@ def test_a_retry_reuses_the_queries_without_a_new_call(engine, llm):
     again = engine.ask_sync(QUESTION, retry=True, conversation_id=first["conversation_id"])
     assert again["trace"]["query"]["expansion"] == first["trace"]["query"]["expansion"]
     assert [is_expansion(r["body"]) for r in llm.chat_requests] == [False]  # the answer only
+
+
+# --- the order: gate first, multi-query only for a question it lets through (fakes, no engine) --------------
+class _Retrieval:
+    """recall_stage decides `outcome`; expanded_stage carries the first's gate, as RetrievalService does."""
+
+    def __init__(self, outcome: str):
+        self.outcome, self.calls = outcome, []
+
+    def recall_stage(self, query, s, scope, flt):
+        from pipeline.retrieval.result import RetrievalResult
+
+        self.calls.append("recall")
+        return RetrievalResult(query=query, hit=self.outcome != "refuse",
+                               gate={"outcome": self.outcome, "weak": self.outcome == "weak"}, ms={"embed": 1.0})
+
+    def expanded_stage(self, first, s, expansions, scope, flt):
+        from pipeline.retrieval.result import RetrievalResult
+
+        self.calls.append(("expanded", tuple(expansions)))
+        return RetrievalResult(query=first.query, hit=first.hit, gate=first.gate, ms=dict(first.ms))
+
+
+class _Expander:
+    def __init__(self, expansion):
+        self.expansion, self.calls = expansion, 0
+
+    def expand(self, question, timeout_s):
+        self.calls += 1
+        return self.expansion
+
+
+def _recall(outcome: str, expansion):
+    from types import SimpleNamespace
+
+    from pipeline.services.answering import AnswerService
+
+    service = AnswerService.__new__(AnswerService)  # only `c` is read by _recall
+    retrieval, expander = _Retrieval(outcome), _Expander(expansion)
+    service.c = SimpleNamespace(retrieval=retrieval, models=SimpleNamespace(expander=expander))
+    s = SimpleNamespace(llm_multi_query=True, llm_multi_query_timeout=1.0)
+    return service._recall(QUESTION, s, [1], None), retrieval, expander
+
+
+def test_order_refused_question_is_not_expanded():
+    from pipeline.conversation.multi_query import Expansion
+
+    res, retrieval, expander = _recall("refuse", Expansion(("改写",)))
+    assert expander.calls == 0 and retrieval.calls == ["recall"] and res.expansion is None and not res.hit
+
+
+@pytest.mark.parametrize("outcome", ["answer", "weak"])
+def test_order_a_question_let_through_is_retrieved_again_with_its_phrasings(outcome):
+    from pipeline.conversation.multi_query import Expansion
+
+    res, retrieval, expander = _recall(outcome, Expansion(("改写",), ("关键词",), ms=5.0))
+    assert expander.calls == 1 and retrieval.calls == ["recall", ("expanded", ("改写", "关键词"))]
+    assert res.hit and res.weak == (outcome == "weak") and res.expansion["sources"] == "expanded"
+    assert res.ms["multi_query"] == 5.0
+
+
+def test_order_a_fall_back_keeps_the_first_retrieval():
+    from pipeline.conversation.multi_query import Expansion
+
+    res, retrieval, expander = _recall("answer", Expansion(method="llm_fallback", note="超时"))
+    assert expander.calls == 1 and retrieval.calls == ["recall"]
+    assert res.expansion["fallback"] and res.expansion["sources"] == "original" and "multi_query" not in res.ms

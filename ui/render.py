@@ -195,7 +195,8 @@ def render_sources(sources: Iterable[dict] | None, *, no_answer: bool = False, i
 
 # ---------------------------------------------------------------------------------------------- trace
 _MS_LABELS = {"embed": "向量化", "bm25": "BM25", "vector": "向量检索", "rrf": "RRF 融合", "fusion": "融合",
-              "rerank": "精排", "total": "检索合计", "generate": "生成", "elapsed": "总用时"}
+              "rerank": "精排", "total": "检索合计", "generate": "生成", "elapsed": "总用时",
+              "multi_query": "多查询改写", "expanded_recall": "改写后检索"}
 
 
 def _ms_line(ms: dict | None, elapsed_ms: Any = None) -> str:
@@ -255,7 +256,7 @@ def rerank_note(status: dict | None) -> str:
     return f"{label}：{msg}" if msg else label
 
 
-_GATE_LABELS = {"answer": "回答", "weak": "资料相关度较低（仍回答，请核对原文）", "refuse": "拒答（不调用大模型生成回答）"}
+_GATE_LABELS = {"answer": "回答", "weak": "资料相关度较低（仍回答，请核对原文）", "refuse": "拒答（不调用大模型）"}
 
 
 def render_gate(gate: dict) -> str:
@@ -318,12 +319,14 @@ def _expansion_line(x: dict) -> str:
     """The LLM's multi-query: the phrasings searched besides the question, or why the question went alone."""
     ms = f'，{fmt_num(x.get("ms"), 0)} ms'
     if x.get("fallback"):
-        return (f'<div class="kb-expansion" data-fallback="true">多查询检索：仅原问题'
+        return (f'<div class="kb-expansion" data-fallback="true" data-sources="original">多查询检索：仅原问题'
                 f'<span class="kb-muted">（{esc(x.get("note"))}{ms}）</span></div>')
     items = "".join(f"<li>{esc(t)}</li>" for t in x.get("queries") or [])
     if x.get("keywords"):
         items += f'<li>关键词：{esc("、".join(x["keywords"]))}</li>'
-    return (f'<div class="kb-expansion" data-fallback="false">多查询检索：原问题及以下改写一起检索、融合'
+    # the gate line judged the question's own retrieval; ①–④ below are the second one's, with these phrasings
+    return (f'<div class="kb-expansion" data-fallback="false" data-sources="expanded">多查询检索：门控按原问题判定后，'
+            f'原问题及以下改写一起再次检索、融合，下方 ①–④ 与来源取自这次检索'
             f'<span class="kb-muted">（大模型改写{ms}）</span><ul>{items}</ul></div>')
 
 

@@ -5,9 +5,14 @@ With an LLM configured, one short chat call asks for 2–3 reformulations in the
 policies, contracts and manuals, plus the keywords such a text would use; retrieval searches with the question and
 all of them (pipeline.retrieval.fusion.HybridRetriever.run) and the one fusion ranks what they found.
 
+The call comes after the no-answer gate, not before it (pipeline.services.answering.AnswerService._recall):
+retrieval and the gate run on the question alone first, and only a question the gate lets through (answer or weak)
+is sent to the LLM for reformulation and retrieved again with them — a refused question gets the fixed refusal and
+reaches no LLM at all. The gate outcome stays the question's own; the sources come from the second retrieval.
+
 The call has its own timeout (setting `llm_multi_query_timeout`). A timeout, a failed call, or a reply that is not
-the asked-for JSON falls back to the offline path — retrieval with the question alone — and says why; the trace
-(检索过程 ①) shows the queries used either way.
+the asked-for JSON falls back to the offline path — the first retrieval's result, the question alone, no second
+retrieval — and says why; the trace (检索过程 ①) shows the queries used either way.
 """
 from __future__ import annotations
 
@@ -38,7 +43,8 @@ EXPAND_SYSTEM = ("你是检索查询改写助手。知识库中是法律、法�
 
 @dataclass(frozen=True)
 class Expansion:
-    """The phrasings retrieval searched with besides the question (none on the fall-back)."""
+    """The phrasings the second retrieval searched with besides the question (none on the fall-back: no second
+    retrieval)."""
 
     queries: tuple[str, ...] = ()
     keywords: tuple[str, ...] = ()
@@ -56,8 +62,10 @@ class Expansion:
         return self.method == "llm_fallback"
 
     def to_dict(self) -> dict:
+        # sources: which retrieval the sources come from — the one with these phrasings, or (fall-back) the first
         return {"queries": list(self.queries), "keywords": list(self.keywords), "method": self.method,
-                "note": self.note, "ms": round(self.ms, 1), "fallback": self.fell_back}
+                "note": self.note, "ms": round(self.ms, 1), "fallback": self.fell_back,
+                "sources": "original" if self.fell_back else "expanded"}
 
 
 def expand_messages(question: str) -> list:

@@ -1,9 +1,9 @@
 """One non-streaming chat call that cannot hold a question longer than its own timeout.
 
-The query rewrite and the multi-query expansion each ask the LLM one short thing before retrieval; a stalled
-server must cost them at most `timeout_s`, after which the caller takes its offline fall-back. The call runs in a
-daemon thread: the openai client's own timeout bounds the request, the join bounds everything around it (a
-connection pool wait, a slow DNS answer).
+The query rewrite (before retrieval) and the multi-query expansion (after the gate let the question through) each
+ask the LLM one short thing; a stalled server must cost them at most `timeout_s`, after which the caller takes its
+offline fall-back. The call runs in a daemon thread: the openai client's own timeout bounds the request, the join
+bounds everything around it (a connection pool wait, a slow DNS answer).
 """
 from __future__ import annotations
 

@@ -25,7 +25,7 @@ class RetrievalResult:
     calibration: dict | None = None  # the calibration profile the fusion and gate ran on (ActiveProfile.info)
     doc_filter: dict | None = None  # the document filter both routes applied (pipeline/retrieval/doc_filter.py)
     # the LLM's multi-query searched with the question (pipeline/conversation/multi_query.Expansion.to_dict);
-    # None: the question alone (no LLM, or the setting off)
+    # None: the question alone (no LLM, the setting off, or the gate refused — then no LLM saw the question)
     expansion: dict | None = None
     query_embedding: list[float] | None = field(default=None, repr=False)
     started: float = field(default=0.0, repr=False)            # perf_counter() at the start, for ms["total"]

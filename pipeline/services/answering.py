@@ -26,6 +26,7 @@ from pipeline.services.settings import SettingsService
 
 if TYPE_CHECKING:
     from pipeline.components import Components
+    from pipeline.settings import Settings
 
 log = logging.getLogger(__name__)
 
@@ -178,6 +179,27 @@ class AnswerService:
         yield ev.sources([])
         yield ev.done((time.perf_counter() - t0) * 1000, no_answer=False, mode=mode)
 
+    def _recall(self, query: str, s: Settings, scope: list[int], flt: DocFilter | None) -> RetrievalResult:
+        """Retrieval and the gate on the question alone, then — only for a question the gate lets through — the
+        LLM's multi-query and a retrieval with its phrasings. Privacy and cost: a question the gate refuses is
+        answered with the fixed refusal and never reaches an LLM (README, the SRS's no-answer rule)."""
+        res = self.c.retrieval.recall_stage(query, s, scope, flt)
+        if res.hit and self.c.models.expander is not None and s.llm_multi_query:
+            res = self._expanded(res, s, scope, flt)
+        return res
+
+    def _expanded(self, first: RetrievalResult, s: Settings, scope: list[int],
+                  flt: DocFilter | None) -> RetrievalResult:
+        """The multi-query call, then retrieval with the question and its phrasings fused; the gate outcome stays
+        `first`'s. A fall-back (timeout, failed call, unusable reply) keeps `first` as it is: no second retrieval
+        would find anything the first did not."""
+        exp = self.c.models.expander.expand(first.query, s.llm_multi_query_timeout)
+        res = first if exp.fell_back else self.c.retrieval.expanded_stage(first, s, exp.searched, scope, flt)
+        res.expansion = exp.to_dict()
+        if not exp.fell_back:
+            res.ms["multi_query"] = exp.ms
+        return res
+
     def _kb_answer(self, question: str, route: Route, history: list[dict], conv_id: str | None, retry: bool,
                    t0: float, scope: list[int], qkey: str, gen: Generation,
                    flt: DocFilter | None = None) -> Iterator[ev.Event]:
@@ -192,10 +214,7 @@ class AnswerService:
             try:
                 yield ev.stage("recall")
                 rw = c.models.rewriter.rewrite(question, history) if history else Rewrite(question, question, "none")
-                exp = (c.models.expander.expand(rw.query, s.llm_multi_query_timeout)
-                       if c.models.expander is not None and s.llm_multi_query else None)
-                res = c.retrieval.recall_stage(rw.query, s, scope, flt, exp.searched if exp else ())
-                res.expansion = exp.to_dict() if exp else None
+                res = self._recall(rw.query, s, scope, flt)
                 yield ev.stage("rerank")
                 res = c.retrieval.rerank_stage(res, s)  # LIGHT has no reranker: the stage reports skipped
             except Exception as exc:
