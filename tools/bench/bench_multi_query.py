@@ -4,10 +4,11 @@ one run.
     python -m tools.bench.bench_multi_query [--docs 6] [--questions 40] [--refused 10] [--rounds 2] [--llm-ms 0]
 
 A fresh engine (the configured embedding model) on a temp dir holds the regulations the first `--docs` distinct
-files of tests/data/regulations_dev name; its answerable questions, and up to `--refused` of its unanswerable
-questions on those regulations' subjects, are asked through `Engine.ask` with the scripted LLM of the tests
-(tests/fake_llm.py) configured, alternately with `llm_multi_query` off (old) and on (new). Per question: retrieval =
-from the call to the `trace` event, total = to `done`; the LLM calls the question made.
+files of tests/data/regulations_dev name; its answerable questions, and up to `--refused` questions the gate should
+refuse (a few off-topic ones, then the dev set's unanswerable ones on those regulations' subjects), are asked
+through `Engine.ask` with the scripted LLM of the tests (tests/fake_llm.py) configured, alternately with
+`llm_multi_query` off (old) and on (new). Per question: retrieval = from the call to the `trace` event, total = to
+`done`; the LLM calls the question made.
 
 The multi-query runs after the no-answer gate (pipeline/services/answering.py AnswerService._recall): with it on, a
 question the gate lets through pays for its first retrieval and gate, the multi-query call and a second retrieval
@@ -34,6 +35,10 @@ from pipeline.conversation.multi_query import EXPAND_SYSTEM
 ROOT = Path(__file__).resolve().parents[2]
 QUESTIONS = ROOT / "tests" / "data" / "regulations_dev" / "questions.json"
 REGULATIONS = Path("/work/shared/data/regulations")
+# Out of any regulation's subject: questions the gate should refuse outright (the dev set's unanswerable questions
+# are on the regulations' own subjects, and the gate often lets them through as weak evidence)
+OFF_TOPIC = ["2022年世界杯足球赛的冠军是哪个国家？", "红烧肉怎么做才不腻？", "明天北京会下雨吗？",
+             "推荐几部好看的科幻电影", "Python 的列表推导式怎么写？"]
 
 
 def scripted_server(llm_ms: float):
@@ -75,12 +80,13 @@ def _p(xs: list[float]) -> str:
 
 
 def pick_questions(docs: int, answerable: int, refused: int) -> tuple[list[str], list[str]]:
-    """The regulations' file names and the questions asked: the answerable ones on them, then unanswerable ones on
-    their subjects (the gate should refuse those; what counts is the outcome it really gave)."""
+    """The regulations' file names and the questions asked: the answerable ones on them, then up to `refused`
+    the gate should refuse — OFF_TOPIC, then the dev set's unanswerable ones on their subjects (what counts is the
+    outcome the gate really gave)."""
     data = json.loads(QUESTIONS.read_text(encoding="utf-8"))
     files = list(dict.fromkeys(it["file"] for it in data["answerable"]))[:docs]
     asked = [it["question"] for it in data["answerable"] if it["file"] in files][:answerable]
-    asked += [it["question"] for it in data["unanswerable"] if it.get("domain_of") in files][:refused]
+    asked += [*OFF_TOPIC, *(it["question"] for it in data["unanswerable"] if it.get("domain_of") in files)][:refused]
     return files, asked
 
 
@@ -128,7 +134,8 @@ def main(argv=None) -> int:
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--docs", type=int, default=6, help="distinct regulation files ingested")
     ap.add_argument("--questions", type=int, default=40, help="answerable questions on them, at most")
-    ap.add_argument("--refused", type=int, default=10, help="unanswerable questions on their subjects, at most")
+    ap.add_argument("--refused", type=int, default=10,
+                    help="questions the gate should refuse, at most (off-topic, then unanswerable on their subjects)")
     ap.add_argument("--rounds", type=int, default=2)
     ap.add_argument("--llm-ms", type=float, default=0.0, help="the scripted multi-query call's own delay")
     args = ap.parse_args(argv)
