@@ -194,10 +194,9 @@ class AnswerService:
         `first`'s. A fall-back (timeout, failed call, unusable reply) keeps `first` as it is: no second retrieval
         would find anything the first did not."""
         exp = self.c.models.expander.expand(first.query, s.llm_multi_query_timeout)
+        first.ms["multi_query"] = exp.ms  # the call's wall time, a fall-back's too (a timeout costs the question it)
         res = first if exp.fell_back else self.c.retrieval.expanded_stage(first, s, exp.searched, scope, flt)
         res.expansion = exp.to_dict()
-        if not exp.fell_back:
-            res.ms["multi_query"] = exp.ms
         return res
 
     def _kb_answer(self, question: str, route: Route, history: list[dict], conv_id: str | None, retry: bool,
