@@ -9,6 +9,10 @@ answer is the engine's one answer event stream (pipeline/services/answering.py),
   extractive as on the page. The text carries `[n]` exactly as on the page; structured sources travel as
   `citations` (non-stream: on the response and on the message; stream: on the final chunk before `[DONE]`), the
   outcome as `kbqa.outcome` = answer | weak | refuse. README "Connect other tools" documents the fields.
+  An answer the LLM retracts at its end (the 「资料不足」 verdict, the stream's `replace` event): the non-stream
+  response holds only the refusal; a stream cannot take back chunks a client already shows, so it appends a
+  notice that the text above is void and the refusal, and the final chunk says `kbqa.retracted` with the whole
+  answer in `kbqa.answer` for clients that can replace what they show.
   `kbqa_filter` (an extra body field; the SDK's `extra_body`): the document filter of api/doc_tags.py.
 - Errors in OpenAI's shape `{"error": {"message", "type", "code", "param"}}`: 400, 401 (key), 403 (knowledge
   base not readable), 404 (unknown model), 429 (+ Retry-After), 502 (LLM failed), 503 (engine loading).
@@ -144,9 +148,19 @@ def outcome(done: dict) -> Literal["answer", "weak", "refuse"]:
     return "weak" if done.get("weak") else "answer"
 
 
-def kbqa_info(done: dict, kb_ids: list[int]) -> dict:
-    return {"outcome": outcome(done), "mode": done.get("mode"), "route": done.get("route"),
-            "rewritten_query": done.get("rewritten_query"), "elapsed_ms": done.get("elapsed_ms"), "kb_ids": kb_ids}
+def kbqa_info(done: dict, kb_ids: list[int], replaced: str | None = None) -> dict:
+    """`replaced`: the answer that replaced the streamed text (a retraction), else None."""
+    info = {"outcome": outcome(done), "mode": done.get("mode"), "route": done.get("route"),
+            "rewritten_query": done.get("rewritten_query"), "elapsed_ms": done.get("elapsed_ms"), "kb_ids": kb_ids,
+            "retracted": replaced is not None}
+    if replaced is not None:
+        info["answer"] = replaced
+    return info
+
+
+def retract_notice(reason: str) -> str:
+    """What a stream appends when the text it sent is void (a chunk cannot be taken back)."""
+    return f"\n\n---\n〔以上内容作废：{reason}〕\n\n"
 
 
 def _created(kb: dict) -> int:
@@ -238,18 +252,26 @@ def _prepend(first, events):
 
 
 class _Collector:
-    """Folds answer events into the answer text (weak banner first), the sources and the done payload."""
+    """Folds answer events into the answer text (weak banner first), the sources and the done payload. `text` is
+    the answer as it stands (a `replace` voids what came before); `replaced` the replacing answer, if any."""
 
     def __init__(self):
         self.sources: list[dict] = []
         self.done: dict = {}
+        self.text = ""
+        self.replaced: str | None = None
 
     def text_of(self, e) -> str | None:
-        """The text this event adds to the answer ('' none); raises EngineError for an error event."""
+        """The text this event adds to a stream ('' none); raises EngineError for an error event."""
         if e.type is ev.EventType.TRACE and (e.data.get("gate") or {}).get("weak"):
+            self.text += WEAK_PREFIX
             return WEAK_PREFIX
         if e.type is ev.EventType.DELTA:
+            self.text += e.data.get("text") or ""
             return e.data.get("text") or ""
+        if e.type is ev.EventType.REPLACE:
+            self.text = self.replaced = e.data.get("text") or ""
+            return retract_notice(e.data.get("reason") or "") + self.replaced
         if e.type is ev.EventType.SOURCES:
             self.sources = e.data.get("sources") or []
         elif e.type is ev.EventType.DONE:
@@ -261,12 +283,13 @@ class _Collector:
 
 def _complete(events, cid: str, created: int, model: str, scope: list[int]) -> dict:
     col = _Collector()
-    text = "".join(col.text_of(e) for e in events)
+    for e in events:
+        col.text_of(e)
     cites = [citation(s) for s in col.sources]
     return {"id": cid, "object": "chat.completion", "created": created, "model": model,
-            "choices": [{"index": 0, "message": {"role": "assistant", "content": text, "citations": cites},
+            "choices": [{"index": 0, "message": {"role": "assistant", "content": col.text, "citations": cites},
                          "finish_reason": "stop"}],
-            "citations": cites, "kbqa": kbqa_info(col.done, scope)}
+            "citations": cites, "kbqa": kbqa_info(col.done, scope, col.replaced)}
 
 
 class ChunkWriter:
@@ -298,6 +321,6 @@ class ChunkWriter:
             out += self._chunk({"content": text})
         if e.type is ev.EventType.DONE:
             out += self._chunk({}, "stop", citations=[citation(s) for s in self.col.sources],
-                               kbqa=kbqa_info(self.col.done, self.scope))
+                               kbqa=kbqa_info(self.col.done, self.scope, self.col.replaced))
             out += "data: [DONE]\n\n"
         return out

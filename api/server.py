@@ -495,10 +495,11 @@ def create_api(engine: Engine, policy: AccessPolicy | None = None, bind_host: st
 
     @app.post("/api/qa/ask", tags=["qa"], response_class=StreamingResponse,
               responses={200: {"content": {"text/event-stream": {}},
-                               "description": "events stage / trace / delta / sources / done / error"}})
+                               "description": "events stage / trace / delta / replace / sources / done / error"}})
     async def ask(body: AskBody, request: Request, caller: Caller = Depends(caller_of)):
         """Server-Sent Events: the engine's event stream, serialized. `retry: true` regenerates from the
-        stored retrieval of the same question. A client that disconnects stops generation. `done` carries
+        stored retrieval of the same question. A client that disconnects stops generation. `replace` {text, reason}
+        voids the text streamed so far (the LLM's 「资料不足」 at its end): show `text` instead. `done` carries
         conversation_id (created when absent), turn_id, route and rewritten_query."""
         gen = engine.ask(body.question, retry=body.retry, conversation_id=body.conversation_id, user=caller.user,
                          use_kb=body.use_kb, kb_ids=body.scope(), reader=caller.reader,

@@ -19,6 +19,7 @@ from llama_index.core import Settings as LISettings
 from pipeline.access.kb_readers import KBAccess
 from pipeline.calibration import ActiveProfile, profile_for
 from pipeline.conversation.feedback import FeedbackService
+from pipeline.conversation.multi_query import LLMQueryExpander
 from pipeline.conversation.rewrite import DeterministicRewriter, LLMRewriter
 from pipeline.conversation.router import Router
 from pipeline.conversation.service import ConversationService
@@ -107,6 +108,7 @@ class Models:
     llm: Any                             # OpenAILike, or None → extractive answers
     model_warning: str | None = None     # the collection holds vectors of another model (需要全量重建)
     rewriter: Any = None                 # follow-up rewrite: LLMRewriter with an LLM, else the rule rewrite
+    expander: LLMQueryExpander | None = None  # multi-query after the gate (with an LLM; setting llm_multi_query)
     calibration: ActiveProfile | None = None  # the embedding model's fitted numbers (pipeline/calibration)
 
 
@@ -366,7 +368,7 @@ def load_models(c: Components, s: Settings) -> Models:
     rewriter = (LLMRewriter(llm, c.rule_rewriter, timeout_s=min(REWRITE_TIMEOUT_S, s.llm_timeout))
                 if llm is not None else c.rule_rewriter)
     models = Models(emb, _load_cross_encoder(c, s), llm, c.kbs.model_warning(emb.model_id, emb.dim), rewriter,
-                    calibration)
+                    LLMQueryExpander(llm) if llm is not None else None, calibration)
     c.models = models
     texts = TextVectors(emb.embed_model)  # sentence / answer-window vectors, kept by text for both readers
     c.retrieval = RetrievalService(

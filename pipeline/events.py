@@ -1,7 +1,9 @@
 """The one answer event stream (SRS §7.3–7.4): its event types, their payloads, and the builders of both.
 
 `Engine.ask()` yields these; the Gradio chat and the HTTP SSE endpoint consume the very same objects.
-Order: stage(recall) → stage(rerank) → trace → stage(generate) → delta* → sources → done, or error at any point.
+Order: stage(recall) → stage(rerank) → trace → stage(generate) → delta* → [replace] → sources → done, or error at
+any point. `replace` voids the text the deltas streamed so far and gives the answer in its place: an LLM that ends
+its answer with the 「资料不足」 verdict (pipeline/generation/verdict.py) leaves the refusal, not the retracted text.
 The trace and sources payloads are built here from a plain `RetrievalResult`, so a question flows down once:
 engine → retrieval → generation → these builders.
 """
@@ -21,6 +23,7 @@ if TYPE_CHECKING:
 
 NO_ANSWER_TEXT = "根据现有资料无法回答该问题，请到知识库补充相关资料。"
 NO_ANSWER_SHORT = "根据现有资料无法回答"
+LLM_INSUFFICIENT_REASON = "大模型判定资料不足：资料没有涉及所问的具体事项，不以相近的一般规定代替回答"
 EXTRACTIVE_LABEL = "未配置大模型，以下为知识库原文摘录"
 
 TRACE_TOP = 10  # rows per route shown in 检索过程
@@ -31,6 +34,7 @@ class EventType(str, Enum):
     STAGE = "stage"
     TRACE = "trace"
     DELTA = "delta"
+    REPLACE = "replace"
     SOURCES = "sources"
     DONE = "done"
     ERROR = "error"
@@ -111,6 +115,18 @@ class RouteInfo(TypedDict):  # pipeline.conversation.router.Route.to_dict()
     kind: str | None
 
 
+class ExpansionInfo(TypedDict):  # pipeline.conversation.multi_query.Expansion.to_dict()
+    queries: list[str]   # the LLM's reformulations searched besides the query
+    keywords: list[str]  # searched together as one more query
+    method: Literal["llm", "llm_fallback"]
+    note: str            # fall-back: why (timeout, failed call, unusable reply)
+    ms: float            # the LLM call's wall time
+    fallback: bool       # True: retrieval searched the query alone (the offline path)
+    # the retrieval the sources come from: "expanded" (the query and its phrasings, after the gate let the query
+    # through) or "original" (the fall-back: the gate's own retrieval). The gate outcome is always the query's own.
+    sources: NotRequired[Literal["expanded", "original"]]
+
+
 class QueryInfo(TypedDict):  # pipeline.conversation.rewrite.Rewrite.to_dict(): 「检索问题：…」
     original: str
     query: str
@@ -118,6 +134,7 @@ class QueryInfo(TypedDict):  # pipeline.conversation.rewrite.Rewrite.to_dict(): 
     method: str
     kind: str | None
     note: str
+    expansion: NotRequired[ExpansionInfo]  # with an LLM, the setting llm_multi_query on, the gate not refusing
 
 
 class CalibrationInfo(TypedDict):  # pipeline.calibration.ActiveProfile.info()
@@ -154,6 +171,18 @@ class DirectTracePayload(TypedDict):
 
 class DeltaPayload(TypedDict):
     text: str
+
+
+class ReplacePayload(TypedDict):
+    """The answer text shown so far is void: show `text` instead (the whole answer, not an addition)."""
+    text: str
+    reason: str
+
+
+class RefusalInfo(TypedDict):
+    """Who refused when the answer is a refusal that the gate did not decide (the gate's is in trace.gate)."""
+    by: Literal["llm"]
+    reason: str
 
 
 class Source(TypedDict):
@@ -193,6 +222,7 @@ class DonePayload(TypedDict):
     weak: NotRequired[bool]                    # answered with the 「资料相关度较低，请核对原文」 banner
     support: NotRequired[list[dict]]           # per answer sentence: text, cited, scores, supported, unsupported
     support_summary: NotRequired[SupportSummary]
+    refusal: NotRequired[RefusalInfo]          # no_answer decided after retrieval (the LLM's 「资料不足」)
     # added by the conversation recorder (pipeline.conversation.service.TurnRecorder) before it is sent:
     conversation_id: NotRequired[str]
     turn_id: NotRequired[int]
@@ -232,15 +262,22 @@ def delta(text: str) -> Event:
     return Event(EventType.DELTA, DeltaPayload(text=text))
 
 
+def replace(text: str, reason: str) -> Event:
+    return Event(EventType.REPLACE, ReplacePayload(text=text, reason=reason))
+
+
 def error(code: int, msg: str) -> Event:
     return Event(EventType.ERROR, ErrorPayload(code=code, msg=msg))
 
 
 def done(elapsed_ms: float, no_answer: bool, mode: str | None = None, rewritten_query: str | None = None, *,
-         weak: bool = False, support: Any = None) -> Event:
-    """`support`: a pipeline.generation.support.SupportReport (LLM answers), or None."""
+         weak: bool = False, support: Any = None, refusal: RefusalInfo | None = None) -> Event:
+    """`support`: a pipeline.generation.support.SupportReport (LLM answers), or None. `refusal`: who refused
+    after retrieval (None: answered, or the gate refused — its reason is in the trace)."""
     payload = DonePayload(elapsed_ms=round(elapsed_ms), no_answer=no_answer, rewritten_query=rewritten_query,
                           weak=weak)
+    if refusal is not None:
+        payload["refusal"] = refusal
     if mode is not None:
         payload["mode"] = mode  # type: ignore[typeddict-item]
     if support is not None:
@@ -250,9 +287,14 @@ def done(elapsed_ms: float, no_answer: bool, mode: str | None = None, rewritten_
 
 
 def trace_with_support(trace: dict | None, done_payload: dict) -> dict | None:
-    """The trace with the citation check of `done` folded in — `support` (the counts 检索过程 shows) and
-    `support_sentences` (the per-sentence marks) — as the chat shows it live and a stored turn replays it."""
-    if trace is None or "support_summary" not in done_payload:
+    """The trace with what `done` decided folded in — the citation check's `support` (the counts 检索过程 shows)
+    and `support_sentences` (the per-sentence marks), the LLM's `refusal` — as the chat shows it live and a
+    stored turn replays it."""
+    if trace is None:
+        return trace
+    if "refusal" in done_payload:
+        trace = {**trace, "refusal": done_payload["refusal"]}
+    if "support_summary" not in done_payload:
         return trace
     return {**trace, "support": done_payload["support_summary"], "support_sentences": done_payload.get("support")}
 

@@ -46,6 +46,16 @@ class Settings(BaseModel):
                                      description="生成温度", ge=0, le=1)
     llm_timeout: float = setting(60.0, group="llm", effect="reload", label="超时(秒)",
                                  description="单次大模型请求超时", ge=1, le=600)
+    # One LLM call per question the no-answer gate lets through, then a second retrieval with its phrasings
+    # (pipeline/conversation/multi_query.py; a refused question reaches no LLM); its own short timeout, after which
+    # the first retrieval's result stands (the offline path).
+    llm_multi_query: bool = setting(True, group="llm", effect="immediate", label="多查询改写",
+                                    description="配置了大模型时，无答案判定放行的问题（拒答的问题不发给大模型）"
+                                                "再改写成 2–3 个正式用语的检索问题和关键词，与原问题一起重新检索并融合；"
+                                                "这类问题多一次大模型调用")
+    llm_multi_query_timeout: float = setting(5.0, group="llm", effect="immediate", label="多查询改写超时(秒)",
+                                             description="多查询改写的大模型调用超过它即放弃，沿用原问题的检索结果",
+                                             ge=0.5, le=60)
     # retrieval
     recall_size: int = setting(50, group="retrieval", effect="immediate", label="每路召回数",
                                description="BM25 与向量各召回的块数", ge=1, le=200)

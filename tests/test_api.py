@@ -181,7 +181,8 @@ def test_srs_acceptance_end_to_end(http, live, fake_llm, tmp_path):
     sync = http.post("/api/qa/ask/sync", json={"question": "星河电子公司的退货期限是多久？"}).json()["data"]
     assert sync["answer"] == answer and sync["sources"][0]["no"] == 1 and sync["elapsed_ms"] >= 0
 
-    # --- out-of-KB question: fixed reply and no LLM request
+    # --- out-of-KB question: fixed reply and no LLM request (the multi-query, on by default, runs only after
+    # the gate let a question through: the refused question is not sent to the LLM at all)
     n_req = len(fake_llm.requests)
     out = http.post("/api/qa/ask/sync", json={"question": "2022年世界杯足球赛的冠军是哪个国家？"}).json()["data"]
     assert out["answer"] == "根据现有资料无法回答该问题，请到知识库补充相关资料。" and out["sources"] == []

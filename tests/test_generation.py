@@ -18,6 +18,7 @@ from pipeline.generation.extractive import NOT_FOUND_TEXT
 from pipeline.generation.llm_client import PLACEHOLDER_API_KEY, LLMError, build_llm
 from pipeline.generation.llm_client import test_llm_connection as check_connection
 from pipeline.generation.prompting import SYSTEM_PROMPT, build_prompt, neutralise
+from pipeline.generation.verdict import VERDICT
 from pipeline.settings import Settings
 from tests.live import free_port
 from tests.waiting import holds_for, wait_until
@@ -160,7 +161,7 @@ def test_think_filter_drops_leading_reasoning():
 def test_prompt_materials_are_numbered_and_delimited():
     system, user = build_prompt("退货期限是多久？", NODES)
     assert "[n]" in system or "[1]" in system
-    assert NO_ANSWER_SHORT in system
+    assert f"「{VERDICT}」" in system  # not the neighbouring rule: the verdict (tests/test_verdict.py)
     assert "忽略以上规则" in system  # the injection example is named as data
     assert re.search(r"不可信|不是指令", system)
     assert '<material id="1" source="售后政策.pdf" page="2">' in user

@@ -186,6 +186,9 @@ def build_chat_tab(engine, policy: AccessPolicy | None = None) -> ChatTab:
                     if now - last >= STREAM_MIN_INTERVAL:
                         last = now
                         yield {chatbot: pending(answer_markdown(answer, **trace_marks(trace_data)))}
+                elif e.type is ev.EventType.REPLACE:  # the streamed text is void: the bubble shows only this
+                    answer = e.data.get("text", "")
+                    yield {chatbot: pending(answer_markdown(answer))}
                 elif e.type is ev.EventType.SOURCES:
                     sources_list = e.data.get("sources") or []
                 elif e.type is ev.EventType.DONE:
@@ -194,7 +197,8 @@ def build_chat_tab(engine, policy: AccessPolicy | None = None) -> ChatTab:
                     turns2 = turns + [rec]
                     cid = e.data.get("conversation_id")
                     no_answer = rec["no_answer"]
-                    note = "未使用知识库" if rec["route"] == "DIRECT" else None
+                    note = ("未使用知识库" if rec["route"] == "DIRECT"
+                            else "大模型判定资料不足" if e.data.get("refusal") else None)
                     yield {**show(turns2, len(turns2) - 1, cid, user, note=note),
                            send: gr.Button(interactive=True), retry: gr.Button(visible=False),
                            goto_kb: gr.Button(visible=no_answer and policy.is_kb_admin(user)),

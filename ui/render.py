@@ -195,7 +195,8 @@ def render_sources(sources: Iterable[dict] | None, *, no_answer: bool = False, i
 
 # ---------------------------------------------------------------------------------------------- trace
 _MS_LABELS = {"embed": "向量化", "bm25": "BM25", "vector": "向量检索", "rrf": "RRF 融合", "fusion": "融合",
-              "rerank": "精排", "total": "检索合计", "generate": "生成", "elapsed": "总用时"}
+              "rerank": "精排", "total": "检索合计", "generate": "生成", "elapsed": "总用时",
+              "multi_query": "多查询改写", "expanded_recall": "改写后检索"}
 
 
 def _ms_line(ms: dict | None, elapsed_ms: Any = None) -> str:
@@ -309,7 +310,24 @@ def _query_line(trace: dict, route: dict) -> str:
         note = f" · {esc(q.get('note'))}" if q.get("note") else ""
         out.append(f'<div class="kb-query" data-method="{esc(q.get("method"))}">检索问题：{esc(q.get("query"))}'
                    f'<span class="kb-muted">（{how}{note}）</span></div>')
+    if q.get("expansion"):
+        out.append(_expansion_line(q["expansion"]))
     return "".join(out)
+
+
+def _expansion_line(x: dict) -> str:
+    """The LLM's multi-query: the phrasings searched besides the question, or why the question went alone."""
+    ms = f'，{fmt_num(x.get("ms"), 0)} ms'
+    if x.get("fallback"):
+        return (f'<div class="kb-expansion" data-fallback="true" data-sources="original">多查询检索：仅原问题'
+                f'<span class="kb-muted">（{esc(x.get("note"))}{ms}）</span></div>')
+    items = "".join(f"<li>{esc(t)}</li>" for t in x.get("queries") or [])
+    if x.get("keywords"):
+        items += f'<li>关键词：{esc("、".join(x["keywords"]))}</li>'
+    # the gate line judged the question's own retrieval; ①–④ below are the second one's, with these phrasings
+    return (f'<div class="kb-expansion" data-fallback="false" data-sources="expanded">多查询检索：门控按原问题判定后，'
+            f'原问题及以下改写一起再次检索、融合，下方 ①–④ 与来源取自这次检索'
+            f'<span class="kb-muted">（大模型改写{ms}）</span><ul>{items}</ul></div>')
 
 
 def render_trace(trace: dict | None, elapsed_ms: Any = None) -> str:
@@ -330,16 +348,24 @@ def render_trace(trace: dict | None, elapsed_ms: Any = None) -> str:
         from .tag_filter import filter_html  # (that module imports gradio; this one does not)
 
         parts.append(filter_html(trace["filter"]))
+    refusal = trace.get("refusal")
+    if refusal:  # the LLM refused after the gate let the question through
+        parts.append(f'<div class="kb-refusal" data-by="{esc(refusal.get("by"))}">拒答：{esc(refusal.get("reason"))}'
+                     '</div>')
     support = trace.get("support")
     if support:
         bad = support.get("unsupported", 0)
         parts.append(f'<div class="kb-support" data-unsupported="{esc(bad)}">引用核验：检查 '
                      f'{esc(support.get("checked", 0))} 处引用，'
                      f'{"全部有来源支持" if not bad else f"{esc(bad)} 处与所引来源不符（已在回答中标 ⚠）"}</div>')
-    parts.append('<div class="kb-trace-sec" data-sec="bm25"><h4>① BM25 关键词检索 Top-10（得分）</h4>')
+    x = (trace.get("query") or {}).get("expansion") or {}
+    n = 0 if x.get("fallback") else len(x.get("queries") or []) + bool(x.get("keywords"))
+    also = f"；原问题与 {n} 个改写一起检索" if n else ""  # which ones: the 多查询检索 line above
+    parts.append(f'<div class="kb-trace-sec" data-sec="bm25"><h4>① BM25 关键词检索 Top-10（得分{also}）</h4>')
     parts.append(_table(trace.get("bm25") or [], [("rank", "#"), ("doc", "文档"), ("score", "BM25 得分"),
                                                   ("text", "片段")]) + "</div>")
-    parts.append('<div class="kb-trace-sec" data-sec="vector"><h4>② 向量检索 Top-10（相似度）</h4>')
+    parts.append(f'<div class="kb-trace-sec" data-sec="vector"><h4>② 向量检索 Top-10（相似度{also}，取最高）</h4>'
+                 if also else '<div class="kb-trace-sec" data-sec="vector"><h4>② 向量检索 Top-10（相似度）</h4>')
     parts.append(_table(trace.get("vector") or [], [("rank", "#"), ("doc", "文档"), ("similarity", "相似度"),
                                                     ("text", "片段")]) + "</div>")
     parts.append(f'<div class="kb-trace-sec" data-sec="fused"><h4>③ {esc(fusion_title(trace.get("fusion")))}</h4>')

@@ -22,12 +22,13 @@ from __future__ import annotations
 
 import logging
 import re
-import threading
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import jieba
+
+from pipeline.generation.bounded_chat import chat_within
 
 log = logging.getLogger(__name__)
 
@@ -303,21 +304,5 @@ class LLMRewriter:
         return Rewrite(r.query, q, "llm_fallback", r.kind, why)
 
     def _call(self, messages: list) -> str:
-        """One non-streaming chat call bounded by timeout_s (a thread, so a stalled server cannot hold the answer)."""
-        box: dict[str, Any] = {}
-
-        def run():
-            try:
-                box["text"] = self.llm.chat(messages, temperature=0.0, max_tokens=128,
-                                            timeout=self.timeout_s).message.content or ""
-            except Exception as exc:  # noqa: BLE001
-                box["error"] = exc
-
-        t = threading.Thread(target=run, name="query-rewrite", daemon=True)
-        t.start()
-        t.join(self.timeout_s + 0.5)
-        if t.is_alive():
-            raise TimeoutError(f"改写超过 {self.timeout_s:g} 秒")
-        if "error" in box:
-            raise box["error"]
-        return box["text"]
+        """One non-streaming chat call bounded by timeout_s (a stalled server cannot hold the answer)."""
+        return chat_within(self.llm, messages, self.timeout_s, max_tokens=128, name="query-rewrite")

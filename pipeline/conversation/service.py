@@ -135,6 +135,8 @@ class TurnRecorder:
     def see(self, event) -> None:
         if event.type == "delta":
             self.parts.append(event.data.get("text", ""))
+        elif event.type == "replace":  # the streamed text was retracted: the turn holds what replaced it
+            self.parts = [event.data.get("text", "")]
         elif event.type == "sources":
             self.sources = event.data.get("sources") or []
         elif event.type == "trace":

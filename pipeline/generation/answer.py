@@ -3,7 +3,9 @@
     result = yield from stream_answer(question, nodes, llm, temperature)
 
 yields `pipeline.events.delta` events only and returns a `GenerationResult`. Any LLM failure — before or in the
-middle of the stream — raises `LLMError` whose `.msg` is a specific Chinese message.
+middle of the stream — raises `LLMError` whose `.msg` is a specific Chinese message. An LLM answer that is the
+「资料不足」 verdict (verdict.py) returns `insufficient` (and `shown` when text was streamed before it): the answer
+stream turns it into the refusal.
 
 Helpers live in: prompting.py (materials + rules), citations.py (CitationGuard), extractive.py (no-LLM mode),
 llm_client.py (build_llm, LLMError, error mapping, test_llm_connection).
@@ -29,6 +31,7 @@ from pipeline.generation.llm_client import (
     supports_stream_tag,
 )
 from pipeline.generation.prompting import build_messages
+from pipeline.generation.verdict import VerdictWatch, ends_with_verdict
 
 logger = logging.getLogger(__name__)
 
@@ -40,6 +43,10 @@ class GenerationResult:
     text: str
     cited: set[int]
     order: list[int] = field(default_factory=list)  # cited numbers, first-cited first
+    # the LLM's 「资料不足」 verdict (verdict.py): the materials do not address the point asked. `shown`: some
+    # answer text was streamed before it (a verdict at the end), so what was shown must be replaced
+    insufficient: bool = False
+    shown: bool = False
 
 
 class ThinkFilter:
@@ -118,7 +125,40 @@ def stream_answer(question: str, nodes: Sequence[Any], llm: Any, temperature: fl
         return GenerationResult("".join(deltas), cited, sorted(cited))
 
     messages = build_messages(question, nodes, history=history, retrieval_query=retrieval_query)
-    return (yield from stream_llm(messages, llm, temperature, materials=len(nodes), max_tokens=max_tokens))
+    return (yield from watch_verdict(stream_llm(messages, llm, temperature, materials=len(nodes),
+                                                max_tokens=max_tokens)))
+
+
+def watch_verdict(answer: Generator[Event, None, GenerationResult]) -> Generator[Event, None, GenerationResult]:
+    """An LLM answer's deltas with its 「资料不足」 verdict (verdict.py) taken out: a verdict first stops the
+    stream (the model need not write on) before anything is shown; one at the end is reported with `shown`."""
+    watch = VerdictWatch()
+    shown = False
+    try:
+        while True:
+            try:
+                e = next(answer)
+            except StopIteration as stop:
+                result: GenerationResult = stop.value
+                break
+            out = watch.feed(e.data["text"])
+            if watch.verdict:
+                return GenerationResult("", set(), insufficient=True)
+            if out:
+                shown = True
+                yield delta(out)
+    finally:
+        answer.close()  # a verdict first, or a consumer that hangs up: the LLM stream closes now
+    tail = watch.flush()
+    if watch.verdict:
+        return GenerationResult("", set(), insufficient=True)
+    if tail:
+        shown = True
+        yield delta(tail)
+    if ends_with_verdict(result.text):
+        return GenerationResult(result.text, result.cited, result.order, insufficient=True, shown=shown)
+    result.shown = shown
+    return result
 
 
 def stream_llm(messages: list, llm: Any, temperature: float,

@@ -304,6 +304,20 @@ def fuse(cands: Candidates, p: FusionParams, features: dict[str, float] | None =
     return out, weight
 
 
+def best_of(lists: Sequence[list[NodeWithScore]]) -> list[NodeWithScore]:
+    """One ranked list from several of the same route (one per phrasing of the question): each chunk once, with
+    its best score, best first (ties by chunk_id as in `fuse`); as long as the longest of them."""
+    best: dict[str, NodeWithScore] = {}
+    for ranked in lists:
+        for n in ranked:
+            kept = best.get(n.node.node_id)
+            if kept is None or float(n.score or 0.0) > float(kept.score or 0.0):
+                best[n.node.node_id] = n
+    ids = list(best)
+    order = order_by(np.array([float(best[i].score or 0.0) for i in ids]), ids)
+    return [best[ids[i]] for i in order][:max(len(x) for x in lists)]
+
+
 def _known(x: float) -> float | None:
     return None if math.isnan(x) else float(x)
 
@@ -346,27 +360,38 @@ class HybridRetriever(BaseRetriever):
         super().__init__()
 
     def run(self, query_bundle: QueryBundle, keep: Callable[[NodeWithScore], bool] | None = None,
-            limit: int | None = None, allowed=None) -> FusionOutput:
+            limit: int | None = None, allowed=None, expansions: Sequence[QueryBundle] = ()) -> FusionOutput:
         """`keep` (evaluation only: tools/eval/gate_dataset's gold-removed negatives) drops hits from both route lists
         before the fusion, each list then cut to `limit` — the rest is exactly the app's fusion. `allowed` (a
-        document filter's store.doc_tags.Allowed): each route ranks only those chunks (pipeline/retrieval/doc_filter.py)."""
+        document filter's store.doc_tags.Allowed): each route ranks only those chunks (pipeline/retrieval/doc_filter.py).
+
+        `expansions`: other phrasings of the question (the LLM's multi-query, in the documents' register), each
+        with its embedding. Each route then searches with all of them and the one fusion runs over the union of
+        what they found: BM25 scores the question and its phrasings as one query (a chunk that matches the words
+        of several phrasings ranks higher — classic query expansion), the vector route keeps each chunk's best
+        cosine over the phrasings (a paraphrase close to one of them is found). The features of the auto weight
+        stay those of the question asked."""
         out = FusionOutput(mode=self.params.mode)
+        bundles = [query_bundle, *expansions]
         with timing.collect() as ms:
             with timing.stage("bm25"):
-                got = self.bm25_retriever.query_scores(query_bundle.query_str) if self.bm25_retriever else None
+                text = " ".join(b.query_str for b in bundles)
+                got = self.bm25_retriever.query_scores(text) if self.bm25_retriever else None
                 inner, scores = got if got is not None else (None, None)
                 if inner is not None and allowed is not None:
                     scores = inner.restrict(scores, allowed)
                 out.bm25 = inner.hits(scores) if inner is not None else []
             with timing.stage("vector"):
                 vec = self.vector_retriever
-                out.vector = ([] if vec is None else vec.retrieve(query_bundle) if allowed is None
-                              else vec.retrieve_allowed(query_bundle, allowed))
+                lists = [[] if vec is None else vec.retrieve(b) if allowed is None else vec.retrieve_allowed(b, allowed)
+                         for b in (bundles if query_bundle.embedding is not None else bundles[:1])]
+                out.vector = lists[0] if len(lists) == 1 else best_of(lists)
             if keep is not None:
                 out.bm25 = [n for n in out.bm25 if keep(n)][:limit]
                 out.vector = [n for n in out.vector if keep(n)][:limit]
             with timing.stage("fusion"):
-                cands = self.complete(query_bundle, out.bm25, out.vector, inner, scores)
+                cands = self.complete(query_bundle, out.bm25, out.vector, inner, scores,
+                                      [b.embedding for b in expansions if b.embedding is not None])
                 out.features = self.features(query_bundle.query_str, inner, out.bm25, out.vector)
                 out.fused, out.bm25_weight = fuse(cands, self.params, out.features)
                 out.evidence = without_prior(out.fused)
@@ -375,7 +400,9 @@ class HybridRetriever(BaseRetriever):
         return out
 
     def complete(self, qb: QueryBundle, bm25: list[NodeWithScore], vector: list[NodeWithScore], inner,
-                 scores: np.ndarray | None) -> Candidates:
+                 scores: np.ndarray | None, other_embeddings: Sequence[list[float]] = ()) -> Candidates:
+        """The union with both routes' real scores; `other_embeddings` (the expansions'): a chunk's cosine is its
+        best over the question's embedding and these, as the vector route ranked it."""
         c = Candidates.union(bm25, vector)
         known_b = {n.node.node_id: float(n.score or 0.0) for n in bm25}
         missing_b = [i for i in c.ids if i not in known_b]
@@ -386,7 +413,11 @@ class HybridRetriever(BaseRetriever):
             known_v = {n.node.node_id: float(n.score or 0.0) for n in vector}
             missing_v = [i for i in c.ids if i not in known_v]
             if missing_v:
-                known_v |= self.cosines(qb.embedding, missing_v)
+                got = self.cosines(qb.embedding, missing_v)
+                for emb in other_embeddings:
+                    for cid, cos in self.cosines(emb, missing_v).items():
+                        got[cid] = max(cos, got.get(cid, cos))
+                known_v |= got
             c.cosine = np.array([known_v.get(i, 0.0) for i in c.ids], dtype=np.float64)
         return c
 

@@ -24,6 +24,9 @@ class RetrievalResult:
     gate: dict | None = None  # the no-answer gate's outcome and evidence (pipeline/retrieval/gate.py GateDecision.trace)
     calibration: dict | None = None  # the calibration profile the fusion and gate ran on (ActiveProfile.info)
     doc_filter: dict | None = None  # the document filter both routes applied (pipeline/retrieval/doc_filter.py)
+    # the LLM's multi-query searched with the question (pipeline/conversation/multi_query.Expansion.to_dict);
+    # None: the question alone (no LLM, the setting off, or the gate refused — then no LLM saw the question)
+    expansion: dict | None = None
     query_embedding: list[float] | None = field(default=None, repr=False)
     started: float = field(default=0.0, repr=False)            # perf_counter() at the start, for ms["total"]
 

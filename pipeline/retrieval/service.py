@@ -12,7 +12,7 @@ import dataclasses
 import logging
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -177,18 +177,26 @@ class RetrievalService:
         return Allowed(by_kb, chunks, self.chunk_docs)
 
     def recall(self, query: str, s: Settings, recall: int | None = None,
-               kb_ids=None, keep=None, doc_filter: DocFilter | None = None) -> tuple[QueryBundle, FusionOutput, float]:
+               kb_ids=None, keep=None, doc_filter: DocFilter | None = None,
+               expansions: Sequence[str] = (), query_embedding=None) -> tuple[QueryBundle, FusionOutput, float]:
         """Embed the query, run both routes and the fusion. Returns (bundle, routes + fused + ms, embed ms).
         `keep` (evaluation tools only): drop hits before the fusion, route lists then cut to recall_size.
-        `doc_filter`: both routes rank only the documents it allows (pipeline/retrieval/doc_filter.py)."""
+        `doc_filter`: both routes rank only the documents it allows (pipeline/retrieval/doc_filter.py).
+        `expansions`: other phrasings of the query searched with it (HybridRetriever.run).
+        `query_embedding`: the query's, when a first retrieval already computed it (not embedded again)."""
         t0 = time.perf_counter()
         allowed = self.allowed(doc_filter, kb_ids)
         filter_ms = (time.perf_counter() - t0) * 1000
         t0 = time.perf_counter()
-        emb = self.embed_model.get_query_embedding(query) if self.vector_enabled() else None
+        vectors = self.vector_enabled()
+        emb = (query_embedding if query_embedding is not None
+               else self.embed_model.get_query_embedding(query) if vectors else None)
+        extra = [QueryBundle(query_str=q, embedding=self.embed_model.get_query_embedding(q) if vectors else None)
+                 for q in expansions]
         embed_ms = (time.perf_counter() - t0) * 1000
         bundle = QueryBundle(query_str=query, embedding=emb)
-        fusion = self.stages(s, recall, kb_ids).fusion.run(bundle, keep, s.recall_size, allowed=allowed)
+        fusion = self.stages(s, recall, kb_ids).fusion.run(bundle, keep, s.recall_size, allowed=allowed,
+                                                           expansions=extra)
         if allowed is not None:
             fusion.ms["filter"] = filter_ms
         return bundle, fusion, embed_ms
@@ -204,21 +212,15 @@ class RetrievalService:
         return out
 
     def recall_stage(self, query: str, s: Settings, kb_ids=None, doc_filter: DocFilter | None = None) -> RetrievalResult:
-        """Both routes + fusion + the no-answer gate (the answer stream reports it as stage "recall")."""
+        """Both routes + fusion + the no-answer gate on the query alone (the answer stream reports it as stage
+        "recall"). Nothing here calls an LLM: a question the gate refuses is never sent to one."""
         with self.questions.computing():
             return self._recall_stage(query, s, kb_ids, doc_filter)
 
     def _recall_stage(self, query: str, s: Settings, kb_ids=None, doc_filter: DocFilter | None = None) -> RetrievalResult:
         t_start = time.perf_counter()
         bundle, fusion, embed_ms = self.recall(query, s, kb_ids=kb_ids, doc_filter=doc_filter)
-        res = RetrievalResult(query=query, bm25=fusion.bm25, vector=fusion.vector, fused=fusion.fused,
-                              min_similarity=s.min_similarity, bm25_weight=fusion.bm25_weight,
-                              fusion_mode=fusion.mode, fusion_features=fusion.features,
-                              query_embedding=bundle.embedding, started=t_start,
-                              calibration=self.calibration.info(),
-                              doc_filter=doc_filter.to_dict() if doc_filter is not None else None)
-        res.max_similarity = max((n.score or 0.0 for n in fusion.vector), default=0.0)
-        res.ms = {"embed": embed_ms, **fusion.ms}
+        res = self._result(query, s, bundle, fusion, embed_ms, t_start, doc_filter)
         # Gate (F3-4): refuse (no LLM call downstream) / weak evidence / answer — pipeline/retrieval/gate.py
         t_g = time.perf_counter()
         scope = self.scope(kb_ids)
@@ -228,6 +230,34 @@ class RetrievalService:
                           sentence=lambda: self.best_sentence(bundle.embedding, fusion))
         res.gate, res.hit = decision.trace(), decision.hit  # plain data: stored for 重试 with the rest
         res.ms["gate"] = (time.perf_counter() - t_g) * 1000
+        return res
+
+    def expanded_stage(self, first: RetrievalResult, s: Settings, expansions: Sequence[str], kb_ids=None,
+                       doc_filter: DocFilter | None = None) -> RetrievalResult:
+        """Retrieval again with the query and its other phrasings (the LLM's multi-query) fused, for a question
+        `first` (recall_stage) let through. The gate is not run again: its outcome is the question's own, which
+        `first` decided before any LLM saw the question; only the candidates — hence the sources — change."""
+        with self.questions.computing():
+            t0 = time.perf_counter()
+            bundle, fusion, embed_ms = self.recall(first.query, s, kb_ids=kb_ids, doc_filter=doc_filter,
+                                                   expansions=expansions, query_embedding=first.query_embedding)
+            res = self._result(first.query, s, bundle, fusion, embed_ms, first.started, doc_filter)
+        res.gate, res.hit = first.gate, first.hit
+        # the first retrieval's stages as they ran, then what the second one added in all
+        res.ms = {**first.ms, "expanded_recall": (time.perf_counter() - t0) * 1000}
+        return res
+
+    def _result(self, query: str, s: Settings, bundle: QueryBundle, fusion: FusionOutput, embed_ms: float,
+                started: float, doc_filter: DocFilter | None) -> RetrievalResult:
+        """One retrieval's routes and fusion as a RetrievalResult, before any gate decision."""
+        res = RetrievalResult(query=query, bm25=fusion.bm25, vector=fusion.vector, fused=fusion.fused,
+                              min_similarity=s.min_similarity, bm25_weight=fusion.bm25_weight,
+                              fusion_mode=fusion.mode, fusion_features=fusion.features,
+                              query_embedding=bundle.embedding, started=started,
+                              calibration=self.calibration.info(),
+                              doc_filter=doc_filter.to_dict() if doc_filter is not None else None)
+        res.max_similarity = max((n.score or 0.0 for n in fusion.vector), default=0.0)
+        res.ms = {"embed": embed_ms, **fusion.ms}
         return res
 
     def term_weights(self, kb_ids=None) -> TermWeights:

@@ -26,6 +26,7 @@ from pipeline.services.settings import SettingsService
 
 if TYPE_CHECKING:
     from pipeline.components import Components
+    from pipeline.settings import Settings
 
 log = logging.getLogger(__name__)
 
@@ -178,6 +179,26 @@ class AnswerService:
         yield ev.sources([])
         yield ev.done((time.perf_counter() - t0) * 1000, no_answer=False, mode=mode)
 
+    def _recall(self, query: str, s: Settings, scope: list[int], flt: DocFilter | None) -> RetrievalResult:
+        """Retrieval and the gate on the question alone, then — only for a question the gate lets through — the
+        LLM's multi-query and a retrieval with its phrasings. Privacy and cost: a question the gate refuses is
+        answered with the fixed refusal and never reaches an LLM (README, the SRS's no-answer rule)."""
+        res = self.c.retrieval.recall_stage(query, s, scope, flt)
+        if res.hit and self.c.models.expander is not None and s.llm_multi_query:
+            res = self._expanded(res, s, scope, flt)
+        return res
+
+    def _expanded(self, first: RetrievalResult, s: Settings, scope: list[int],
+                  flt: DocFilter | None) -> RetrievalResult:
+        """The multi-query call, then retrieval with the question and its phrasings fused; the gate outcome stays
+        `first`'s. A fall-back (timeout, failed call, unusable reply) keeps `first` as it is: no second retrieval
+        would find anything the first did not."""
+        exp = self.c.models.expander.expand(first.query, s.llm_multi_query_timeout)
+        first.ms["multi_query"] = exp.ms  # the call's wall time, a fall-back's too (a timeout costs the question it)
+        res = first if exp.fell_back else self.c.retrieval.expanded_stage(first, s, exp.searched, scope, flt)
+        res.expansion = exp.to_dict()
+        return res
+
     def _kb_answer(self, question: str, route: Route, history: list[dict], conv_id: str | None, retry: bool,
                    t0: float, scope: list[int], qkey: str, gen: Generation,
                    flt: DocFilter | None = None) -> Iterator[ev.Event]:
@@ -192,7 +213,7 @@ class AnswerService:
             try:
                 yield ev.stage("recall")
                 rw = c.models.rewriter.rewrite(question, history) if history else Rewrite(question, question, "none")
-                res = c.retrieval.recall_stage(rw.query, s, scope, flt)
+                res = self._recall(rw.query, s, scope, flt)
                 yield ev.stage("rerank")
                 res = c.retrieval.rerank_stage(res, s)  # LIGHT has no reranker: the stage reports skipped
             except Exception as exc:
@@ -202,7 +223,8 @@ class AnswerService:
         else:
             rw, res = cached
         self.recent.put(key, (rw, res))
-        yield ev.trace(res, route=route.to_dict(), query=rw.to_dict())
+        query = rw.to_dict() | ({"expansion": res.expansion} if res.expansion else {})
+        yield ev.trace(res, route=route.to_dict(), query=query)
         rewritten = rw.query if rw.changed else None
         if not res.hit:
             yield ev.delta(ev.NO_ANSWER_TEXT)
@@ -219,6 +241,13 @@ class AnswerService:
                                                   query_embedding=res.query_embedding, max_tokens=gen.max_tokens)
         except LLMError as exc:
             yield ev.error(CODE_LLM, exc.msg)
+            return
+        if result.insufficient:  # the LLM's 「资料不足」: the gate's refusal, said by the LLM
+            yield (ev.replace(ev.NO_ANSWER_TEXT, ev.LLM_INSUFFICIENT_REASON) if result.shown
+                   else ev.delta(ev.NO_ANSWER_TEXT))
+            yield ev.sources([])
+            yield ev.done((time.perf_counter() - t0) * 1000, no_answer=True, mode="llm", rewritten_query=rewritten,
+                          refusal=ev.RefusalInfo(by="llm", reason=ev.LLM_INSUFFICIENT_REASON))
             return
         # LLM answers: is each [n] backed by source n? (extractive sentences are quotes of their source)
         support = c.support.check(result.text, res.final) if llm is not None and c.support else None
@@ -243,6 +272,8 @@ class AnswerService:
             for e in events:
                 if e.type is ev.EventType.DELTA:
                     parts.append(e.data["text"])
+                elif e.type is ev.EventType.REPLACE:
+                    parts = [e.data["text"]]
                 elif e.type is ev.EventType.SOURCES:
                     sources = e.data["sources"]
                 elif e.type is ev.EventType.TRACE:
