@@ -251,6 +251,41 @@ def test_a_discarded_index_never_persists_a_waiting_fold(corpus, tok, tmp_path, 
     assert not idx.persist_dir.exists()
 
 
+def test_a_fold_that_read_the_ready_set_too_early_is_followed_by_another(corpus, tok, tmp_path, monkeypatch):
+    """A fold started by the delta's share reads the ready set before the ingest marks its chunks 就绪 (add_ready
+    comes first) and carries them over in the delta; the drain's fold must not give up because that one was in
+    flight when it wanted to run: the index ends with every ready chunk in a full build."""
+    monkeypatch.setattr(bm25_mod, "FOLD_INLINE_MS", 0.0)
+    monkeypatch.setattr(bm25_mod, "FOLD_MIN", 5)
+    items = [(c, t) for c, _, t in corpus]
+    ready = list(items[:10])
+    reading, release = threading.Event(), threading.Event()
+    hold = {"on": False}
+
+    def source():
+        seen = list(ready)
+        if hold["on"]:
+            reading.set()
+            release.wait(20)
+        return seen
+
+    idx = BM25Index(tmp_path / "bm25", source)
+    idx.rebuild(1.5, 0.75)
+    hold["on"] = True
+    idx.add_ready(items[10:20])  # past its share: a fold starts and reads the ready set at once
+    wait_until(reading.is_set, 10, 0.01, "the share fold to read the ready set")
+    hold["on"] = False
+    ready += items[10:20]  # marked 就绪 after add_ready, as the ingest does
+    quiet, opened, asked = _quiet_gate()
+    assert idx.follow_ingest({c for c, _ in ready}, quiet) == "followed"
+    wait_until(asked.is_set, 10, 0.01, "the drain's fold to wait for a quiet moment")
+    opened.set()
+    wait_until(lambda: not idx._fold_waiting, 10, 0.01, "the drain's fold to stop waiting")
+    release.set()  # the early fold lands without the new chunks (they stay in the delta)
+    wait_until(lambda: idx.settled, 20, 0.02, "a fold that holds the chunks marked ready")
+    assert idx.snapshot.size == 20 and idx.persisted_ids() == {c for c, _ in ready}
+
+
 def test_a_ready_chunk_the_ingest_did_not_add_means_a_full_build(corpus, tok, tmp_path):
     items = [(c, t) for c, _, t in corpus]
     ready = list(items[:10])

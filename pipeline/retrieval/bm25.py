@@ -246,6 +246,7 @@ class BM25Index:
         self._fold_thread: threading.Thread | None = None
         self._closing = threading.Event()  # wait_idle: a fold waiting for quiet runs at once
         self._fold_waiting = False  # a follow_ingest fold waits for a quiet moment (in _later_thread)
+        self._fold_after = 0  # that fold is done once a build of a later generation than this has landed
         self._later_thread: threading.Thread | None = None
         self._discarded = False  # the knowledge base is being deleted: nothing is persisted any more
         self.last_build_ms = 0.0
@@ -318,19 +319,28 @@ class BM25Index:
 
         Returns "followed", "folded" or "rebuilt". The (snapshot, delta) pair is replaced either way: what keys
         on it (the gate background, the filter's allowed ids) re-reads what changed."""
-        snap, delta = self._view
+        with self._lock:
+            started = self._generation  # builds up to this one may have read the ready set before the caller did
+        snap = self.snapshot
         indexed = self.indexed_ids()  # a build landing after the read above is caught under the lock below
         if expected_ids - indexed:
             self.rebuild(snap.k1, snap.b)
             return "rebuilt"
         with self._lock:
-            if self._view[0] is not snap:  # a build landed meanwhile: it read the ready set after ours
-                return "followed"
+            if self._view[0] is not snap:  # a build landed meanwhile
+                if self._view[0].generation > started:  # it began after the caller read the ready set
+                    return "followed"
+                snap, indexed = self._view[0], self.indexed_ids()  # an older one (a share fold): follow its view
             self.deleted = self.deleted | (indexed - expected_ids)
             self._view = (snap, self._view[1])
+            if not self.delta.size:
+                return "followed"
             cheap = self._ms_per_chunk * (snap.size + self.delta.size) <= FOLD_INLINE_MS
-            now = self._claim_fold() if delta.size > 0 and cheap else None
-            later = delta.size > 0 and not cheap and not self._fold_waiting
+            now = self._claim_fold() if cheap else None
+            # otherwise a build that starts after this call folds the delta in (one in flight may have read the
+            # ready set before these documents were marked 就绪: its carried-over delta still needs a fold)
+            self._fold_after = max(self._fold_after, started)
+            later = not now and not self._fold_waiting
             self._fold_waiting = self._fold_waiting or later
         if now:
             self._fold(*now)
@@ -377,10 +387,19 @@ class BM25Index:
             quiet(self._closing)  # closing ends the wait: the build is persisted before the app exits
         finally:
             self._fold_waiting = False
-        with self._lock:
-            params = self._claim_fold() if self.delta.size and not self._discarded else None
-        if params:
-            self._fold(*params)
+        while True:
+            with self._lock:
+                if self._discarded or not self.delta.size or self.snapshot.generation > self._fold_after:
+                    return  # nothing left, or a build that began after the drain has landed
+                params = self._claim_fold()
+            if params:
+                self._fold(*params)
+                return
+            running = self._fold_thread  # another fold in flight: wait for it, then look again
+            if running is not None and running.is_alive() and running is not threading.current_thread():
+                running.join(1.0)
+            else:
+                time.sleep(0.05)
 
     def soft_delete(self, chunk_ids: Iterable[int]) -> None:
         self.deleted = self.deleted | set(int(c) for c in chunk_ids)
