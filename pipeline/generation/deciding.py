@@ -14,7 +14,7 @@ import re
 from collections.abc import Sequence
 
 from pipeline.generation.answer_type import DECIDING, expected_kind, holds_verdict, offers
-from pipeline.generation.sentences import Piece
+from pipeline.generation.sentences import Piece, clauses
 
 _ITEM = re.compile(r"^\s*[（(][一二三四五六七八九十\d]+[）)]")  # 「（一）」「(三)」: an enumerated item
 MAX_ITEMS_BACK = 12  # an item this far below its lead-in is still under it (regulations: lists of up to ~10)
@@ -24,14 +24,7 @@ _VERDICT_BREAK = re.compile(r"[，,；;：:]")  # not 、: 「残缺、污损的
 
 def verdict_clauses(text: str, min_chars: int = 4) -> list[tuple[int, int]]:
     """(start, end) of the clauses of a sentence split at ，；： (an enumeration with 、 stays whole)."""
-    spans, start = [], 0
-    for m in _VERDICT_BREAK.finditer(text):
-        if m.start() - start >= min_chars:
-            spans.append((start, m.start()))
-        start = m.end()
-    if len(text) - start >= min_chars:
-        spans.append((start, len(text)))
-    return spans
+    return clauses(text, min_chars, _VERDICT_BREAK)
 
 
 def deciding_clause(question: str, text: str) -> list[tuple[int, int]]:

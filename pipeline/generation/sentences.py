@@ -116,10 +116,11 @@ def is_statement(p: Piece) -> bool:
     return True
 
 
-def clauses(text: str, min_chars: int = 4) -> list[tuple[int, int]]:
-    """(start, end) spans of the clauses of a sentence (split at ，：、), each at least min_chars long."""
+def clauses(text: str, min_chars: int = 4, breaks: re.Pattern = _CLAUSE) -> list[tuple[int, int]]:
+    """(start, end) spans of the clauses of a sentence (split at ，：、 or at `breaks`), each at least min_chars
+    long."""
     spans, start = [], 0
-    for m in _CLAUSE.finditer(text):
+    for m in breaks.finditer(text):
         if m.start() - start >= min_chars:
             spans.append((start, m.start()))
         start = m.end()
