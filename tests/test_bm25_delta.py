@@ -201,14 +201,21 @@ def test_after_an_ingest_bm25_follows_without_a_build_and_folds_when_quiet(corpu
     assert idx.snapshot.size == 31 and idx.delta.size == 0
 
 
-def test_a_fold_waiting_for_quiet_is_persisted_when_the_app_closes(corpus, tok, tmp_path, monkeypatch):
-    monkeypatch.setattr(bm25_mod, "FOLD_INLINE_MS", 0.0)
+def _ten_plus_two(corpus, tmp_path):
+    """An index built over 10 ready chunks whose ingest then made 2 more ready through the delta:
+    (index, the ready set, the first build)."""
     items = [(c, t) for c, _, t in corpus]
     ready = list(items[:10])
     idx = BM25Index(tmp_path / "bm25", lambda: list(ready))
-    idx.rebuild(1.5, 0.75)
+    first = idx.rebuild(1.5, 0.75)
     idx.add_ready(items[10:12])
     ready += items[10:12]
+    return idx, ready, first
+
+
+def test_a_fold_waiting_for_quiet_is_persisted_when_the_app_closes(corpus, tok, tmp_path, monkeypatch):
+    monkeypatch.setattr(bm25_mod, "FOLD_INLINE_MS", 0.0)
+    idx, ready, _first = _ten_plus_two(corpus, tmp_path)
     quiet, _opened, asked = _quiet_gate()
     idx.follow_ingest({c for c, _ in ready}, quiet)
     wait_until(asked.is_set, 10, 0.01, "the fold to wait for a quiet moment")
@@ -218,12 +225,7 @@ def test_a_fold_waiting_for_quiet_is_persisted_when_the_app_closes(corpus, tok, 
 
 def test_a_small_index_folds_at_once_after_the_drain(corpus, tok, tmp_path):
     """A full build predicted under FOLD_INLINE_MS is not deferred: the answers are a full build's at once."""
-    items = [(c, t) for c, _, t in corpus]
-    ready = list(items[:10])
-    idx = BM25Index(tmp_path / "bm25", lambda: list(ready))
-    first = idx.rebuild(1.5, 0.75)
-    idx.add_ready(items[10:12])
-    ready += items[10:12]
+    idx, ready, first = _ten_plus_two(corpus, tmp_path)
     quiet, _opened, asked = _quiet_gate()
     assert idx.follow_ingest({c for c, _ in ready}, quiet) == "folded"
     assert idx.snapshot is not first and idx.delta.size == 0 and not asked.is_set()
@@ -233,12 +235,7 @@ def test_a_small_index_folds_at_once_after_the_drain(corpus, tok, tmp_path):
 def test_a_discarded_index_never_persists_a_waiting_fold(corpus, tok, tmp_path, monkeypatch):
     """Deleting a knowledge base while its fold waits for quiet: the folder removed stays removed."""
     monkeypatch.setattr(bm25_mod, "FOLD_INLINE_MS", 0.0)
-    items = [(c, t) for c, _, t in corpus]
-    ready = list(items[:10])
-    idx = BM25Index(tmp_path / "bm25", lambda: list(ready))
-    idx.rebuild(1.5, 0.75)
-    idx.add_ready(items[10:12])
-    ready += items[10:12]
+    idx, ready, _first = _ten_plus_two(corpus, tmp_path)
     quiet, opened, asked = _quiet_gate()
     idx.follow_ingest({c for c, _ in ready}, quiet)
     wait_until(asked.is_set, 10, 0.01, "the fold to wait for a quiet moment")

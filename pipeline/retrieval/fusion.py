@@ -344,14 +344,15 @@ class HybridRetriever(BaseRetriever):
     Built once per settings change and shared by concurrent questions: it holds no per-question state.
     `bm25_retriever` is a LiveBM25Retriever (`query_scores(query)` → (snapshot retriever, whole-corpus scores);
     that retriever gives the top list `hits(scores)`, `scores_of(scores, ids)` and `coverage(query, id)`);
-    `cosines(query_embedding, ids)` gives the stored-vector cosine of chunks the vector route did not return.
+    `cosines(query_embedding, ids[, others])` gives the stored-vector cosine of chunks the vector route did not return
+    (with `others`, the expansions' embeddings: the best over all of them).
     `retrieve()` returns the fused nodes (both routes' rank and real score, the fused and the RRF score in their
     metadata); `run()` returns them with the route lists, the weight used and the features. Stage timings go to
     pipeline.retrieval.timing when the caller collects them.
     """
 
     def __init__(self, bm25_retriever, vector_retriever: BaseRetriever | None,
-                 cosines: Callable[[list[float], list[str]], dict[str, float]] | None,
+                 cosines: Callable[..., dict[str, float]] | None,
                  params: FusionParams):
         self.bm25_retriever = bm25_retriever
         self.vector_retriever = vector_retriever
@@ -413,11 +414,8 @@ class HybridRetriever(BaseRetriever):
             known_v = {n.node.node_id: float(n.score or 0.0) for n in vector}
             missing_v = [i for i in c.ids if i not in known_v]
             if missing_v:
-                got = self.cosines(qb.embedding, missing_v)
-                for emb in other_embeddings:
-                    for cid, cos in self.cosines(emb, missing_v).items():
-                        got[cid] = max(cos, got.get(cid, cos))
-                known_v |= got
+                known_v |= (self.cosines(qb.embedding, missing_v, other_embeddings) if other_embeddings
+                            else self.cosines(qb.embedding, missing_v))
             c.cosine = np.array([known_v.get(i, 0.0) for i in c.ids], dtype=np.float64)
         return c
 

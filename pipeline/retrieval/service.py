@@ -123,7 +123,7 @@ class RetrievalService:
                                                    kb_id=kb.kb_id,
                                                    allowed_chunks=lambda d, kb=kb: self.allowed_ids.of(kb.kb_id, d))
                               for kb in kbs], recall)
-                fusion = HybridRetriever(bm25, vec, lambda q, ids, kbs=kbs: self._stored_cosines(q, ids, kbs), params)
+                fusion = HybridRetriever(bm25, vec, lambda q, ids, others=(), kbs=kbs: self._stored_cosines(q, ids, kbs, others), params)
                 built = _Stages(fusion, SafeRerank(self.cross_encoder, top_n=s.final_top_k,
                                                    candidates=s.rerank_candidates))
                 if len(self._stages) > 32:  # settings edited many times / many scopes: drop the old ones
@@ -201,14 +201,15 @@ class RetrievalService:
             fusion.ms["filter"] = filter_ms
         return bundle, fusion, embed_ms
 
-    def _stored_cosines(self, query_embedding, chunk_ids: list[str], kbs=None) -> dict[str, float]:
-        """Cosines of the query with stored vectors, from the collections of the knowledge bases in scope."""
+    def _stored_cosines(self, query_embedding, chunk_ids: list[str], kbs=None, others=()) -> dict[str, float]:
+        """Cosines of the query (its best over `others` too) with stored vectors, from the collections of the
+        knowledge bases in scope."""
         out: dict[str, float] = {}
         for kb in kbs if kbs is not None else self.kbs.all():
             missing = [i for i in chunk_ids if i not in out]
             if not missing:
                 break
-            out.update(stored_cosines(kb.vectors.collection, query_embedding, missing))  # today's collection
+            out.update(stored_cosines(kb.vectors.collection, query_embedding, missing, others))  # today's collection
         return out
 
     def recall_stage(self, query: str, s: Settings, kb_ids=None, doc_filter: DocFilter | None = None) -> RetrievalResult:

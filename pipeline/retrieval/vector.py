@@ -10,7 +10,7 @@ one SQL lookup; it stays a LlamaIndex BaseRetriever returning NodeWithScore with
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 import numpy as np
 from chromadb.errors import ChromaError
@@ -43,17 +43,22 @@ def cosine_from_chroma_score(score: float | None) -> float:
     return max(0.0, min(1.0, 1.0 - distance))
 
 
-def stored_cosines(collection, query_embedding, chunk_ids: list[str]) -> dict[str, float]:
+def stored_cosines(collection, query_embedding, chunk_ids: list[str], others: Sequence = ()) -> dict[str, float]:
     """Cosine (clamped to [0, 1], like the route's own scores) of the query with the stored vectors of given
-    chunks — the vector score of chunks the vector route did not return. Missing ids are left out."""
+    chunks — the vector score of chunks the vector route did not return. Missing ids are left out. `others`: more
+    phrasings of the query (multi-query): each chunk's best cosine over all of them, from one read of the vectors."""
     if not chunk_ids:
         return {}
     got = collection.get(ids=list(chunk_ids), include=["embeddings"])
     if not len(got["ids"]):
         return {}
-    q = np.asarray(query_embedding, dtype=np.float32)
     m = np.asarray(got["embeddings"], dtype=np.float32)
-    cos = m @ q / (np.linalg.norm(m, axis=1) * np.linalg.norm(q) + 1e-9)
+    norms = np.linalg.norm(m, axis=1)
+    cos = None
+    for emb in (query_embedding, *others):
+        q = np.asarray(emb, dtype=np.float32)
+        one = m @ q / (norms * np.linalg.norm(q) + 1e-9)
+        cos = one if cos is None else np.maximum(cos, one)
     return {i: float(min(1.0, max(0.0, c))) for i, c in zip(got["ids"], cos)}
 
 
