@@ -203,7 +203,9 @@ def build_components(data_dir: Path | str, *, project_root: Path | None = None, 
                            name=collection_name(kb_id), client=first.client)
 
     def open_bm25(kb_id: int) -> BM25Index:
-        return BM25Index(bm25_dir(data_dir, kb_id), lambda: docs.iter_ready_tokens(kb_id))
+        # in the shared files dir of a team deployment: every process opens the segments one of them wrote
+        return BM25Index(bm25_dir(dep.files_dir or data_dir, kb_id),
+                         lambda ids: docs.iter_ready_tokens(kb_id) if ids is None else docs.tokens_of(ids))
 
     kbs = KnowledgeBases(data_dir, KBStore(db), docs, open_vectors, open_bm25)
     tokenizer = ChineseTokenizer(user_dict=data_dir / "userdict.txt")
@@ -307,7 +309,7 @@ def build_services(data_dir: Path | str, *, project_root: Path | None = None, mo
     recent = StoredRetrievals(c.retrievals, c.docs.get_chunks)
     audit = AuditLog(AuditLogStore(c.db), retention_days=lambda: svc.settings.current.audit_retention_days)
     settings = SettingsService(c.config, c.project_root, c.calibration_dir, bump=lambda name: svc.sync.bump(name),
-                               on_bm25_params=lambda s: svc.lifecycle.rebuild_bm25(s),
+                               on_bm25_params=lambda s: svc.lifecycle.bm25_params(s),
                                catch_up=lambda: svc.sync.catch_up(), audit=audit)
     rebuild = Rebuild(c, on_change=lambda **kw: svc.changes.changed(**kw),
                       keep_curated=lambda doc: svc.chunks.reindex_if_curated(doc))
@@ -331,7 +333,8 @@ def build_services(data_dir: Path | str, *, project_root: Path | None = None, mo
 
     auditor, repairer = build_ops(c, model_ids=model_ids,
                                   has_job=lambda doc_id: c.ingest.is_queued(doc_id) or rebuild.running,
-                                  rebuild_bm25=lambda: changes.changed(wait=True), on_model_fixed=model_fixed)
+                                  rebuild_bm25=lambda: (lifecycle.rebuild_bm25(), changes.changed(wait=True)),
+                                  on_model_fixed=model_fixed)
     windows = RateWindowStore(c.db)  # request counts and failed logins, shared by every process
     documents = DocumentService(c, access, lifecycle, changes, rebuild, audit, doc_tags)
     svc = Services(c, settings, lifecycle, changes, sync, kbs, documents,

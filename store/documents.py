@@ -299,6 +299,15 @@ class DocumentStore(Store):
                     self._ready_chunks(C.c.chunk_id, C.c.tokens, kb_id=kb_id).order_by(C.c.chunk_id)):
                 yield chunk_id, decode_tokens(tokens)
 
+    def tokens_of(self, chunk_ids: Iterable[int]) -> Iterator[tuple[int, list[str]]]:
+        """(chunk_id, tokens) of these chunks, by chunk_id (ready or not: the caller chose them)."""
+        ids = sorted({int(i) for i in chunk_ids})
+        with self.db.connect() as conn:
+            for i in range(0, len(ids), 500):
+                for chunk_id, tokens in conn.execute(select(C.c.chunk_id, C.c.tokens)
+                                                     .where(C.c.chunk_id.in_(ids[i:i + 500])).order_by(C.c.chunk_id)):
+                    yield chunk_id, decode_tokens(tokens)
+
     def ready_chunk_ids_of_docs(self, doc_ids: Iterable[int]) -> list[int]:
         """Enabled chunks of these documents when they are retrievable: the ids a document filter hands to the
         vector search."""

@@ -1,6 +1,6 @@
 """The adaptive no-answer gate: its pure decision, its evidence, the stored per-KB background, and the engine path.
 
-Unit parts use hand-made features and a real bm25s index; the background store is real SQLite; the engine parts
+Unit parts use hand-made features and a real BM25 segment; the background store is real SQLite; the engine parts
 run the real packaged embedding model over real documents.
 """
 from __future__ import annotations
@@ -8,16 +8,17 @@ from __future__ import annotations
 import sqlite3
 from pathlib import Path
 
-import bm25s
 import numpy as np
 import pytest
 from llama_index.core.schema import NodeWithScore, TextNode
 from sqlalchemy import text
 
+from pipeline.retrieval.bm25 import SegmentView
+from pipeline.retrieval.bm25_segments import Segment
 from pipeline.retrieval.gate import ANSWER, REFUSE, WEAK, GateModel, decide
 from pipeline.retrieval.gate_background import MIN_SIM_SCALE, Background, GateBackground, summarize
 from pipeline.retrieval.gate_features import GateFeatures, measure
-from pipeline.retrieval.lexical import TermWeights, content_bigrams, content_terms, coverage, weights_for
+from pipeline.retrieval.lexical import TermWeights, content_bigrams, content_terms, coverage
 from store.db import Database
 from store.gate_stats import GateStatsStore
 from tests.live import engine_with_texts
@@ -180,10 +181,10 @@ def tokenizer():
 
 def test_idf_from_the_index_and_unseen_words(tokenizer):
     corpus = ["乙方逾期交货应支付违约金", "甲方逾期付款应支付违约金", "乙方保证货物质量"]
-    bm = bm25s.BM25(method="lucene")
-    bm.index([tokenizer(t) for t in corpus], show_progress=False)
-    w = weights_for(bm)
-    assert w is weights_for(bm)  # cached per index object
+    seg = Segment.build("s", [(i, tokenizer(t)) for i, t in enumerate(corpus)])
+    view = SegmentView((seg,), (np.ones(seg.size, dtype=bool),), 1.5, 0.75)
+    w = view.weights()
+    assert w is view.weights()  # one table per view (a change publishes a new one)
     assert w.idf("交货") > w.idf("违约金") > 0  # rarer word weighs more
     assert w.idf("梅西") == w.max_idf and w.df_of("梅西") == 0
     terms = content_terms(tokenizer("乙方逾期交货的违约金是多少？"))

@@ -201,7 +201,7 @@ def test_delete_removes_from_all_stores(engine, tmp_path):
     stored = engine.components.files.path_of(engine.components.docs.get(r.doc_id)["stored_name"])
     assert engine.search("紫藤萝计划负责人", 5)["bm25"][0]["chunk_id"] in chunk_ids
     bm25 = engine.components.bm25
-    built = bm25.snapshot.generation
+    built = bm25.view.generation
     engine.delete_document(r.doc_id)
     assert engine.components.docs.get(r.doc_id) is None
     assert engine.components.docs.chunks_of(r.doc_id) == []
@@ -210,8 +210,8 @@ def test_delete_removes_from_all_stores(engine, tmp_path):
     res = engine.search("紫藤萝计划负责人", 10)
     for group in ("bm25", "vector", "fused"):
         assert not {h["chunk_id"] for h in res[group]} & set(chunk_ids)
-    wait_until(lambda: bm25.snapshot.generation > built, 60, 0.05, "the background BM25 rebuild after the delete")
-    # it landed; still gone
+    wait_until(lambda: bm25.view.generation > built, 60, 0.05, "the background BM25 sync after the delete")
+    # the sync landed (the chunks are no longer ready: dead entries); still gone
     assert not {h["chunk_id"] for h in engine.search("紫藤萝计划", 10)["bm25"]} & set(chunk_ids)
     with pytest.raises(EngineError) as ei:
         engine.delete_document(r.doc_id)

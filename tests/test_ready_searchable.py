@@ -1,12 +1,11 @@
 """READY MEANS SEARCHABLE: a document that reads 就绪 is found through BM25 at once, even mid-queue."""
 from __future__ import annotations
 
+import logging
 import threading
 
 import pytest
 
-from pipeline.retrieval import bm25 as bm25_mod
-from pipeline.services import lifecycle as lifecycle_mod
 from store.shared_state import KB_GENERATION
 from tests.shared_data import NOVEL, RULES, needs
 from tests.tiny_engine import real_paragraphs, tiny_engine, tiny_model, wait_idle
@@ -37,14 +36,12 @@ def test_every_document_is_bm25_searchable_as_soon_as_it_reads_ready(tmp_path):
         errors: list[str] = []
 
         def check(d):
-            in_main = set(engine.components.bm25.snapshot.chunk_ids.tolist())
             busy = not engine.wait_idle(0)
             # the BM25 route alone, as retrieval builds it for every question
             bm25 = engine.components.bm25.retriever(engine.components.tokenizer, engine.components.docs.get_chunks, 5)
             hits = bm25.retrieve(idents[d["file_name"]]) if bm25 is not None else []
             found = any(h.node.metadata["doc_id"] == d["doc_id"] for h in hits)
-            chunk_ids = {c["chunk_id"] for c in engine.components.docs.chunks_of(d["doc_id"])}
-            checked[d["doc_id"]] = {"found": found, "via_delta": not (chunk_ids & in_main), "queue_busy": busy}
+            checked[d["doc_id"]] = {"found": found, "queue_busy": busy}
             if not found:
                 errors.append(f"{d['file_name']} reads 就绪 but BM25 misses {idents[d['file_name']]}")
 
@@ -74,10 +71,10 @@ def test_every_document_is_bm25_searchable_as_soon_as_it_reads_ready(tmp_path):
 
         assert not errors, errors
         assert len(checked) == N_SMALL
-        # The check ran while the queue was busy, served by the delta (so it would fail with the old behaviour).
-        assert sum(1 for c in checked.values() if c["via_delta"] and c["queue_busy"]) >= N_SMALL // 3, checked
-        # Once drained and no question asked for a while, a full build folds the delta in.
-        wait_until(lambda: engine.components.bm25.delta.size == 0, 60, 0.1, "the fold after the queue drained")
+        # The check ran while the queue was busy (a rebuild at the drain would fail it), served by the segment
+        # each document's chunks went into before it turned 就绪.
+        assert sum(1 for c in checked.values() if c["queue_busy"]) >= N_SMALL // 3, checked
+        wait_until(lambda: engine.components.bm25.settled, 60, 0.1, "merges after the queue drained")
         assert engine.components.bm25.indexed_ids() == engine.components.docs.ready_chunk_ids()
     finally:
         engine.close()
@@ -90,11 +87,9 @@ def _found(engine, ident: str) -> set[int]:
 
 
 @needs(RULES)
-def test_a_drained_queue_costs_no_full_bm25_build_while_questions_come(tmp_path, monkeypatch):
-    """The ingest's chunks are in the delta already; the drain only follows what else moved (the replaced version
-    out) and the full build that persists it waits until no question computes for a while."""
-    monkeypatch.setattr(lifecycle_mod, "FOLD_AFTER_QUIET_S", 0.2)
-    monkeypatch.setattr(bm25_mod, "FOLD_INLINE_MS", 0.0)  # as a knowledge base whose full build takes seconds
+def test_a_drained_queue_costs_no_full_bm25_build(tmp_path, caplog):
+    """Each document's chunks went into a segment of their own before it turned 就绪; the drain only follows what
+    else moved (the replaced version out), and what the next start opens is on disk already."""
     engine = tiny_engine(tmp_path / "data", tiny_model(tmp_path / "tiny"))
     try:
         c = engine.components
@@ -103,23 +98,20 @@ def test_a_drained_queue_costs_no_full_bm25_build_while_questions_come(tmp_path,
         a.write_text(f"{paras[0]}\n档案编号 FLW-101-A。\n{paras[1]}\n", encoding="utf-8")
         assert all(r.ok for r in engine.upload([(a.name, a)]))
         wait_idle(engine)
-        wait_until(lambda: c.bm25.delta.size == 0, 30, 0.05, "the first document folded in")
-        first = c.bm25.snapshot
-        with c.questions.computing():  # questions keep coming: no quiet moment for the fold
+        first = {s.name for s in c.bm25.view.segments}
+        with caplog.at_level(logging.INFO, logger="pipeline.retrieval.bm25"):
             a.write_text(f"{paras[2]}\n档案编号 FLW-202-A。\n{paras[3]}\n", encoding="utf-8")  # a new version
             b.write_text(f"{paras[4]}\n档案编号 FLW-303-B。\n{paras[5]}\n", encoding="utf-8")
             assert all(r.ok for r in engine.upload([(a.name, a), (b.name, b)]))
             wait_idle(engine)
-            assert c.bm25.snapshot is first  # no full build after the drain
-            assert c.bm25.indexed_ids() == c.docs.ready_chunk_ids()  # the old version is out, the new ones in
-            ready = {d["file_name"]: d["doc_id"] for d in c.docs.all_docs() if d["status"] == "ready" and d["active"] == 1}
-            assert _found(engine, "FLW-202-A") >= {ready["a.txt"]} and _found(engine, "FLW-303-B") >= {ready["b.txt"]}
-            assert not _found(engine, "FLW-101-A") & {ready["a.txt"]}
-            # each 就绪 moved the KB generation in its own transaction; this process took them as its own
-            assert engine.services.sync.seen[KB_GENERATION] == c.state.read()[KB_GENERATION]
-            assert c.bm25.delta.size > 0 and c.bm25.persisted_ids() != c.docs.ready_chunk_ids()
-        # the build swaps the index in, then persists it (what the next start loads)
-        wait_until(lambda: c.bm25.persisted_ids() == c.docs.ready_chunk_ids(), 30, 0.05, "the fold once questions paused")
-        assert c.bm25.snapshot is not first and c.bm25.delta.size == 0
+        assert not [r for r in caplog.records if "BM25 rebuilt" in r.getMessage()]  # no full build
+        assert first <= {s.name for s in c.bm25.view.segments}  # the earlier segment is still the one in use
+        assert c.bm25.indexed_ids() == c.docs.ready_chunk_ids()  # the old version is out, the new ones in
+        ready = {d["file_name"]: d["doc_id"] for d in c.docs.all_docs() if d["status"] == "ready" and d["active"] == 1}
+        assert _found(engine, "FLW-202-A") >= {ready["a.txt"]} and _found(engine, "FLW-303-B") >= {ready["b.txt"]}
+        assert not _found(engine, "FLW-101-A") & {ready["a.txt"]}
+        # each 就绪 moved the KB generation in its own transaction; this process took them as its own
+        assert engine.services.sync.seen[KB_GENERATION] == c.state.read()[KB_GENERATION]
+        assert c.bm25.persisted_ids() >= c.docs.ready_chunk_ids()  # on disk already: what the next start opens
     finally:
         engine.close()

@@ -8,7 +8,7 @@ from llama_index.retrievers.bm25 import BM25Retriever
 
 from pipeline.ingestion.chunking import split_text
 from pipeline.models.tokenize_zh import ChineseTokenizer
-from pipeline.retrieval.bm25 import BM25Index, build_snapshot
+from pipeline.retrieval.bm25 import BM25Index
 from pipeline.retrieval.fusion import rrf_fuse
 from pipeline.retrieval.rerank import SKIPPED_MSG, CrossEncoder, SafeRerank, rerank_status
 
@@ -32,7 +32,7 @@ def _lookup(ids):
 
 
 def _index(tok, tmp_path, k1=1.5, b=0.75):
-    idx = BM25Index(tmp_path / "bm25", lambda: [(i, tok(t)) for i, t in CORPUS.items()])
+    idx = BM25Index(tmp_path / "bm25", lambda ids: [(i, tok(t)) for i, t in CORPUS.items() if ids is None or i in ids])
     idx.rebuild(k1, b)
     return idx
 
@@ -72,11 +72,11 @@ def test_bm25_soft_delete_and_persist(tok, tmp_path):
     idx.soft_delete([1])
     hits = idx.retriever(tok, _lookup, 5).retrieve("首都")
     assert all(h.node.node_id != "1" for h in hits)
-    # persisted index is reloaded when it matches, rebuilt when it does not
-    idx2 = BM25Index(tmp_path / "bm25", lambda: [(i, tok(t)) for i, t in CORPUS.items()])
-    assert idx2.load_or_rebuild(1.5, 0.75, set(CORPUS)) == "loaded"
+    # the segments on disk are opened by the next start; k1/b act at question time (nothing to rebuild)
+    idx2 = BM25Index(tmp_path / "bm25", lambda ids: [(i, tok(t)) for i, t in CORPUS.items() if ids is None or i in ids])
+    assert idx2.open(1.5, 0.75, set(CORPUS)) == "followed"
     assert idx2.retriever(tok, _lookup, 5).retrieve("首都")[0].node.node_id == "1"
-    assert idx2.load_or_rebuild(1.2, 0.75, set(CORPUS)) == "rebuilt"
+    assert idx2.open(1.2, 0.75, set(CORPUS)) == "followed"
 
 
 def test_bm25_k1_b_change_scores(tok, tmp_path):
@@ -86,10 +86,10 @@ def test_bm25_k1_b_change_scores(tok, tmp_path):
 
 
 def test_empty_corpus_is_guarded(tok, tmp_path):
-    idx = BM25Index(tmp_path / "e", lambda: [])
+    idx = BM25Index(tmp_path / "e", lambda ids: [])
     idx.rebuild(1.5, 0.75)
     assert idx.retriever(tok, _lookup, 5) is None
-    assert build_snapshot([], 1.5, 0.75).size == 0
+    assert idx.open(1.5, 0.75, set()) == "followed" and idx.view.n == 0
 
 
 def _nws(ids, scores=None):

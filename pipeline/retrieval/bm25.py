@@ -1,178 +1,574 @@
-"""BM25 route: llama-index's BM25Retriever over a bm25s index built from jieba tokens stored at ingest.
+"""BM25 route: Lucene BM25 over the jieba tokens stored at ingest, kept in segments on disk (bm25_segments.py).
 
-Out of the box BM25Retriever tokenizes with an English regex + stemmer, so Chinese scores 0.0 everywhere and
-`from_defaults(tokenizer=...)` is ignored. We build the bm25s index ourselves from the tokens kept in SQLite
-(never re-tokenizing the corpus), hand it in as `existing_bm25`, and tokenize the query with the same
-ChineseTokenizer in `_retrieve`.
+Out of the box llama-index's BM25Retriever tokenizes with an English regex + stemmer (Chinese scores 0.0) and
+rebuilds its bm25s matrix from the whole corpus for every change. Here a knowledge base's index is a list of
+immutable segments named in a manifest (one folder per knowledge base, in the shared files dir of a team
+deployment, so every process opens the same files):
+
+- a document about to turn 就绪 becomes one small segment (`add_ready`), written before the ready mark, so it
+  is searchable from that moment; a chunk whose tokens change (an edit) gets a new entry and its old one is
+  marked replaced in the manifest (Lucene's update = delete + add);
+- what is searchable is the ready set in the database: entries of chunks no longer ready (deleted documents,
+  old versions, switched-off chunks) are masked per process, and `sync` — on load and whenever the KB
+  generation moves — opens segments other processes added and builds one for ready chunks no segment holds
+  (a crash between the two writes, an old data dir). Both cost what changed, not the corpus;
+- segments of one size tier are merged in the background once there are MERGE_FACTOR of them, dropping dead
+  entries, so the count stays logarithmic in the corpus;
+- scores use the statistics of every live entry together (N, document frequency, average length), computed at
+  question time, so they equal one full build over the same chunks (test_bm25_segments), at every moment.
+
+One manifest writer at a time across processes (an exclusive file lock around read-modify-write); readers
+open segments memory-mapped, so a restart over a million chunks opens files instead of re-indexing.
 """
 from __future__ import annotations
 
+import fcntl
 import json
 import logging
 import math
+import os
 import shutil
 import threading
 import time
-from collections.abc import Callable, Iterable
-from dataclasses import dataclass, field
+import uuid
+from collections.abc import Callable, Collection, Iterable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
-import bm25s
 import numpy as np
 from llama_index.core.base.base_retriever import BaseRetriever
 from llama_index.core.schema import NodeWithScore, QueryBundle
-from llama_index.retrievers.bm25 import BM25Retriever
 
 from pipeline.models.tokenize_zh import ChineseTokenizer
-from pipeline.retrieval.bm25_delta import DeltaBM25
+from pipeline.retrieval.bm25_segments import Segment
 from pipeline.retrieval.in_flight import lower_this_thread
+from pipeline.retrieval.lexical import TermWeights
 from pipeline.retrieval.nodes import ChunkLookup, node_from_row, retrievable
 
 log = logging.getLogger(__name__)
 
-# Fold the delta into a full build before it grows past this share of the main index (or FOLD_MIN chunks):
-# the delta is scored in Python per query, a rebuild costs time proportional to the main index, so folding at a
-# fixed share keeps both the per-query cost and the amortized rebuild cost per chunk bounded.
-FOLD_SHARE = 0.1
-FOLD_MIN = 2000
-# After an ingest drains, fold at once when the full build is predicted to take less than this (a small
-# knowledge base: its answers are then exactly a full build's from the first question on); a larger one waits
-# for a quiet moment. The prediction is this index's own last build time per chunk, measured in process;
-# before any build, BUILD_MS_PER_CHUNK (measured on the 2-core reference machine: 8.8k chunks in 1.2 s).
-FOLD_INLINE_MS = 150.0
-BUILD_MS_PER_CHUNK = 0.14
+MERGE_FACTOR = 8        # this many segments of one size tier are merged into one
+TIER_BASE = 256         # tier of a segment: ⌊log_MERGE_FACTOR(size / TIER_BASE)⌋ (sizes up to TIER_BASE: tier 0)
+MAX_MERGED = 250_000    # a merge writes at most this many chunks (bounds the merging process's memory)
+BUILD_BATCH = 100_000   # a full build writes segments of at most this many chunks
+DEAD_SHARE = 0.3        # a segment with this share of dead entries is rewritten without them
+FROM_ALL = 0.3          # missing chunks above this share of the ready set: stream every token row, not by id
+
+TokenSource = Callable[[Collection[int] | None], Iterable[tuple[int, list[str]]]]
 
 
-@dataclass
-class BM25Snapshot:
-    """An immutable built index: bm25s object + position → chunk_id map."""
+def _ids(values: Iterable[int]) -> np.ndarray:
+    arr = np.fromiter((int(v) for v in values), dtype=np.int64)
+    arr.sort()
+    return arr
 
-    bm25: bm25s.BM25 | None
-    chunk_ids: np.ndarray  # int64, position in the index → chunk_id
-    k1: float
-    b: float
-    total_len: int = 0  # Σ chunk lengths in tokens (the delta needs main's average length)
-    generation: int = 0  # order in which builds started; an older build never replaces a newer one
-    _order: np.ndarray | None = field(default=None, repr=False)  # argsort of chunk_ids (lazy)
-    _sorted: np.ndarray | None = field(default=None, repr=False)
+
+class SegmentView:
+    """What one question scores: segments, which entries are live, k1/b. Immutable once published (a change
+    publishes a new view), so readers never lock; its identity keys what is derived from it (gate background,
+    a filter's allowed ids)."""
+
+    def __init__(self, segments: tuple[Segment, ...], alive: tuple[np.ndarray, ...], k1: float, b: float,
+                 generation: int = 0):
+        self.segments, self.alive, self.k1, self.b, self.generation = segments, alive, k1, b, generation
+        self.offsets = np.zeros(len(segments) + 1, dtype=np.int64)
+        np.cumsum([s.size for s in segments], out=self.offsets[1:])
+        self.n = int(sum(int(a.sum()) for a in alive))
+        self.total_len = int(sum(int(s.lengths[a].sum()) for s, a in zip(segments, alive)))
+        self._postings: dict[str, tuple[int, list[tuple[int, np.ndarray, np.ndarray]]]] = {}
+        self._chunk_ids: np.ndarray | None = None
+        self._weights: TermWeights | None = None
+
+    @classmethod
+    def empty(cls, k1: float = 1.5, b: float = 0.75) -> "SegmentView":
+        return cls((), (), k1, b)
 
     @property
     def size(self) -> int:
-        return int(len(self.chunk_ids))
+        """Score positions (live or not): segment after segment."""
+        return int(self.offsets[-1])
+
+    @property
+    def chunk_ids(self) -> np.ndarray:
+        """chunk_id of each score position."""
+        if self._chunk_ids is None:
+            self._chunk_ids = (np.concatenate([s.chunk_ids for s in self.segments]) if self.segments
+                               else np.zeros(0, dtype=np.int64))
+        return self._chunk_ids
+
+    def parts(self) -> list[np.ndarray]:
+        """The chunk_ids array of each segment, in score order (what is mapped once per segment, not per view)."""
+        return [s.chunk_ids for s in self.segments]
+
+    def live_ids(self) -> set[int]:
+        return set(np.concatenate([s.chunk_ids[a] for s, a in zip(self.segments, self.alive)]
+                                  or [np.zeros(0, dtype=np.int64)]).tolist())
+
+    def with_dead(self, chunk_ids: Iterable[int]) -> "SegmentView":
+        """This view with these chunks' entries dead (a soft delete or a replaced entry)."""
+        q = _ids(chunk_ids)
+        alive = []
+        for seg, a in zip(self.segments, self.alive):
+            loc = seg.locate(q)
+            loc = loc[loc >= 0]
+            if len(loc) and a[loc].any():
+                a = a.copy()
+                a[loc] = False
+            alive.append(a)
+        return SegmentView(self.segments, tuple(alive), self.k1, self.b, self.generation)
+
+    # --- statistics ---------------------------------------------------------------------------------
+    def postings(self, term: str) -> tuple[int, list[tuple[int, np.ndarray, np.ndarray]]]:
+        """(document frequency among live entries, [(segment index, positions, term frequencies)])."""
+        got = self._postings.get(term)
+        if got is None:
+            parts, df = [], 0
+            for i, (seg, a) in enumerate(zip(self.segments, self.alive)):
+                p = seg.postings(term)
+                if p is None:
+                    continue
+                keep = a[p[0]]
+                docs, tfs = p[0][keep], p[1][keep]
+                if len(docs):
+                    parts.append((i, docs, tfs))
+                    df += len(docs)
+            got = (df, parts)
+            if len(self._postings) > 4096:  # a view lives until the next change; questions repeat few terms
+                self._postings.clear()
+            self._postings[term] = got
+        return got
 
     def doc_freq(self, term: str) -> int:
-        """Chunks of this index holding `term` (a column of bm25s' CSC score matrix has one entry each)."""
-        if self.bm25 is None:
-            return 0
-        tid = self.bm25.vocab_dict.get(term)
-        if tid is None:
-            return 0
-        indptr = self.bm25.scores["indptr"]
-        return int(indptr[tid + 1] - indptr[tid])
+        return self.postings(term)[0]
+
+    def idf(self, df: int) -> float:
+        return math.log(1.0 + (self.n - df + 0.5) / (df + 0.5))
+
+    def weights(self) -> TermWeights:
+        """IDF per token over the live entries (lexical.TermWeights)."""
+        if self._weights is None:
+            self._weights = _ViewWeights(self)
+        return self._weights
+
+    # --- scoring --------------------------------------------------------------------------------------
+    def scores(self, tokens: list[str]) -> np.ndarray:
+        """Lucene BM25 of every position for these query tokens (repeats count, as in bm25s); dead ones 0."""
+        out = np.zeros(self.size, dtype=np.float32)
+        if not self.n:
+            return out
+        avg = self.total_len / self.n
+        k1, b = self.k1, self.b
+        for term in tokens:
+            df, parts = self.postings(term)
+            if not df:
+                continue
+            idf = self.idf(df)
+            for i, docs, tfs in parts:
+                tf = tfs.astype(np.float32)
+                norm = k1 * ((1 - b) + b * self.segments[i].lengths[docs] / avg)
+                out[self.offsets[i] + docs] += (idf * tf / (norm + tf)).astype(np.float32)
+        return out
 
     def positions(self, chunk_ids: list[int]) -> np.ndarray:
-        """Index position of each chunk_id, −1 where the snapshot does not hold it."""
+        """Score position of each chunk's live entry, −1 where none is live."""
         q = np.asarray(chunk_ids, dtype=np.int64)
-        if self.size == 0:
-            return np.full(len(q), -1, dtype=np.int64)
-        if self._order is None:  # built in chunk_id order, but do not rely on it
-            self._order = np.argsort(self.chunk_ids, kind="stable")
-            self._sorted = self.chunk_ids[self._order]
-        at = np.minimum(np.searchsorted(self._sorted, q), self.size - 1)
-        return np.where(self._sorted[at] == q, self._order[at], -1)
+        out = np.full(len(q), -1, dtype=np.int64)
+        for i, (seg, a) in enumerate(zip(self.segments, self.alive)):
+            loc = seg.locate(q)
+            ok = loc >= 0
+            ok[ok] = a[loc[ok]]
+            out[ok] = self.offsets[i] + loc[ok]
+        return out
+
+    def coverage(self, tokens: list[str], pos: int) -> float:
+        """idf-weighted share of the query's indexed terms that occur in the chunk at position `pos` (0–1)."""
+        i = int(np.searchsorted(self.offsets, pos, side="right")) - 1
+        local = pos - int(self.offsets[i])
+        total = found = 0.0
+        for term in set(tokens):
+            df, parts = self.postings(term)
+            if not df:
+                continue
+            idf = self.idf(df)
+            total += idf
+            if any(j == i and bool(np.any(docs == local)) for j, docs, _ in parts):
+                found += idf
+        return found / total if total > 0 else 0.0
 
 
-def build_snapshot(items: Iterable[tuple[int, list[str]]], k1: float, b: float) -> BM25Snapshot:
-    ids: list[int] = []
-    corpus: list[list[str]] = []
-    for chunk_id, tokens in items:
-        ids.append(chunk_id)
-        corpus.append(tokens or [""])
-    if not ids:
-        return BM25Snapshot(None, np.zeros(0, dtype=np.int64), k1, b)
-    bm = bm25s.BM25(k1=k1, b=b, method="lucene")
-    bm.index(corpus, show_progress=False)
-    return BM25Snapshot(bm, np.asarray(ids, dtype=np.int64), k1, b, total_len=sum(len(c) for c in corpus))
+class _ViewWeights(TermWeights):
+    def __init__(self, view: SegmentView):
+        self.view = view
+        self.n = max(view.n, 1)
+        self.max_idf = self._idf(0)
+
+    def df_of(self, token: str) -> int:
+        return self.view.doc_freq(token)
 
 
-def _placeholder_bm25() -> bm25s.BM25:
-    """An empty bm25s object for BM25Retriever's constructor when only the delta holds chunks."""
-    bm = bm25s.BM25(method="lucene")
-    bm.scores = {"num_docs": 0}
-    bm.vocab_dict = {}
-    return bm
+class SegmentDir:
+    """One knowledge base's folder: manifest.json (segments in publish order, each with the chunk ids a newer
+    entry replaced), manifest.lock, segments/<name>/. Opened segments are kept by name."""
+
+    def __init__(self, root: Path):
+        self.root = Path(root)
+        self._open: dict[str, Segment] = {}
+        self._open_lock = threading.Lock()
+
+    @contextmanager
+    def locked(self) -> Iterator[None]:
+        """Exclusive across processes and threads (flock holds per open file, so two opens in one process
+        exclude each other too)."""
+        self.root.mkdir(parents=True, exist_ok=True)
+        with open(self.root / "manifest.lock", "a+") as f:
+            fcntl.flock(f, fcntl.LOCK_EX)
+            try:
+                yield
+            finally:
+                fcntl.flock(f, fcntl.LOCK_UN)
+
+    def read(self) -> list[dict]:
+        try:
+            return json.loads((self.root / "manifest.json").read_text())["segments"]
+        except (OSError, ValueError, KeyError):
+            return []
+
+    def write(self, entries: list[dict]) -> None:
+        tmp = self.root / "manifest.json.tmp"
+        tmp.write_text(json.dumps({"segments": entries}))
+        os.replace(tmp, self.root / "manifest.json")
+        self._collect({e["name"] for e in entries})
+
+    def segment(self, name: str) -> Segment:
+        with self._open_lock:
+            seg = self._open.get(name)
+            if seg is None:
+                seg = self._open[name] = Segment.open(self.root / "segments" / name)
+            return seg
+
+    def save(self, seg: Segment) -> None:
+        seg.save(self.root / "segments" / seg.name)
+
+    def _collect(self, listed: set[str]) -> None:
+        """Remove what no manifest names any more (under the lock: every save is listed before it is released).
+        A process still reading a removed segment keeps its mapped files until it lets go of them."""
+        with self._open_lock:
+            for name in [n for n in self._open if n not in listed]:
+                self._open.pop(name)
+        folder = self.root / "segments"
+        for p in folder.iterdir() if folder.exists() else ():
+            if p.name not in listed:
+                shutil.rmtree(p, ignore_errors=True)
+        for old in ("meta.json", "chunk_ids.npy", "params.index.json", "vocab.index.json", "data.csc.index.npy",
+                    "indices.csc.index.npy", "indptr.csc.index.npy", "nonoccurrence_array.index.npy"):
+            (self.root / old).unlink(missing_ok=True)  # the single bm25s build of earlier releases
 
 
-class JiebaBM25Retriever(BM25Retriever):
-    """BM25Retriever whose query side uses our Chinese tokenizer and whose hits map to chunk_ids.
+def new_name() -> str:
+    return f"{time.strftime('%Y%m%d%H%M%S')}-{uuid.uuid4().hex[:8]}"
 
-    `mask_out` holds chunk_ids deleted since the snapshot was built (a soft delete through bm25s' weight
-    mask, until the background rebuild swaps in a fresh snapshot). `delta` holds chunks made ready since the
-    snapshot was built (pipeline.retrieval.bm25_delta); its scores are merged with the main ones.
+
+def tier(size: int) -> int:
+    return 0 if size <= TIER_BASE else int(math.log(size / TIER_BASE, MERGE_FACTOR))
+
+
+class BM25Index:
+    """One knowledge base's keyword index: the published view, and the segment folder it comes from.
+
+    `sync(ready_ids)` is the one way to follow what is 就绪 (load, another process's change, a drained queue);
+    `add_ready` and `replace` write new entries; `soft_delete` masks entries at once (until the next sync, which
+    reads the ready set itself); `rebuild` writes everything anew (tokens rewritten in place by a repair).
     """
 
-    def __init__(self, snapshot: BM25Snapshot, tokenizer: ChineseTokenizer, lookup: ChunkLookup,
-                 similarity_top_k: int = 50, mask_out: set[int] | None = None, delta: DeltaBM25 | None = None):
-        self.snapshot = snapshot
+    def __init__(self, persist_dir: Path, token_source: TokenSource):
+        self.persist_dir = Path(persist_dir)
+        self.dir = SegmentDir(self.persist_dir)
+        self.token_source = token_source  # chunk ids (None: every ready chunk) → (chunk_id, tokens), by id
+        self._view = SegmentView.empty()
+        self._lock = threading.Lock()  # publishing a view; _pending
+        self._pending: set[int] = set()  # written by add_ready here, not seen 就绪 yet: kept live meanwhile
+        self._generation = 0
+        self._merging: threading.Thread | None = None
+        self._discarded = False
+        self.last_build_ms = 0.0
+
+    @property
+    def view(self) -> SegmentView:
+        return self._view
+
+    def _publish(self, segments, alive, k1=None, b=None) -> SegmentView:
+        """Under self._lock."""
+        self._generation += 1
+        v = self._view
+        self._view = SegmentView(tuple(segments), tuple(alive), v.k1 if k1 is None else k1,
+                                 v.b if b is None else b, self._generation)
+        return self._view
+
+    def set_params(self, k1: float, b: float) -> None:
+        """BM25 parameters act at question time: no rebuild."""
+        with self._lock:
+            v = self._view
+            self._publish(v.segments, v.alive, k1, b)
+
+    # --- following the ready set ---------------------------------------------------------------------
+    def open(self, k1: float, b: float, ready_ids: Collection[int]) -> str:
+        """At load: the segments on disk, plus a segment for ready chunks none holds. Returns what it did."""
+        self.set_params(k1, b)
+        return self.sync(ready_ids)
+
+    def sync(self, ready_ids: Collection[int], settled: Collection[int] = ()) -> str:
+        """Make the live entries exactly the ready chunks: open segments other processes wrote, write one for
+        ready chunks no segment holds, mask the rest. Entries this process's ingest wrote stay live until their
+        document is `settled` (ready, or failed). Returns "followed", or "added N" when it wrote one."""
+        ready = _ids(ready_ids)
+        done = "followed"
+        with self.dir.locked():
+            entries = self.dir.read()
+            segments = [self.dir.segment(e["name"]) for e in entries]
+            held = [s.chunk_ids[~np.isin(s.chunk_ids, e.get("replaced", []))] for s, e in zip(segments, entries)]
+            missing = np.setdiff1d(ready, np.concatenate(held) if held else np.zeros(0, dtype=np.int64),
+                                   assume_unique=True)
+            if len(missing) and not self._discarded:
+                t0 = time.perf_counter()
+                for seg in self._build(missing, len(ready)):
+                    self._append(entries, segments, seg)
+                self.dir.write(entries)
+                self.last_build_ms = (time.perf_counter() - t0) * 1000
+                done = f"added {len(missing)}"
+                log.info("BM25 segment: %d ready chunks no segment held, written in %.0f ms", len(missing),
+                         self.last_build_ms)
+        with self._lock:
+            self._pending -= set(settled)
+            live = np.union1d(ready, _ids(self._pending))
+            alive = [np.isin(s.chunk_ids, live) & ~np.isin(s.chunk_ids, e.get("replaced", []))
+                     for s, e in zip(segments, entries)]
+            self._publish(segments, alive)
+        self._merge_soon()
+        return done
+
+    def follow_ingest(self, ready_ids: Collection[int]) -> str:
+        """This process's ingest queue drained: its documents are in segments already (add_ready); what else
+        changed (an old version left the ready set) is followed by `sync`."""
+        with self._lock:
+            done = set(self._pending)  # an ingest starting meanwhile adds to _pending: its entries stay live
+        return self.sync(ready_ids, settled=done)
+
+    def _build(self, chunk_ids: np.ndarray, ready_count: int) -> Iterator[Segment]:
+        """Segments of at most BUILD_BATCH chunks over these chunks' stored tokens."""
+        want = None if len(chunk_ids) > FROM_ALL * max(ready_count, 1) else chunk_ids.tolist()
+        wanted = set(chunk_ids.tolist()) if want is None else None
+        batch: list[tuple[int, list[str]]] = []
+        for cid, tokens in self.token_source(want):
+            if wanted is None or cid in wanted:
+                batch.append((cid, tokens))
+                if len(batch) >= BUILD_BATCH:
+                    yield Segment.build(new_name(), batch)
+                    batch = []
+        if batch:
+            yield Segment.build(new_name(), batch)
+
+    def _append(self, entries: list[dict], segments: list[Segment], seg: Segment) -> None:
+        """Under the folder lock: save `seg`, list it last, mark its chunk ids replaced in older entries."""
+        self.dir.save(seg)
+        for e, old in zip(entries, segments):
+            loc = old.locate(seg.chunk_ids)
+            again = old.chunk_ids[loc[loc >= 0]]
+            if len(again):
+                e["replaced"] = sorted(set(e.get("replaced", [])) | set(again.tolist()))
+        entries.append({"name": seg.name, "size": seg.size})
+        segments.append(seg)
+        self.dir.segment(seg.name)  # the saved files, memory-mapped, replace the built arrays
+
+    # --- writing entries --------------------------------------------------------------------------------
+    def add_ready(self, items: list[tuple[int, list[str]]]) -> None:
+        """Chunks of a document about to be marked 就绪 (called before mark_ready, on the ingest worker): one
+        new segment, live here at once (the retriever still drops rows that are not 就绪)."""
+        self._write(items, pending=True)
+
+    def replace(self, items: list[tuple[int, list[str]]]) -> None:
+        """Chunks whose stored tokens changed (an edit, a restore): new entries; the old ones never match
+        again, here at once and in other processes from their next sync."""
+        self._write(items, pending=False)
+
+    def _write(self, items: list[tuple[int, list[str]]], pending: bool) -> None:
+        if not items or self._discarded:
+            return
+        seg = Segment.build(new_name(), items)
+        with self.dir.locked():
+            entries = self.dir.read()
+            segments = [self.dir.segment(e["name"]) for e in entries]
+            self._append(entries, segments, seg)
+            self.dir.write(entries)
+        seg = self.dir.segment(seg.name)
+        with self._lock:
+            if pending:
+                self._pending |= set(seg.chunk_ids.tolist())
+            v = self._view.with_dead(seg.chunk_ids.tolist())
+            self._publish(v.segments + (seg,), v.alive + (np.ones(seg.size, dtype=bool),))
+        log.info("BM25 segment: %d chunks added", seg.size)
+        self._merge_soon()
+
+    def soft_delete(self, chunk_ids: Iterable[int]) -> None:
+        """Out of this process's results now (the database change follows; the next sync reads it)."""
+        with self._lock:
+            v = self._view.with_dead(chunk_ids)
+            self._publish(v.segments, v.alive)
+
+    def rebuild(self, k1: float | None = None, b: float | None = None) -> SegmentView:
+        """Every ready chunk written anew from its stored tokens (a repair re-tokenized chunks in place)."""
+        t0 = time.perf_counter()
+        ready = self.token_source(None)
+        with self.dir.locked():
+            entries: list[dict] = []
+            segments: list[Segment] = []
+            if not self._discarded:
+                batch: list[tuple[int, list[str]]] = []
+                for item in ready:
+                    batch.append(item)
+                    if len(batch) >= BUILD_BATCH:
+                        self._append(entries, segments, Segment.build(new_name(), batch))
+                        batch = []
+                if batch:
+                    self._append(entries, segments, Segment.build(new_name(), batch))
+                self.dir.write(entries)
+        with self._lock:
+            self._pending.clear()
+            v = self._publish(segments, [np.ones(s.size, dtype=bool) for s in segments], k1, b)
+        self.last_build_ms = (time.perf_counter() - t0) * 1000
+        log.info("BM25 rebuilt: %d chunks in %.0f ms", v.n, self.last_build_ms)
+        return v
+
+    # --- merging --------------------------------------------------------------------------------------
+    def _merge_plan(self, view: SegmentView) -> list[int] | None:
+        """Indexes (in the view) of the segments to merge next: MERGE_FACTOR of the smallest full tier, or one
+        segment whose dead share passed DEAD_SHARE."""
+        by_tier: dict[int, list[int]] = {}
+        for i, (s, a) in enumerate(zip(view.segments, view.alive)):
+            if s.size and (s.size - int(a.sum())) / s.size >= DEAD_SHARE:
+                return [i]
+            by_tier.setdefault(tier(s.size), []).append(i)
+        for t in sorted(by_tier):
+            group = by_tier[t]
+            if len(group) >= MERGE_FACTOR and sum(view.segments[i].size for i in group) <= MAX_MERGED:
+                return group
+        return None
+
+    def _merge_soon(self) -> None:
+        with self._lock:
+            if self._merging is not None and self._merging.is_alive() or self._discarded:
+                return
+            if self._merge_plan(self._view) is None:
+                return
+            self._merging = threading.Thread(target=self._merge_all, name="bm25-merge", daemon=True)
+            self._merging.start()
+
+    def _merge_all(self) -> None:
+        lower_this_thread()
+        try:
+            while not self._discarded:
+                view = self._view
+                plan = self._merge_plan(view)
+                if plan is None or not self._merge(view, plan):
+                    return
+        except Exception:
+            log.exception("BM25 merge failed")
+
+    def _merge(self, view: SegmentView, plan: list[int]) -> bool:
+        """Merge the live entries of these segments into one; False when the folder changed under it."""
+        t0 = time.perf_counter()
+        inputs = [view.segments[i] for i in plan]
+        names = {s.name for s in inputs}
+        merged = Segment.merge(new_name(), [(view.segments[i], view.alive[i]) for i in plan])
+        with self.dir.locked():
+            entries = self.dir.read()
+            if not names <= {e["name"] for e in entries} or self._discarded:
+                return False  # another process merged or rebuilt meanwhile: plan again on the new view
+            late = set().union(*(e.get("replaced", []) for e in entries if e["name"] in names))
+            at = min(i for i, e in enumerate(entries) if e["name"] in names)
+            kept = [e for e in entries if e["name"] not in names]
+            self.dir.save(merged)
+            entry = {"name": merged.name, "size": merged.size}
+            again = sorted(late & set(merged.chunk_ids.tolist()))
+            if again:
+                entry["replaced"] = again
+            kept.insert(at, entry)
+            self.dir.write(kept)
+        merged = self.dir.segment(merged.name)
+        with self._lock:
+            v = self._view
+            live = set().union(*(s.chunk_ids[a].tolist() for s, a in zip(v.segments, v.alive) if s.name in names))
+            rest = [(s, a) for s, a in zip(v.segments, v.alive) if s.name not in names]
+            pos = min([i for i, s in enumerate(v.segments) if s.name in names] or [len(rest)])
+            rest.insert(pos, (merged, np.isin(merged.chunk_ids, np.fromiter(live, dtype=np.int64, count=len(live)))))
+            self._publish([s for s, _ in rest], [a for _, a in rest])
+        log.info("BM25 segment: merged %d segments into one of %d chunks in %.0f ms", len(inputs), merged.size,
+                 (time.perf_counter() - t0) * 1000)
+        return True
+
+    # --- lifecycle and audit ------------------------------------------------------------------------
+    @property
+    def settled(self) -> bool:
+        """No merge runs (scores are exact at every moment; this says the segment folder is not about to change)."""
+        return self._merging is None or not self._merging.is_alive()
+
+    def wait_idle(self, timeout: float = 30.0) -> None:
+        t = self._merging
+        if t is not None and t is not threading.current_thread():
+            t.join(timeout)
+
+    def discard(self, timeout: float = 30.0) -> None:
+        """The knowledge base is being deleted: nothing is written from now on (the caller removes the folder)."""
+        self._discarded = True
+        self.wait_idle(timeout)
+
+    def indexed_ids(self) -> set[int]:
+        """Chunk ids BM25 can find now (live entries): what the audit compares."""
+        return self._view.live_ids()
+
+    def persisted_ids(self) -> set[int]:
+        """Chunk ids the segments on disk hold (what the next start opens; empty when there are none)."""
+        out: set[int] = set()
+        try:
+            for e in self.dir.read():
+                ids = np.load(self.persist_dir / "segments" / e["name"] / "chunk_ids.npy", mmap_mode="r")
+                out |= set(ids.tolist()) - set(e.get("replaced", []))
+        except (OSError, ValueError):
+            pass
+        return out
+
+    def retriever(self, tokenizer: ChineseTokenizer, lookup: ChunkLookup, top_k: int) -> "JiebaBM25Retriever | None":
+        """A retriever over the current view (None while it holds nothing)."""
+        v = self._view
+        return JiebaBM25Retriever(v, tokenizer, lookup, top_k) if v.size else None
+
+
+class JiebaBM25Retriever(BaseRetriever):
+    """llama-index's BM25 retriever contract (`retrieve(query)` → top-k nodes by Lucene BM25) over one view,
+    with the query tokenized by our Chinese tokenizer and hits mapped to ready chunk rows."""
+
+    def __init__(self, view: SegmentView, tokenizer: ChineseTokenizer, lookup: ChunkLookup, similarity_top_k: int = 50):
+        self.view = view
         self.tokenizer = tokenizer
         self.lookup = lookup
-        self.mask_out = set(mask_out or ())
-        self.delta = delta
-        # BM25Retriever's constructor raises on an empty corpus (max() of empty): when only the delta holds
-        # chunks it gets an empty placeholder, and score_tokens never asks it.
-        super().__init__(existing_bm25=snapshot.bm25 or _placeholder_bm25(), similarity_top_k=similarity_top_k,
-                         skip_stemming=True)
-        self.similarity_top_k = similarity_top_k  # the base caps it at the main index's size; the delta adds more
+        self.similarity_top_k = similarity_top_k
+        super().__init__()
 
     def score_tokens(self, tokens: list[str]) -> tuple[np.ndarray, np.ndarray]:
-        """(chunk_ids, scores) over the main snapshot followed by the delta; deleted chunks score 0."""
-        snap = self.snapshot
-        ids = self.bm25.get_tokens_ids(tokens) if snap.bm25 is not None else []
-        if ids:
-            scores = self.bm25.get_scores_from_ids(ids)
-        else:
-            scores = np.zeros(snap.size, dtype=np.float32)
-        chunk_ids = snap.chunk_ids
-        if self.delta is not None and self.delta.size:
-            d_ids, d_scores = self.delta.scores(tokens, snap.doc_freq, snap.size, snap.total_len, snap.k1, snap.b)
-            chunk_ids = np.concatenate([chunk_ids, d_ids])
-            scores = np.concatenate([scores.astype(np.float32), d_scores])
-        if self.mask_out:
-            scores = scores * np.isin(chunk_ids, np.fromiter(self.mask_out, dtype=np.int64), invert=True)
-        return chunk_ids, scores
+        """(chunk_ids, scores) of every position; dead entries score 0."""
+        return self.view.chunk_ids, self.view.scores(tokens)
 
     def query_scores(self, query: str) -> np.ndarray:
-        """BM25 score of every indexed chunk for this query: the snapshot's positions, then the delta's."""
-        return self.score_tokens(self.tokenizer(query))[1]
-
-    def _chunk_ids(self, n: int) -> np.ndarray:
-        """chunk_id of each of the first n score positions (snapshot, then delta; the delta only appends)."""
-        snap = self.snapshot
-        if n <= snap.size:
-            return snap.chunk_ids
-        return np.concatenate([snap.chunk_ids, np.asarray(self.delta.chunk_ids[:n - snap.size], dtype=np.int64)])
-
-    def _positions(self, chunk_ids: list[int], n: int) -> np.ndarray:
-        """Score position of each chunk_id among the first n, −1 where neither index holds it."""
-        pos = self.snapshot.positions(chunk_ids)
-        if self.delta is not None and n > self.snapshot.size:
-            for k, c in enumerate(chunk_ids):
-                d = self.delta.pos_of.get(int(c))
-                if pos[k] < 0 and d is not None and self.snapshot.size + d < n:
-                    pos[k] = self.snapshot.size + d
-        return pos
+        return self.view.scores(self.tokenizer(query))
 
     def restrict(self, scores: np.ndarray, allowed) -> np.ndarray:
         """The scores with every chunk outside a filter's allowed set zeroed (pipeline/retrieval/doc_filter.py):
         `hits` then takes its top-k among the allowed chunks only."""
-        snap = self.snapshot
-        tail = self._chunk_ids(len(scores))[snap.size:] if len(scores) > snap.size else np.zeros(0, dtype=np.int64)
-        keep = allowed.keep(snap.chunk_ids, tail)[:len(scores)]
+        keep = allowed.keep(self.view.parts())
         return np.where(keep, scores, 0.0).astype(scores.dtype, copy=False)
 
     def hits(self, scores: np.ndarray) -> list[NodeWithScore]:
         """The top `similarity_top_k` chunks with a positive score, as ready nodes."""
-        chunk_ids = self._chunk_ids(len(scores))
+        chunk_ids = self.view.chunk_ids
         k = min(self.similarity_top_k, len(scores))
         if k <= 0:
             return []
@@ -184,308 +580,46 @@ class JiebaBM25Retriever(BM25Retriever):
         out = []
         for cid, score in hits:
             row = rows.get(cid)
-            if not retrievable(row):
-                continue
-            out.append(NodeWithScore(node=node_from_row(row), score=score))
+            if retrievable(row):
+                out.append(NodeWithScore(node=node_from_row(row), score=score))
         return out
 
+    def holds(self, chunk_id: int) -> bool:
+        return int(self.view.positions([int(chunk_id)])[0]) >= 0
+
     def scores_of(self, scores: np.ndarray, chunk_ids: list[str]) -> dict[str, float]:
-        """The real BM25 score of given chunks (0.0 for a chunk neither the snapshot nor the delta holds)."""
-        pos = self._positions([int(c) for c in chunk_ids], len(scores))
+        """The real BM25 score of given chunks (0.0 for a chunk no live entry holds)."""
+        pos = self.view.positions([int(c) for c in chunk_ids])
         return {c: (float(scores[p]) if p >= 0 else 0.0) for c, p in zip(chunk_ids, pos)}
 
     def coverage(self, query: str, chunk_id: str) -> float:
         """idf-weighted share of the query's indexed tokens that occur in the chunk (0–1)."""
-        tokens = self.tokenizer(query)
-        p = int(self.snapshot.positions([int(chunk_id)])[0])
-        if p < 0 and self.delta is not None and int(chunk_id) in self.delta.pos_of:
-            snap = self.snapshot
-            return self.delta.coverage(tokens, self.delta.pos_of[int(chunk_id)], snap.doc_freq, snap.size)
-        if self.snapshot.bm25 is None:
-            return 0.0
-        ids = sorted(set(self.bm25.get_tokens_ids(tokens)))
-        if p < 0 or not ids:
-            return 0.0
-        sc = self.bm25.scores
-        indptr, indices, n = sc["indptr"], sc["indices"], float(sc["num_docs"])
-        total = found = 0.0
-        for t in ids:
-            s, e = int(indptr[t]), int(indptr[t + 1])
-            df = e - s
-            idf = math.log(1.0 + (n - df + 0.5) / (df + 0.5))
-            total += idf
-            if df and bool(np.any(indices[s:e] == p)):
-                found += idf
-        return found / total if total > 0 else 0.0
+        p = int(self.view.positions([int(chunk_id)])[0])
+        return self.view.coverage(self.tokenizer(query), p) if p >= 0 else 0.0
 
     def _retrieve(self, query_bundle: QueryBundle) -> list[NodeWithScore]:
         return self.hits(self.query_scores(query_bundle.query_str))
 
 
-class BM25Index:
-    """Owns the current snapshot and its delta: rebuild from stored tokens, persist, load, soft-delete, and
-    `add_ready` for documents about to turn 就绪 (searchable at once through the delta).
-
-    Readers take the (snapshot, delta) pair in one attribute read (atomic), so a rebuild never blocks
-    questions. A rebuild reads the tokens without the lock (seconds at 50k chunks) and swaps under it: delta
-    entries the new snapshot does not hold (made ready while it was being built) are carried over, and a build
-    that started earlier than the current snapshot's is dropped, so no ready chunk ever falls out of BM25.
-    """
-
-    def __init__(self, persist_dir: Path, token_source: Callable[[], Iterable[tuple[int, list[str]]]]):
-        self.persist_dir = Path(persist_dir)
-        self.token_source = token_source
-        # (snapshot, delta) is published as one pair: a reader taking the old snapshot with the new delta
-        # (or the reverse) across a fold would miss the chunks that moved from one to the other.
-        self._view: tuple[BM25Snapshot, DeltaBM25] = (BM25Snapshot(None, np.zeros(0, dtype=np.int64), 1.5, 0.75),
-                                                      DeltaBM25())
-        self.deleted: set[int] = set()
-        self._lock = threading.Lock()
-        self._generation = 0
-        self._folding = False
-        self._fold_thread: threading.Thread | None = None
-        self._closing = threading.Event()  # wait_idle: a fold waiting for quiet runs at once
-        self._fold_waiting = False  # a follow_ingest fold waits for a quiet moment (in _later_thread)
-        self._fold_after = 0  # that fold is done once a build of a later generation than this has landed
-        self._later_thread: threading.Thread | None = None
-        self._discarded = False  # the knowledge base is being deleted: nothing is persisted any more
-        self.last_build_ms = 0.0
-        self._ms_per_chunk = BUILD_MS_PER_CHUNK
-
-    @property
-    def snapshot(self) -> BM25Snapshot:
-        return self._view[0]
-
-    @property
-    def delta(self) -> DeltaBM25:
-        return self._view[1]
-
-    def _next_generation(self) -> int:
-        with self._lock:
-            self._generation += 1
-            return self._generation
-
-    def rebuild(self, k1: float, b: float, persist: bool = True) -> BM25Snapshot:
-        gen = self._next_generation()
-        t0 = time.perf_counter()
-        snap = build_snapshot(self.token_source(), k1, b)
-        snap.generation = gen
-        with self._lock:
-            if gen < self.snapshot.generation:
-                log.info("BM25 build %d superseded by %d; dropped", gen, self.snapshot.generation)
-                return self.snapshot
-            held = set(snap.chunk_ids.tolist())
-            self._view = (snap, DeltaBM25((c, t) for c, t in self.delta.items if c not in held))
-            self.deleted = set()
-            self.last_build_ms = (time.perf_counter() - t0) * 1000
-            if snap.size:
-                self._ms_per_chunk = self.last_build_ms / snap.size
-            if persist and not self._discarded:
-                self._persist(snap)
-        log.info("BM25 rebuilt: %d chunks in %.0f ms (delta carries %d)", snap.size, self.last_build_ms,
-                 self.delta.size)
-        return snap
-
-    def add_ready(self, items: list[tuple[int, list[str]]]) -> None:
-        """Chunks of a document about to be marked 就绪 (called before mark_ready, on the ingest worker).
-
-        The retriever still filters on status, so they surface exactly when the document turns ready. A
-        delta past its share of the main index is folded by a background rebuild.
-        """
-        with self._lock:
-            self.delta.add(items)
-            params = self._claim_fold() if self.delta.size >= max(FOLD_MIN, FOLD_SHARE * self.snapshot.size) else None
-        if params:
-            self._fold_thread = threading.Thread(target=self._fold, args=params, name="bm25-fold", daemon=True)
-            self._fold_thread.start()
-
-    def _claim_fold(self) -> tuple[float, float] | None:
-        """Under the lock: (k1, b) for the fold this caller now runs, or None when one runs already."""
-        if self._folding:
-            return None
-        self._folding = True
-        return self.snapshot.k1, self.snapshot.b
-
-    def follow_ingest(self, expected_ids: set[int], quiet: Callable[[threading.Event], bool]) -> str:
-        """This process's ingest made documents 就绪: their chunks are in the delta already (`add_ready`), so no
-        full build is needed for them — that was seconds of CPU per drained queue, taken from the questions asked
-        meanwhile. What else the ingest changed is followed here: chunks that left the ready set (the previous
-        version a new one replaced) are soft-deleted. A ready chunk neither index holds (not this ingest's doing)
-        means a full build, as before. The delta is folded into a full build (persisted, what the next start
-        loads) once no question has computed for a while (`quiet`), or earlier when it passes its share.
-
-        A build predicted to be short (FOLD_INLINE_MS) is not deferred: a small knowledge base then answers
-        exactly as after a full build from the drain on.
-
-        Returns "followed", "folded" or "rebuilt". The (snapshot, delta) pair is replaced either way: what keys
-        on it (the gate background, the filter's allowed ids) re-reads what changed."""
-        with self._lock:
-            started = self._generation  # builds up to this one may have read the ready set before the caller did
-        snap = self.snapshot
-        indexed = self.indexed_ids()  # a build landing after the read above is caught under the lock below
-        if expected_ids - indexed:
-            self.rebuild(snap.k1, snap.b)
-            return "rebuilt"
-        with self._lock:
-            if self._view[0] is not snap:  # a build landed meanwhile
-                if self._view[0].generation > started:  # it began after the caller read the ready set
-                    return "followed"
-                snap, indexed = self._view[0], self.indexed_ids()  # an older one (a share fold): follow its view
-            self.deleted = self.deleted | (indexed - expected_ids)
-            self._view = (snap, self._view[1])
-            if not self.delta.size:
-                return "followed"
-            cheap = self._ms_per_chunk * (snap.size + self.delta.size) <= FOLD_INLINE_MS
-            now = self._claim_fold() if cheap else None
-            # otherwise a build that starts after this call folds the delta in (one in flight may have read the
-            # ready set before these documents were marked 就绪: its carried-over delta still needs a fold)
-            self._fold_after = max(self._fold_after, started)
-            later = not now and not self._fold_waiting
-            self._fold_waiting = self._fold_waiting or later
-        if now:
-            self._fold(*now)
-            return "folded"
-        if later:
-            self._later_thread = threading.Thread(target=self._fold_when_quiet, args=(quiet,), name="bm25-fold-later",
-                                                  daemon=True)
-            self._later_thread.start()
-        return "followed"
-
-    @property
-    def settled(self) -> bool:
-        """Nothing waits in the delta and no fold runs or waits: scores are a full build's. (Until then the main
-        snapshot's chunks keep the statistics of their own build while the delta's use main + delta.)"""
-        return self.delta.size == 0 and not self._folding and not self._fold_waiting
-
-    def wait_idle(self, timeout: float = 30.0) -> None:
-        """Wait for a fold in flight: it persists into the data dir, which a closing caller may remove next. A
-        fold still waiting for a quiet moment runs now (what the next start and the offline audit read)."""
-        self._closing.set()
-        for t in (self._later_thread, self._fold_thread):
-            if t is not None and t is not threading.current_thread():
-                t.join(timeout)
-
-    def discard(self, timeout: float = 30.0) -> None:
-        """The knowledge base is being deleted: a fold waiting for quiet ends without building, one in flight
-        is waited for, and nothing is persisted from now on (the caller removes the folder next)."""
-        with self._lock:  # a build persists under the lock: none is half-written once this returns
-            self._discarded = True
-        self.wait_idle(timeout)
-
-    def _fold(self, k1: float, b: float) -> None:
-        lower_this_thread()
-        try:
-            if self.delta.size:  # another build may have folded it meanwhile
-                self.rebuild(k1, b)
-        except Exception:
-            log.exception("BM25 fold failed")
-        finally:
-            self._folding = False
-
-    def _fold_when_quiet(self, quiet: Callable[[threading.Event], bool]) -> None:
-        try:
-            quiet(self._closing)  # closing ends the wait: the build is persisted before the app exits
-        finally:
-            self._fold_waiting = False
-        while True:
-            with self._lock:
-                if self._discarded or not self.delta.size or self.snapshot.generation > self._fold_after:
-                    return  # nothing left, or a build that began after the drain has landed
-                params = self._claim_fold()
-            if params:
-                self._fold(*params)
-                return
-            running = self._fold_thread  # another fold in flight: wait for it, then look again
-            if running is not None and running.is_alive() and running is not threading.current_thread():
-                running.join(1.0)
-            else:
-                time.sleep(0.05)
-
-    def soft_delete(self, chunk_ids: Iterable[int]) -> None:
-        self.deleted = self.deleted | set(int(c) for c in chunk_ids)
-
-    def _persist(self, snap: BM25Snapshot) -> None:
-        tmp = self.persist_dir.with_name(self.persist_dir.name + ".tmp")
-        shutil.rmtree(tmp, ignore_errors=True)
-        tmp.mkdir(parents=True)
-        if snap.bm25 is not None:
-            snap.bm25.save(str(tmp))
-        np.save(tmp / "chunk_ids.npy", snap.chunk_ids)
-        (tmp / "meta.json").write_text(json.dumps({"k1": snap.k1, "b": snap.b, "size": snap.size,
-                                                   "total_len": snap.total_len}))
-        shutil.rmtree(self.persist_dir, ignore_errors=True)
-        tmp.rename(self.persist_dir)
-
-    def load_or_rebuild(self, k1: float, b: float, expected_ids: set[int]) -> str:
-        """Load the persisted index when it matches the ready chunks and k1/b; else rebuild. Returns how."""
-        try:
-            meta = json.loads((self.persist_dir / "meta.json").read_text())
-            ids = np.load(self.persist_dir / "chunk_ids.npy")
-            if (meta["k1"] == k1 and meta["b"] == b and set(ids.tolist()) == expected_ids):
-                bm = bm25s.BM25.load(str(self.persist_dir)) if len(ids) else None
-                snap = BM25Snapshot(bm, ids.astype(np.int64), k1, b, total_len=int(meta["total_len"]))
-                with self._lock:
-                    snap.generation = self._generation
-                    self._view = (snap, DeltaBM25())
-                    self.deleted = set()
-                return "loaded"
-        except (OSError, ValueError, KeyError):
-            pass
-        self.rebuild(k1, b)
-        return "rebuilt"
-
-    def persisted_ids(self) -> set[int]:
-        """Chunk ids of the index on disk (what the next start loads; empty when there is none)."""
-        try:
-            return set(np.load(self.persist_dir / "chunk_ids.npy").tolist())
-        except (OSError, ValueError):
-            return set()
-
-    def indexed_ids(self) -> set[int]:
-        """Chunk ids BM25 can find now (main + delta, minus soft deletes): what the audit compares."""
-        snap, delta = self._view
-        return (set(snap.chunk_ids.tolist()) | set(delta.chunk_ids[:delta.size])) - self.deleted
-
-    def retriever(self, tokenizer: ChineseTokenizer, lookup: ChunkLookup, top_k: int) -> JiebaBM25Retriever | None:
-        """A retriever over the current snapshot and delta (None while both are empty).
-
-        Not capped at today's size: the delta grows under the retriever, and _retrieve caps k per query.
-        """
-        snap, delta = self._view
-        if snap.size + delta.size == 0:
-            return None
-        return JiebaBM25Retriever(snap, tokenizer, lookup, similarity_top_k=top_k, mask_out=self.deleted,
-                                  delta=delta)
-
-    @property
-    def view(self) -> tuple[BM25Snapshot, DeltaBM25]:
-        """The current (snapshot, delta) pair; a new pair after every rebuild."""
-        return self._view
-
-
 class LiveBM25Retriever(BaseRetriever):
-    """The BM25 route as a long-lived retriever: always searches the index's current snapshot.
-
-    BM25Index swaps its (snapshot, delta) pair on rebuild and grows its soft-delete set on delete; the inner
-    JiebaBM25Retriever is re-made only when either changed, not per question (a delta that grows in place is
-    seen by the retriever that holds it).
-    """
+    """The BM25 route as a long-lived retriever: always searches the index's current view (a retriever over it
+    is made once per view, not per question)."""
 
     def __init__(self, index: BM25Index, tokenizer: ChineseTokenizer, lookup: ChunkLookup, top_k: int):
         self._index = index
         self._tokenizer = tokenizer
         self._lookup = lookup
         self._top_k = top_k
-        self._cached: tuple[object, frozenset[int], JiebaBM25Retriever | None] | None = None
+        self._cached: tuple[SegmentView, JiebaBM25Retriever | None] | None = None
         super().__init__()
 
     def _current(self) -> JiebaBM25Retriever | None:
-        view, deleted = self._index.view, frozenset(self._index.deleted)
+        view = self._index.view
         cached = self._cached
-        if cached is None or cached[0] is not view or cached[1] != deleted:
-            cached = (view, deleted, self._index.retriever(self._tokenizer, self._lookup, self._top_k))
-            self._cached = cached  # one attribute write: concurrent readers see an old or a new triple
-        return cached[2]
+        if cached is None or cached[0] is not view:
+            cached = (view, self._index.retriever(self._tokenizer, self._lookup, self._top_k))
+            self._cached = cached  # one attribute write: concurrent readers see an old or a new pair
+        return cached[1]
 
     def _retrieve(self, query_bundle: QueryBundle) -> list[NodeWithScore]:
         inner = self._current()
@@ -494,7 +628,7 @@ class LiveBM25Retriever(BaseRetriever):
     # Full-information fusion (pipeline.retrieval.fusion.HybridRetriever): the whole-corpus scores of one
     # query, its top list from them, and the real score of any other chunk — one scoring pass per question.
     def query_scores(self, query: str) -> tuple[JiebaBM25Retriever, np.ndarray] | None:
-        """(the snapshot's retriever, its scores for the query), or None while the index is empty. The
-        retriever is handed back so the list and the completion read the same snapshot."""
+        """(the view's retriever, its scores for the query), or None while the index is empty. The retriever is
+        handed back so the list and the completion read the same view."""
         inner = self._current()
         return None if inner is None else (inner, inner.query_scores(query))

@@ -4,7 +4,7 @@ A question's filter is an explicit argument next to its knowledge bases. It is r
 to the allowed documents (store.doc_tags.DocTagStore.allowed: one small query over document rows); then
 - the BM25 route scores the whole index as always and zeroes every chunk of another document before taking its
   top-k (`Allowed.keep`: the document of each score position comes from `ChunkDocs`, learned once per index
-  snapshot — reading the allowed chunk ids per question cost ~1 µs a row, 7 ms for 5,000), and
+  segment — reading the allowed chunk ids per question cost ~1 µs a row, 7 ms for 5,000), and
 - the vector route asks Chroma for the top-k among the allowed chunks (their ids, `AllowedChunkIds`; `where` on
   doc_id past a bound), so the ANN search ranks allowed chunks only,
 both before the fusion. A filter therefore never comes back empty because the unfiltered top-k held other
@@ -117,35 +117,26 @@ def parse_filter(raw: Any) -> DocFilter | None:
 
 class ChunkDocs:
     """doc_id of BM25 score positions. A chunk never moves to another document and chunk ids are never reused,
-    so what is learned stays true: the snapshot's positions are mapped once per snapshot (its chunk_ids array,
-    one range read of the chunk table), the delta's chunks once each."""
+    so what is learned stays true: each segment's positions are mapped once (its chunk_ids array, one range
+    read of the chunk table), and a segment outlives many views."""
 
-    SNAPSHOTS = 64  # mapped snapshots kept (one per knowledge base, plus the ones a rebuild just replaced)
+    SEGMENTS = 256  # mapped segments kept (a few per knowledge base, plus the ones a merge just replaced)
 
     def __init__(self, fetch: Callable[[np.ndarray], np.ndarray]):
         self._fetch = fetch  # chunk ids → doc ids (−1: gone); store.doc_tags.DocTagStore.doc_ids_of
-        self._snapshots: dict[int, tuple[np.ndarray, np.ndarray]] = {}  # id(chunk_ids) → (chunk_ids, doc_ids)
-        self._tail: dict[int, int] = {}
+        self._parts: dict[int, tuple[np.ndarray, np.ndarray]] = {}  # id(chunk_ids) → (chunk_ids, doc_ids)
         self._lock = threading.Lock()
 
-    def of_snapshot(self, chunk_ids: np.ndarray) -> np.ndarray:
-        got = self._snapshots.get(id(chunk_ids))
+    def of_part(self, chunk_ids: np.ndarray) -> np.ndarray:
+        got = self._parts.get(id(chunk_ids))
         if got is not None and got[0] is chunk_ids:
             return got[1]
-        docs = self._fetch(chunk_ids)
+        docs = self._fetch(np.asarray(chunk_ids))
         with self._lock:
-            if len(self._snapshots) >= self.SNAPSHOTS:
-                self._snapshots.pop(next(iter(self._snapshots)))
-            self._snapshots[id(chunk_ids)] = (chunk_ids, docs)  # holding the array keeps its id unique
+            if len(self._parts) >= self.SEGMENTS:
+                self._parts.pop(next(iter(self._parts)))
+            self._parts[id(chunk_ids)] = (chunk_ids, docs)  # holding the array keeps its id unique
         return docs
-
-    def of_chunks(self, chunk_ids: np.ndarray) -> np.ndarray:
-        missing = [int(c) for c in chunk_ids if int(c) not in self._tail]
-        if missing:
-            docs = self._fetch(np.asarray(missing, dtype=np.int64))
-            with self._lock:
-                self._tail.update(zip(missing, docs.tolist()))
-        return np.fromiter((self._tail.get(int(c), -1) for c in chunk_ids), dtype=np.int64, count=len(chunk_ids))
 
 
 @dataclass
@@ -163,21 +154,20 @@ class Allowed:
     def all_doc_ids(self) -> list[int]:
         return sorted(d for ids in self.doc_ids.values() for d in ids)
 
-    def keep(self, snapshot_ids: np.ndarray, tail_ids: np.ndarray) -> np.ndarray:
-        """Which BM25 score positions (the snapshot's, then the delta's) belong to an allowed document."""
+    def keep(self, parts: list[np.ndarray]) -> np.ndarray:
+        """Which BM25 score positions (segment after segment: `parts` are their chunk_ids arrays) belong to an
+        allowed document."""
         allowed = np.asarray(self.all_doc_ids, dtype=np.int64)
-        docs = self.chunk_docs.of_snapshot(snapshot_ids)
-        if len(tail_ids):
-            docs = np.concatenate([docs, self.chunk_docs.of_chunks(tail_ids)])
-        return np.isin(docs, allowed)
+        docs = [self.chunk_docs.of_part(p) for p in parts]
+        return np.isin(np.concatenate(docs) if docs else np.zeros(0, dtype=np.int64), allowed)
 
 
 class AllowedChunkIds:
     """The retrievable chunk ids of a filter's documents in one knowledge base, as the strings Chroma takes, kept
-    until that KB's BM25 view (snapshot, delta) is replaced. Every change of what is searchable, here or in another
+    until that KB's BM25 view is replaced. Every change of what is searchable, here or in another
     process, ends in a new view (pipeline/services/changes.py), the same signal the gate background follows; reading
     the ids per question was most of a filter's cost (5,000 ids: ~10 ms of SQL and conversion, the ids-restricted
-    ANN query itself ~2 ms more than an open one; docs/benchmarks.md). Between a change and its snapshot a cached
+    ANN query itself ~2 ms more than an open one; docs/benchmarks.md). Between a change and its new view a cached
     list can be stale, which costs nothing wrong: every hit is looked up and dropped unless retrievable, and an id
     whose vector is gone makes the route fall back to `where`. A chunk that became retrievable meanwhile is found
     once the view follows, as on the BM25 route."""
@@ -186,7 +176,7 @@ class AllowedChunkIds:
 
     def __init__(self, fetch: Callable[[list[int]], list[int]], snapshot: Callable[[int], object]):
         self._fetch = fetch        # doc ids → retrievable chunk ids (store.documents.DocumentStore)
-        self._snapshot = snapshot  # kb_id → that KB's current BM25 (snapshot, delta) pair
+        self._snapshot = snapshot  # kb_id → that KB's current BM25 view
         self._cache: dict[tuple[int, tuple[int, ...]], tuple[object, list[str]]] = {}
         self._held = 0
         self._lock = threading.Lock()
@@ -205,6 +195,6 @@ class AllowedChunkIds:
             self._held -= len(old[1]) if old else 0
             while self._cache and self._held + len(ids) > self.MAX_IDS:
                 self._held -= len(self._cache.pop(next(iter(self._cache)))[1])
-            self._cache[key] = (snap, ids)  # holding the snapshot keeps its identity unique
+            self._cache[key] = (snap, ids)  # holding the view keeps its identity unique
             self._held += len(ids)
         return ids

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import os
 import threading
-import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 
@@ -18,7 +17,6 @@ from contextlib import contextmanager
 class QuestionsInFlight:
     def __init__(self):
         self._n = 0
-        self._last_end = time.monotonic()  # when the count last fell to 0
         self._idle = threading.Condition()
 
     @contextmanager
@@ -31,7 +29,6 @@ class QuestionsInFlight:
             with self._idle:
                 self._n -= 1
                 if self._n == 0:
-                    self._last_end = time.monotonic()
                     self._idle.notify_all()
 
     def busy(self) -> bool:
@@ -41,17 +38,6 @@ class QuestionsInFlight:
         """Block until no question computes (True) or `timeout` seconds passed (False)."""
         with self._idle:
             return self._idle.wait_for(lambda: self._n == 0, timeout)
-
-    def wait_quiet(self, quiet_s: float, stop: threading.Event) -> bool:
-        """Block until no question has computed for `quiet_s` seconds (True) or `stop` is set (False): for work
-        that can wait as long as questions keep coming, e.g. folding the BM25 delta into a full build."""
-        with self._idle:
-            while not stop.is_set():
-                left = self._last_end + quiet_s - time.monotonic() if self._n == 0 else quiet_s
-                if left <= 0:
-                    return True
-                self._idle.wait(min(left, 0.5))  # also wakes for `stop`, which has no condition of its own
-            return False
 
 
 BACKGROUND_NICE = 10  # how much lower background threads run than the threads answering questions

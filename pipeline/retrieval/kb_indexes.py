@@ -161,8 +161,8 @@ class KnowledgeBases:
         kb.vectors.drop()
         with self._lock:
             self._open.pop(kb.kb_id, None)
-        kb.bm25.discard()  # a fold waiting for a quiet moment would re-create the folder removed next
-        shutil.rmtree(bm25_dir(self.data_dir, kb.kb_id), ignore_errors=True)
+        kb.bm25.discard()  # a merge in flight would write into the folder removed next
+        shutil.rmtree(kb.bm25.persist_dir, ignore_errors=True)
         self.store.delete(kb.kb_id)
 
     @property

@@ -9,9 +9,7 @@ from __future__ import annotations
 
 import math
 import re
-import threading
 import unicodedata
-import weakref
 from collections.abc import Iterable
 
 import numpy as np
@@ -134,23 +132,6 @@ class MergedWeights(TermWeights):
 
 def merged_weights(parts: list[TermWeights]) -> TermWeights:
     return parts[0] if len(parts) == 1 else MergedWeights(parts)
-
-
-_cache: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
-_cache_lock = threading.Lock()
-
-
-def weights_for(bm25) -> TermWeights:
-    """TermWeights of a bm25s.BM25 (cached per index object; a rebuild makes a new object)."""
-    if bm25 is None:
-        return TermWeights.uniform()
-    with _cache_lock:
-        tw = _cache.get(bm25)
-        if tw is None:
-            indptr = np.asarray(bm25.scores["indptr"])
-            tw = TermWeights(dict(bm25.vocab_dict), np.diff(indptr), int(bm25.scores.get("num_docs", 1)))
-            _cache[bm25] = tw
-    return tw
 
 
 def normalize(text: str) -> str:

@@ -60,9 +60,8 @@ class _MergedScorer:
 
     def coverage(self, query: str, chunk_id: str) -> float:
         cid = int(chunk_id)
-        for inner in self._inners:  # the index holding the chunk, in its snapshot or its delta
-            held = int(inner.snapshot.positions([cid])[0]) >= 0 or (inner.delta is not None and cid in inner.delta.pos_of)
-            if held:
+        for inner in self._inners:  # the index holding the chunk
+            if inner.holds(cid):
                 return inner.coverage(query, chunk_id)
         return 0.0
 

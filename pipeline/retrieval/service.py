@@ -27,7 +27,7 @@ from pipeline.retrieval.gate import GateModel, decide
 from pipeline.retrieval.gate_background import Background
 from pipeline.retrieval.gate_features import GateFeatures, measure
 from pipeline.retrieval.in_flight import QuestionsInFlight
-from pipeline.retrieval.lexical import TermWeights, merged_weights, weights_for
+from pipeline.retrieval.lexical import TermWeights, merged_weights
 from pipeline.retrieval.rerank import CrossEncoder, SafeRerank, rerank_status
 from pipeline.retrieval.result import RetrievalResult, fused_row, fusion_info
 from pipeline.retrieval.result import rounded as _r
@@ -263,8 +263,8 @@ class RetrievalService:
 
     def term_weights(self, kb_ids=None) -> TermWeights:
         """IDF over the chunks of the knowledge bases in scope (one: its own table; several: their union's)."""
-        indexes = [self.kbs.get(k).bm25.snapshot.bm25 for k in self.scope(kb_ids)]
-        return merged_weights([weights_for(b) for b in indexes if b is not None] or [weights_for(None)])
+        return merged_weights([self.kbs.get(k).bm25.view.weights() for k in self.scope(kb_ids)]
+                              or [TermWeights.uniform()])
 
     def gate_features(self, query: str, fusion: FusionOutput, kb_ids=None,
                       query_embedding=None) -> GateFeatures:

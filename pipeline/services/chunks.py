@@ -218,6 +218,7 @@ class ChunkService:
                 kb.vectors.add_many([r["chunk_id"] for r in live], embs, [r["text"] for r in live],
                                     [r["doc_id"] for r in live], [r["file_name"] for r in live])
             self.store.set_tokens(doc["doc_id"], tokens)
+            kb.bm25.replace(sorted(tokens.items()))
         log.info("rebuild kept the curated chunks of %s (%d chunks re-derived)", doc["file_name"], len(rows))
         return True
 
@@ -229,12 +230,12 @@ class ChunkService:
         tokens = self.c.tokenizer(full)
         emb = self._embed([full])[0] if row["enabled"] else None
         kb = self.c.kbs.get(row["kb_id"])
-        kb.bm25.soft_delete([row["chunk_id"]])  # the old tokens never match again, even before the rebuild lands
         with self.c.write_lock.writing():
             store_write(tokens)
             if emb is not None:
                 kb.vectors.delete_ids([row["chunk_id"]])
                 self._add_vector(kb, row["chunk_id"], emb, text, row["doc_id"], row["file_name"])
+            kb.bm25.replace([(row["chunk_id"], tokens)])  # the old tokens never match again, in any process
         self.changes.changed(wait=True)
 
     def _embed(self, texts: list[str]) -> list[list[float]]:

@@ -22,11 +22,6 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 
-# After an ingest, the BM25 delta is folded into a persisted full build once no question has computed for this long
-# (the build takes the CPU for seconds; the next start loads what it persisted instead of building at load).
-FOLD_AFTER_QUIET_S = 5.0
-
-
 class Lifecycle:
     def __init__(self, c: Components, settings: SettingsService, rebuild: Rebuild, *,
                  load_models: Callable[[Settings], object], sync: Callable[[], SharedSync],
@@ -74,7 +69,7 @@ class Lifecycle:
                 with c.write_lock.writing():
                     c.ingest.recover()  # documents left 处理中 are queued again; orphan vectors go
                 for kb in c.kbs.all() if self.serves else ():  # a worker answers nothing: no BM25 to hold
-                    kb.bm25.load_or_rebuild(s.bm25_k1, s.bm25_b, c.docs.ready_chunk_ids(kb.kb_id))
+                    kb.bm25.open(s.bm25_k1, s.bm25_b, c.docs.ready_chunk_ids(kb.kb_id))
                 if self.serves:
                     c.retrieval.warm_question(s)
                 self._clear_caches()
@@ -122,21 +117,18 @@ class Lifecycle:
         m = c.models
         if m is not None and m.model_warning:  # another process's 全量重建 may have resolved it
             m.model_warning = c.kbs.model_warning(m.embedding.model_id, m.embedding.dim)
-        s = self.settings.current
         for kb in c.kbs.all() if self.serves else ():
-            kb.bm25.rebuild(s.bm25_k1, s.bm25_b)
+            kb.bm25.sync(c.docs.ready_chunk_ids(kb.kb_id))  # opens what others wrote; O(change)
         self.refresh_gate_background()
 
     def follow_ingest(self) -> None:
-        """This process's ingest queue drained: every knowledge base's BM25 follows without a full build
-        (BM25Index.follow_ingest; the fold into a persisted build waits until questions pause), gate backgrounds
-        are re-measured soon."""
+        """This process's ingest queue drained: every knowledge base's BM25 follows (its documents are in
+        segments already: BM25Index.follow_ingest), gate backgrounds are re-measured soon."""
         if not (self.ready and self.serves):
             return  # loading: the load reads the ready set itself; a worker keeps no BM25
         c = self.c
         for kb in c.kbs.all():
-            kb.bm25.follow_ingest(c.docs.ready_chunk_ids(kb.kb_id),
-                                  quiet=lambda stop: c.questions.wait_quiet(FOLD_AFTER_QUIET_S, stop))
+            kb.bm25.follow_ingest(c.docs.ready_chunk_ids(kb.kb_id))
         self.refresh_gate_background()
 
     def refresh_gate_background(self) -> None:
@@ -144,11 +136,16 @@ class Lifecycle:
         if self.ready and self.serves and self.c.gate_background is not None:
             self.c.gate_background.refresh_soon()
 
-    def rebuild_bm25(self, s: Settings) -> None:
-        """BM25 parameters changed: every knowledge base's index is rebuilt with them (once loaded)."""
-        if self.ready and self.serves:
+    def bm25_params(self, s: Settings) -> None:
+        """BM25 parameters changed: they act at question time, every knowledge base's index takes them."""
+        for kb in self.c.kbs.opened():
+            kb.bm25.set_params(s.bm25_k1, s.bm25_b)
+
+    def rebuild_bm25(self) -> None:
+        """Stored tokens were rewritten in place (a repair): every knowledge base's segments are written anew."""
+        if self.serves:
             for kb in self.c.kbs.all():
-                kb.bm25.rebuild(s.bm25_k1, s.bm25_b)
+                kb.bm25.rebuild()
 
     def rebuild_busy(self) -> bool:
         return self.rebuild.running or self.rebuild.running_elsewhere()

@@ -33,7 +33,7 @@ log = logging.getLogger(__name__)
 
 class SettingsService:
     """`current` is what every other service reads (no database round trip); `update` validates, saves and
-    applies a change. `on_bm25_params` runs when k1/b changed (every knowledge base's BM25 is rebuilt)."""
+    applies a change. `on_bm25_params` runs when k1/b changed (every knowledge base's BM25 takes them)."""
 
     def __init__(self, config: ConfigStore, project_root: Path, calibration_dir: Path | None, *,
                  bump: Callable[[str], int],

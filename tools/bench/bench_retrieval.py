@@ -114,7 +114,7 @@ def _compare_server(embedded, corpus, args, tmp: Path) -> dict:
             raise SystemExit("the server databases must start empty (use a fresh Chroma database path / PG db)")
         insert_s = _fill(server, corpus, args.per_doc)
         s = server.settings
-        server.components.bm25.rebuild(s.bm25_k1, s.bm25_b, persist=False)
+        server.components.bm25.rebuild(s.bm25_k1, s.bm25_b)
         keys = ("vector", "bm25", "retrieval_no_rerank")
         got: dict[str, dict[str, list[float]]] = {"embedded": {k: [] for k in keys}, "server": {k: [] for k in keys}}
         qs = _questions(args.queries)
@@ -195,7 +195,7 @@ def main(argv=None) -> int:
 
         s = engine.settings
         t0 = time.perf_counter()
-        engine.components.bm25.rebuild(s.bm25_k1, s.bm25_b, persist=True)  # the serving process loads it
+        engine.components.bm25.rebuild(s.bm25_k1, s.bm25_b)  # the serving process opens it
         report["bm25_rebuild_from_tokens_s"] = round(time.perf_counter() - t0, 2)
         t0 = time.perf_counter()
         retok = [engine.components.tokenizer(t) for t in all_texts]
@@ -260,8 +260,8 @@ def serve(data: Path, n_queries: int, reranker: str | None, filter_share: float 
     steps.append(("stores: SQLite, Chroma client, jieba dictionary", rss_mb()[0]))
     load_models(c, s)
     steps.append(("models: embedding (e5 ONNX + tokenizer), reranker, LLM client", rss_mb()[0]))
-    c.bm25.load_or_rebuild(s.bm25_k1, s.bm25_b, c.docs.ready_chunk_ids())
-    steps.append((f"BM25 index (bm25s, {c.bm25.snapshot.size} chunks)", rss_mb()[0]))
+    c.bm25.open(s.bm25_k1, s.bm25_b, c.docs.ready_chunk_ids())
+    steps.append((f"BM25 index ({len(c.bm25.view.segments)} segments, {c.bm25.view.n} chunks)", rss_mb()[0]))
     qs = _questions(n_queries)
     c.retrieval.retrieve(qs[0], s)
     steps.append(("first question (Chroma loads its HNSW index)", rss_mb()[0]))
@@ -305,7 +305,8 @@ def filter_compare(c, s, qs: list[str], share: float) -> dict:
     allowed = c.retrieval.allowed(flt, None)
     c.retrieval.recall_stage(qs[0], s)
     t0 = time.perf_counter()  # the first filtered question after a (re)build maps the BM25 positions to documents
-    c.retrieval.chunk_docs.of_snapshot(c.bm25.snapshot.chunk_ids)
+    for part in c.bm25.view.parts():
+        c.retrieval.chunk_docs.of_part(part)
     map_ms = round((time.perf_counter() - t0) * 1000, 1)
     t0 = time.perf_counter()
     c.retrieval.recall_stage(qs[0], s, doc_filter=flt)

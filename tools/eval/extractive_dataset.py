@@ -32,7 +32,6 @@ import numpy as np
 from pipeline.generation.candidates import Cues, measure
 from pipeline.generation.extractive import ExtractivePicker
 from pipeline.generation.sentences import answer_units
-from pipeline.retrieval.lexical import weights_for
 from pipeline.retrieval.nodes import kb_ids_of, node_text
 from tools.eval.cli import add_kb_cache, kb_cache_root
 from tools.eval.devsets import DEV_SETS, dureader_spans, holds_answer, load_corpus, shared_data_dir
@@ -101,7 +100,7 @@ def dump_set(name: str, root: Path, out: Path, per_set: int, emb_dir: Path | Non
         s = engine.settings
         emb = engine.components.models.embedding.embed_model
         picker = ExtractivePicker(engine.components.tokenizer, emb,
-                                  lambda kb_ids: weights_for(engine.components.bm25.snapshot.bm25),
+                                  lambda kb_ids: engine.components.bm25.view.weights(),
                                   engine.components.picker.params)
         cache = EmbCache(emb_dir / f"{name}.npz" if emb_dir else None, emb.get_text_embedding_batch)
         bg_median = engine.components.gate_background.current().sim_median

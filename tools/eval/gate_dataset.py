@@ -25,7 +25,7 @@ from pathlib import Path
 from llama_index.core.schema import NodeWithScore
 
 from pipeline.retrieval.gate_probes import PROBES
-from pipeline.retrieval.lexical import normalize, weights_for
+from pipeline.retrieval.lexical import normalize
 from tools.eval.cli import add_kb_cache, kb_cache_root
 from tools.eval.devsets import DEV_SETS, gold_ids, is_hit, load_corpus
 from tools.eval.kb_cache import open_copy
@@ -56,7 +56,7 @@ RAW_TOP = 6
 def _raw(engine, question: str, fusion) -> dict:
     """Route scores, top chunk texts and the KB's document frequency of every question token (offline features)."""
     rs = engine.components.retrieval
-    tw = weights_for(rs.kbs.default.bm25.snapshot.bm25)
+    tw = rs.kbs.default.bm25.view.weights()
     tok = rs.tokenizer
     words = list(dict.fromkeys(tok(question) + tok.segments(question)))
     texts: dict[str, str] = {}
