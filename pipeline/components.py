@@ -205,7 +205,8 @@ def build_components(data_dir: Path | str, *, project_root: Path | None = None, 
     def open_bm25(kb_id: int) -> BM25Index:
         # in the shared files dir of a team deployment: every process opens the segments one of them wrote
         return BM25Index(bm25_dir(dep.files_dir or data_dir, kb_id),
-                         lambda ids: docs.iter_ready_tokens(kb_id) if ids is None else docs.tokens_of(ids))
+                         lambda ids: docs.iter_ready_tokens(kb_id) if ids is None else docs.tokens_of(ids),
+                         merges=dep.ingests)
 
     kbs = KnowledgeBases(data_dir, KBStore(db), docs, open_vectors, open_bm25)
     tokenizer = ChineseTokenizer(user_dict=data_dir / "userdict.txt")
@@ -228,7 +229,7 @@ def build_components(data_dir: Path | str, *, project_root: Path | None = None, 
                            on_change=on_ingested, busy_reason=busy_reason, write_lock=write_lock,
                            jobs=jobs, ready=lambda: comps is not None and comps.models is not None,
                            lease_s=dep.ingest_lease_s, chunking_of=chunking.effective, claim_jobs=dep.ingests,
-                           keeps_bm25=dep.serves, group_docs=dep.ingest_group,
+                           group_docs=dep.ingest_group,
                            yield_cpu=lambda: questions.wait_idle(INGEST_YIELD_MAX_S), on_generation=on_generation)
     conversations = ConversationService(ConversationStore(db))
     verified = VerifiedQAService(VerifiedQAStore(db), docs, files, ingest.enqueue, delete_document,

@@ -135,7 +135,7 @@ def test_a_second_process_follows_a_change_without_a_full_build(corpus, tok, tmp
     b = BM25Index(tmp_path / "bm25", src)
     assert a.open(1.5, 0.75, src.ready) == "added 50"  # the first process writes the segment …
     assert b.open(1.5, 0.75, src.ready) == "followed"  # … the second opens it
-    assert src.asked == [None]  # one read of every token row, by the first; none by the second
+    assert src.asked == [None, 16, 16]  # every token row read once, by the first; then each open's spot check
     new = (9001, tok("第九千零一条 试用期 工资 不得低于 本单位 相同岗位 最低档 工资") + ["zqx-9001"])
     a.add_ready([new])
     src.tokens[new[0]] = new[1]
@@ -152,7 +152,7 @@ def test_a_second_process_follows_a_change_without_a_full_build(corpus, tok, tmp
     src.ready.discard(items[0][0])
     b.sync(src.ready)
     assert items[0][0] not in b.indexed_ids() and items[1][0] in b.indexed_ids()
-    assert src.asked == [None]  # none of this needed a token read: the entries came from A's segments
+    assert src.asked == [None, 16, 16]  # none of this needed a token read: the entries came from A's segments
 
 
 def test_ready_chunks_no_segment_holds_are_written_once(corpus, tok, tmp_path):
@@ -166,7 +166,7 @@ def test_ready_chunks_no_segment_holds_are_written_once(corpus, tok, tmp_path):
         src.tokens[c] = t
         src.ready.add(c)
     assert idx.sync(src.ready) == "added 3"
-    assert src.asked == [None, 3]
+    assert src.asked == [None, 16, 3]
     assert idx.indexed_ids() == src.ready
 
 
@@ -207,7 +207,7 @@ def test_params_act_without_a_rebuild(corpus, tok, tmp_path):
     got = _by_id(idx, query)
     full = dict(zip([c for c, _ in items], _full_scores(items, query, 0.9, 0.3)))
     np.testing.assert_allclose([got[c] for c in full], list(full.values()), rtol=1e-5, atol=1e-6)
-    assert src.asked == [None]
+    assert src.asked == [None, 16]  # the build, the open's spot check; nothing for the new parameters
 
 
 def test_concurrent_writers_lose_nothing(corpus, tok, tmp_path):
@@ -231,6 +231,20 @@ def test_concurrent_writers_lose_nothing(corpus, tok, tmp_path):
     c = BM25Index(tmp_path / "bm25", src)
     assert c.open(1.5, 0.75, src.ready) == "followed"  # nothing missing: every add is in the manifest
     assert c.indexed_ids() == src.ready
+
+
+def test_a_folder_from_another_database_is_rebuilt_at_open(corpus, tok, tmp_path):
+    """Chunk ids belong to one database: segments left by another one (a files dir reused with a fresh database)
+    hold other chunks' tokens under the same ids. The open's spot check sees it and writes them anew."""
+    items = [(c, t) for c, _, t in corpus]
+    old = Source(items[:40])
+    BM25Index(tmp_path / "bm25", old).open(1.5, 0.75, old.ready)
+    new = Source([(c, t) for (c, _), (_, t) in zip(items[:40], items[40:80])])  # same ids, other texts
+    idx = BM25Index(tmp_path / "bm25", new)
+    assert idx.open(1.5, 0.75, new.ready) == "rebuilt"
+    query = tok(QUERIES[0])
+    full = dict(zip(sorted(new.ready), _full_scores(sorted(new.tokens.items()), query)))
+    assert _by_id(idx, query) == pytest.approx(full, rel=1e-5, abs=1e-6)
 
 
 def test_merged_segment_equals_a_fresh_build(corpus):

@@ -108,7 +108,7 @@ class IngestService:
                  busy_reason: Callable[[], str | None] = lambda: None, *, write_lock: WriteLock, jobs: JobStore,
                  ready: Callable[[], bool] = lambda: True, lease_s: float = 60.0, poll_s: float = 1.0,
                  chunking_of: Callable[[int, Settings], Chunking] = lambda kb_id, s: Chunking.of(s),
-                 claim_jobs: bool = True, keeps_bm25: bool = True, group_docs: int = GROUP_DOCS,
+                 claim_jobs: bool = True, group_docs: int = GROUP_DOCS,
                  yield_cpu: Callable[[], object] = lambda: None,
                  on_generation: Callable[[int], None] = lambda generation: None):
         self.docs = docs
@@ -150,7 +150,6 @@ class IngestService:
         # claim_jobs=False (app.py --role web): uploads only queue their jobs and worker processes claim them;
         # a full rebuild still processes documents here, in its own thread, under the same leases
         self.claim_jobs = claim_jobs
-        self.keeps_bm25 = keeps_bm25  # False (--role worker): this process answers nothing and keeps no BM25
         # documents per claim: small documents share an embedding batch and a Chroma write; with several
         # workers a smaller group spreads the queue's tail over them (docs/deploy.md#roles)
         self.group_docs = int(group_docs)
@@ -543,11 +542,10 @@ class IngestService:
             if stray:
                 p.vectors.delete_ids(sorted(stray))
         # Vectors are written (Chroma finds them); BM25 must find the chunks too before the status says 就绪:
-        # they go to the delta of the document's knowledge base (BM25Index.add_ready). Other processes rebuild
-        # theirs when the KB generation moves (pipeline/shared_sync.py); a worker-only process keeps none.
-        if self.keeps_bm25:
-            self.kbs.get(p.doc.get("kb_id") or DEFAULT_KB_ID).bm25.add_ready(
-                [(cid, row.tokens) for cid, row in zip(p.chunk_ids, p.rows)])
+        # they go into a new segment of the document's knowledge base (BM25Index.add_ready), which every other
+        # process opens when the KB generation moves (pipeline/services/shared_sync.py).
+        self.kbs.get(p.doc.get("kb_id") or DEFAULT_KB_ID).bm25.add_ready(
+            [(cid, row.tokens) for cid, row in zip(p.chunk_ids, p.rows)])
         generation = self.jobs.complete(p.doc_id, self.owner, len(p.rows))
         if generation is None:
             log.warning("doc %s: lease lost before 就绪; its new owner finishes it", p.doc_id)

@@ -31,6 +31,7 @@ import shutil
 import threading
 import time
 import uuid
+from collections import OrderedDict
 from collections.abc import Callable, Collection, Iterable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -52,6 +53,8 @@ TIER_BASE = 256         # tier of a segment: ⌊log_MERGE_FACTOR(size / TIER_BAS
 MAX_MERGED = 250_000    # a merge writes at most this many chunks (bounds the merging process's memory)
 BUILD_BATCH = 100_000   # a full build writes segments of at most this many chunks
 DEAD_SHARE = 0.3        # a segment with this share of dead entries is rewritten without them
+CACHED_POSTINGS = 4_000_000  # per view and cache: postings kept for the next questions (~48 MB at most each)
+OPEN_CHECKS = 16        # live entries compared with the database's tokens when a process opens the folder
 FROM_ALL = 0.3          # missing chunks above this share of the ready set: stream every token row, not by id
 
 TokenSource = Callable[[Collection[int] | None], Iterable[tuple[int, list[str]]]]
@@ -75,7 +78,8 @@ class SegmentView:
         np.cumsum([s.size for s in segments], out=self.offsets[1:])
         self.n = int(sum(int(a.sum()) for a in alive))
         self.total_len = int(sum(int(s.lengths[a].sum()) for s, a in zip(segments, alive)))
-        self._postings: dict[str, tuple[int, list[tuple[int, np.ndarray, np.ndarray]]]] = {}
+        self._postings = _TermCache()  # term → (df, [(segment, positions, tfs)])
+        self._contrib = _TermCache()   # term → [(score positions, contributions)]
         self._chunk_ids: np.ndarray | None = None
         self._weights: TermWeights | None = None
 
@@ -122,7 +126,8 @@ class SegmentView:
         """(document frequency among live entries, [(segment index, positions, term frequencies)])."""
         got = self._postings.get(term)
         if got is None:
-            parts, df = [], 0
+            parts: list[tuple[int, np.ndarray, np.ndarray]] = []
+            df = 0
             for i, (seg, a) in enumerate(zip(self.segments, self.alive)):
                 p = seg.postings(term)
                 if p is None:
@@ -133,9 +138,7 @@ class SegmentView:
                     parts.append((i, docs, tfs))
                     df += len(docs)
             got = (df, parts)
-            if len(self._postings) > 4096:  # a view lives until the next change; questions repeat few terms
-                self._postings.clear()
-            self._postings[term] = got
+            self._postings.put(term, got, df)
         return got
 
     def doc_freq(self, term: str) -> int:
@@ -151,22 +154,32 @@ class SegmentView:
         return self._weights
 
     # --- scoring --------------------------------------------------------------------------------------
+    def contributions(self, term: str) -> list[tuple[np.ndarray, np.ndarray]]:
+        """[(score positions, this term's BM25 contribution there)] over the live entries. Fixed for the view's
+        lifetime (N, df, average length and k1/b are), so computed once per term and kept, up to CACHED_POSTINGS
+        postings (least recently used first out): questions share their common words."""
+        got = self._contrib.get(term)
+        if got is not None:
+            return got
+        df, parts = self.postings(term)
+        out: list[tuple[np.ndarray, np.ndarray]] = []
+        if df:
+            idf, avg, k1, b = self.idf(df), self.total_len / self.n, self.k1, self.b
+            for i, docs, tfs in parts:
+                tf = tfs.astype(np.float32)
+                norm = k1 * ((1 - b) + b * self.segments[i].lengths[docs].astype(np.float32) / avg)
+                out.append((self.offsets[i] + docs, (idf * tf / (norm + tf)).astype(np.float32)))
+        self._contrib.put(term, out, df)
+        return out
+
     def scores(self, tokens: list[str]) -> np.ndarray:
         """Lucene BM25 of every position for these query tokens (repeats count, as in bm25s); dead ones 0."""
         out = np.zeros(self.size, dtype=np.float32)
         if not self.n:
             return out
-        avg = self.total_len / self.n
-        k1, b = self.k1, self.b
         for term in tokens:
-            df, parts = self.postings(term)
-            if not df:
-                continue
-            idf = self.idf(df)
-            for i, docs, tfs in parts:
-                tf = tfs.astype(np.float32)
-                norm = k1 * ((1 - b) + b * self.segments[i].lengths[docs] / avg)
-                out[self.offsets[i] + docs] += (idf * tf / (norm + tf)).astype(np.float32)
+            for pos, contrib in self.contributions(term):
+                out[pos] += contrib
         return out
 
     def positions(self, chunk_ids: list[int]) -> np.ndarray:
@@ -194,6 +207,32 @@ class SegmentView:
             if any(j == i and bool(np.any(docs == local)) for j, docs, _ in parts):
                 found += idf
         return found / total if total > 0 else 0.0
+
+
+class _TermCache:
+    """term → value, least recently used out first once the values hold more than CACHED_POSTINGS postings."""
+
+    def __init__(self):
+        self._items: OrderedDict[str, tuple[object, int]] = OrderedDict()
+        self._held = 0
+        self._lock = threading.Lock()
+
+    def get(self, term: str):
+        with self._lock:
+            got = self._items.get(term)
+            if got is None:
+                return None
+            self._items.move_to_end(term)
+            return got[0]
+
+    def put(self, term: str, value, postings: int) -> None:
+        with self._lock:
+            if term in self._items:
+                return
+            self._items[term] = (value, postings)
+            self._held += postings
+            while self._held > CACHED_POSTINGS and len(self._items) > 1:
+                self._held -= self._items.popitem(last=False)[1][1]
 
 
 class _ViewWeights(TermWeights):
@@ -280,8 +319,9 @@ class BM25Index:
     reads the ready set itself); `rebuild` writes everything anew (tokens rewritten in place by a repair).
     """
 
-    def __init__(self, persist_dir: Path, token_source: TokenSource):
+    def __init__(self, persist_dir: Path, token_source: TokenSource, merges: bool = True):
         self.persist_dir = Path(persist_dir)
+        self.merges = merges  # False in a process that only answers (--role web): the ingesting ones merge
         self.dir = SegmentDir(self.persist_dir)
         self.token_source = token_source  # chunk ids (None: every ready chunk) → (chunk_id, tokens), by id
         self._view = SegmentView.empty()
@@ -312,9 +352,31 @@ class BM25Index:
 
     # --- following the ready set ---------------------------------------------------------------------
     def open(self, k1: float, b: float, ready_ids: Collection[int]) -> str:
-        """At load: the segments on disk, plus a segment for ready chunks none holds. Returns what it did."""
+        """At load: the segments on disk, plus a segment for ready chunks none holds. Segments that do not match
+        the database's tokens (a folder left by another database: chunk ids are that database's) are written
+        anew. Returns what it did."""
         self.set_params(k1, b)
-        return self.sync(ready_ids)
+        done = self.sync(ready_ids)
+        if self._foreign():
+            log.warning("BM25 segments in %s do not match the stored tokens: rebuilding them", self.persist_dir)
+            self.rebuild()
+            return "rebuilt"
+        return done
+
+    def _foreign(self) -> bool:
+        """Compare the length of OPEN_CHECKS live entries, spread over the index, with their stored tokens."""
+        v = self._view
+        live = np.flatnonzero(np.concatenate(v.alive)) if v.segments else np.zeros(0, dtype=np.int64)
+        if not len(live):
+            return False
+        pos = live[np.linspace(0, len(live) - 1, min(OPEN_CHECKS, len(live))).astype(np.int64)]
+        ids = v.chunk_ids[pos]
+        stored = dict(self.token_source(ids.tolist()))
+        for p, cid in zip(pos.tolist(), ids.tolist()):
+            i = int(np.searchsorted(v.offsets, p, side="right")) - 1
+            if len(stored.get(cid) or [""]) != int(v.segments[i].lengths[p - v.offsets[i]]):
+                return True
+        return False
 
     def sync(self, ready_ids: Collection[int], settled: Collection[int] = ()) -> str:
         """Make the live entries exactly the ready chunks: open segments other processes wrote, write one for
@@ -455,7 +517,7 @@ class BM25Index:
 
     def _merge_soon(self) -> None:
         with self._lock:
-            if self._merging is not None and self._merging.is_alive() or self._discarded:
+            if not self.merges or self._merging is not None and self._merging.is_alive() or self._discarded:
                 return
             if self._merge_plan(self._view) is None:
                 return

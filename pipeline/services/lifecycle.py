@@ -123,9 +123,10 @@ class Lifecycle:
 
     def follow_ingest(self) -> None:
         """This process's ingest queue drained: every knowledge base's BM25 follows (its documents are in
-        segments already: BM25Index.follow_ingest), gate backgrounds are re-measured soon."""
-        if not (self.ready and self.serves):
-            return  # loading: the load reads the ready set itself; a worker keeps no BM25
+        segments already: BM25Index.follow_ingest), gate backgrounds are re-measured soon. A worker follows too:
+        it merges the segments it writes, so the processes that answer only open them."""
+        if not self.ready:
+            return  # loading: the load reads the ready set itself
         c = self.c
         for kb in c.kbs.all():
             kb.bm25.follow_ingest(c.docs.ready_chunk_ids(kb.kb_id))
