@@ -170,6 +170,23 @@ def test_ready_chunks_no_segment_holds_are_written_once(corpus, tok, tmp_path):
     assert idx.indexed_ids() == src.ready
 
 
+def test_an_unreadable_segment_is_written_again_from_the_stored_tokens(corpus, tok, tmp_path):
+    """Segments are not synced to disk: one lost in a crash is dropped from the manifest and its ready chunks are
+    written again from the database (the source of truth)."""
+    items = [(c, t) for c, _, t in corpus]
+    src = Source(items[:30])
+    idx = BM25Index(tmp_path / "bm25", src)
+    idx.open(1.5, 0.75, src.ready)
+    idx.add_ready(items[30:35])
+    src.tokens.update(dict(items[30:35]))
+    src.ready |= {c for c, _ in items[30:35]}
+    broken = idx.view.segments[-1].name
+    (tmp_path / "bm25" / "segments" / broken / "docs.npy").write_bytes(b"torn")
+    other = BM25Index(tmp_path / "bm25", src)
+    assert other.open(1.5, 0.75, src.ready) == "added 5"
+    assert other.indexed_ids() == src.ready and broken not in {s.name for s in other.view.segments}
+
+
 def test_a_document_is_searchable_from_its_ready_mark_and_not_before(corpus, tok, tmp_path):
     idx = BM25Index(tmp_path / "bm25", Source([]))
     idx.open(1.5, 0.75, set())

@@ -272,6 +272,22 @@ class SegmentDir:
         except (OSError, ValueError, KeyError):
             return []
 
+    def listed(self) -> tuple[list[dict], list[Segment]]:
+        """Under the lock: the manifest's entries and their opened segments. An entry whose files cannot be read
+        (a crash mid-write, a disk error) is left out: its chunks are ready chunks no segment holds, which the
+        next sync writes again from the stored tokens (the database is the source of truth, so no fsync)."""
+        entries, segments = [], []
+        listed = self.read()
+        for e in listed:
+            try:
+                segments.append(self.segment(e["name"]))
+                entries.append(e)
+            except (OSError, ValueError, EOFError) as exc:
+                log.warning("BM25 segment %s unreadable (%s): its chunks are written again", e["name"], exc)
+        if len(entries) < len(listed):
+            self.write(entries)
+        return entries, segments
+
     def write(self, entries: list[dict]) -> None:
         tmp = self.root / "manifest.json.tmp"
         tmp.write_text(json.dumps({"segments": entries}))
@@ -385,8 +401,7 @@ class BM25Index:
         ready = _ids(ready_ids)
         done = "followed"
         with self.dir.locked():
-            entries = self.dir.read()
-            segments = [self.dir.segment(e["name"]) for e in entries]
+            entries, segments = self.dir.listed()
             held = [s.chunk_ids[~np.isin(s.chunk_ids, e.get("replaced", []))] for s, e in zip(segments, entries)]
             missing = np.setdiff1d(ready, np.concatenate(held) if held else np.zeros(0, dtype=np.int64),
                                    assume_unique=True)
@@ -457,8 +472,7 @@ class BM25Index:
             return
         seg = Segment.build(new_name(), items)
         with self.dir.locked():
-            entries = self.dir.read()
-            segments = [self.dir.segment(e["name"]) for e in entries]
+            entries, segments = self.dir.listed()
             self._append(entries, segments, seg)
             self.dir.write(entries)
         seg = self.dir.segment(seg.name)

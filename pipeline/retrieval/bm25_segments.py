@@ -149,17 +149,15 @@ class Segment:
 
     # --- disk ------------------------------------------------------------------------------------------
     def save(self, folder: Path) -> None:
-        """Written into a temporary folder and renamed: a reader never opens a half-written segment."""
+        """Written into a temporary folder and renamed: a reader never opens a half-written segment. Not synced
+        to disk: a segment lost in a crash is written again from the stored tokens (BM25Index.sync)."""
         tmp = folder.with_name(folder.name + ".tmp")
         shutil.rmtree(tmp, ignore_errors=True)
         tmp.mkdir(parents=True)
         arrays = {"chunk_ids": self.chunk_ids, "lengths": self.lengths, "indptr": self.indptr, "docs": self.docs,
                   "tfs": self.tfs, "terms": self.terms.blob, "term_offsets": self.terms.offsets}
         for key, arr in arrays.items():
-            with open(tmp / f"{key}.npy", "wb") as f:
-                np.save(f, np.ascontiguousarray(arr))
-                f.flush()
-                os.fsync(f.fileno())
+            np.save(tmp / f"{key}.npy", np.ascontiguousarray(arr))
         os.replace(tmp, folder)
 
     @classmethod
