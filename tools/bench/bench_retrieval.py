@@ -79,20 +79,25 @@ def _replicas(base, base_emb, base_tok, n: int, rng):
         yield base_tok[b] + [marker], v / np.linalg.norm(v), f"{base[b]}（{marker}）"
 
 
-def _fill(engine, corpus, per_doc: int = 500) -> float:
-    """Insert the corpus as 就绪 documents of `per_doc` chunks (SQL rows, stored tokens, vectors); seconds."""
+def _fill(engine, corpus, per_doc: int = 500, first_doc: int = 0, timing: dict | None = None) -> float:
+    """Insert the corpus as 就绪 documents of `per_doc` chunks (SQL rows, stored tokens, vectors); seconds.
+    `first_doc`: the number of the first document (a later fill into the same engine goes on from there);
+    `timing`: the seconds spent in the vector inserts are added to its "vectors_s"."""
     from store.documents import ChunkRow
 
     c = engine.components
     c.vectors.claim_model(c.models.embedding.model_id, c.models.embedding.dim)
     t0 = time.perf_counter()
-    for d, start in enumerate(range(0, len(corpus), per_doc)):
+    for d, start in enumerate(range(0, len(corpus), per_doc), first_doc):
         part = corpus[start:start + per_doc]
         doc = c.docs.create(f"bench-{d}.txt", "txt", 0, f"{d:032x}", f"{d:032x}.txt")
         rows = [ChunkRow(doc["doc_id"], j, text, None, 0, len(text), "text", toks)
                 for j, (toks, _, text) in enumerate(part)]
         ids = c.docs.replace_chunks(doc["doc_id"], rows)
+        tv = time.perf_counter()
         c.vectors.add(ids, [v for _, v, _ in part], [t for _, _, t in part], doc["doc_id"], doc["file_name"])
+        if timing is not None:
+            timing["vectors_s"] = timing.get("vectors_s", 0.0) + time.perf_counter() - tv
         c.docs.mark_ready(doc["doc_id"], len(rows))
         print(f"\r  inserted {start + len(part)}/{len(corpus)}", end="", file=sys.stderr, flush=True)
     print(file=sys.stderr)
@@ -228,10 +233,10 @@ def main(argv=None) -> int:
     return 0
 
 
-def rss_mb() -> tuple[float, float]:
-    """(current RSS, peak RSS) of this process in MB, from /proc (Linux)."""
+def rss_mb(pid: int | str = "self") -> tuple[float, float]:
+    """(current RSS, peak RSS) of this process (or process `pid`) in MB, from /proc (Linux)."""
     vals = {}
-    with open("/proc/self/status") as f:
+    with open(f"/proc/{pid}/status") as f:
         for line in f:
             if line.startswith(("VmRSS:", "VmHWM:")):
                 vals[line.split(":")[0]] = int(line.split()[1]) / 1024
