@@ -76,6 +76,7 @@ class SegmentView:
         self.segments, self.alive, self.k1, self.b, self.generation = segments, alive, k1, b, generation
         self.offsets = np.zeros(len(segments) + 1, dtype=np.int64)
         np.cumsum([s.size for s in segments], out=self.offsets[1:])
+        self._all_alive = [bool(a.all()) for a in alive]
         self.n = int(sum(int(a.sum()) for a in alive))
         self.total_len = int(sum(int(s.lengths[a].sum()) for s, a in zip(segments, alive)))
         self._postings = _TermCache()  # term → (df, [(segment, positions, tfs)])
@@ -132,8 +133,11 @@ class SegmentView:
                 p = seg.postings(term)
                 if p is None:
                     continue
-                keep = a[p[0]]
-                docs, tfs = p[0][keep], p[1][keep]
+                if self._all_alive[i]:
+                    docs, tfs = p  # slices of the mapped files: no copy
+                else:
+                    keep = a[p[0]]
+                    docs, tfs = p[0][keep], p[1][keep]
                 if len(docs):
                     parts.append((i, docs, tfs))
                     df += len(docs)
@@ -168,7 +172,9 @@ class SegmentView:
             for i, docs, tfs in parts:
                 tf = tfs.astype(np.float32)
                 norm = k1 * ((1 - b) + b * self.segments[i].lengths[docs].astype(np.float32) / avg)
-                out.append((self.offsets[i] + docs, (idf * tf / (norm + tf)).astype(np.float32)))
+                pos = docs.astype(np.int64) + self.offsets[i] if self.offsets[-1] > 2**31 - 1 else \
+                    docs.astype(np.int32) + np.int32(self.offsets[i])
+                out.append((pos, (idf * tf / (norm + tf)).astype(np.float32)))
         self._contrib.put(term, out, df)
         return out
 
