@@ -50,8 +50,8 @@ log = logging.getLogger(__name__)
 
 MERGE_FACTOR = 8        # this many segments of one size tier are merged into one
 TIER_BASE = 256         # tier of a segment: ⌊log_MERGE_FACTOR(size / TIER_BASE)⌋ (sizes up to TIER_BASE: tier 0)
-MAX_MERGED = 250_000    # a merge writes at most this many chunks (bounds the merging process's memory)
-BUILD_BATCH = 100_000   # a full build writes segments of at most this many chunks
+MAX_MERGED = 300_000    # a merge writes at most this many chunks (bounds the merging process's memory)
+BUILD_BATCH = 50_000    # a full build writes segments of at most this many chunks (bounds its token lists)
 DEAD_SHARE = 0.3        # a segment with this share of dead entries is rewritten without them
 CACHED_POSTINGS = 4_000_000  # per view and cache: postings kept for the next questions (~48 MB at most each)
 OPEN_CHECKS = 16        # live entries compared with the database's tokens when a process opens the folder

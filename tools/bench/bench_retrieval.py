@@ -79,10 +79,12 @@ def _replicas(base, base_emb, base_tok, n: int, rng):
         yield base_tok[b] + [marker], v / np.linalg.norm(v), f"{base[b]}（{marker}）"
 
 
-def _fill(engine, corpus, per_doc: int = 500, first_doc: int = 0, timing: dict | None = None) -> float:
+def _fill(engine, corpus, per_doc: int = 500, first_doc: int = 0, timing: dict | None = None,
+          segments: bool = False) -> float:
     """Insert the corpus as 就绪 documents of `per_doc` chunks (SQL rows, stored tokens, vectors); seconds.
     `first_doc`: the number of the first document (a later fill into the same engine goes on from there);
-    `timing`: the seconds spent in the vector inserts are added to its "vectors_s"."""
+    `timing`: the seconds spent in the vector inserts are added to its "vectors_s"; `segments`: each document's
+    BM25 segment is written before it turns 就绪, as the ingest does (else the caller builds the index)."""
     from store.documents import ChunkRow
 
     c = engine.components
@@ -98,6 +100,8 @@ def _fill(engine, corpus, per_doc: int = 500, first_doc: int = 0, timing: dict |
         c.vectors.add(ids, [v for _, v, _ in part], [t for _, _, t in part], doc["doc_id"], doc["file_name"])
         if timing is not None:
             timing["vectors_s"] = timing.get("vectors_s", 0.0) + time.perf_counter() - tv
+        if segments:
+            c.bm25.add_ready([(i, toks) for i, (toks, _, _) in zip(ids, part)])
         c.docs.mark_ready(doc["doc_id"], len(rows))
         print(f"\r  inserted {start + len(part)}/{len(corpus)}", end="", file=sys.stderr, flush=True)
     print(file=sys.stderr)

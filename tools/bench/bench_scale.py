@@ -18,7 +18,8 @@ give the cluster's folder to postgres first):
 
 The corpus is bench_retrieval's: `--base` real chunks (CMRC 2018 + CRUD-RAG news) embedded once by the packaged
 model, replicated with a per-copy marker word and a perturbed vector. This process fills the team deployment
-through its stores (SQL rows with stored tokens in PostgreSQL, vectors in Chroma) up to the first size, then
+through its stores (SQL rows with stored tokens in PostgreSQL, vectors in Chroma, each document's BM25 segment in
+the shared files dir written before it turns 就绪 and merged, as a worker's ingest does) up to the first size, then
 moves the knowledge-base generation as the app does after a change (SearchableChanges.changed), and measures;
 then fills on to the next size, and so on. At each size:
 
@@ -39,9 +40,8 @@ then fills on to the next size, and so on. At each size:
 
 It prints a table per size, then the growth table and issue 29's goals at the largest size (retrieval without
 rerank p95 ≤ 150 ms; a new document searchable by keyword in every process within 5 s with no full build; RSS
-≤ 1.5 GB per web process). Every process started here is stopped at the end, also on error. Expect hours at 1M:
-the fill runs at the Chroma insert rate printed per step, and today each web process builds its BM25 index in
-full at start and again after the probe document.
+≤ 1.5 GB per web process). Every process started here is stopped at the end, also on error. Expect an hour or
+more at 1M: the fill runs at the Chroma insert rate printed per step.
 """
 from __future__ import annotations
 
@@ -324,9 +324,10 @@ def main(argv=None) -> int:
                 before, t0 = filled, time.perf_counter()
                 while filled < size:
                     part = list(islice(replicas, min(FILL_BATCH, size - filled)))
-                    _fill(engine, part, PER_DOC, next_doc, timing)
+                    _fill(engine, part, PER_DOC, next_doc, timing, segments=True)  # as the ingest writes them
                     next_doc += -(-len(part) // PER_DOC)
                     filled += len(part)
+                engine.components.bm25.wait_idle(3600)  # the merges of what it wrote (a worker's job)
                 seconds = time.perf_counter() - t0
                 added = size - before
                 engine.services.changes.changed()  # the KB generation moves: every process follows, as in the app
