@@ -32,6 +32,9 @@ class Terms(Sequence):
 
     def __init__(self, blob: np.ndarray, offsets: np.ndarray):
         self.blob, self.offsets = blob, offsets
+        # memoryviews of the (mapped) arrays: indexing them costs ~0.1 µs, a numpy memmap slice ~5 µs
+        self._bytes = memoryview(np.ascontiguousarray(blob))
+        self._at = memoryview(np.ascontiguousarray(offsets))
 
     @classmethod
     def of(cls, sorted_terms: Sequence[str]) -> "Terms":
@@ -46,12 +49,28 @@ class Terms(Sequence):
     def __getitem__(self, i):
         if isinstance(i, slice):
             return [self[j] for j in range(*i.indices(len(self)))]
-        return bytes(self.blob[self.offsets[i]:self.offsets[i + 1]]).decode("utf-8")
+        return self.raw(i).decode("utf-8")
+
+    def raw(self, i: int) -> bytes:
+        return self._bytes[self._at[i]:self._at[i + 1]].tobytes()
 
     def find(self, term: str) -> int:
-        """The term's id, −1 when the segment does not hold it."""
-        i = bisect.bisect_left(self, term)
-        return i if i < len(self) and self[i] == term else -1
+        """The term's id, −1 when the segment does not hold it. Bisection on the UTF-8 bytes: their order is the
+        code points' order, the order the terms were sorted in."""
+        key = term.encode("utf-8")
+        i = bisect.bisect_left(_RawView(self), key)
+        return i if i < len(self) and self.raw(i) == key else -1
+
+
+class _RawView(Sequence):
+    def __init__(self, terms: Terms):
+        self.terms = terms
+
+    def __len__(self) -> int:
+        return len(self.terms)
+
+    def __getitem__(self, i):
+        return self.terms.raw(i)
 
 
 @dataclass(frozen=True, eq=False)
