@@ -105,7 +105,10 @@ def test_a_drained_queue_costs_no_full_bm25_build(tmp_path, caplog):
             assert all(r.ok for r in engine.upload([(a.name, a), (b.name, b)]))
             wait_idle(engine)
         assert not [r for r in caplog.records if "BM25 rebuilt" in r.getMessage()]  # no full build
-        assert first <= {s.name for s in c.bm25.view.segments}  # the earlier segment is still the one in use
+        # the first document's segment is in use, or (its entries all replaced by the new version) merged away
+        now = {s.name for s in c.bm25.view.segments}
+        assert first <= now or [r for r in caplog.records if "merged" in r.getMessage()]
+        assert len(now) <= 3 and sum(s.size for s in c.bm25.view.segments) < 40  # small segments, no build of all
         assert c.bm25.indexed_ids() == c.docs.ready_chunk_ids()  # the old version is out, the new ones in
         ready = {d["file_name"]: d["doc_id"] for d in c.docs.all_docs() if d["status"] == "ready" and d["active"] == 1}
         assert _found(engine, "FLW-202-A") >= {ready["a.txt"]} and _found(engine, "FLW-303-B") >= {ready["b.txt"]}

@@ -568,20 +568,22 @@ class BM25Index:
             late = set().union(*(e.get("replaced", []) for e in entries if e["name"] in names))
             at = min(i for i, e in enumerate(entries) if e["name"] in names)
             kept = [e for e in entries if e["name"] not in names]
-            self.dir.save(merged)
-            entry = {"name": merged.name, "size": merged.size}
-            again = sorted(late & set(merged.chunk_ids.tolist()))
-            if again:
-                entry["replaced"] = again
-            kept.insert(at, entry)
+            if merged.size:  # only dead entries: the inputs just go
+                self.dir.save(merged)
+                entry = {"name": merged.name, "size": merged.size}
+                again = sorted(late & set(merged.chunk_ids.tolist()))
+                if again:
+                    entry["replaced"] = again
+                kept.insert(at, entry)
             self.dir.write(kept)
-        merged = self.dir.segment(merged.name)
         with self._lock:
             v = self._view
             live = set().union(*(s.chunk_ids[a].tolist() for s, a in zip(v.segments, v.alive) if s.name in names))
             rest = [(s, a) for s, a in zip(v.segments, v.alive) if s.name not in names]
-            pos = min([i for i, s in enumerate(v.segments) if s.name in names] or [len(rest)])
-            rest.insert(pos, (merged, np.isin(merged.chunk_ids, np.fromiter(live, dtype=np.int64, count=len(live)))))
+            if merged.size:
+                merged = self.dir.segment(merged.name)
+                pos = min([i for i, s in enumerate(v.segments) if s.name in names] or [len(rest)])
+                rest.insert(pos, (merged, np.isin(merged.chunk_ids, np.fromiter(live, dtype=np.int64, count=len(live)))))
             self._publish([s for s, _ in rest], [a for _, a in rest])
         log.info("BM25 segment: merged %d segments into one of %d chunks in %.0f ms", len(inputs), merged.size,
                  (time.perf_counter() - t0) * 1000)
