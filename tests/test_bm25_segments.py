@@ -155,6 +155,29 @@ def test_a_second_process_follows_a_change_without_a_full_build(corpus, tok, tmp
     assert src.asked == [None, 16, 16]  # none of this needed a token read: the entries came from A's segments
 
 
+def test_a_new_segment_is_searchable_elsewhere_after_one_manifest_read(corpus, tok, tmp_path, monkeypatch):
+    """`open_listed` (before the ready set is read): another process's new document is found at once, and segments
+    merged away there leave the view, so no chunk is counted twice."""
+    monkeypatch.setattr(bm25_mod, "MERGE_FACTOR", 3)
+    items = [(c, t) for c, _, t in corpus]
+    src = Source(items[:20])
+    a, b = BM25Index(tmp_path / "bm25", src), BM25Index(tmp_path / "bm25", src)
+    a.open(1.5, 0.75, src.ready)
+    b.open(1.5, 0.75, src.ready)
+    for k in range(20, 32, 2):  # six documents in A: merges happen there
+        a.add_ready(items[k:k + 2])
+        wait_until(lambda: a.settled, 30, message="A's merges")
+    new = (9100, tok("网约车 驾驶员 应当 取得 从业资格证") + ["zqx-9100"])
+    a.add_ready([new])
+    wait_until(lambda: a.settled, 30, message="A's merges")
+    assert b.open_listed() >= 1
+    look = _lookup_for(corpus + [(9100, "网约车", new[1])])
+    assert [h.node.node_id for h in b.retriever(tok, look, 5).retrieve("ZQX-9100")] == ["9100"]
+    held = np.concatenate([s.chunk_ids[al] for s, al in zip(b.view.segments, b.view.alive)])
+    assert len(held) == len(set(held.tolist())) == 20 + 12 + 1  # every entry once
+    assert {s.name for s in b.view.segments} == {s.name for s in a.view.segments}
+
+
 def test_ready_chunks_no_segment_holds_are_written_once(corpus, tok, tmp_path):
     """A crash between the ready mark and the segment write (or a data dir of an earlier release): the next sync
     writes a segment for exactly the ready chunks missing, reading only their tokens."""

@@ -429,6 +429,24 @@ class BM25Index:
         self._merge_soon()
         return done
 
+    def open_listed(self) -> int:
+        """Take the manifest's segments as they are now, before the ready set is read (`sync` then masks exactly):
+        a document another process just made 就绪 is searchable in this process after one manifest read, not
+        after reading the whole ready set (seconds at a million chunks). Segments new to this process are live
+        — as an ingest's own entries are before their ready mark; the retriever drops rows not 就绪 — and
+        segments merged away elsewhere leave the view. Returns how many segments were new."""
+        with self.dir.locked():
+            entries, segments = self.dir.listed()
+        with self._lock:
+            v = self._view
+            known = {s.name: a for s, a in zip(v.segments, v.alive)}
+            if not segments or all(s.name in known for s in segments) and len(segments) == len(known):
+                return 0
+            alive = [known[s.name] if s.name in known else ~np.isin(s.chunk_ids, e.get("replaced", []))
+                     for s, e in zip(segments, entries)]
+            self._publish(segments, alive)
+            return sum(s.name not in known for s in segments)
+
     def follow_ingest(self, ready_ids: Collection[int]) -> str:
         """This process's ingest queue drained: its documents are in segments already (add_ready); what else
         changed (an old version left the ready set) is followed by `sync`."""

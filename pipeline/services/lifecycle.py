@@ -117,8 +117,11 @@ class Lifecycle:
         m = c.models
         if m is not None and m.model_warning:  # another process's 全量重建 may have resolved it
             m.model_warning = c.kbs.model_warning(m.embedding.model_id, m.embedding.dim)
-        for kb in c.kbs.all() if self.serves else ():
-            kb.bm25.sync(c.docs.ready_chunk_ids(kb.kb_id))  # opens what others wrote; O(change)
+        kbs = c.kbs.all() if self.serves else []
+        for kb in kbs:
+            kb.bm25.open_listed()  # what others wrote is searchable now …
+        for kb in kbs:
+            kb.bm25.sync(c.docs.ready_chunk_ids(kb.kb_id))  # … and exactly the 就绪 chunks once the set is read
         self.refresh_gate_background()
 
     def follow_ingest(self) -> None:
