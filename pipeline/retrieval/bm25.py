@@ -420,12 +420,12 @@ class BM25Index:
                 done = f"added {len(missing)}"
                 log.info("BM25 segment: %d ready chunks no segment held, written in %.0f ms", len(missing),
                          self.last_build_ms)
-        with self._lock:
-            self._pending -= set(settled)
-            live = np.union1d(ready, _ids(self._pending))
-            alive = [np.isin(s.chunk_ids, live) & ~np.isin(s.chunk_ids, e.get("replaced", []))
-                     for s, e in zip(segments, entries)]
-            self._publish(segments, alive)
+            with self._lock:  # still under the folder lock: a write of this process cannot land in between
+                self._pending -= set(settled)
+                live = np.union1d(ready, _ids(self._pending))
+                alive = [np.isin(s.chunk_ids, live) & ~np.isin(s.chunk_ids, e.get("replaced", []))
+                         for s, e in zip(segments, entries)]
+                self._publish(segments, alive)
         self._merge_soon()
         return done
 
@@ -435,9 +435,8 @@ class BM25Index:
         after reading the whole ready set (seconds at a million chunks). Segments new to this process are live
         — as an ingest's own entries are before their ready mark; the retriever drops rows not 就绪 — and
         segments merged away elsewhere leave the view. Returns how many segments were new."""
-        with self.dir.locked():
+        with self.dir.locked(), self._lock:
             entries, segments = self.dir.listed()
-        with self._lock:
             v = self._view
             known = {s.name: a for s, a in zip(v.segments, v.alive)}
             if not segments or all(s.name in known for s in segments) and len(segments) == len(known):
@@ -499,12 +498,12 @@ class BM25Index:
             entries, segments = self.dir.listed()
             self._append(entries, segments, seg)
             self.dir.write(entries)
-        seg = self.dir.segment(seg.name)
-        with self._lock:
-            if pending:
-                self._pending |= set(seg.chunk_ids.tolist())
-            v = self._view.with_dead(seg.chunk_ids.tolist())
-            self._publish(v.segments + (seg,), v.alive + (np.ones(seg.size, dtype=bool),))
+            seg = self.dir.segment(seg.name)
+            with self._lock:  # under the folder lock: a sync reading the manifest comes wholly before or after
+                if pending:
+                    self._pending |= set(seg.chunk_ids.tolist())
+                v = self._view.with_dead(seg.chunk_ids.tolist())
+                self._publish(v.segments + (seg,), v.alive + (np.ones(seg.size, dtype=bool),))
         log.info("BM25 segment: %d chunks added", seg.size)
         self._merge_soon()
 
@@ -531,9 +530,9 @@ class BM25Index:
                 if batch:
                     self._append(entries, segments, Segment.build(new_name(), batch))
                 self.dir.write(entries)
-        with self._lock:
-            self._pending.clear()
-            v = self._publish(segments, [np.ones(s.size, dtype=bool) for s in segments], k1, b)
+            with self._lock:
+                self._pending.clear()
+                v = self._publish(segments, [np.ones(s.size, dtype=bool) for s in segments], k1, b)
         self.last_build_ms = (time.perf_counter() - t0) * 1000
         log.info("BM25 rebuilt: %d chunks in %.0f ms", v.n, self.last_build_ms)
         return v
@@ -594,15 +593,16 @@ class BM25Index:
                     entry["replaced"] = again
                 kept.insert(at, entry)
             self.dir.write(kept)
-        with self._lock:
-            v = self._view
-            live = set().union(*(s.chunk_ids[a].tolist() for s, a in zip(v.segments, v.alive) if s.name in names))
-            rest = [(s, a) for s, a in zip(v.segments, v.alive) if s.name not in names]
-            if merged.size:
-                merged = self.dir.segment(merged.name)
-                pos = min([i for i, s in enumerate(v.segments) if s.name in names] or [len(rest)])
-                rest.insert(pos, (merged, np.isin(merged.chunk_ids, np.fromiter(live, dtype=np.int64, count=len(live)))))
-            self._publish([s for s, _ in rest], [a for _, a in rest])
+            with self._lock:  # under the folder lock, as every publish that follows the manifest
+                v = self._view
+                live = set().union(*(s.chunk_ids[a].tolist() for s, a in zip(v.segments, v.alive) if s.name in names))
+                rest = [(s, a) for s, a in zip(v.segments, v.alive) if s.name not in names]
+                if merged.size:
+                    merged = self.dir.segment(merged.name)
+                    pos = min([i for i, s in enumerate(v.segments) if s.name in names] or [len(rest)])
+                    rest.insert(pos, (merged, np.isin(merged.chunk_ids,
+                                                      np.fromiter(live, dtype=np.int64, count=len(live)))))
+                self._publish([s for s, _ in rest], [a for _, a in rest])
         log.info("BM25 segment: merged %d segments into one of %d chunks in %.0f ms", len(inputs), merged.size,
                  (time.perf_counter() - t0) * 1000)
         return True
