@@ -139,6 +139,9 @@ class IngestService:
         self._cancelled: set[int] = set()
         self._current: int | None = None
         self._held: set[int] = set()   # doc_ids whose job this worker holds (the heartbeat renews them)
+        # Ending a job (its row deleted) and leaving _held happen under it, and so does a renewal: a renewal
+        # that ran between the two would take a finished document for a lease another worker took.
+        self._lease_lock = threading.Lock()
         self._lost: set[int] = set()   # leases that ran out under us: another worker owns those now
         self._attempts: dict[int, int] = {}
         self._shared_at: dict[int, float] = {}  # doc_id → when its progress was last written to the job row
@@ -319,12 +322,13 @@ class IngestService:
 
     def _renew(self) -> None:
         """Extend our leases; a doc we think we hold but no longer do is marked lost (never written again)."""
-        held = set(self._held)
-        try:
-            still = self.jobs.renew(self.owner, self.lease_s)
-        except Exception:
-            log.exception("renewing ingest leases failed")
-            return
+        with self._lease_lock:
+            held = set(self._held)
+            try:
+                still = self.jobs.renew(self.owner, self.lease_s)
+            except Exception:
+                log.exception("renewing ingest leases failed")
+                return
         lost = held - still
         if lost:
             log.warning("ingest leases lost for docs %s: another worker took them over", sorted(lost))
@@ -546,7 +550,9 @@ class IngestService:
         # process opens when the KB generation moves (pipeline/services/shared_sync.py).
         self.kbs.get(p.doc.get("kb_id") or DEFAULT_KB_ID).bm25.add_ready(
             [(cid, row.tokens) for cid, row in zip(p.chunk_ids, p.rows)])
-        generation = self.jobs.complete(p.doc_id, self.owner, len(p.rows))
+        with self._lease_lock:
+            generation = self.jobs.complete(p.doc_id, self.owner, len(p.rows))
+            self._held.discard(p.doc_id)
         if generation is None:
             log.warning("doc %s: lease lost before 就绪; its new owner finishes it", p.doc_id)
             return
@@ -559,7 +565,9 @@ class IngestService:
         if doc_id in self._lost or not self.jobs.holds(doc_id, self.owner):
             return  # another worker owns the document now: its chunks and vectors are not ours to drop
         self._cleanup(doc_id, keep_doc=True)
-        self.jobs.fail(doc_id, self.owner, reason)
+        with self._lease_lock:
+            self.jobs.fail(doc_id, self.owner, reason)
+            self._held.discard(doc_id)
 
     def _cleanup(self, doc_id: int, keep_doc: bool = False) -> None:
         """A failed or cancelled document leaves no vectors and no chunks."""
