@@ -473,6 +473,28 @@ def test_cv_chooses_the_length_prior_on_the_training_sets_only():
     assert all(r["fitted"]["convex_auto/minmax"]["length_prior"]["beta"] == 0.0 for r in res["sets"].values())
 
 
+def test_leaving_a_family_out_fits_on_the_other_families_only():
+    """--families: every set of the left-out family is scored by one fit made without any of them. Two fragment
+    sets form a family: left out together, their fit sees only the plain family and learns no prior, although
+    left out one at a time each set's fit learns it from its sibling."""
+    from tools.eval import fusion_cv
+
+    rng = np.random.default_rng(11)
+    data = {"xquad_zh": _fragment_set(rng, 30, True), "cmrc_trial": _fragment_set(rng, 30, True),
+            "dureader_dev": _fragment_set(rng, 30, False)}
+    groups = fusion_cv.family_groups(list(data) + ["mine"])
+    assert groups == {"encyclopedic": ["xquad_zh", "cmrc_trial"], "web": ["dureader_dev"], "mine": ["mine"]}
+    grid = [fusion_cv.NO_PRIOR, (100, 0.1), (100, 0.5)]
+    by_set = fusion_cv.cross_validate(data, norms=("minmax",), grid=grid)
+    by_family = fusion_cv.cross_validate(data, norms=("minmax",), grid=grid, groups=fusion_cv.family_groups(data))
+    for s in ("xquad_zh", "cmrc_trial"):
+        assert by_set["sets"][s]["fitted"]["convex_auto/minmax"]["length_prior"]["beta"] > 0
+        assert by_family["sets"][s]["fitted"]["convex_auto/minmax"]["length_prior"]["beta"] == 0.0
+        assert by_family["sets"][s]["left_out_with"] == "encyclopedic"
+        assert by_family["sets"][s]["routes"]["convex_auto/minmax"]["hit@1"] < 1.0
+    assert by_family["sets"]["xquad_zh"]["fitted"] == by_family["sets"]["cmrc_trial"]["fitted"]
+
+
 def test_paired_bootstrap_and_smoothed_gain_exact():
     """The noise report (paired differences, their standard error) and the smoothed training objective, by hand."""
     from tools.eval import fusion_cv

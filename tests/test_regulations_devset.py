@@ -60,3 +60,7 @@ def test_as_corpus_gives_each_question_its_document_and_span():
     for q in corpus.questions:
         (doc,) = q.gold_docs
         assert norm(q.answers[0]) in norm(corpus.docs[doc])
+    # a chunk holds the span although the text breaks a line inside it (the check's own whitespace rule)
+    q = next(q for q in corpus.questions if len(q.answers[0]) > 20)
+    a = q.answers[0]
+    assert q.held_by(f"前文{a[:10]}\n{a[10:]}后文") and not q.held_by(a[:-1])

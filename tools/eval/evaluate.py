@@ -48,6 +48,7 @@ from tools.eval.devsets import (
 )
 from tools.eval.fusion_cv import dump_length, length_field, row_features
 from tools.eval.kb_cache import build_kb, cache_root, open_copy
+from tools.eval.regulations_devset import REGULATIONS, as_corpus
 
 K = 10
 SWEEP = [(1.0, 1.0), (0.75, 1.0), (0.5, 1.0), (0.35, 1.0), (0.25, 1.0), (0.0, 1.0), (1.0, 0.0)]
@@ -147,7 +148,7 @@ def evaluate(engine, corpus: Corpus, key_to_doc: dict[str, int], sweep: bool = F
         rel = 0  # relevant chunk count (nDCG's ideal ranking)
         for did in gold:
             for ch in engine.components.docs.chunks_of(did):
-                rel += (not q.answers) or any(a in ch["text"] for a in q.answers)
+                rel += q.held_by(ch["text"])
         n_rel.append(rel)
         bundle, fusion, embed_ms = svc.recall(q.text, s)
         row = dump_row(q, rel, fusion, gold)
@@ -243,11 +244,18 @@ def _apply(engine, overrides: dict) -> None:
             engine.reload()
 
 
+def named_set(name: str) -> tuple:
+    """(DevSet, Corpus) of a dev set or of the formal family's regulations set (answerable questions only)."""
+    if name == REGULATIONS.name:
+        return REGULATIONS, as_corpus()
+    return DEV_SETS[name], load_corpus(DEV_SETS[name])
+
+
 def evaluate_set(name: str, cache: Path | None, overrides: dict, sweep: bool = False,
                  dump: Path | None = None) -> dict:
-    """One dev set (tools.eval.devsets.DEV_SETS) on its cached knowledge base (built once when missing)."""
-    ds = DEV_SETS[name]
-    corpus = load_corpus(ds)
+    """One dev set (tools.eval.devsets.DEV_SETS, or the regulations set) on its cached knowledge base (built once
+    when missing)."""
+    ds, corpus = named_set(name)
     with tempfile.TemporaryDirectory(prefix="kbqa-eval-") as tmp:
         if cache is not None:
             engine, key_to_doc = open_copy(cache, ds, Path(tmp) / "data")
@@ -266,8 +274,9 @@ def evaluate_set(name: str, cache: Path | None, overrides: dict, sweep: bool = F
 
 
 def run_cv(args) -> dict:
-    """Leave-one-set-out: dump every set's candidates once (cached), then fit on all sets but one, score it."""
-    names = args.sets.split(",") if args.sets else list(DEV_SETS)
+    """Leave-one-set-out: dump every set's candidates once (cached), then fit on all sets but one, score it.
+    --families: leave one family of text out instead (devsets.FAMILIES; the regulations set joins by default)."""
+    names = args.sets.split(",") if args.sets else [*DEV_SETS, *([REGULATIONS.name] if args.families else [])]
     dump_dir = Path(args.dump_dir)
     dump_dir.mkdir(parents=True, exist_ok=True)
     for name in names:
@@ -281,7 +290,9 @@ def run_cv(args) -> dict:
 
     data = {n: fusion_cv.load_dump(dump_dir / f"{n}.jsonl") for n in names}
     # the dev-set KB cache is built with the packaged e5 (another model: python -m tools.eval.calibrate)
-    result = fusion_cv.cross_validate(data, adaptive=profile_for(PACKAGED_MODEL_ID).profile.fusion.adaptive_rrf)
+    groups = fusion_cv.family_groups(names) if args.families else None
+    result = fusion_cv.cross_validate(data, adaptive=profile_for(PACKAGED_MODEL_ID).profile.fusion.adaptive_rrf,
+                                      groups=groups)
     fusion_cv.print_cv(result)
     if args.write_weights:  # the shipped weights: the same procedure fitted on every set
         result["weights"] = fusion_cv.fit_all(data)
@@ -337,11 +348,14 @@ def main(argv=None) -> int:
     src.add_argument("--from-dump", help="re-fuse a --dump file with the current fusion defaults (no ingest)")
     src.add_argument("--squad", help="SQuAD-format JSON (CMRC 2018, XQuAD)")
     src.add_argument("--dureader", help="DuReader 2.0 JSON lines")
-    src.add_argument("--set", choices=list(DEV_SETS), help="a named dev set (cached KB with --kb-cache)")
+    src.add_argument("--set", choices=[*DEV_SETS, REGULATIONS.name],
+                     help="a named dev set (cached KB with --kb-cache)")
     src.add_argument("--cv", action="store_true",
                      help="leave-one-set-out over the dev sets: fit the fusion on all but one, score that one")
     p.add_argument("--kb-cache", default=None, help="cache dir of built dev-set KBs (or $KBQA_KB_CACHE)")
     p.add_argument("--sets", default=None, help="--cv: comma-separated set names (default: all dev sets)")
+    p.add_argument("--families", action="store_true",
+                   help="--cv: leave one family of text out (encyclopedic / web / formal), not one set")
     p.add_argument("--dump-dir", default="dumps", help="--cv: where the per-set candidate dumps live")
     p.add_argument("--redump", action="store_true", help="--cv: re-run retrieval even if a dump exists")
     p.add_argument("--write-weights", default=None,

@@ -26,11 +26,10 @@ from pathlib import Path
 
 from tools.eval.answer_eval import open_for_eval
 from tools.eval.cli import add_kb_cache, kb_cache_root, print_md_table
-from tools.eval.devsets import REPO, DevSet
+from tools.eval.devsets import REPO
 from tools.eval.formal_metrics import answer_hit, outcome, right_doc_first, share_of, span_in_sources
-from tools.eval.regulations_devset import DevItems, load_items
+from tools.eval.regulations_devset import REGULATIONS, DevItems, load_items
 
-REGULATIONS = DevSet("regulations", "folder", "regulations", style="everyday questions, Chinese regulations")
 OFF_TOPIC = REPO / "tests" / "data" / "offtopic_everyday.txt"
 
 

@@ -29,6 +29,7 @@ import numpy as np
 
 from pipeline.models.paths import PACKAGED_MODEL_ID
 from pipeline.retrieval.fusion import AUTO_FEATURES, NORMS, length_prior, query_features
+from tools.eval.devsets import FAMILIES
 
 K = 10
 ALPHAS = np.round(np.linspace(0.0, 1.0, 21), 2)  # grid of BM25 shares α
@@ -386,39 +387,55 @@ def prior_grids(data: dict[str, list[Q]], norm: str, grid=None) -> dict[tuple[in
     return {p: prepare(data, norm, prior=p) for p in grid}
 
 
+def family_groups(names) -> dict[str, list[str]]:
+    """The sets among `names` by family of text (devsets.FAMILIES); a set of no family is a group of its own."""
+    groups = {fam: [n for n in names if n in sets] for fam, sets in FAMILIES.items()}
+    groups |= {n: [n] for n in names if not any(n in g for g in groups.values())}
+    return {g: sets for g, sets in groups.items() if sets}
+
+
 def cross_validate(data: dict[str, list[Q]], norms=("minmax", "zscore"),
-                   methods=("convex_const", "convex_auto_noprior", "convex_auto"), grid=None, adaptive=None) -> dict:
+                   methods=("convex_const", "convex_auto_noprior", "convex_auto"), grid=None, adaptive=None,
+                   groups: dict[str, list[str]] | None = None) -> dict:
     """For each left-out set: the baselines (`adaptive`: the profile's adaptive_rrf, for its row), and every
-    (method, norm) fitted on the other sets only."""
+    (method, norm) fitted on the sets outside its group only. `groups`: the sets left out together (a family of
+    text, family_groups); default: each set alone (leave one set out)."""
     out: dict = {"sets": {}}
     grids = {n: prior_grids(data, n, grid) for n in norms}
-    for held in data:
-        res = {"questions": len(data[held]), "routes": baselines(data[held], adaptive), "fitted": {}}
-        chosen = None
+    for group, held_sets in (groups or {s: [s] for s in data}).items():
+        train = [s for s in data if s not in held_sets]
+        fitted = {}
         for norm, by_prior in grids.items():
-            train = [s for s in data if s != held]
             for method in methods:
                 if method == "convex_auto":
-                    m = fit_with_prior(by_prior, train, data, norm)
+                    fitted[method, norm] = fit_with_prior(by_prior, train, data, norm)
                 else:
-                    m = fit(method.removesuffix("_noprior"), {s: by_prior[NO_PRIOR][s] for s in train}, data, norm)
-                key = f"{method}/{norm}"
-                res["routes"][key] = score_fitted(m, data[held])
-                res["fitted"][key] = {"alpha": m.alpha_const, "coefs": m.coefs,
-                                      "length_prior": {"cap": m.prior[0], "beta": m.prior[1]}}
-                chosen = m if (method, norm) == CHOSEN else chosen
-        if chosen is not None:  # noise: paired bootstrap of the chosen fusion against the better route and RRF
-            qs = data[held]
-            best = max(("bm25", "vector"), key=lambda k: res["routes"][k]["mrr@10"])
-            mine = fitted_ranks(chosen, qs)
-            res["chosen_vs"] = {best: versus(mine, [route_rank(q, q.rb if best == "bm25" else q.rv) for q in qs]),
-                                "rrf": versus(mine, [rrf_rank(q) for q in qs])}
-        out["sets"][held] = res
+                    fitted[method, norm] = fit(method.removesuffix("_noprior"),
+                                               {s: by_prior[NO_PRIOR][s] for s in train}, data, norm)
+        for held in held_sets:
+            out["sets"][held] = _scored(data[held], fitted, adaptive) | ({"left_out_with": group} if groups else {})
     variants = list(next(iter(out["sets"].values()))["routes"])
     out["average"] = {v: {k: round(float(np.mean([r["routes"][v][k] for r in out["sets"].values()])), 4)
                           for k in ("mrr@10", "hit@1", "hit@5")} for v in variants}
     out["chosen"] = "/".join(CHOSEN)
     return out
+
+
+def _scored(qs: list[Q], fitted: dict, adaptive) -> dict:
+    """One left-out set: the baselines and every fitted (method, norm), plus the chosen one's paired bootstrap."""
+    res = {"questions": len(qs), "routes": baselines(qs, adaptive), "fitted": {}}
+    for (method, norm), m in fitted.items():
+        key = f"{method}/{norm}"
+        res["routes"][key] = score_fitted(m, qs)
+        res["fitted"][key] = {"alpha": m.alpha_const, "coefs": m.coefs,
+                              "length_prior": {"cap": m.prior[0], "beta": m.prior[1]}}
+    chosen = fitted.get(CHOSEN)
+    if chosen is not None:  # noise: paired bootstrap of the chosen fusion against the better route and RRF
+        best = max(("bm25", "vector"), key=lambda k: res["routes"][k]["mrr@10"])
+        mine = fitted_ranks(chosen, qs)
+        res["chosen_vs"] = {best: versus(mine, [route_rank(q, q.rb if best == "bm25" else q.rv) for q in qs]),
+                            "rrf": versus(mine, [rrf_rank(q) for q in qs])}
+    return res
 
 
 def fit_all(data: dict[str, list[Q]], embedding_model: str = PACKAGED_E5) -> dict:
@@ -437,7 +454,8 @@ def fit_all(data: dict[str, list[Q]], embedding_model: str = PACKAGED_E5) -> dic
 def print_cv(result: dict) -> None:
     for held, r in result["sets"].items():
         best = max(("bm25", "vector"), key=lambda k: r["routes"][k]["mrr@10"])
-        print(f"\nleft out: {held} ({r['questions']} questions; best single route: {best})")
+        family = f" with the whole {r['left_out_with']} family" if r.get("left_out_with", held) != held else ""
+        print(f"\nleft out: {held}{family} ({r['questions']} questions; best single route: {best})")
         print("| fusion | MRR@10 | Hit@1 | Hit@5 |\n|---|---|---|---|")
         for v, m in r["routes"].items():
             mark = "**" if v == result.get("chosen") else ""
@@ -460,12 +478,15 @@ def main(argv=None) -> int:
                     help="fit on every set and write that fit as JSON here (a report: the app reads the calibration "
                          "profile, which `python -m tools.eval.calibrate` writes)")
     ap.add_argument("--embedding-model", default=PACKAGED_E5, help="model id the dumps were made with")
+    ap.add_argument("--families", action="store_true",
+                    help="leave one family of text out (tools/eval/devsets.FAMILIES), not one set")
     ap.add_argument("--json", default=None)
     args = ap.parse_args(argv)
     from pipeline.calibration import profile_for
 
     data = {Path(p).name.split(".")[0]: load_dump(Path(p)) for p in args.dumps}
-    res = cross_validate(data, adaptive=profile_for(args.embedding_model).profile.fusion.adaptive_rrf)
+    res = cross_validate(data, adaptive=profile_for(args.embedding_model).profile.fusion.adaptive_rrf,
+                         groups=family_groups(data) if args.families else None)
     print_cv(res)
     if args.write_weights:
         w = fit_all(data, args.embedding_model)

@@ -26,9 +26,11 @@ from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from tools.eval.devsets import REPO, Corpus, Question, load_folder, shared_data_dir
+from tools.eval.devsets import REPO, Corpus, DevSet, Question, load_folder, shared_data_dir
 
 QUESTIONS = REPO / "tests" / "data" / "regulations_dev" / "questions.json"
+# its knowledge base: the 160 files uploaded as the .md files they are (tools/eval/kb_cache)
+REGULATIONS = DevSet("regulations", "folder", "regulations", style="everyday questions, Chinese regulations")
 TYPES = ("yesno", "howlong", "howmuch", "who", "whatif", "how")
 WRITERS = ("citizen", "clerk", "shop_owner", "farmer", "doctor", "hr")
 _HEADING = re.compile(r"^(第[一二三四五六七八九十百零〇]+条)(?=[\s\u3000])", re.M)
@@ -115,7 +117,8 @@ def as_corpus(items: DevItems | None = None, texts: dict[str, str] | None = None
     """The answerable questions over the whole corpus, in the shape of the other dev sets."""
     items = items or load_items()
     texts = texts if texts is not None else load_texts()
-    return Corpus(dict(texts), [Question(a.question, {a.gold.file}, [a.gold.span]) for a in items.answerable])
+    return Corpus(dict(texts), [Question(a.question, {a.gold.file}, [norm(a.gold.span)], whitespace_free=True)
+                                for a in items.answerable])
 
 
 def articles(text: str) -> list[tuple[str, str]]:

@@ -38,10 +38,10 @@ from pipeline.retrieval.lexical import content_terms
 from tools.eval.answer_eval import open_for_eval
 from tools.eval.cli import add_kb_cache, kb_cache_root
 from tools.eval.devsets import DEV_SETS, dureader_spans, holds_answer, load_corpus, shared_data_dir
-from tools.eval.formal_eval import OFF_TOPIC, REGULATIONS, load_lines
+from tools.eval.formal_eval import OFF_TOPIC, load_lines
 from tools.eval.formal_metrics import answer_hit, answer_lines
 from tools.eval.gate_dataset import DEEP_RECALL, _remover
-from tools.eval.regulations_devset import load_items
+from tools.eval.regulations_devset import REGULATIONS, load_items
 
 SEED = 13  # the answerable sample is answer_eval's (--limit N draws with the same seed)
 FAMILY = {"xquad_zh": "encyclopedic", "cmrc_trial": "encyclopedic", "cmrc_dev_news": "encyclopedic",
