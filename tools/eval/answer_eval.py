@@ -10,8 +10,6 @@ weak-evidence banner, 「资料中未找到…」, sentences per answer, and the
 """
 from __future__ import annotations
 
-import argparse
-import json
 import random
 import re
 import sys
@@ -22,7 +20,7 @@ from pathlib import Path
 import numpy as np
 
 from pipeline.generation.extractive import NOT_FOUND_TEXT
-from tools.eval.cli import add_kb_cache, kb_cache_root
+from tools.eval.cli import add_kb_cache, command_parser, kb_cache_root, write_json
 from tools.eval.devsets import DEV_SETS, DevSet, dureader_spans, holds_answer, load_corpus, shared_data_dir
 from tools.eval.kb_cache import open_copy
 
@@ -80,8 +78,7 @@ def print_answers(name: str, m: dict) -> None:
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m tools.eval.answer_eval", description=__doc__,
-                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = command_parser("tools.eval.answer_eval", __doc__)
     add_kb_cache(ap)
     ap.add_argument("--set", required=True, choices=list(DEV_SETS))
     ap.add_argument("--limit", type=int, default=None)
@@ -98,8 +95,7 @@ def main(argv=None) -> int:
         m = answer_metrics(engine, qs, spans)
         engine.close()
     print_answers(args.set, m)
-    if args.json:
-        args.json.write_text(json.dumps(m, indent=2))
+    write_json(args.json, m)
     return 0
 
 

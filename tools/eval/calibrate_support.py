@@ -14,7 +14,6 @@ with at most MAX_FALSE_MARKS of the right ones marked on every training set — 
 """
 from __future__ import annotations
 
-import argparse
 import itertools
 import random
 import re
@@ -26,7 +25,7 @@ import numpy as np
 
 from pipeline.generation.support import SupportParams
 from pipeline.retrieval.lexical import normalize
-from tools.eval.cli import add_kb_cache, kb_cache_root, report_fit
+from tools.eval.cli import add_kb_cache, command_parser, kb_cache_root, report_fit
 from tools.eval.devsets import DEV_SETS, gold_ids, load_corpus
 from tools.eval.kb_cache import open_copy
 
@@ -112,8 +111,7 @@ def score(rows: list[dict], p: SupportParams) -> dict:
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m tools.eval.calibrate_support", description=__doc__,
-                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = command_parser("tools.eval.calibrate_support", __doc__)
     add_kb_cache(ap)
     ap.add_argument("--per-set", type=int, default=150)
     ap.add_argument("--json", type=Path, default=None)
