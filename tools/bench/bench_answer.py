@@ -43,7 +43,6 @@ def main(argv=None) -> int:
     qs = [q.text for q in random.Random(7).sample(load_corpus(ds).questions, args.questions)]
     with tempfile.TemporaryDirectory(prefix="kbqa-bench-") as tmp:
         engine, _ = open_copy(root, ds, Path(tmp) / args.set)
-        engine.wait_idle()
         c, s = engine.components, engine.settings
         old_picker = ExtractivePicker(c.tokenizer)  # lexical only: the picker before the embedding scorer
         t0 = time.perf_counter()

@@ -31,7 +31,6 @@ def open_for_eval(root: Path, ds: DevSet, into: Path):
     """A copy of the cached KB of `ds` (built first if needed; its gate background measured on all its chunks:
     kb_cache.open_copy), idle, on the shipped gate floor; (engine, key_to_doc)."""
     engine, key_to_doc = open_copy(root, ds, into)
-    engine.wait_idle()
     # the stored settings of a cached KB may predate the current defaults: evaluate the shipped ones
     engine.update_settings({"min_similarity": engine.default_settings().min_similarity})
     return engine, key_to_doc

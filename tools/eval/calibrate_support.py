@@ -49,7 +49,6 @@ def collect(name: str, root: Path, per_set: int) -> list[dict]:
     qs = random.Random(14).sample(load_corpus(DEV_SETS[name]).questions, per_set * 2)
     with tempfile.TemporaryDirectory(prefix="kbqa-sup-") as tmp:
         engine, key_to_doc = open_copy(root, DEV_SETS[name], Path(tmp) / name)
-        engine.wait_idle()
         checker = engine.components.support
         for q in qs:
             if len(rows) >= 2 * per_set:

@@ -95,7 +95,6 @@ def dump_set(name: str, root: Path, out: Path, per_set: int, emb_dir: Path | Non
     t0 = time.perf_counter()
     with tempfile.TemporaryDirectory(prefix="kbqa-ext-") as tmp:
         engine, key_to_doc = open_copy(root, ds, Path(tmp) / name)
-        engine.wait_idle()
         s = engine.settings
         emb = engine.components.models.embedding.embed_model
         picker = ExtractivePicker(engine.components.tokenizer, emb,

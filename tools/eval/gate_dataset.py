@@ -95,7 +95,6 @@ def dump_set(name: str, cache: Path, out: Path, per_set: int, questions_of: dict
     t0 = time.perf_counter()
     with tempfile.TemporaryDirectory(prefix="kbqa-gate-") as tmp:
         engine, key_to_doc = open_copy(cache, DEV_SETS[name], Path(tmp) / name)
-        engine.wait_idle()
         with open(out / f"{name}.jsonl.tmp", "w", encoding="utf-8") as f, \
                 open(out / f"{name}.raw.tmp", "w", encoding="utf-8") as raw:
             def write(kind, qset, text, got, **extra):
