@@ -40,7 +40,7 @@ def _tool_modules() -> list[Path]:
 def test_a_command_names_itself_in_its_help(path):
     """`prog=` (what --help and usage errors print) is the module's own `python -m` name."""
     module = ".".join(path.relative_to(ROOT).with_suffix("").parts)
-    progs = re.findall(r'prog="python -m ([\w.]+)"', path.read_text(encoding="utf-8"))
+    progs = re.findall(r'(?:prog="python -m |command_parser\(")([\w.]+)"', path.read_text(encoding="utf-8"))
     assert all(p == module for p in progs), (module, progs)
 
 

@@ -53,7 +53,7 @@ TIER_BASE = 256         # tier of a segment: ⌊log_MERGE_FACTOR(size / TIER_BAS
 MAX_MERGED = 300_000    # a merge writes at most this many chunks (bounds the merging process's memory)
 BUILD_BATCH = 50_000    # a full build writes segments of at most this many chunks (bounds its token lists)
 DEAD_SHARE = 0.3        # a segment with this share of dead entries is rewritten without them
-CACHED_POSTINGS = 4_000_000  # per view and cache: postings kept for the next questions (~48 MB at most each)
+CACHED_POSTINGS = 4_000_000  # per view: postings kept for the next questions (~32–48 MB at most)
 OPEN_CHECKS = 16        # live entries compared with the database's tokens when a process opens the folder
 FROM_ALL = 0.3          # missing chunks above this share of the ready set: stream every token row, not by id
 
@@ -79,8 +79,7 @@ class SegmentView:
         self._all_alive = [bool(a.all()) for a in alive]
         self.n = int(sum(int(a.sum()) for a in alive))
         self.total_len = int(sum(int(s.lengths[a].sum()) for s, a in zip(segments, alive)))
-        self._postings = _TermCache()  # term → (df, [(segment, positions, tfs)])
-        self._contrib = _TermCache()   # term → [(score positions, contributions)]
+        self._terms = _TermCache()  # term → (df, [(score positions, contributions)])
         self._chunk_ids: np.ndarray | None = None
         self._weights: TermWeights | None = None
 
@@ -122,31 +121,9 @@ class SegmentView:
             alive.append(a)
         return SegmentView(self.segments, tuple(alive), self.k1, self.b, self.generation)
 
-    # --- statistics ---------------------------------------------------------------------------------
-    def postings(self, term: str) -> tuple[int, list[tuple[int, np.ndarray, np.ndarray]]]:
-        """(document frequency among live entries, [(segment index, positions, term frequencies)])."""
-        got = self._postings.get(term)
-        if got is None:
-            parts: list[tuple[int, np.ndarray, np.ndarray]] = []
-            df = 0
-            for i, (seg, a) in enumerate(zip(self.segments, self.alive)):
-                p = seg.postings(term)
-                if p is None:
-                    continue
-                if self._all_alive[i]:
-                    docs, tfs = p  # slices of the mapped files: no copy
-                else:
-                    keep = a[p[0]]
-                    docs, tfs = p[0][keep], p[1][keep]
-                if len(docs):
-                    parts.append((i, docs, tfs))
-                    df += len(docs)
-            got = (df, parts)
-            self._postings.put(term, got, df)
-        return got
-
+    # --- statistics and scoring ----------------------------------------------------------------------
     def doc_freq(self, term: str) -> int:
-        return self.postings(term)[0]
+        return self.contributions(term)[0]
 
     def idf(self, df: int) -> float:
         return math.log(1.0 + (self.n - df + 0.5) / (df + 0.5))
@@ -157,15 +134,26 @@ class SegmentView:
             self._weights = _ViewWeights(self)
         return self._weights
 
-    # --- scoring --------------------------------------------------------------------------------------
-    def contributions(self, term: str) -> list[tuple[np.ndarray, np.ndarray]]:
-        """[(score positions, this term's BM25 contribution there)] over the live entries. Fixed for the view's
-        lifetime (N, df, average length and k1/b are), so computed once per term and kept, up to CACHED_POSTINGS
-        postings (least recently used first out): questions share their common words."""
-        got = self._contrib.get(term)
+    def contributions(self, term: str) -> tuple[int, list[tuple[np.ndarray, np.ndarray]]]:
+        """(document frequency among live entries, [(score positions, this term's BM25 contribution there)]).
+        Fixed for the view's lifetime (N, df, average length and k1/b are), so computed once per term and kept, up
+        to CACHED_POSTINGS postings (least recently used first out): questions share their common words."""
+        got = self._terms.get(term)
         if got is not None:
             return got
-        df, parts = self.postings(term)
+        parts: list[tuple[int, np.ndarray, np.ndarray]] = []
+        for i, (seg, a) in enumerate(zip(self.segments, self.alive)):
+            p = seg.postings(term)
+            if p is None:
+                continue
+            if self._all_alive[i]:
+                docs, tfs = p  # slices of the mapped files: no copy
+            else:
+                keep = a[p[0]]
+                docs, tfs = p[0][keep], p[1][keep]
+            if len(docs):
+                parts.append((i, docs, tfs))
+        df = sum(len(docs) for _, docs, _ in parts)
         out: list[tuple[np.ndarray, np.ndarray]] = []
         if df:
             idf, avg, k1, b = self.idf(df), self.total_len / self.n, self.k1, self.b
@@ -175,8 +163,9 @@ class SegmentView:
                 pos = docs.astype(np.int64) + self.offsets[i] if self.offsets[-1] > 2**31 - 1 else \
                     docs.astype(np.int32) + np.int32(self.offsets[i])
                 out.append((pos, (idf * tf / (norm + tf)).astype(np.float32)))
-        self._contrib.put(term, out, df)
-        return out
+        got = (df, out)
+        self._terms.put(term, got, df)
+        return got
 
     def scores(self, tokens: list[str]) -> np.ndarray:
         """Lucene BM25 of every position for these query tokens (repeats count, as in bm25s); dead ones 0."""
@@ -184,7 +173,7 @@ class SegmentView:
         if not self.n:
             return out
         for term in tokens:
-            for pos, contrib in self.contributions(term):
+            for pos, contrib in self.contributions(term)[1]:
                 out[pos] += contrib
         return out
 
@@ -201,16 +190,14 @@ class SegmentView:
 
     def coverage(self, tokens: list[str], pos: int) -> float:
         """idf-weighted share of the query's indexed terms that occur in the chunk at position `pos` (0–1)."""
-        i = int(np.searchsorted(self.offsets, pos, side="right")) - 1
-        local = pos - int(self.offsets[i])
         total = found = 0.0
         for term in set(tokens):
-            df, parts = self.postings(term)
+            df, parts = self.contributions(term)
             if not df:
                 continue
             idf = self.idf(df)
             total += idf
-            if any(j == i and bool(np.any(docs == local)) for j, docs, _ in parts):
+            if any(bool(np.any(at == pos)) for at, _ in parts):
                 found += idf
         return found / total if total > 0 else 0.0
 
@@ -327,6 +314,18 @@ class SegmentDir:
 
 def new_name() -> str:
     return f"{time.strftime('%Y%m%d%H%M%S')}-{uuid.uuid4().hex[:8]}"
+
+
+def batched_segments(items: Iterable[tuple[int, list[str]]]) -> Iterator[Segment]:
+    """Segments of at most BUILD_BATCH chunks over these (chunk_id, tokens), built as the items stream in."""
+    batch: list[tuple[int, list[str]]] = []
+    for item in items:
+        batch.append(item)
+        if len(batch) >= BUILD_BATCH:
+            yield Segment.build(new_name(), batch)
+            batch = []
+    if batch:
+        yield Segment.build(new_name(), batch)
 
 
 def tier(size: int) -> int:
@@ -457,15 +456,7 @@ class BM25Index:
         """Segments of at most BUILD_BATCH chunks over these chunks' stored tokens."""
         want = None if len(chunk_ids) > FROM_ALL * max(ready_count, 1) else chunk_ids.tolist()
         wanted = set(chunk_ids.tolist()) if want is None else None
-        batch: list[tuple[int, list[str]]] = []
-        for cid, tokens in self.token_source(want):
-            if wanted is None or cid in wanted:
-                batch.append((cid, tokens))
-                if len(batch) >= BUILD_BATCH:
-                    yield Segment.build(new_name(), batch)
-                    batch = []
-        if batch:
-            yield Segment.build(new_name(), batch)
+        yield from batched_segments(item for item in self.token_source(want) if wanted is None or item[0] in wanted)
 
     def _append(self, entries: list[dict], segments: list[Segment], seg: Segment) -> None:
         """Under the folder lock: save `seg`, list it last, mark its chunk ids replaced in older entries."""
@@ -521,14 +512,8 @@ class BM25Index:
             entries: list[dict] = []
             segments: list[Segment] = []
             if not self._discarded:
-                batch: list[tuple[int, list[str]]] = []
-                for item in ready:
-                    batch.append(item)
-                    if len(batch) >= BUILD_BATCH:
-                        self._append(entries, segments, Segment.build(new_name(), batch))
-                        batch = []
-                if batch:
-                    self._append(entries, segments, Segment.build(new_name(), batch))
+                for seg in batched_segments(ready):
+                    self._append(entries, segments, seg)
                 self.dir.write(entries)
             with self._lock:
                 self._pending.clear()
@@ -654,10 +639,6 @@ class JiebaBM25Retriever(BaseRetriever):
         self.lookup = lookup
         self.similarity_top_k = similarity_top_k
         super().__init__()
-
-    def score_tokens(self, tokens: list[str]) -> tuple[np.ndarray, np.ndarray]:
-        """(chunk_ids, scores) of every position; dead entries score 0."""
-        return self.view.chunk_ids, self.view.scores(tokens)
 
     def query_scores(self, query: str) -> np.ndarray:
         return self.view.scores(self.tokenizer(query))

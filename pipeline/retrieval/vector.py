@@ -1,7 +1,7 @@
 """Vector route: VectorStoreIndex over ChromaVectorStore (our cosine collection).
 
-The SRS wants cosine similarity = 1 − cosine distance in 0–1, clamped (cosine_from_distance). ChromaVectorStore
-reports exp(−distance) instead; cosine_from_chroma_score undoes that for callers that go through it.
+The SRS wants cosine similarity = 1 − cosine distance in 0–1, clamped (cosine_from_distance); ChromaVectorStore
+would report exp(−distance) instead, so the route reads the distances itself.
 Only chunks of 就绪 documents are returned: chunks are written to Chroma before their document turns 就绪,
 so hits are filtered against SQLite; the query widens only while not-ready vectors crowd the top. The route
 queries the collection for ids and distances itself (ReadyVectorRetriever._search) and reads the hits' rows in
@@ -9,7 +9,6 @@ one SQL lookup; it stays a LlamaIndex BaseRetriever returning NodeWithScore with
 """
 from __future__ import annotations
 
-import math
 from collections.abc import Callable, Sequence
 
 import numpy as np
@@ -29,18 +28,10 @@ IDS_FILTER_MAX = 100_000
 
 
 def cosine_from_distance(distance: float | None) -> float:
-    """Chroma's cosine distance → cosine similarity clamped to [0, 1] (what cosine_from_chroma_score gives for
-    LlamaIndex's exp(−distance) of the same hit)."""
+    """Chroma's cosine distance → cosine similarity clamped to [0, 1]."""
     if distance is None:
         return 0.0
     return max(0.0, min(1.0, 1.0 - float(distance)))
-
-
-def cosine_from_chroma_score(score: float | None) -> float:
-    if score is None or score <= 0:
-        return 0.0
-    distance = -math.log(score)
-    return max(0.0, min(1.0, 1.0 - distance))
 
 
 def stored_cosines(collection, query_embedding, chunk_ids: list[str], others: Sequence = ()) -> dict[str, float]:

@@ -12,7 +12,6 @@ ms of each.
 """
 from __future__ import annotations
 
-import argparse
 import random
 import sys
 import tempfile
@@ -24,7 +23,7 @@ import numpy as np
 from pipeline.generation.candidates import Cues
 from pipeline.generation.extractive import ExtractivePicker
 from pipeline.retrieval.nodes import kb_ids_of
-from tools.eval.cli import add_kb_cache, kb_cache_root
+from tools.eval.cli import add_kb_cache, command_parser, kb_cache_root
 from tools.eval.devsets import DEV_SETS, load_corpus
 from tools.eval.kb_cache import open_copy
 
@@ -34,8 +33,7 @@ def _p(xs: list[float]) -> str:
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m tools.bench.bench_answer", description=__doc__,
-                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = command_parser("tools.bench.bench_answer", __doc__)
     add_kb_cache(ap)
     ap.add_argument("--set", default="cmrc_dev_news", choices=list(DEV_SETS))
     ap.add_argument("--questions", type=int, default=200)
@@ -45,7 +43,6 @@ def main(argv=None) -> int:
     qs = [q.text for q in random.Random(7).sample(load_corpus(ds).questions, args.questions)]
     with tempfile.TemporaryDirectory(prefix="kbqa-bench-") as tmp:
         engine, _ = open_copy(root, ds, Path(tmp) / args.set)
-        engine.wait_idle()
         c, s = engine.components, engine.settings
         old_picker = ExtractivePicker(c.tokenizer)  # lexical only: the picker before the embedding scorer
         t0 = time.perf_counter()

@@ -13,7 +13,6 @@ with a per-copy marker token, as bench_retrieval does. For each size it prints:
 """
 from __future__ import annotations
 
-import argparse
 import gc
 import json
 import sys
@@ -25,6 +24,7 @@ import bm25s
 import numpy as np
 
 from tools.bench.bench_retrieval import _questions, _texts, pct, rss_mb
+from tools.eval.cli import command_parser, write_json
 
 
 def _corpus(base_tokens: list[list[str]], n: int) -> list[tuple[int, list[str]]]:
@@ -105,8 +105,7 @@ def one_size(n: int, base_tokens, queries, tok, tmp: Path) -> dict:
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m tools.bench.bench_bm25", description=__doc__,
-                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = command_parser("tools.bench.bench_bm25", __doc__)
     ap.add_argument("--chunks", default="50000,200000,1000000")
     ap.add_argument("--base", type=int, default=2000)
     ap.add_argument("--queries", type=int, default=100)
@@ -132,8 +131,7 @@ def main(argv=None) -> int:
               f"{r['bm25s_load_s']} / {r['segments_open_s']} | {r['bm25s_loaded_rss_mb']} / {r['segments_rss_mb']} | "
               f"{q['bm25s']['p50']} / {q['bm25s']['p95']} | {q['segments']['p50']} / {q['segments']['p95']} | "
               f"{r['add_doc_ms']} | {r['other_process_sync_ms']} | {r['max_score_diff']:.1e} |")
-    if args.json:
-        Path(args.json).write_text(json.dumps(rows, ensure_ascii=False, indent=2))
+    write_json(args.json, rows)
     return 0
 
 

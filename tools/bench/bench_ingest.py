@@ -14,7 +14,6 @@ chunk (all threads): on a shared machine other work stretches the wall clock far
 """
 from __future__ import annotations
 
-import argparse
 import io
 import json
 import os
@@ -27,14 +26,15 @@ import tempfile
 import time
 from pathlib import Path
 
+from tools.eval.cli import command_parser, write_json
+
 ROOT = Path(__file__).resolve().parents[2]  # this file is <tree>/tools/bench/bench_ingest.py in every tree
 DATA = ROOT.parent / "shared" / "data"
 MODULE = "tools.bench.bench_ingest"
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m tools.bench.bench_ingest", description=__doc__,
-                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = command_parser("tools.bench.bench_ingest", __doc__)
     ap.add_argument("--cmrc", type=int, default=150, help="CMRC contexts")
     ap.add_argument("--news", type=int, default=50, help="CRUD-RAG news articles")
     ap.add_argument("--json", default=None)
@@ -89,8 +89,7 @@ def main(argv=None) -> int:
         print(f"| {k} | {report['stage_s'].get(k, 0)} | {report['stage_share'].get(k, 0) * 100:.1f}% |")
     print(f"- everything but embedding = {report['non_embed_vs_embed'] * 100:.1f}% of embedding time "
           f"(goal < 15%)")
-    if args.json:
-        Path(args.json).write_text(json.dumps(report, ensure_ascii=False, indent=2))
+    write_json(args.json, report)
     return 0
 
 
@@ -147,8 +146,7 @@ def compare(args) -> int:
     for rev in args.compare:
         print(f"- new / {rev}: chunks/s x{summary['new']['chunks_per_s'] / summary[rev]['chunks_per_s']:.3f}, "
               f"CPU per chunk x{summary['new']['cpu_ms_per_chunk'] / summary[rev]['cpu_ms_per_chunk']:.3f}")
-    if args.json:
-        Path(args.json).write_text(json.dumps({"revs": args.compare, "runs": runs, "mean": summary}, indent=2))
+    write_json(args.json, {"revs": args.compare, "runs": runs, "mean": summary})
     return 0
 
 

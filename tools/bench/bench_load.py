@@ -15,7 +15,6 @@ Exit status 1 on any failure (or when nothing was asked).
 """
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import sys
@@ -28,6 +27,7 @@ from pathlib import Path
 import httpx
 import numpy as np
 
+from tools.eval.cli import command_parser, write_json
 from tools.ops.app_client import DEFAULT_URL
 
 
@@ -151,8 +151,7 @@ def render(r: dict) -> str:
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m tools.bench.bench_load", description=__doc__,
-                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = command_parser("tools.bench.bench_load", __doc__)
     ap.add_argument("--concurrency", type=int, required=True, help="parallel clients")
     ap.add_argument("--questions", required=True, help="questions file (.txt lines or a .json list)")
     ap.add_argument("--duration", type=float, default=None, help="seconds to keep asking (default: each once)")
@@ -171,8 +170,7 @@ def main(argv=None) -> int:
     auth = (args.user, os.environ.get("KBQA_PASSWORD", "")) if args.user else None
     result = run(args.url, questions, args.concurrency, args.duration, args.timeout, auth)
     print(render(result))
-    if args.json:
-        Path(args.json).write_text(json.dumps(result, ensure_ascii=False, indent=2), encoding="utf-8")
+    write_json(args.json, result)
     return 0 if result["requests"] and not result["failures"] else 1
 
 

@@ -9,8 +9,6 @@ how many chunks the worker embedded meanwhile (from the 向量化 k/n progress o
 """
 from __future__ import annotations
 
-import argparse
-import json
 import re
 import sys
 import tempfile
@@ -20,6 +18,7 @@ from pathlib import Path
 import httpx
 
 from tools.bench.bench_load import load_questions, run
+from tools.eval.cli import command_parser, write_json
 from tools.ops.app_client import DEFAULT_URL
 
 PROGRESS = re.compile(r"向量化 (\d+)/(\d+)")
@@ -41,8 +40,7 @@ def upload_copy(client: httpx.Client, novel: Path, tag: str, tmp: Path) -> None:
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m tools.bench.bench_load_matrix", description=__doc__,
-                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = command_parser("tools.bench.bench_load_matrix", __doc__)
     ap.add_argument("--questions", required=True)
     ap.add_argument("--ingest", required=True, help="a long document to ingest during the 'with ingest' cells")
     ap.add_argument("--levels", default="1,4,8,16")
@@ -79,8 +77,7 @@ def main(argv=None) -> int:
         print(f"| {r['concurrency']} | {'yes' if r['ingest'] else 'no'} | {r['requests']} | {r['successes']} | {fails} "
               f"| {f['p50']} / {f['p95']} / {f['p99']} | {t['p50']} / {t['p95']} | {d['p50']} / {d['p95']} / {d['p99']} "
               f"| {r['throughput_per_s']} | {r['ingest_chunks_per_s'] if r['ingest'] else '—'} |")
-    if args.json:
-        Path(args.json).write_text(json.dumps(rows, ensure_ascii=False, indent=2), encoding="utf-8")
+    write_json(args.json, rows)
     return 0 if all(not r["failures"] for r in rows) else 1
 
 

@@ -20,7 +20,6 @@ own wall time over local HTTP; a real model adds its own response time on top (a
 """
 from __future__ import annotations
 
-import argparse
 import json
 import sys
 import tempfile
@@ -31,6 +30,7 @@ import numpy as np
 
 from pipeline import events as ev
 from pipeline.conversation.multi_query import EXPAND_SYSTEM
+from tools.eval.cli import command_parser
 
 ROOT = Path(__file__).resolve().parents[2]
 QUESTIONS = ROOT / "tests" / "data" / "regulations_dev" / "questions.json"
@@ -130,8 +130,7 @@ def report(rows: list[dict], label: str) -> set[int]:
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m tools.bench.bench_multi_query", description=__doc__,
-                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = command_parser("tools.bench.bench_multi_query", __doc__)
     ap.add_argument("--docs", type=int, default=6, help="distinct regulation files ingested")
     ap.add_argument("--questions", type=int, default=40, help="answerable questions on them, at most")
     ap.add_argument("--refused", type=int, default=10,

@@ -4,13 +4,14 @@ Prints render and OCR wall seconds per page (model load is reported separately) 
 (all threads), which do not depend on what else the machine is running."""
 from __future__ import annotations
 
-import argparse
 import os
 import sys
 import time
 from pathlib import Path
 
 import numpy as np
+
+from tools.eval.cli import command_parser
 
 DEFAULT_PDF = Path(__file__).resolve().parents[2] / ".." / "shared" / "docs" / "mineru" / "zh_scanned_book_2p.pdf"
 
@@ -49,8 +50,7 @@ def bench(pdf_path: Path) -> dict:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m tools.bench.bench_ocr", description=__doc__,
-                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = command_parser("tools.bench.bench_ocr", __doc__)
     ap.add_argument("pdfs", nargs="*", type=Path, help=f"PDF files (default: {DEFAULT_PDF.name})")
     paths = ap.parse_args(argv).pdfs or [DEFAULT_PDF]
     for p in paths:

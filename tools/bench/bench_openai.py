@@ -22,6 +22,7 @@ from pathlib import Path
 import httpx
 import numpy as np
 
+from tools.eval.cli import write_json
 from tools.ops.app_client import DEFAULT_URL
 
 DEFAULT_QUESTIONS = ["星河电子的客服电话是多少？"]
@@ -116,8 +117,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{label:<28}{f['p50_ms']:>17.2f}{f['p95_ms']:>10.2f}{t['p50_ms']:>12.2f}{t['p95_ms']:>10.2f}")
     o = r["overhead_p50_ms"]
     print(f"/v1 overhead (p50): first token {o['first_token']:+.2f} ms, total {o['total']:+.2f} ms")
-    if a.json:
-        a.json.write_text(json.dumps(r, ensure_ascii=False, indent=2), encoding="utf-8")
+    write_json(a.json, r)
     return 0
 
 

@@ -8,12 +8,12 @@ before its tables are looked for), best of `rounds`.
 """
 from __future__ import annotations
 
-import argparse
 import time
 from pathlib import Path
 
 import pipeline.ingestion.parsing.pdf_tables as pdf_tables
 from pipeline.ingestion.parsing.pdf import parse_pdf
+from tools.eval.cli import command_parser
 
 REPO = Path(__file__).resolve().parents[2]
 FILES = ["mineru/zh_union_rules_table_1p.pdf", "mineru/zh_ccs_ship_rules_table_1p.pdf",
@@ -22,8 +22,7 @@ FILES = ["mineru/zh_union_rules_table_1p.pdf", "mineru/zh_ccs_ship_rules_table_1
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m tools.bench.bench_pdf_tables", description=__doc__,
-                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = command_parser("tools.bench.bench_pdf_tables", __doc__)
     ap.add_argument("--docs", type=Path, default=REPO.parent / "shared" / "docs")
     ap.add_argument("--rounds", type=int, default=3)
     args = ap.parse_args(argv)

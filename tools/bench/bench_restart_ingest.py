@@ -15,8 +15,6 @@ installation); without it, a data dir that never stored one is a first start (th
 """
 from __future__ import annotations
 
-import argparse
-import json
 import os
 import re
 import shutil
@@ -30,6 +28,7 @@ from pathlib import Path
 import httpx
 
 from tools.bench.bench_load import load_questions, run
+from tools.eval.cli import command_parser, write_json
 
 MEASURED = re.compile(r"gate background of kb (\d+): (quick estimate from )?(\d+) probes.*?\((\d+) ms\)")
 
@@ -83,8 +82,7 @@ def ingest_seconds(http: httpx.Client, t_upload: float, timeout: float = 1800) -
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m tools.bench.bench_restart_ingest", description=__doc__,
-                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = command_parser("tools.bench.bench_restart_ingest", __doc__)
     ap.add_argument("--data-dir", required=True, help="a data dir holding a knowledge base (copied, never changed)")
     ap.add_argument("--docs", required=True, help="folder of documents to ingest after the restart")
     ap.add_argument("--questions", required=True)
@@ -145,8 +143,7 @@ def main(argv=None) -> int:
         print(f"first wave of {len(wave)}: max {max(wave)} s; the other {len(rest)}: p50 {sorted(rest)[len(rest) // 2]}, "
               f"max {max(rest)} s")
     print(f"gate background measured meanwhile (kb, probes, ms): {measured or 'none'}")
-    if args.json:
-        Path(args.json).write_text(json.dumps(out, ensure_ascii=False, indent=2), encoding="utf-8")
+    write_json(args.json, out)
     return 0 if not result["failures"] else 1
 
 

@@ -36,6 +36,7 @@ from pathlib import Path
 import numpy as np
 
 from pipeline.models.unigram_tokenizer import BACKEND_ENV
+from tools.eval.cli import command_parser, write_json
 from tools.eval.devsets import shared_data_dir
 
 # The pipeline's and the stores' modules are imported inside the functions that need them: serve() runs in a
@@ -154,8 +155,7 @@ def print_server(report: dict) -> None:
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m tools.bench.bench_retrieval", description=__doc__,
-                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = command_parser("tools.bench.bench_retrieval", __doc__)
     ap.add_argument("--chunks", type=int, default=50000)
     ap.add_argument("--base", type=int, default=1000, help="real chunks embedded by the model")
     ap.add_argument("--queries", type=int, default=200)
@@ -180,8 +180,7 @@ def main(argv=None) -> int:
             report = serve_both(Path(tmp) / "data", args)
         print(f"\nServing benchmark over a copy of {args.data}, {args.queries} CMRC questions")
         print_serving(report)
-        if args.json:
-            Path(args.json).write_text(json.dumps(report, ensure_ascii=False, indent=2))
+        write_json(args.json, report)
         return 0
 
     from pipeline.engine import Engine
@@ -232,8 +231,7 @@ def main(argv=None) -> int:
           f"(build process peak {report['build_peak_rss_mb']} MB, not the serving state)")
     if "server" in report:
         print_server(report)
-    if args.json:
-        Path(args.json).write_text(json.dumps(report, ensure_ascii=False, indent=2))
+    write_json(args.json, report)
     return 0
 
 

@@ -45,8 +45,6 @@ more at 1M: the fill runs at the Chroma insert rate printed per step.
 """
 from __future__ import annotations
 
-import argparse
-import json
 import os
 import re
 import signal
@@ -65,6 +63,7 @@ import numpy as np
 from tools.bench.bench_restart_ingest import wait_ready
 from tools.bench.bench_retrieval import _fill, _questions, _replicas, _texts, pct, rss_mb
 from tools.bench.bench_workers import _free_port
+from tools.eval.cli import command_parser, write_json
 
 ROOT = Path(__file__).resolve().parents[2]
 PER_DOC = 500          # chunks per benchmark document (as bench_retrieval)
@@ -274,8 +273,7 @@ def print_growth(rows: list[dict]) -> None:
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m tools.bench.bench_scale", description=__doc__,
-                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = command_parser("tools.bench.bench_scale", __doc__)
     ap.add_argument("--sizes", default="50000,200000,1000000", help="chunk counts, increasing")
     ap.add_argument("--base", type=int, default=1000, help="real chunks embedded by the model")
     ap.add_argument("--queries", type=int, default=100)
@@ -336,8 +334,7 @@ def main(argv=None) -> int:
                         "chroma_chunks_per_s": round(added / timing["vectors_s"], 1)}
                 rows.append(measure(size, fill, work, env, questions, args.web, http))
                 print_size(rows[-1])
-                if args.json:  # after every size: a long run that fails later keeps what it measured
-                    Path(args.json).write_text(json.dumps(rows, ensure_ascii=False, indent=2), encoding="utf-8")
+                write_json(args.json, rows)  # after every size: a long run that fails later keeps what it measured
         finally:
             if worker is not None:
                 worker.stop()

@@ -13,7 +13,6 @@ the machine's load average (other processes on the same cores show up there, not
 """
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import shutil
@@ -25,6 +24,8 @@ import tempfile
 import time
 import uuid
 from pathlib import Path
+
+from tools.eval.cli import command_parser, write_json
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -169,8 +170,7 @@ def _fresh_pg_database(admin_url: str) -> str:
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m tools.bench.bench_workers", description=__doc__,
-                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = command_parser("tools.bench.bench_workers", __doc__)
     ap.add_argument("--docs", type=int, default=24)
     ap.add_argument("--doc-chars", type=int, default=3000)
     ap.add_argument("--workers", default="1,2")
@@ -203,8 +203,7 @@ def main(argv=None) -> int:
               f"{r['chunks_per_s'] / results[0]['chunks_per_s']:.2f}× | {r['load_before']} → {r['load_after']} |")
     if any(r["failed"] for r in results):
         print("- not 就绪:", {r["workers"]: r["failed"] for r in results if r["failed"]})
-    if args.json:
-        Path(args.json).write_text(json.dumps(results, ensure_ascii=False, indent=2))
+    write_json(args.json, results)
     return 0
 
 

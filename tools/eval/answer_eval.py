@@ -10,8 +10,6 @@ weak-evidence banner, 「资料中未找到…」, sentences per answer, and the
 """
 from __future__ import annotations
 
-import argparse
-import json
 import random
 import re
 import sys
@@ -22,7 +20,7 @@ from pathlib import Path
 import numpy as np
 
 from pipeline.generation.extractive import NOT_FOUND_TEXT
-from tools.eval.cli import add_kb_cache, kb_cache_root
+from tools.eval.cli import add_kb_cache, command_parser, kb_cache_root, write_json
 from tools.eval.devsets import DEV_SETS, DevSet, dureader_spans, holds_answer, load_corpus, shared_data_dir
 from tools.eval.kb_cache import open_copy
 
@@ -33,7 +31,6 @@ def open_for_eval(root: Path, ds: DevSet, into: Path):
     """A copy of the cached KB of `ds` (built first if needed; its gate background measured on all its chunks:
     kb_cache.open_copy), idle, on the shipped gate floor; (engine, key_to_doc)."""
     engine, key_to_doc = open_copy(root, ds, into)
-    engine.wait_idle()
     # the stored settings of a cached KB may predate the current defaults: evaluate the shipped ones
     engine.update_settings({"min_similarity": engine.default_settings().min_similarity})
     return engine, key_to_doc
@@ -80,8 +77,7 @@ def print_answers(name: str, m: dict) -> None:
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m tools.eval.answer_eval", description=__doc__,
-                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = command_parser("tools.eval.answer_eval", __doc__)
     add_kb_cache(ap)
     ap.add_argument("--set", required=True, choices=list(DEV_SETS))
     ap.add_argument("--limit", type=int, default=None)
@@ -98,8 +94,7 @@ def main(argv=None) -> int:
         m = answer_metrics(engine, qs, spans)
         engine.close()
     print_answers(args.set, m)
-    if args.json:
-        args.json.write_text(json.dumps(m, indent=2))
+    write_json(args.json, m)
     return 0
 
 

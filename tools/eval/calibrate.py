@@ -24,7 +24,6 @@ The dev data is $KBQA_SHARED_DATA or ../shared/data, laid out as tools/kb_cache.
 """
 from __future__ import annotations
 
-import argparse
 import contextlib
 import datetime
 import os
@@ -50,7 +49,7 @@ from tools.eval import calibrate_extractive as cx
 from tools.eval import calibrate_gate as cg
 from tools.eval import calibrate_support as cs
 from tools.eval import extractive_dataset, fusion_cv, gate_dataset
-from tools.eval.cli import add_kb_cache, kb_cache_root
+from tools.eval.cli import add_kb_cache, command_parser, kb_cache_root
 from tools.eval.devsets import DEV_SETS, load_corpus
 from tools.eval.evaluate import evaluate_set
 from tools.eval.kb_cache import ensure_built
@@ -280,8 +279,7 @@ def calibrate(model_path: str, kb_cache: Path, dump_dir: Path, sets: list[str], 
 
 def main(argv=None) -> int:
 
-    ap = argparse.ArgumentParser(prog="python -m tools.eval.calibrate", description=__doc__,
-                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = command_parser("tools.eval.calibrate", __doc__)
     ap.add_argument("--embedding-model", required=True,
                     help="the model folder (with config.json); 'packaged' for the packaged multilingual-e5-small")
     add_kb_cache(ap)

@@ -19,7 +19,6 @@ gives the shipped PickerParams.
 """
 from __future__ import annotations
 
-import argparse
 import itertools
 import json
 import sys
@@ -35,7 +34,7 @@ from pipeline.generation.extractive import MAX_SENTENCES, PREFILTER, PickerParam
 from pipeline.generation.sentences import Piece
 from pipeline.models.tokenize_zh import ChineseTokenizer
 from pipeline.retrieval.lexical import normalize
-from tools.eval.cli import print_md_table, report_fit
+from tools.eval.cli import command_parser, print_md_table, report_fit
 
 W_COS = 10.0
 GRID = {
@@ -184,8 +183,7 @@ def print_table(rows: dict[str, dict]) -> None:
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m tools.eval.calibrate_extractive", description=__doc__,
-                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = command_parser("tools.eval.calibrate_extractive", __doc__)
     ap.add_argument("--dumps", required=True, type=Path)
     ap.add_argument("--json", type=Path, default=None)
     args = ap.parse_args(argv)

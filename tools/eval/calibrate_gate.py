@@ -20,7 +20,6 @@ that model's calibration profile).
 """
 from __future__ import annotations
 
-import argparse
 import collections
 import dataclasses
 import json
@@ -32,7 +31,7 @@ import numpy as np
 from pipeline.retrieval.gate import INPUTS, REFUSE, WEAK, GateModel, decide, gate_inputs, quick_inputs
 from pipeline.retrieval.gate_background import Background, summarize
 from pipeline.retrieval.gate_features import GateFeatures
-from tools.eval.cli import print_md_table
+from tools.eval.cli import command_parser, print_md_table
 
 FR_QUANTILE = 0.025    # refuse below the 2.5% quantile of answerable scores (the lowest over training sets)
 WEAK_QUANTILE = 0.08   # weak below the 8% quantile
@@ -168,8 +167,7 @@ def print_table(result: dict[str, dict]) -> None:
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m tools.eval.calibrate_gate", description=__doc__,
-                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = command_parser("tools.eval.calibrate_gate", __doc__)
     ap.add_argument("--dumps", required=True, type=Path, help="folder of tools.eval.gate_dataset outputs")
     ap.add_argument("--json", type=Path, default=None)
     args = ap.parse_args(argv)

@@ -14,7 +14,6 @@ with at most MAX_FALSE_MARKS of the right ones marked on every training set — 
 """
 from __future__ import annotations
 
-import argparse
 import itertools
 import random
 import re
@@ -26,7 +25,7 @@ import numpy as np
 
 from pipeline.generation.support import SupportParams
 from pipeline.retrieval.lexical import normalize
-from tools.eval.cli import add_kb_cache, kb_cache_root, report_fit
+from tools.eval.cli import add_kb_cache, command_parser, kb_cache_root, report_fit
 from tools.eval.devsets import DEV_SETS, gold_ids, load_corpus
 from tools.eval.kb_cache import open_copy
 
@@ -50,7 +49,6 @@ def collect(name: str, root: Path, per_set: int) -> list[dict]:
     qs = random.Random(14).sample(load_corpus(DEV_SETS[name]).questions, per_set * 2)
     with tempfile.TemporaryDirectory(prefix="kbqa-sup-") as tmp:
         engine, key_to_doc = open_copy(root, DEV_SETS[name], Path(tmp) / name)
-        engine.wait_idle()
         checker = engine.components.support
         for q in qs:
             if len(rows) >= 2 * per_set:
@@ -112,8 +110,7 @@ def score(rows: list[dict], p: SupportParams) -> dict:
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m tools.eval.calibrate_support", description=__doc__,
-                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = command_parser("tools.eval.calibrate_support", __doc__)
     add_kb_cache(ap)
     ap.add_argument("--per-set", type=int, default=150)
     ap.add_argument("--json", type=Path, default=None)

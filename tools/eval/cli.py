@@ -8,6 +8,12 @@ from pathlib import Path
 from tools.eval.kb_cache import cache_root
 
 
+def command_parser(module: str, doc: str | None) -> argparse.ArgumentParser:
+    """The parser of `python -m <module>` (what --help and usage errors print), its docstring as the help."""
+    return argparse.ArgumentParser(prog=f"python -m {module}", description=doc,
+                                   formatter_class=argparse.RawDescriptionHelpFormatter)
+
+
 def add_kb_cache(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("--kb-cache", default=None, help="the dev-set KB cache (tools/eval/kb_cache.py; or $KBQA_KB_CACHE)")
 
@@ -27,6 +33,12 @@ def report_fit(label: str, params, loso: dict, json_path: Path | None) -> None:
     if json_path:
         json_path.write_text(json.dumps({"leave_one_set_out": loso, "shipped": params.__dict__}, indent=2,
                                         ensure_ascii=False))
+
+
+def write_json(path: Path | str | None, data, indent: int = 2) -> None:
+    """`--json PATH`: the result as JSON (UTF-8, characters as printed); nothing when no path was given."""
+    if path:
+        Path(path).write_text(json.dumps(data, ensure_ascii=False, indent=indent), encoding="utf-8")
 
 
 def print_md_table(header: list[str], rows: list[list]) -> None:

@@ -20,7 +20,6 @@ expected text. Prints Hit@1/3/5 per mode and the items whose outcome the rewrite
 """
 from __future__ import annotations
 
-import argparse
 import fcntl
 import json
 import shutil
@@ -31,6 +30,7 @@ from pathlib import Path
 from pipeline.conversation.rewrite import LLMRewriter, Rewrite
 from pipeline.generation.llm_client import build_llm
 from pipeline.settings import Settings
+from tools.eval.cli import command_parser, write_json
 
 ROOT = Path(__file__).resolve().parents[2]
 DEFAULT_SET = ROOT / "tests" / "data" / "followups.json"
@@ -160,7 +160,7 @@ def evaluate(engine, items: list[dict], modes: dict) -> dict:
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m tools.eval.eval_followups", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = command_parser("tools.eval.eval_followups", __doc__)
     ap.add_argument("--set", type=Path, default=DEFAULT_SET)
     ap.add_argument("--docs", type=Path, default=DEFAULT_DOCS)
     ap.add_argument("--llm-url", default="")
@@ -228,8 +228,7 @@ def main(argv=None) -> int:
             hb, hr = bool(b["rank"] and b["rank"] <= 5), bool(r["rank"] and r["rank"] <= 5)
             if hb != hr:
                 print(f"  #{r['id']:>2} {'+' if hr else '-'} {r['follow_up']} → {r['query']}")
-    if args.json:
-        args.json.write_text(json.dumps(result, ensure_ascii=False, indent=1), encoding="utf-8")
+    write_json(args.json, result, indent=1)
     return 0
 
 

@@ -17,7 +17,6 @@ once, then fits the fusion on all sets but one and scores the left-out set, for 
 """
 from __future__ import annotations
 
-import argparse
 import json
 import math
 import sys
@@ -34,6 +33,7 @@ from pipeline.retrieval.rerank import SafeRerank
 from pipeline.settings import Settings
 from tools.eval import fusion_cv
 from tools.eval.answer_eval import answer_metrics, print_answers
+from tools.eval.cli import command_parser, write_json
 from tools.eval.devsets import (
     DEV_SETS,
     Corpus,
@@ -336,14 +336,12 @@ def run(args) -> dict:
         print_table(result, title)
         if "answers" in result:
             print_answers(title, result["answers"])
-    if args.json:
-        Path(args.json).write_text(json.dumps(result, ensure_ascii=False, indent=2), encoding="utf-8")
+    write_json(args.json, result)
     return result
 
 
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser(prog="python -m tools.eval.evaluate", description=__doc__,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = command_parser("tools.eval.evaluate", __doc__)
     src = p.add_mutually_exclusive_group(required=True)
     src.add_argument("--from-dump", help="re-fuse a --dump file with the current fusion defaults (no ingest)")
     src.add_argument("--squad", help="SQuAD-format JSON (CMRC 2018, XQuAD)")

@@ -19,7 +19,6 @@ one). Window embeddings are cached in --emb-cache (<name>.npz) so a rerun costs 
 """
 from __future__ import annotations
 
-import argparse
 import json
 import random
 import sys
@@ -33,7 +32,7 @@ from pipeline.generation.candidates import Cues, measure
 from pipeline.generation.extractive import ExtractivePicker
 from pipeline.generation.sentences import answer_units
 from pipeline.retrieval.nodes import kb_ids_of, node_text
-from tools.eval.cli import add_kb_cache, kb_cache_root
+from tools.eval.cli import add_kb_cache, command_parser, kb_cache_root
 from tools.eval.devsets import DEV_SETS, dureader_spans, holds_answer, load_corpus, shared_data_dir
 from tools.eval.gate_dataset import DEEP_RECALL, SEED, _remover
 from tools.eval.kb_cache import open_copy
@@ -96,7 +95,6 @@ def dump_set(name: str, root: Path, out: Path, per_set: int, emb_dir: Path | Non
     t0 = time.perf_counter()
     with tempfile.TemporaryDirectory(prefix="kbqa-ext-") as tmp:
         engine, key_to_doc = open_copy(root, ds, Path(tmp) / name)
-        engine.wait_idle()
         s = engine.settings
         emb = engine.components.models.embedding.embed_model
         picker = ExtractivePicker(engine.components.tokenizer, emb,
@@ -124,8 +122,7 @@ def dump_set(name: str, root: Path, out: Path, per_set: int, emb_dir: Path | Non
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m tools.eval.extractive_dataset", description=__doc__,
-                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = command_parser("tools.eval.extractive_dataset", __doc__)
     add_kb_cache(ap)
     ap.add_argument("--out", required=True, type=Path)
     ap.add_argument("--per-set", type=int, default=240)

@@ -16,8 +16,6 @@ The rules of each outcome: tools/eval/formal_metrics.py. `--limit N` keeps N of 
 """
 from __future__ import annotations
 
-import argparse
-import json
 import random
 import sys
 import tempfile
@@ -25,7 +23,7 @@ from collections import defaultdict
 from pathlib import Path
 
 from tools.eval.answer_eval import open_for_eval
-from tools.eval.cli import add_kb_cache, kb_cache_root, print_md_table
+from tools.eval.cli import add_kb_cache, command_parser, kb_cache_root, print_md_table, write_json
 from tools.eval.devsets import REPO
 from tools.eval.formal_metrics import answer_hit, outcome, right_doc_first, share_of, span_in_sources
 from tools.eval.regulations_devset import REGULATIONS, DevItems, load_items
@@ -136,8 +134,7 @@ def evaluate(engine, key_to_doc: dict[str, int], items: DevItems, off_topic: lis
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m tools.eval.formal_eval", description=__doc__,
-                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = command_parser("tools.eval.formal_eval", __doc__)
     add_kb_cache(ap)
     ap.add_argument("--limit", type=int, default=None, help="ask N of each list (seeded sample)")
     ap.add_argument("--json", type=Path, default=None, help="write the metrics and every question's row here")
@@ -150,8 +147,7 @@ def main(argv=None) -> int:
         finally:
             engine.close()
     print_report(m)
-    if args.json:
-        args.json.write_text(json.dumps(m | {"rows": rows}, ensure_ascii=False, indent=1), encoding="utf-8")
+    write_json(args.json, m | {"rows": rows}, indent=1)
     return 0
 
 

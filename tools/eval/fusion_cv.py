@@ -17,7 +17,6 @@ model is kept — so in the leave-one-set-out tables the left-out set never take
 """
 from __future__ import annotations
 
-import argparse
 import json
 import math
 import sys
@@ -29,6 +28,7 @@ import numpy as np
 
 from pipeline.models.paths import PACKAGED_MODEL_ID
 from pipeline.retrieval.fusion import AUTO_FEATURES, NORMS, length_prior, query_features
+from tools.eval.cli import command_parser, write_json
 from tools.eval.devsets import FAMILIES
 
 K = 10
@@ -471,8 +471,7 @@ def print_cv(result: dict) -> None:
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m tools.eval.fusion_cv", description=__doc__,
-                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = command_parser("tools.eval.fusion_cv", __doc__)
     ap.add_argument("dumps", nargs="+", help="per-set dump files (set name = file name up to the first dot)")
     ap.add_argument("--write-weights", default=None,
                     help="fit on every set and write that fit as JSON here (a report: the app reads the calibration "
@@ -492,8 +491,7 @@ def main(argv=None) -> int:
         w = fit_all(data, args.embedding_model)
         Path(args.write_weights).write_text(json.dumps(w, indent=2) + "\n", encoding="utf-8")
         res["weights"] = w
-    if args.json:
-        Path(args.json).write_text(json.dumps(res, indent=2), encoding="utf-8")
+    write_json(args.json, res)
     return 0
 
 

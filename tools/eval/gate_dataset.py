@@ -14,7 +14,6 @@ evidence (pipeline/retrieval/sentence_evidence.py) measured for every row.
 """
 from __future__ import annotations
 
-import argparse
 import json
 import random
 import sys
@@ -26,7 +25,7 @@ from llama_index.core.schema import NodeWithScore
 
 from pipeline.retrieval.gate_probes import PROBES
 from pipeline.retrieval.lexical import normalize
-from tools.eval.cli import add_kb_cache, kb_cache_root
+from tools.eval.cli import add_kb_cache, command_parser, kb_cache_root
 from tools.eval.devsets import DEV_SETS, gold_ids, is_hit, load_corpus
 from tools.eval.kb_cache import open_copy
 
@@ -96,7 +95,6 @@ def dump_set(name: str, cache: Path, out: Path, per_set: int, questions_of: dict
     t0 = time.perf_counter()
     with tempfile.TemporaryDirectory(prefix="kbqa-gate-") as tmp:
         engine, key_to_doc = open_copy(cache, DEV_SETS[name], Path(tmp) / name)
-        engine.wait_idle()
         with open(out / f"{name}.jsonl.tmp", "w", encoding="utf-8") as f, \
                 open(out / f"{name}.raw.tmp", "w", encoding="utf-8") as raw:
             def write(kind, qset, text, got, **extra):
@@ -126,8 +124,7 @@ def dump_set(name: str, cache: Path, out: Path, per_set: int, questions_of: dict
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m tools.eval.gate_dataset", description=__doc__,
-                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = command_parser("tools.eval.gate_dataset", __doc__)
     add_kb_cache(ap)
     ap.add_argument("--out", required=True, type=Path)
     ap.add_argument("--per-set", type=int, default=800, help="answerable questions sampled per set")

@@ -105,7 +105,7 @@ def _build_into(tmp: Path, ds: DevSet, embedding_model: str = "") -> None:
 
 
 def open_copy(root: Path, ds: DevSet, into: Path):
-    """Copy the cached KB to `into` and open an Engine on the copy. Returns (engine, key_to_doc)."""
+    """Copy the cached KB to `into` and open an Engine on the copy. Returns (engine, key_to_doc), the engine idle."""
     from pipeline.engine import Engine  # heavy (llama-index, Chroma, the models): only when a KB is opened
 
     cached = ensure_built(root, ds)
@@ -113,6 +113,7 @@ def open_copy(root: Path, ds: DevSet, into: Path):
     key_to_doc = json.loads((into / "key_to_doc.json").read_text(encoding="utf-8"))
     engine = Engine(into)
     settle_gate_background(engine)
+    engine.wait_idle()
     return engine, key_to_doc
 
 

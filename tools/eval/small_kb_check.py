@@ -18,7 +18,6 @@ place or the evidence itself). Nothing here is fitted: it is a check, not a cali
 """
 from __future__ import annotations
 
-import argparse
 import json
 import random
 import sys
@@ -28,7 +27,7 @@ from pathlib import Path
 import numpy as np
 
 from tools.eval.answer_eval import answer_metrics
-from tools.eval.cli import print_md_table
+from tools.eval.cli import command_parser, print_md_table, write_json
 from tools.eval.devsets import Corpus, Question, load_dureader, shared_data_dir
 from tools.eval.evaluate import evaluate
 from tools.eval.kb_cache import build_kb
@@ -153,8 +152,7 @@ def print_report(m: dict) -> None:
 
 def main(argv=None) -> int:
     data = shared_data_dir()
-    ap = argparse.ArgumentParser(prog="python -m tools.eval.small_kb_check", description=__doc__,
-                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = command_parser("tools.eval.small_kb_check", __doc__)
     ap.add_argument("--squad", type=Path, default=data / "xquad" / "xquad.zh.json", help="SQuAD-format JSON")
     ap.add_argument("--articles", type=int, default=30, help="whole articles in the knowledge base")
     ap.add_argument("--seed", type=int, default=0)
@@ -169,8 +167,7 @@ def main(argv=None) -> int:
     m = run(args.squad, args.articles, args.seed, Path(args.search) if args.search else None, args.questions,
             args.negatives)
     print_report(m)
-    if args.json:
-        args.json.write_text(json.dumps(m, ensure_ascii=False, indent=2), encoding="utf-8")
+    write_json(args.json, m)
     return 0
 
 

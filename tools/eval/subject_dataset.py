@@ -22,7 +22,6 @@ leave-one-family-out study of the offline answer.
 """
 from __future__ import annotations
 
-import argparse
 import json
 import random
 import sys
@@ -36,7 +35,7 @@ from pipeline.models.vectors import unit
 from pipeline.retrieval.gate import decide
 from pipeline.retrieval.lexical import content_terms
 from tools.eval.answer_eval import open_for_eval
-from tools.eval.cli import add_kb_cache, kb_cache_root
+from tools.eval.cli import add_kb_cache, command_parser, kb_cache_root
 from tools.eval.devsets import DEV_SETS, dureader_spans, holds_answer, load_corpus, shared_data_dir
 from tools.eval.formal_eval import OFF_TOPIC, load_lines
 from tools.eval.formal_metrics import answer_hit, answer_lines
@@ -126,8 +125,7 @@ def dump_regulations(engine, write) -> None:
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m tools.eval.subject_dataset", description=__doc__,
-                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = command_parser("tools.eval.subject_dataset", __doc__)
     add_kb_cache(ap)
     ap.add_argument("--out", required=True, type=Path)
     ap.add_argument("--per-set", type=int, default=300, help="answerable questions sampled per dev set")

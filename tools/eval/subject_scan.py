@@ -23,7 +23,6 @@ answered as if. `weak_curve` shows what the signal costs on the formal family at
 """
 from __future__ import annotations
 
-import argparse
 import json
 import re
 import sys
@@ -34,7 +33,7 @@ from pathlib import Path
 import numpy as np
 
 from pipeline.retrieval.lexical import STOPWORDS, TermWeights, content_terms, focus_terms, normalize
-from tools.eval.cli import print_md_table
+from tools.eval.cli import command_parser, print_md_table
 
 FAMILIES = ("encyclopedic", "web", "formal")
 TOLERANCE = 0.005
@@ -228,8 +227,7 @@ def load(dumps: Path) -> list[dict]:
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m tools.eval.subject_scan", description=__doc__,
-                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = command_parser("tools.eval.subject_scan", __doc__)
     ap.add_argument("--dumps", required=True, type=Path, help="the folder tools.eval.subject_dataset wrote")
     args = ap.parse_args(argv)
     rows = load(args.dumps)
