@@ -13,7 +13,7 @@ ROOT = Path(__file__).resolve().parents[1]
 # one-off studies that left the tree (their findings and the commit that measured them: docs/retrieval-eval.md,
 # docs/benchmarks.md); a test or a tool importing one of them would import a module that is no longer there
 REMOVED = ("fusion_variants", "fusion_stage2", "sentence_cache", "gate_e2e", "bench_embed_layout", "bench_vector_route",
-           "vector_route_old", "bench_bm25_delta", "bm25_delta")
+           "vector_route_old", "bench_bm25_delta", "bm25_delta", "subject_dataset", "subject_scan")
 COMMAND = re.compile(r"python -m\s+(tools(?:\.\w+)+)")
 
 
