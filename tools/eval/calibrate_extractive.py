@@ -14,8 +14,14 @@ prefiltered ones). For every dev set in turn, on the OTHER sets only:
     w_cos × the KB background's median cosine) of the answerable questions whose sources hold the answer (at
     most that share of answers that are there are replaced by 「资料中未找到…」).
 Then the left-out set is scored: answer-hit (an answer sentence holds a gold answer), top-1-source-hit (its
-ceiling), sentences per answer, 「未找到」 on answerable and on gold-removed questions. The fit on all sets
-gives the shipped PickerParams.
+ceiling), sentences per answer, 「未找到」 on answerable and on gold-removed questions (for the formal family's
+dump, `regulations`: on its same-domain unanswerable questions). The fit on all sets gives the shipped PickerParams.
+
+    python -m tools.eval.calibrate_extractive --dumps EXT_DIR --by-family [--keep-weights]
+
+leaves out a whole FAMILY instead (encyclopedic, web search, formal documents): the fit runs on the sets of the
+other families and every set of the left-out one is scored. --keep-weights keeps the packaged e5 profile's weights
+and margin and fits only not_found_below (the quantile rule above) on the other families.
 """
 from __future__ import annotations
 
@@ -51,6 +57,15 @@ MAX_MEAN_SENTENCES = 1.8
 NOT_FOUND_QUANTILE = 0.02
 MIN_CEILING = 0.5   # weights are fitted on the training sets whose top-1-source-hit reaches this (see fit)
 FEATURES = ("cos", "coverage", "phrase", "context", "focus", "focus_part", "offers")
+FAMILIES = {  # the kinds of text and question a deployment meets (docs/retrieval-eval.md)
+    "encyclopedic": ("cmrc_trial", "xquad_zh", "cmrc_dev_news"),
+    "web": ("dureader_dev", "dureader_train"),
+    "formal": ("regulations",),
+}
+
+
+def family_of(name: str) -> str:
+    return next((f for f, names in FAMILIES.items() if name in names), name)  # an unknown set: its own family
 
 
 @dataclass
@@ -165,18 +180,46 @@ def fit(train: list[SetData]) -> PickerParams:
         if best_key is None or key > best_key:
             best_key, best = key, p
     assert best is not None, "no grid point meets MAX_MEAN_SENTENCES"
+    return fit_floor(train, best)
+
+
+def fit_floor(train: list[SetData], p: PickerParams) -> PickerParams:
+    """`p` with not_found_below fitted on `train`: the lowest NOT_FOUND_QUANTILE-quantile, over the sets, of the
+    best score above the background of the answerable questions whose sources hold the answer."""
     floors = []
     for d in train:
-        r = run(d, best)
+        r = run(d, p)
         there = d.kind & r["addressable"]
         if there.any():
             floors.append(float(np.quantile(r["best"][there], NOT_FOUND_QUANTILE)))
-    return replace(best, not_found_below=min(floors))
+    return replace(p, not_found_below=min(floors))
+
+
+def leave_one_family_out(sets: dict[str, SetData], weights: PickerParams | None = None) -> dict[str, dict]:
+    """Per family: the params fitted on the other families' sets (weights too, or with `weights` given only
+    not_found_below) and the metrics of each of its own sets under them."""
+    out = {}
+    for fam in dict.fromkeys(family_of(n) for n in sets):
+        train = [d for n, d in sets.items() if family_of(n) != fam]
+        if not train:
+            continue
+        p = fit(train) if weights is None else fit_floor(train, weights)
+        out[fam] = {"params": p.__dict__, "trained_on": [n for n in sets if family_of(n) != fam],
+                    "sets": {n: metrics(d, p) for n, d in sets.items() if family_of(n) == fam}}
+    return out
+
+
+def shipped_weights() -> PickerParams:
+    """The packaged e5 profile's picker params (pipeline/calibration)."""
+    from pipeline.calibration import profile_for
+    from pipeline.models.paths import PACKAGED_MODEL_ID
+
+    return PickerParams.from_calibration(profile_for(PACKAGED_MODEL_ID, 384).profile.extractive)
 
 
 def print_table(rows: dict[str, dict]) -> None:
     print_md_table(["left-out set", "answerable", "answer-hit", "top-1-source-hit", "sentences/answer",
-                    "未找到 on answerable", "gold removed", "未找到 on gold removed"],
+                    "未找到 on answerable", "gold removed (formal: unanswerable)", "未找到 on those"],
                    [[name, m["answerable"], f"{m['answer_hit']:.3f}", f"{m['top1_source_hit']:.3f}",
                      f"{m['sentences']:.2f}", f"{m['not_found_answerable']:.1%}", m["gold_removed"],
                      f"{m['not_found_gold_removed']:.1%}"] for name, m in rows.items()])
@@ -186,10 +229,22 @@ def main(argv=None) -> int:
     ap = command_parser("tools.eval.calibrate_extractive", __doc__)
     ap.add_argument("--dumps", required=True, type=Path)
     ap.add_argument("--json", type=Path, default=None)
+    ap.add_argument("--by-family", action="store_true", help="leave out a family of sets (FAMILIES), not a set")
+    ap.add_argument("--keep-weights", action="store_true",
+                    help="with --by-family: the packaged e5 profile's weights, only not_found_below fitted")
     args = ap.parse_args(argv)
     sets = load(args.dumps)
     if len(sets) < 2:
         ap.error("leave-one-set-out needs the dumps of at least two sets")
+    if args.by_family:
+        lofo = leave_one_family_out(sets, shipped_weights() if args.keep_weights else None)
+        for fam, r in lofo.items():
+            print(f"\nleft-out family {fam} (fitted on {', '.join(r['trained_on'])}): "
+                  f"not_found_below={r['params']['not_found_below']:.4f}")
+            print_table(r["sets"])
+        if args.json:
+            args.json.write_text(json.dumps({"leave_one_family_out": lofo}, indent=2, ensure_ascii=False))
+        return 0
     loso = {}
     for name, d in sets.items():
         p = fit([x for n, x in sets.items() if n != name])

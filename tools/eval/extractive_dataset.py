@@ -16,6 +16,13 @@ tools/eval/gate_dataset.py removes them — unanswerable questions about the sam
 has_answer: tools/eval/devsets.holds_answer (the sentence contains a gold answer string, or is a sentence of a
 longer one; DuReader: it shares ≥ ANSWER_OVERLAP characters in a row with a gold answer span, or lies inside
 one). Window embeddings are cached in --emb-cache (<name>.npz) so a rerun costs seconds.
+
+`regulations` (the formal-documents family, tools/eval/formal_eval.REGULATIONS; not a DEV_SETS entry) dumps the
+regulations dev set instead: its answerable questions (kind "answerable", gold = the deciding span) and its
+same-domain unanswerable ones (kind "unanswerable": the rule is in a law the KB lacks — the real counterpart of
+"gold_removed"), judged by formal_eval's own rules (tools/eval/formal_metrics): a sentence holds the answer when it
+holds a contiguous run of ≥ ANSWER_SHARE of the span's content characters (formal answer-hit), top1 when the first
+source holds the whole span (span in sources).
 """
 from __future__ import annotations
 
@@ -34,8 +41,24 @@ from pipeline.generation.sentences import answer_units
 from pipeline.retrieval.nodes import kb_ids_of, node_text
 from tools.eval.cli import add_kb_cache, command_parser, kb_cache_root
 from tools.eval.devsets import DEV_SETS, dureader_spans, holds_answer, load_corpus, shared_data_dir
+from tools.eval.formal_eval import REGULATIONS
+from tools.eval.formal_metrics import ANSWER_SHARE, holds_span, span_share
 from tools.eval.gate_dataset import DEEP_RECALL, SEED, _remover
 from tools.eval.kb_cache import open_copy
+from tools.eval.regulations_devset import load_items
+
+SETS = [*DEV_SETS, REGULATIONS.name]
+
+
+def formal_sentence_holds(text: str, answers: list[str], spans: list[str]) -> bool:
+    """A sentence holds a regulations gold span as formal_eval's answer-hit counts it (≥ ANSWER_SHARE of its
+    content characters in one run)."""
+    return any(span_share(text, a) >= ANSWER_SHARE for a in answers)
+
+
+def formal_chunk_holds(text: str, answers: list[str], spans: list[str]) -> bool:
+    """A source holds a regulations gold span as formal_eval's "span in sources" counts it (whitespace-free)."""
+    return any(holds_span(text, a) for a in answers)
 
 
 class EmbCache:
@@ -63,7 +86,8 @@ class EmbCache:
             np.savez(self.path, keys=np.array(keys), vecs=np.stack([self.vecs[k] for k in keys]))
 
 
-def question_row(picker, cache: EmbCache, q_text: str, q_emb, nodes, answers, spans) -> dict:
+def question_row(picker, cache: EmbCache, q_text: str, q_emb, nodes, answers, spans,
+                 holds=holds_answer, holds_chunk=holds_answer) -> dict:
     cues = Cues.of(q_text, picker.tokenizer, picker.weights_of(kb_ids_of(nodes)))
     chunks, windows, where = [], [], []
     for ci, nws in enumerate(nodes):
@@ -72,7 +96,7 @@ def question_row(picker, cache: EmbCache, q_text: str, q_emb, nodes, answers, sp
             ev = measure(piece, cues)
             sents.append({"text": piece.text, "punct": piece.punct, "statement": ev.statement,
                           "here": sorted(ev.here), "phrase": round(ev.phrase, 4), "focus": ev.focus,
-                          "has_answer": holds_answer(piece.text, answers, spans)})
+                          "has_answer": holds(piece.text, answers, spans)})
             if ev.statement:
                 windows.append(picker._window(piece.text, cues))
                 where.append((ci, len(sents) - 1))
@@ -82,16 +106,29 @@ def question_row(picker, cache: EmbCache, q_text: str, q_emb, nodes, answers, sp
             chunks[ci][si]["cos"] = round(float(v), 5)
     return {"q": q_text, "terms": cues.terms, "weights": [round(w, 4) for w in cues.weights], "grams": cues.grams,
             "focus": cues.focus, "chunks": chunks,
-            "top1": bool(nodes) and holds_answer(nodes[0].node.get_content(), answers, spans)}
+            "top1": bool(nodes) and holds_chunk(nodes[0].node.get_content(), answers, spans)}
 
 
-def dump_set(name: str, root: Path, out: Path, per_set: int, emb_dir: Path | None) -> None:
+def _plan(name: str, per_set: int):
+    """(dev set, [(kind, [(question, answers)])], sentence test, source test) of one dumped set."""
+    if name == REGULATIONS.name:
+        items = load_items()
+        rnd = random.Random(SEED)
+        answerable = [(a.question, [a.gold.span]) for a in items.answerable]
+        return (REGULATIONS, [("answerable", rnd.sample(answerable, min(per_set, len(answerable)))),
+                              ("unanswerable", [(u.question, []) for u in items.unanswerable])],
+                formal_sentence_holds, formal_chunk_holds)
     ds = DEV_SETS[name]
     corpus = load_corpus(ds)
-    spans = dureader_spans(shared_data_dir() / ds.path) if ds.kind == "dureader" else {}
     rnd = random.Random(SEED)
     sample = rnd.sample(corpus.questions, min(per_set, len(corpus.questions)))
     removed = rnd.sample(corpus.questions, min(per_set * 3 // 8, len(corpus.questions)))
+    return ds, [("answerable", sample), ("gold_removed", removed)], holds_answer, holds_answer
+
+
+def dump_set(name: str, root: Path, out: Path, per_set: int, emb_dir: Path | None) -> None:
+    ds, plan, holds, holds_chunk = _plan(name, per_set)
+    spans = dureader_spans(shared_data_dir() / ds.path) if ds.kind == "dureader" else {}
     t0 = time.perf_counter()
     with tempfile.TemporaryDirectory(prefix="kbqa-ext-") as tmp:
         engine, key_to_doc = open_copy(root, ds, Path(tmp) / name)
@@ -103,22 +140,23 @@ def dump_set(name: str, root: Path, out: Path, per_set: int, emb_dir: Path | Non
         cache = EmbCache(emb_dir / f"{name}.npz" if emb_dir else None, emb.get_text_embedding_batch)
         bg_median = engine.components.gate_background.current().sim_median
         with open(out / f"{name}.jsonl.tmp", "w", encoding="utf-8") as f:
-            for kind, questions in (("answerable", sample), ("gold_removed", removed)):
+            for kind, questions in plan:
                 for q in questions:
+                    text, answers = q if isinstance(q, tuple) else (q.text, q.answers)
                     exclude = _remover(q, key_to_doc) if kind == "gold_removed" else None
                     bundle, fusion, _ = engine.components.retrieval.recall(
-                        q.text, s, recall=DEEP_RECALL if exclude else None)
+                        text, s, recall=DEEP_RECALL if exclude else None)
                     fused = [n for n in fusion.fused if not (exclude and exclude(n))][:s.final_top_k]
-                    row = question_row(picker, cache, q.text, np.asarray(bundle.embedding, dtype=np.float32)
+                    row = question_row(picker, cache, text, np.asarray(bundle.embedding, dtype=np.float32)
                                        / (np.linalg.norm(bundle.embedding) + 1e-9),
-                                       fused[:picker.max_chunks], q.answers, spans.get(q.text, []))
+                                       fused[:picker.max_chunks], answers, spans.get(text, []), holds, holds_chunk)
                     f.write(json.dumps({"set": name, "kind": kind, "bg_median": bg_median,
                                         "n_sources": len(fused)} | row, ensure_ascii=False) + "\n")
         cache.save()
         engine.close()
     (out / f"{name}.jsonl.tmp").rename(out / f"{name}.jsonl")
-    print(f"{name}: {len(sample)} answerable, {len(removed)} gold removed ({time.perf_counter() - t0:.0f} s)",
-          file=sys.stderr)
+    print(f"{name}: " + ", ".join(f"{len(qs)} {kind.replace('_', ' ')}" for kind, qs in plan)
+          + f" ({time.perf_counter() - t0:.0f} s)", file=sys.stderr)
 
 
 def main(argv=None) -> int:
@@ -127,8 +165,11 @@ def main(argv=None) -> int:
     ap.add_argument("--out", required=True, type=Path)
     ap.add_argument("--per-set", type=int, default=240)
     ap.add_argument("--emb-cache", type=Path, default=None)
-    ap.add_argument("names", nargs="*", default=list(DEV_SETS))
+    ap.add_argument("names", nargs="*", default=list(DEV_SETS), help=f"default: the DEV_SETS; known: {', '.join(SETS)}")
     args = ap.parse_args(argv)
+    for name in args.names:
+        if name not in SETS:
+            ap.error(f"unknown set {name}; known: {', '.join(SETS)}")
     root = kb_cache_root(ap, args)
     args.out.mkdir(parents=True, exist_ok=True)
     if args.emb_cache:
