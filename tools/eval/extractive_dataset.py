@@ -17,7 +17,7 @@ has_answer: tools/eval/devsets.holds_answer (the sentence contains a gold answer
 longer one; DuReader: it shares ≥ ANSWER_OVERLAP characters in a row with a gold answer span, or lies inside
 one). Window embeddings are cached in --emb-cache (<name>.npz) so a rerun costs seconds.
 
-`regulations` (the formal-documents family, tools/eval/formal_eval.REGULATIONS; not a DEV_SETS entry) dumps the
+`regulations` (the formal-documents family, tools/eval/regulations_devset.REGULATIONS; not a DEV_SETS entry) dumps the
 regulations dev set instead: its answerable questions (kind "answerable", gold = the deciding span) and its
 same-domain unanswerable ones (kind "unanswerable": the rule is in a law the KB lacks — the real counterpart of
 "gold_removed"), judged by formal_eval's own rules (tools/eval/formal_metrics): a sentence holds the answer when it
@@ -41,11 +41,10 @@ from pipeline.generation.sentences import answer_units
 from pipeline.retrieval.nodes import kb_ids_of, node_text
 from tools.eval.cli import add_kb_cache, command_parser, kb_cache_root
 from tools.eval.devsets import DEV_SETS, dureader_spans, holds_answer, load_corpus, shared_data_dir
-from tools.eval.formal_eval import REGULATIONS
 from tools.eval.formal_metrics import ANSWER_SHARE, holds_span, span_share
 from tools.eval.gate_dataset import DEEP_RECALL, SEED, _remover
 from tools.eval.kb_cache import open_copy
-from tools.eval.regulations_devset import load_items
+from tools.eval.regulations_devset import REGULATIONS, load_items
 
 SETS = [*DEV_SETS, REGULATIONS.name]
 
