@@ -63,3 +63,61 @@ def test_leave_one_set_out_fits_both_models_and_scores_through_decide(tmp_path):
 def test_dumps_without_sentence_evidence_are_refused_with_a_clear_message(tmp_path):
     with pytest.raises(SystemExit, match="sentence evidence"):
         cg.load(_dumps(tmp_path, with_sentence=False))
+
+
+def _family_dumps(tmp: Path) -> Path:
+    """Four knowledge bases of three families (devsets.FAMILIES); the formal one has same-domain unanswerable and
+    off-topic questions instead of gold-removed and other sets' ones."""
+    rng = np.random.default_rng(1)
+    kbs = (("xquad_zh", 0.85), ("cmrc_trial", 0.87), ("dureader_dev", 0.86), ("regulations", 0.84))
+    for kb, base in kbs:
+        rows = [_row(kb, "probe", "probe", base + rng.normal(0, .01), base + rng.normal(0, .01), rng.uniform(0, .2), 0.0)
+                for _ in range(64)]
+        rows += [_row(kb, "answerable", kb, base + .05 + rng.normal(0, .015), base + .07 + rng.normal(0, .015),
+                      rng.uniform(.4, 1), float(rng.random() < .9)) for _ in range(120)]
+        negatives = [("unanswerable", kb), ("out_of_kb", "offtopic")] if kb == "regulations" else \
+            [("gold_removed", kb)] + [("out_of_kb", other) for other, _ in kbs[:3] if other != kb]
+        for kind, qset in negatives:
+            rows += [_row(kb, kind, qset, base + rng.normal(0, .015), base + rng.normal(0, .015), rng.uniform(0, .3),
+                          float(rng.random() < .2)) for _ in range(40)]
+        (tmp / f"{kb}.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows), encoding="utf-8")
+    return tmp
+
+
+def test_leave_one_family_out_trains_on_the_other_families_only(tmp_path):
+    rows, bg = cg.load(_family_dumps(tmp_path))
+    seen = {}
+
+    def fitter(train, bg_):
+        fam = ({"xquad_zh", "cmrc_trial", "dureader_dev", "regulations"} - {r["kb"] for r in train})
+        seen[frozenset(fam)] = {(r["kb"], r["qset"]) for r in train}
+        return cg.fit(train, bg_)
+
+    result = cg.leave_one_family_out(rows, bg, fitter)
+    assert set(result) == {"encyclopedic", "web", "formal"}
+    assert set(result["encyclopedic"]["sets"]) == {"cmrc_trial", "xquad_zh"}
+    assert result["encyclopedic"]["trained_on"] == ["dureader_dev", "regulations"]
+    # leaving out the encyclopedic family drops dureader_dev's out-of-KB rows drawn from its sets too
+    assert seen[frozenset({"cmrc_trial", "xquad_zh"})] == {("dureader_dev", "dureader_dev"),
+                                                           ("regulations", "regulations"), ("regulations", "offtopic")}
+    formal = result["formal"]["sets"]["regulations"]
+    # same-domain unanswerable questions count where gold-removed ones do; off-topic ones as out of KB
+    assert formal["gold_removed"] == 40 and formal["out_of_kb"] == 40 and formal["answerable"] == 120
+    model = cg.fit([r for r in rows if r["kb"] != "regulations"], bg)
+    own = [r for r in rows if r["kb"] == "regulations" and r["kind"] == "unanswerable"]
+    refused = np.mean([decide(r["feat"], bg["regulations"], 0.0, True, model).outcome == "refuse" for r in own])
+    assert formal["gold_removed_refused"] == pytest.approx(round(float(refused), 4))
+    for m in result.values():
+        for s in m["sets"].values():
+            assert s["false_refusals"] <= 0.1 and s["out_of_kb_refused"] >= 0.8, s
+
+
+def test_by_family_command_prints_the_folds_and_the_packaged_gate(tmp_path, capsys):
+    out = tmp_path / "lofo.json"
+    assert cg.main(["--dumps", str(_family_dumps(tmp_path)), "--by-family", "--json", str(out)]) == 0
+    printed = capsys.readouterr().out
+    assert "left-out family formal (fitted on cmrc_trial, dureader_dev, xquad_zh)" in printed
+    assert "min_similarity 0.82" in printed
+    got = json.loads(out.read_text())
+    assert set(got["packaged"]) == set(got["packaged_with_floor"]) == {"xquad_zh", "cmrc_trial", "dureader_dev",
+                                                                       "regulations"}

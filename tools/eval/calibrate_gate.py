@@ -17,6 +17,15 @@ negatives), refusals of its gold-removed questions, and how many questions neede
 Last, the same fit on all sets gives the shipped model and the calibrated hard floor min_similarity for the
 embedding model the dumps were made with (printed; `python -m tools.eval.calibrate` runs this fit and writes both into
 that model's calibration profile).
+
+    python -m tools.eval.calibrate_gate --dumps GATE_DIR --by-family [--json OUT]
+
+leaves out a whole FAMILY instead (tools/eval/devsets.FAMILIES: encyclopedic, web search, formal documents): both
+models, the thresholds and the open band are fitted on the rows of the other families' knowledge bases whose
+questions come from those families too, and every set of the left-out family is scored as above. The formal
+family's dump (`regulations`, tools/eval/gate_dataset.py) brings same-domain unanswerable questions instead of
+gold-removed ones and everyday off-topic questions as its out-of-KB ones. The packaged e5 profile's gate is scored
+on the same rows for comparison (at min_similarity 0 as the left-out fits, and at the profile's floor).
 """
 from __future__ import annotations
 
@@ -32,6 +41,7 @@ from pipeline.retrieval.gate import INPUTS, REFUSE, WEAK, GateModel, decide, gat
 from pipeline.retrieval.gate_background import Background, summarize
 from pipeline.retrieval.gate_features import GateFeatures
 from tools.eval.cli import command_parser, print_md_table
+from tools.eval.devsets import FAMILIES
 
 FR_QUANTILE = 0.025    # refuse below the 2.5% quantile of answerable scores (the lowest over training sets)
 WEAK_QUANTILE = 0.08   # weak below the 8% quantile
@@ -93,25 +103,29 @@ def _lowest(scores: dict, q: float) -> float:
     return min(float(np.quantile(v["answerable"], q)) for v in scores.values())
 
 
-def fit(train: list[dict], bg: dict[str, Background]) -> GateModel:
+def fit(train: list[dict], bg: dict[str, Background], fr: float = FR_QUANTILE, weak: float = WEAK_QUANTILE,
+        sure_refuse: float = SURE_REFUSE_QUANTILE, sure_answer: float = SURE_ANSWER_QUANTILE) -> GateModel:
+    """Both models and their thresholds on `train` (the quantile rules of the module docstring; the keywords let a
+    study try other quantiles)."""
     qc, qb, qs = _logistic(train, bg, quick_inputs)
     fc, fb, fs = _logistic(train, bg, gate_inputs)
-    refuse, quick_refuse = _lowest(fs, FR_QUANTILE), _lowest(qs, FR_QUANTILE)
-    sure_answer = max(float(np.quantile(v["negative"], SURE_ANSWER_QUANTILE)) for v in qs.values() if v["negative"])
+    refuse, quick_refuse = _lowest(fs, fr), _lowest(qs, fr)
+    sure_yes = max(float(np.quantile(v["negative"], sure_answer)) for v in qs.values() if v["negative"])
     return GateModel(coef=tuple(float(c) for c in fc), bias=fb, refuse_below=refuse,
-                     answer_at=max(refuse, _lowest(fs, WEAK_QUANTILE)),
+                     answer_at=max(refuse, _lowest(fs, weak)),
                      quick_coef=tuple(float(c) for c in qc), quick_bias=qb, quick_refuse_below=quick_refuse,
-                     quick_answer_at=max(quick_refuse, _lowest(qs, WEAK_QUANTILE)),
-                     sure_refuse=min(_lowest(qs, SURE_REFUSE_QUANTILE), quick_refuse),
-                     sure_answer=max(sure_answer, _lowest(qs, WEAK_QUANTILE)))
+                     quick_answer_at=max(quick_refuse, _lowest(qs, weak)),
+                     sure_refuse=min(_lowest(qs, sure_refuse), quick_refuse),
+                     sure_answer=max(sure_yes, _lowest(qs, weak)))
 
 
-def score_set(model: GateModel, rows: list[dict], bg: Background) -> dict:
-    """The left-out KB's outcomes as the app decides them (gate.decide; the dumps carry the sentence evidence)."""
+def score_set(model: GateModel, rows: list[dict], bg: Background, min_similarity: float = 0.0) -> dict:
+    """The left-out KB's outcomes as the app decides them (gate.decide; the dumps carry the sentence evidence).
+    The regulations set's same-domain unanswerable questions count where the other sets' gold-removed ones do."""
     got = {k: [] for k in ("answerable", "out_of_kb", "gold_removed")}
     for r in rows:
-        d = decide(r["feat"], bg, 0.0, True, model)
-        got[r["kind"]].append((d.outcome, d.stage == "full"))
+        d = decide(r["feat"], bg, min_similarity, True, model)
+        got["gold_removed" if r["kind"] == "unanswerable" else r["kind"]].append((d.outcome, d.stage == "full"))
 
     def share(kind, *outcomes):
         return _share(np.array([o in outcomes for o, _ in got[kind]]))
@@ -147,6 +161,35 @@ def leave_one_set_out(rows: list[dict], bg: dict[str, Background]) -> dict[str, 
     return out
 
 
+def family_of(name: str) -> str:
+    """A set's family (devsets.FAMILIES); anything else (the off-topic questions' qset) is its own family."""
+    return next((f for f, names in FAMILIES.items() if name in names), name)
+
+
+def leave_one_family_out(rows: list[dict], bg: dict[str, Background], fitter=fit) -> dict[str, dict]:
+    """Per family present in the dumps: the gate fitted (by `fitter`) on the rows of the other families' KBs whose
+    questions are of those families too, and each of its own sets scored under it."""
+    out = {}
+    for fam in dict.fromkeys(family_of(kb) for kb in sorted(bg)):
+        train = [r for r in rows if family_of(r["kb"]) != fam and family_of(r["qset"]) != fam]
+        if not {r["kb"] for r in train}:
+            continue
+        model = fitter(train, bg)
+        out[fam] = {"trained_on": sorted({r["kb"] for r in train}), "model": model.__dict__,
+                    "sets": {kb: score_set(model, [r for r in rows if r["kb"] == kb], bg[kb])
+                             for kb in sorted(bg) if family_of(kb) == fam}}
+    return out
+
+
+def shipped_gate() -> tuple[GateModel, float]:
+    """The packaged e5 profile's gate and hard floor (pipeline/calibration)."""
+    from pipeline.calibration import profile_for
+    from pipeline.models.paths import PACKAGED_MODEL_ID
+
+    profile = profile_for(PACKAGED_MODEL_ID, 384).profile
+    return GateModel.from_calibration(profile.gate), profile.floor.min_similarity
+
+
 def hard_floor(rows: list[dict]) -> float:
     per_kb = collections.defaultdict(list)
     for r in rows:
@@ -158,22 +201,45 @@ def hard_floor(rows: list[dict]) -> float:
 
 def print_table(result: dict[str, dict]) -> None:
     print_md_table(["left-out set", "answerable", "false refusals", "weak", "out-of-KB", "out-of-KB refused (weak)",
-                    "gold removed", "gold removed refused (weak)", "sentence stage: answerable / out-of-KB"],
+                    "gold removed (formal: unanswerable)", "those refused (weak) / answered",
+                    "sentence stage: answerable / out-of-KB"],
                    [[name, m["answerable"], f"{m['false_refusals']:.1%}", f"{m['weak']:.1%}", m["out_of_kb"],
                      f"{m['out_of_kb_refused']:.1%} ({m['out_of_kb_weak']:.1%})", m["gold_removed"],
-                     f"{m['gold_removed_refused']:.1%} ({m['gold_removed_weak']:.1%})",
+                     f"{m['gold_removed_refused']:.1%} ({m['gold_removed_weak']:.1%}) / "
+                     f"{1 - m['gold_removed_refused'] - m['gold_removed_weak']:.1%}",
                      f"{m['sentence_stage_answerable']:.0%} / {m['sentence_stage_out_of_kb']:.0%}"]
                     for name, m in result.items()])
+
+
+def print_by_family(rows: list[dict], bg: dict[str, Background], json_path: Path | None) -> None:
+    lofo = leave_one_family_out(rows, bg)
+    for fam, r in lofo.items():
+        print(f"\nleft-out family {fam} (fitted on {', '.join(r['trained_on'])}):")
+        print_table(r["sets"])
+    model, floor = shipped_gate()
+    shipped = {kb: score_set(model, [r for r in rows if r["kb"] == kb], bg[kb]) for kb in sorted(bg)}
+    floored = {kb: score_set(model, [r for r in rows if r["kb"] == kb], bg[kb], floor) for kb in sorted(bg)}
+    print("\nthe packaged profile's gate on the same rows (min_similarity 0, as above):")
+    print_table(shipped)
+    print(f"\nthe packaged profile's gate with its floor (min_similarity {floor:.2f}, as the app):")
+    print_table(floored)
+    if json_path:
+        json_path.write_text(json.dumps({"leave_one_family_out": lofo, "packaged": shipped,
+                                         "packaged_with_floor": floored}, indent=2, ensure_ascii=False))
 
 
 def main(argv=None) -> int:
     ap = command_parser("tools.eval.calibrate_gate", __doc__)
     ap.add_argument("--dumps", required=True, type=Path, help="folder of tools.eval.gate_dataset outputs")
     ap.add_argument("--json", type=Path, default=None)
+    ap.add_argument("--by-family", action="store_true", help="leave out a family of sets (devsets.FAMILIES), not a set")
     args = ap.parse_args(argv)
     rows, bg = load(args.dumps)
     if len(bg) < 2:
         ap.error("leave-one-set-out needs the dumps of at least two sets")
+    if args.by_family:
+        print_by_family(rows, bg, args.json)
+        return 0
     result = leave_one_set_out(rows, bg)
     print(f"inputs: {', '.join(INPUTS)}; backgrounds: " +
           ", ".join(f"{k} median {b.sim_median:.4f} sentence median {b.sent_median:.4f}" for k, b in bg.items()))

@@ -11,6 +11,13 @@ For each dev-set knowledge base (tools/eval/kb_cache.py) writes OUT/<name>.jsonl
          "probe"        the background probes (pipeline/retrieval/gate_probes.py), as the app measures them.
 Features are pipeline.retrieval.gate_features.measure over the same retrieval the app runs, with the sentence
 evidence (pipeline/retrieval/sentence_evidence.py) measured for every row.
+
+`regulations` (the formal-documents family, tools/eval/regulations_devset.REGULATIONS; not a DEV_SETS entry) dumps
+the regulations dev set: "answerable" its answerable questions (hit1 / hit6: the fused top-1 / top-6 holds the gold
+span, tools/eval/formal_metrics.holds_span), "unanswerable" its same-domain unanswerable questions (the rule is in a
+law the KB lacks — the real counterpart of "gold_removed"), "out_of_kb" the everyday off-topic questions
+(tools/eval/formal_eval.OFF_TOPIC, qset "offtopic"). The other sets' dumps do not change (no regulations question
+is added to their out-of-KB rows).
 """
 from __future__ import annotations
 
@@ -27,9 +34,14 @@ from pipeline.retrieval.gate_probes import PROBES
 from pipeline.retrieval.lexical import normalize
 from tools.eval.cli import add_kb_cache, command_parser, kb_cache_root
 from tools.eval.devsets import DEV_SETS, gold_ids, is_hit, load_corpus
+from tools.eval.formal_eval import OFF_TOPIC, load_lines
+from tools.eval.formal_metrics import holds_span
 from tools.eval.kb_cache import open_copy
+from tools.eval.regulations_devset import REGULATIONS, load_items
 
 SEED = 14
+SETS = [*DEV_SETS, REGULATIONS.name]
+OFF_TOPIC_QSET = "offtopic"
 DEEP_RECALL = 80  # recall deeper when results are removed, so the routes still hold recall_size candidates
 
 
@@ -123,18 +135,59 @@ def dump_set(name: str, cache: Path, out: Path, per_set: int, questions_of: dict
           f"{len(others)} out of KB ({time.perf_counter() - t0:.0f} s)", file=sys.stderr)
 
 
+def dump_regulations(cache: Path, out: Path, per_set: int) -> None:
+    """The formal family's set: its answerable questions, its same-domain unanswerable ones, the off-topic ones."""
+    items = load_items()
+    answerable = random.Random(SEED).sample(items.answerable, min(per_set, len(items.answerable)))
+    offtopic = load_lines(OFF_TOPIC)
+    name = REGULATIONS.name
+    t0 = time.perf_counter()
+    with tempfile.TemporaryDirectory(prefix="kbqa-gate-") as tmp:
+        engine, _ = open_copy(cache, REGULATIONS, Path(tmp) / name)
+        with open(out / f"{name}.jsonl.tmp", "w", encoding="utf-8") as f, \
+                open(out / f"{name}.raw.tmp", "w", encoding="utf-8") as raw:
+            def write(kind, qset, text, got, **extra):
+                f.write(json.dumps({"kb": name, "kind": kind, "qset": qset, "q": text, "f": got[0], **extra},
+                                   ensure_ascii=False) + "\n")
+                raw.write(json.dumps({"kind": kind, "q": text, **got[2]}, ensure_ascii=False) + "\n")
+
+            for p in PROBES:
+                write("probe", "probe", p, _with_raw(engine, p))
+            for a in answerable:
+                got = _with_raw(engine, a.question)
+                span = a.gold.span
+                write("answerable", name, a.question, got,
+                      hit1=bool(got[1]) and holds_span(got[1][0].node.get_content(), span),
+                      hit6=any(holds_span(n.node.get_content(), span) for n in got[1][:6]))
+            for q in offtopic:
+                write("out_of_kb", OFF_TOPIC_QSET, q, _with_raw(engine, q), answer_here=False)
+            for u in items.unanswerable:
+                write("unanswerable", name, u.question, _with_raw(engine, u.question))
+        engine.close()
+    (out / f"{name}.jsonl.tmp").rename(out / f"{name}.jsonl")
+    (out / f"{name}.raw.tmp").rename(out / f"{name}.raw")
+    print(f"{name}: {len(PROBES)} probes, {len(answerable)} answerable, {len(items.unanswerable)} unanswerable, "
+          f"{len(offtopic)} off-topic ({time.perf_counter() - t0:.0f} s)", file=sys.stderr)
+
+
 def main(argv=None) -> int:
     ap = command_parser("tools.eval.gate_dataset", __doc__)
     add_kb_cache(ap)
     ap.add_argument("--out", required=True, type=Path)
     ap.add_argument("--per-set", type=int, default=800, help="answerable questions sampled per set")
-    ap.add_argument("names", nargs="*", default=list(DEV_SETS))
+    ap.add_argument("names", nargs="*", default=list(DEV_SETS), help=f"default: the DEV_SETS; known: {', '.join(SETS)}")
     args = ap.parse_args(argv)
+    for name in args.names:
+        if name not in SETS:
+            ap.error(f"unknown set {name}; known: {', '.join(SETS)}")
     root = kb_cache_root(ap, args)
     args.out.mkdir(parents=True, exist_ok=True)
     questions_of = {n: load_corpus(DEV_SETS[n]).questions for n in DEV_SETS}
     for name in args.names:
-        dump_set(name, root, args.out, args.per_set, questions_of)
+        if name == REGULATIONS.name:
+            dump_regulations(root, args.out, args.per_set)
+        else:
+            dump_set(name, root, args.out, args.per_set, questions_of)
     return 0
 
 
