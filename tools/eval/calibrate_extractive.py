@@ -41,6 +41,7 @@ from pipeline.generation.sentences import Piece
 from pipeline.models.tokenize_zh import ChineseTokenizer
 from pipeline.retrieval.lexical import normalize
 from tools.eval.cli import command_parser, print_md_table, report_fit
+from tools.eval.devsets import family_of
 
 W_COS = 10.0
 GRID = {
@@ -57,15 +58,6 @@ MAX_MEAN_SENTENCES = 1.8
 NOT_FOUND_QUANTILE = 0.02
 MIN_CEILING = 0.5   # weights are fitted on the training sets whose top-1-source-hit reaches this (see fit)
 FEATURES = ("cos", "coverage", "phrase", "context", "focus", "focus_part", "offers")
-FAMILIES = {  # the kinds of text and question a deployment meets (docs/retrieval-eval.md)
-    "encyclopedic": ("cmrc_trial", "xquad_zh", "cmrc_dev_news"),
-    "web": ("dureader_dev", "dureader_train"),
-    "formal": ("regulations",),
-}
-
-
-def family_of(name: str) -> str:
-    return next((f for f, names in FAMILIES.items() if name in names), name)  # an unknown set: its own family
 
 
 @dataclass
@@ -229,7 +221,7 @@ def main(argv=None) -> int:
     ap = command_parser("tools.eval.calibrate_extractive", __doc__)
     ap.add_argument("--dumps", required=True, type=Path)
     ap.add_argument("--json", type=Path, default=None)
-    ap.add_argument("--by-family", action="store_true", help="leave out a family of sets (FAMILIES), not a set")
+    ap.add_argument("--by-family", action="store_true", help="leave out a family of sets (devsets.FAMILIES), not a set")
     ap.add_argument("--keep-weights", action="store_true",
                     help="with --by-family: the packaged e5 profile's weights, only not_found_below fitted")
     args = ap.parse_args(argv)

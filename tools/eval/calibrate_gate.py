@@ -41,7 +41,7 @@ from pipeline.retrieval.gate import INPUTS, REFUSE, WEAK, GateModel, decide, gat
 from pipeline.retrieval.gate_background import Background, summarize
 from pipeline.retrieval.gate_features import GateFeatures
 from tools.eval.cli import command_parser, print_md_table
-from tools.eval.devsets import FAMILIES
+from tools.eval.devsets import family_of
 
 FR_QUANTILE = 0.025    # refuse below the 2.5% quantile of answerable scores (the lowest over training sets)
 WEAK_QUANTILE = 0.08   # weak below the 8% quantile
@@ -161,9 +161,6 @@ def leave_one_set_out(rows: list[dict], bg: dict[str, Background]) -> dict[str, 
     return out
 
 
-def family_of(name: str) -> str:
-    """A set's family (devsets.FAMILIES); anything else (the off-topic questions' qset) is its own family."""
-    return next((f for f, names in FAMILIES.items() if name in names), name)
 
 
 def leave_one_family_out(rows: list[dict], bg: dict[str, Background], fitter=fit) -> dict[str, dict]:

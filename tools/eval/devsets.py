@@ -123,6 +123,11 @@ FAMILIES: dict[str, tuple[str, ...]] = {"encyclopedic": ("xquad_zh", "cmrc_trial
                                         "web": ("dureader_dev", "dureader_train"), "formal": ("regulations",)}
 
 
+def family_of(name: str) -> str:
+    """A set's family; any other name (a set of no family, the off-topic questions) is a family of its own."""
+    return next((f for f, names in FAMILIES.items() if name in names), name)
+
+
 def load_corpus(ds: DevSet, data: Path | None = None) -> Corpus:
     """The set's documents and questions (whole set, no limit): what its cached knowledge base holds."""
     data = data or shared_data_dir()

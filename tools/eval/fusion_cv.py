@@ -29,7 +29,7 @@ import numpy as np
 from pipeline.models.paths import PACKAGED_MODEL_ID
 from pipeline.retrieval.fusion import AUTO_FEATURES, NORMS, length_prior, query_features
 from tools.eval.cli import command_parser, write_json
-from tools.eval.devsets import FAMILIES
+from tools.eval.devsets import FAMILIES, family_of
 
 K = 10
 ALPHAS = np.round(np.linspace(0.0, 1.0, 21), 2)  # grid of BM25 shares α
@@ -389,8 +389,9 @@ def prior_grids(data: dict[str, list[Q]], norm: str, grid=None) -> dict[tuple[in
 
 def family_groups(names) -> dict[str, list[str]]:
     """The sets among `names` by family of text (devsets.FAMILIES); a set of no family is a group of its own."""
-    groups = {fam: [n for n in names if n in sets] for fam, sets in FAMILIES.items()}
-    groups |= {n: [n] for n in names if not any(n in g for g in groups.values())}
+    groups: dict[str, list[str]] = {fam: [] for fam in FAMILIES}
+    for n in names:
+        groups.setdefault(family_of(n), []).append(n)
     return {g: sets for g, sets in groups.items() if sets}
 
 
