@@ -21,6 +21,7 @@ is added to their out-of-KB rows).
 """
 from __future__ import annotations
 
+import contextlib
 import json
 import random
 import sys
@@ -95,6 +96,28 @@ def _remover(q, key_to_doc):
     return lambda n: n.node.metadata.get("doc_id") in own
 
 
+@contextlib.contextmanager
+def _dump(cache: Path, ds, out: Path):
+    """An engine on a copy of `ds`'s cached KB and `write(kind, qset, text, got, **extra)` into both dump files,
+    the probes first; the files take their final names when the block ends."""
+    name = ds.name
+    with tempfile.TemporaryDirectory(prefix="kbqa-gate-") as tmp:
+        engine, key_to_doc = open_copy(cache, ds, Path(tmp) / name)
+        with open(out / f"{name}.jsonl.tmp", "w", encoding="utf-8") as f, \
+                open(out / f"{name}.raw.tmp", "w", encoding="utf-8") as raw:
+            def write(kind, qset, text, got, **extra):
+                f.write(json.dumps({"kb": name, "kind": kind, "qset": qset, "q": text, "f": got[0], **extra},
+                                   ensure_ascii=False) + "\n")
+                raw.write(json.dumps({"kind": kind, "q": text, **got[2]}, ensure_ascii=False) + "\n")
+
+            for p in PROBES:
+                write("probe", "probe", p, _with_raw(engine, p))
+            yield engine, key_to_doc, write
+        engine.close()
+    (out / f"{name}.jsonl.tmp").rename(out / f"{name}.jsonl")
+    (out / f"{name}.raw.tmp").rename(out / f"{name}.raw")
+
+
 def dump_set(name: str, cache: Path, out: Path, per_set: int, questions_of: dict) -> None:
     rnd = random.Random(SEED)
     own = questions_of[name]
@@ -105,32 +128,19 @@ def dump_set(name: str, cache: Path, out: Path, per_set: int, questions_of: dict
         if other != name:
             others += [(other, q) for q in rnd.sample(qs, min(per_set // 4, len(qs)))]
     t0 = time.perf_counter()
-    with tempfile.TemporaryDirectory(prefix="kbqa-gate-") as tmp:
-        engine, key_to_doc = open_copy(cache, DEV_SETS[name], Path(tmp) / name)
-        with open(out / f"{name}.jsonl.tmp", "w", encoding="utf-8") as f, \
-                open(out / f"{name}.raw.tmp", "w", encoding="utf-8") as raw:
-            def write(kind, qset, text, got, **extra):
-                f.write(json.dumps({"kb": name, "kind": kind, "qset": qset, "q": text, "f": got[0], **extra},
-                                   ensure_ascii=False) + "\n")
-                raw.write(json.dumps({"kind": kind, "q": text, **got[2]}, ensure_ascii=False) + "\n")
-
-            for p in PROBES:
-                write("probe", "probe", p, _with_raw(engine, p))
-            for q in sample:
-                got = _with_raw(engine, q.text)
-                gold = gold_ids(q, key_to_doc)
-                write("answerable", name, q.text, got, hit1=bool(got[1]) and is_hit(got[1][0], q, gold),
-                      hit6=any(is_hit(n, q, gold) for n in got[1][:6]))
-            for other, q in others:
-                got = _with_raw(engine, q.text)
-                # an answer string of another set's question may still stand in this KB: flag it (not a clean negative)
-                write("out_of_kb", other, q.text, got,
-                      answer_here=any(a in n.node.get_content() for n in got[1][:6] for a in q.answers))
-            for q in removed:
-                write("gold_removed", name, q.text, _with_raw(engine, q.text, _remover(q, key_to_doc)))
-        engine.close()
-    (out / f"{name}.jsonl.tmp").rename(out / f"{name}.jsonl")
-    (out / f"{name}.raw.tmp").rename(out / f"{name}.raw")
+    with _dump(cache, DEV_SETS[name], out) as (engine, key_to_doc, write):
+        for q in sample:
+            got = _with_raw(engine, q.text)
+            gold = gold_ids(q, key_to_doc)
+            write("answerable", name, q.text, got, hit1=bool(got[1]) and is_hit(got[1][0], q, gold),
+                  hit6=any(is_hit(n, q, gold) for n in got[1][:6]))
+        for other, q in others:
+            got = _with_raw(engine, q.text)
+            # an answer string of another set's question may still stand in this KB: flag it (not a clean negative)
+            write("out_of_kb", other, q.text, got,
+                  answer_here=any(a in n.node.get_content() for n in got[1][:6] for a in q.answers))
+        for q in removed:
+            write("gold_removed", name, q.text, _with_raw(engine, q.text, _remover(q, key_to_doc)))
     print(f"{name}: {len(PROBES)} probes, {len(sample)} answerable, {len(removed)} gold removed, "
           f"{len(others)} out of KB ({time.perf_counter() - t0:.0f} s)", file=sys.stderr)
 
@@ -142,30 +152,17 @@ def dump_regulations(cache: Path, out: Path, per_set: int) -> None:
     offtopic = load_lines(OFF_TOPIC)
     name = REGULATIONS.name
     t0 = time.perf_counter()
-    with tempfile.TemporaryDirectory(prefix="kbqa-gate-") as tmp:
-        engine, _ = open_copy(cache, REGULATIONS, Path(tmp) / name)
-        with open(out / f"{name}.jsonl.tmp", "w", encoding="utf-8") as f, \
-                open(out / f"{name}.raw.tmp", "w", encoding="utf-8") as raw:
-            def write(kind, qset, text, got, **extra):
-                f.write(json.dumps({"kb": name, "kind": kind, "qset": qset, "q": text, "f": got[0], **extra},
-                                   ensure_ascii=False) + "\n")
-                raw.write(json.dumps({"kind": kind, "q": text, **got[2]}, ensure_ascii=False) + "\n")
-
-            for p in PROBES:
-                write("probe", "probe", p, _with_raw(engine, p))
-            for a in answerable:
-                got = _with_raw(engine, a.question)
-                span = a.gold.span
-                write("answerable", name, a.question, got,
-                      hit1=bool(got[1]) and holds_span(got[1][0].node.get_content(), span),
-                      hit6=any(holds_span(n.node.get_content(), span) for n in got[1][:6]))
-            for q in offtopic:
-                write("out_of_kb", OFF_TOPIC_QSET, q, _with_raw(engine, q), answer_here=False)
-            for u in items.unanswerable:
-                write("unanswerable", name, u.question, _with_raw(engine, u.question))
-        engine.close()
-    (out / f"{name}.jsonl.tmp").rename(out / f"{name}.jsonl")
-    (out / f"{name}.raw.tmp").rename(out / f"{name}.raw")
+    with _dump(cache, REGULATIONS, out) as (engine, _, write):
+        for a in answerable:
+            got = _with_raw(engine, a.question)
+            span = a.gold.span
+            write("answerable", name, a.question, got,
+                  hit1=bool(got[1]) and holds_span(got[1][0].node.get_content(), span),
+                  hit6=any(holds_span(n.node.get_content(), span) for n in got[1][:6]))
+        for q in offtopic:
+            write("out_of_kb", OFF_TOPIC_QSET, q, _with_raw(engine, q), answer_here=False)
+        for u in items.unanswerable:
+            write("unanswerable", name, u.question, _with_raw(engine, u.question))
     print(f"{name}: {len(PROBES)} probes, {len(answerable)} answerable, {len(items.unanswerable)} unanswerable, "
           f"{len(offtopic)} off-topic ({time.perf_counter() - t0:.0f} s)", file=sys.stderr)
 
