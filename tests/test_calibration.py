@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from pipeline.calibration import CalibrationProfile, generic, profile_for, read, slug
+from pipeline.calibration import CalibrationProfile, generic, profile_for, read, slug, write
 from pipeline.calibration.store import DIR_ENV, PACKAGE_DIR
 from pipeline.models.paths import PACKAGED_MODEL_ID
 from pipeline.retrieval.fusion import FusionParams
@@ -143,6 +143,17 @@ def test_calibrate_fits_a_tiny_model_and_an_engine_then_runs_on_its_profile(tmp_
     assert prof.gate.full is not None and prof.gate.band is not None  # the two-stage gate was fitted
     gen = generic()
     assert prof.gate != gen.gate and prof.floor.min_similarity != gen.floor.min_similarity
+    # --steps: a refit of one step keeps every other section as the model's profile has it (a hand-set marker in
+    # the floor survives; a whole refit would have fitted it again)
+    marked = prof.model_copy(update={"floor": prof.floor.model_copy(update={"min_similarity": 0.4321})})
+    write(marked, path)
+    again = read(calibrate(str(model), tmp_path / "kb-cache", tmp_path / "dumps", SETS, out, {"support": 4},
+                           steps=("support",)))
+    assert again.floor.min_similarity == 0.4321
+    assert (again.fusion, again.gate, again.extractive, again.about) == (prof.fusion, prof.gate, prof.extractive,
+                                                                         prof.about)
+    assert again.support.provenance.date == today and "tools.eval.calibrate" in again.support.provenance.command
+    write(prof, path)
     # an engine started on that model reads the profile's numbers
     engine = _engine(tmp_path / "data", model, out, texts=tuple(
         f"{n}公司的总部在{c}市，成立于{y}年。" for n, c, y in (("甲", "北京", 1998), ("乙", "上海", 2005))))

@@ -1,7 +1,7 @@
 """Fit every calibrated number for one embedding model and write its calibration profile — one command.
 
     python -m tools.eval.calibrate --embedding-model models/bge-small-zh-v1.5 --kb-cache /work/cache/kb \
-        --dump-dir /work/cache/calib [--sets xquad_zh,cmrc_trial,...] [--out pipeline/calibration]
+        --dump-dir /work/cache/calib [--sets xquad_zh,cmrc_trial,...] [--out pipeline/calibration] [--steps fusion,…]
 
 Writes <out>/<model slug>.json (pipeline/calibration/store.py), which the app reads at its next model load; every
 section carries its provenance (the model, the dev sets, this command, the day, the left-out metrics). The steps are
@@ -34,7 +34,7 @@ import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 
-from pipeline.calibration import CalibrationProfile, generic, slug, write
+from pipeline.calibration import CalibrationProfile, generic, profile_for, read, slug, write
 from pipeline.calibration.profile import (
     ExtractiveCalibration,
     FloorCalibration,
@@ -84,7 +84,8 @@ def _code_rev() -> str | None:
 class Run:
     """One calibration run: the model, the sets, where its caches and the draft live, the provenance it writes."""
 
-    def __init__(self, model_path: str, kb_cache: Path, dump_dir: Path, sets: list[str], command: str):
+    def __init__(self, model_path: str, kb_cache: Path, dump_dir: Path, sets: list[str], command: str,
+                 base: CalibrationProfile | None = None):
         from pipeline.models.embeddings import load_embedding
 
         self.model_path = model_path
@@ -98,10 +99,10 @@ class Run:
         self.date = datetime.date.today().isoformat()
         self.code = _code_rev()
         self.dim = load_embedding(model_path, REPO, REPO / "models").dim
-        base = generic()
-        self.profile = base.model_copy(update={
-            "embedding_model": self.model_id, "embedding_dim": self.dim,
-            "about": f"{self.model_id}: fitted by python -m tools.eval.calibrate on {', '.join(sets)}"})
+        # `base`: the model's profile whose other sections a run of some steps keeps (their about text too)
+        about = base.about if base else f"{self.model_id}: fitted by python -m tools.eval.calibrate on {', '.join(sets)}"
+        self.profile = (base or generic()).model_copy(update={
+            "embedding_model": self.model_id, "embedding_dim": self.dim, "about": about})
         self.save_draft()
 
     def provenance(self, dev_sets: list[str], left_out: dict, notes: str = "") -> Provenance:
@@ -255,23 +256,39 @@ def fit_support(run: Run, per_set: int) -> None:
                      f"fixed by design; {per_set} right and {per_set} wrong citations per set")))
 
 
+STEPS = ("fusion", "gate", "extractive", "support")  # in the order their inputs need
+FITS = {"gate": fit_gate, "extractive": fit_extractive, "support": fit_support}  # the sampled steps
+
+
 def calibrate(model_path: str, kb_cache: Path, dump_dir: Path, sets: list[str], out: Path = PACKAGE_DIR,
-              per_set: dict[str, int] | None = None, redump: bool = False, command: str | None = None) -> Path:
-    """The whole fit for one embedding model; returns the profile file written (<out>/<slug>.json)."""
+              per_set: dict[str, int] | None = None, redump: bool = False, command: str | None = None,
+              steps: tuple[str, ...] = STEPS) -> Path:
+    """The whole fit for one embedding model, or only `steps` of it; returns the profile file written
+    (<out>/<slug>.json). With only some steps, every other section stays as the model's profile in `out` (or the
+    one the app reads for it) has it; a later step reads the sections before it, so a refit of one step keeps
+    the others' numbers — and what they were fitted on — as they were."""
 
     unknown = [s for s in sets if s not in DEV_SETS]
     if unknown:
         raise ValueError(f"unknown dev set(s) {', '.join(unknown)}; known: {', '.join(DEV_SETS)}")
+    if not steps or set(steps) - set(STEPS):
+        raise ValueError(f"steps {', '.join(steps)}: each one of {', '.join(STEPS)}")
     sizes = PER_SET | (per_set or {})
     command = command or "python -m tools.eval.calibrate " + shlex.join(
         ["--embedding-model", model_path or "packaged", "--sets", ",".join(sets)])
-    run = Run(model_path, Path(kb_cache), Path(dump_dir), list(sets), command)
+    base = None
+    if tuple(steps) != STEPS:
+        model_id = embedding_model_id(model_path, REPO)
+        existing = Path(out) / f"{slug(model_id)}.json"
+        base = read(existing) if existing.is_file() else profile_for(model_id).profile
+    run = Run(model_path, Path(kb_cache), Path(dump_dir), list(sets), command, base)
     with searched_first(run.draft_dir):
         build_kbs(run)
-        fit_fusion(run, redump)
-        fit_gate(run, sizes["gate"])
-        fit_extractive(run, sizes["extractive"])
-        fit_support(run, sizes["support"])
+        for step in (s for s in STEPS if s in steps):
+            if step == "fusion":
+                fit_fusion(run, redump)
+            else:
+                FITS[step](run, sizes[step])
     path = write(CalibrationProfile.model_validate(run.profile.model_dump()), Path(out) / f"{run.slug}.json")
     print(f"calibrate: wrote {path}", file=sys.stderr)
     return path
@@ -288,6 +305,9 @@ def main(argv=None) -> int:
     ap.add_argument("--sets", default=",".join(DEV_SETS), help="comma-separated dev sets (default: all five)")
     ap.add_argument("--out", type=Path, default=PACKAGE_DIR, help="folder of the profile (default: pipeline/calibration)")
     ap.add_argument("--redump", action="store_true", help="run the fusion's retrieval dumps again even if present")
+    ap.add_argument("--steps", default=",".join(STEPS),
+                    help="comma-separated steps to fit (default: all); the other sections stay as the model's "
+                         "profile has them")
     for step, n in PER_SET.items():
         ap.add_argument(f"--{step}-per-set", type=int, default=n, help=f"questions sampled per set for the {step} fit")
     args = ap.parse_args(argv)
@@ -301,7 +321,7 @@ def main(argv=None) -> int:
         dump_dir = Path(args.dump_dir) if args.dump_dir else Path(stack.enter_context(
             tempfile.TemporaryDirectory(prefix="kbqa-calibrate-")))
         calibrate(model, root, dump_dir, [s for s in args.sets.split(",") if s], args.out, sizes, args.redump,
-                  command)
+                  command, tuple(s for s in args.steps.split(",") if s))
     return 0
 
 
