@@ -7,6 +7,7 @@ cited passage (highlighted, in view); a new version replaces the old one in answ
 from __future__ import annotations
 
 import re
+import time
 from pathlib import Path
 
 import pytest
@@ -15,6 +16,7 @@ from tests.live import LiveApp
 from tests.shared_data import NOVEL, needs
 from tests.test_knowledge_bases import CONTRACT_V1, CONTRACT_V2, MANUAL
 from tests.waiting import wait_until
+from ui.kb_tab import REFRESH_SECONDS as REFRESH_S
 
 CHROMIUM = "/usr/bin/chromium"
 ARGS = ["--no-sandbox", "--disable-gpu", "--disable-background-networking", "--disable-component-update",
@@ -83,6 +85,11 @@ def test_browser_kbs_versions_progress_viewer(tmp_path):
             # --- a long document in the default knowledge base: the bar moves --------------------------------
             page.get_by_role("tab", name="知识库").click()
             page.wait_for_selector("#kb-table", timeout=20_000)
+            # each embedding batch of the long document waits a little (the ingest's injected yield hook), so the
+            # document stays in progress over several of the table's refreshes on a fast machine too
+            ingest = engine.components.ingest
+            yield_cpu = ingest.yield_cpu
+            ingest.yield_cpu = lambda: time.sleep(REFRESH_S * 0.8)
             _upload(page, long_doc, wait_ready=False)
             seen: set[int] = set()
 
@@ -97,6 +104,7 @@ def test_browser_kbs_versions_progress_viewer(tmp_path):
                 return bool(row.count() and row.first.get_attribute("data-status") == "ready")
 
             wait_until(look, 300, 0.4, "the long document's row to read ready")
+            ingest.yield_cpu = yield_cpu
             assert len(seen) >= 2, f"progress values seen: {seen}"
 
             # --- a second knowledge base, created in the UI, with the contract -------------------------------
