@@ -4,11 +4,8 @@ from __future__ import annotations
 import logging
 import time
 
-from pipeline.engine import Engine
 from pipeline.ops.deployment import Deployment
-from store.config_store import ConfigStore
-from store.db import Database
-from tests.tiny_engine import tiny_model, wait_idle
+from tests.tiny_engine import tiny_engine, tiny_model, wait_idle
 
 LEASE_S = 2.0  # the shortest lease a deployment takes: the heartbeat renews every LEASE_S / 3
 
@@ -17,11 +14,7 @@ def test_a_finished_document_is_not_reported_as_a_lease_another_worker_took(tmp_
     """A document whose job just ended (its row deleted) must not read as "lost" to the heartbeat: the warning
     names another worker where there is none. The callback after each 就绪 is slowed past a heartbeat, so a
     renewal runs while the group's first document is finished and the second is still being written."""
-    data = tmp_path / "data"
-    db = Database(data / "app.db")
-    ConfigStore(db).save({"embedding_model_path": str(tiny_model(tmp_path / "tiny")), "min_similarity": 0.0})
-    db.close()
-    engine = Engine(data, deployment=Deployment(ingest_lease_s=LEASE_S))
+    engine = tiny_engine(tmp_path / "data", tiny_model(tmp_path / "tiny"), Deployment(ingest_lease_s=LEASE_S))
     try:
         ingest = engine.components.ingest
         seen = []

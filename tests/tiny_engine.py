@@ -8,6 +8,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from pipeline.engine import Engine
+from pipeline.ops.deployment import Deployment
 from store.config_store import ConfigStore
 from store.db import Database
 from tests.shared_data import RULES, require
@@ -19,11 +20,11 @@ def tiny_model(dir: Path) -> Path:
     return dir if (dir / "config.json").exists() else make_tiny_bert_embedding(dir)
 
 
-def tiny_engine(data: Path, model_dir: Path, **settings) -> Engine:
+def tiny_engine(data: Path, model_dir: Path, deployment: Deployment | None = None, **settings) -> Engine:
     db = Database(Path(data) / "app.db")
     ConfigStore(db).save({"embedding_model_path": str(model_dir), "min_similarity": 0.0, **settings})
     db.close()
-    return Engine(data)
+    return Engine(data, deployment=deployment)
 
 
 def real_paragraphs(path: Path = RULES, min_len: int = 40) -> list[str]:

@@ -197,7 +197,7 @@ class SegmentView:
                 continue
             idf = self.idf(df)
             total += idf
-            if any(bool(np.any(at == pos)) for at, _ in parts):
+            if any(_holds(at, pos) for at, _ in parts):
                 found += idf
         return found / total if total > 0 else 0.0
 
@@ -310,6 +310,12 @@ class SegmentDir:
         for old in ("meta.json", "chunk_ids.npy", "params.index.json", "vocab.index.json", "data.csc.index.npy",
                     "indices.csc.index.npy", "indptr.csc.index.npy", "nonoccurrence_array.index.npy"):
             (self.root / old).unlink(missing_ok=True)  # the single bm25s build of earlier releases
+
+
+def _holds(positions: np.ndarray, pos: int) -> bool:
+    """Is `pos` among these sorted score positions (a term's postings keep their segment's order)?"""
+    i = int(np.searchsorted(positions, pos))
+    return i < len(positions) and int(positions[i]) == pos
 
 
 def new_name() -> str:

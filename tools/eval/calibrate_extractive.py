@@ -40,7 +40,7 @@ from pipeline.generation.extractive import MAX_SENTENCES, PREFILTER, PickerParam
 from pipeline.generation.sentences import Piece
 from pipeline.models.tokenize_zh import ChineseTokenizer
 from pipeline.retrieval.lexical import normalize
-from tools.eval.cli import command_parser, print_md_table, report_fit
+from tools.eval.cli import command_parser, print_md_table, report_fit, write_json
 from tools.eval.devsets import family_of
 
 W_COS = 10.0
@@ -206,7 +206,7 @@ def shipped_weights() -> PickerParams:
     from pipeline.calibration import profile_for
     from pipeline.models.paths import PACKAGED_MODEL_ID
 
-    return PickerParams.from_calibration(profile_for(PACKAGED_MODEL_ID, 384).profile.extractive)
+    return PickerParams.from_calibration(profile_for(PACKAGED_MODEL_ID).profile.extractive)
 
 
 def print_table(rows: dict[str, dict]) -> None:
@@ -234,8 +234,7 @@ def main(argv=None) -> int:
             print(f"\nleft-out family {fam} (fitted on {', '.join(r['trained_on'])}): "
                   f"not_found_below={r['params']['not_found_below']:.4f}")
             print_table(r["sets"])
-        if args.json:
-            args.json.write_text(json.dumps({"leave_one_family_out": lofo}, indent=2, ensure_ascii=False))
+        write_json(args.json, {"leave_one_family_out": lofo})
         return 0
     loso = {}
     for name, d in sets.items():

@@ -40,7 +40,7 @@ import numpy as np
 from pipeline.retrieval.gate import INPUTS, REFUSE, WEAK, GateModel, decide, gate_inputs, quick_inputs
 from pipeline.retrieval.gate_background import Background, summarize
 from pipeline.retrieval.gate_features import GateFeatures
-from tools.eval.cli import command_parser, print_md_table
+from tools.eval.cli import command_parser, print_md_table, write_json
 from tools.eval.devsets import family_of
 
 FR_QUANTILE = 0.025    # refuse below the 2.5% quantile of answerable scores (the lowest over training sets)
@@ -183,7 +183,7 @@ def shipped_gate() -> tuple[GateModel, float]:
     from pipeline.calibration import profile_for
     from pipeline.models.paths import PACKAGED_MODEL_ID
 
-    profile = profile_for(PACKAGED_MODEL_ID, 384).profile
+    profile = profile_for(PACKAGED_MODEL_ID).profile
     return GateModel.from_calibration(profile.gate), profile.floor.min_similarity
 
 
@@ -220,9 +220,7 @@ def print_by_family(rows: list[dict], bg: dict[str, Background], json_path: Path
     print_table(shipped)
     print(f"\nthe packaged profile's gate with its floor (min_similarity {floor:.2f}, as the app):")
     print_table(floored)
-    if json_path:
-        json_path.write_text(json.dumps({"leave_one_family_out": lofo, "packaged": shipped,
-                                         "packaged_with_floor": floored}, indent=2, ensure_ascii=False))
+    write_json(json_path, {"leave_one_family_out": lofo, "packaged": shipped, "packaged_with_floor": floored})
 
 
 def main(argv=None) -> int:
