@@ -15,6 +15,12 @@ from pathlib import Path
 
 _WS = re.compile(r"\s+")
 
+
+def norm(text: str) -> str:
+    """Whitespace removed (\\s covers the ideographic space U+3000 the texts use after headings)."""
+    return _WS.sub("", text)
+
+
 REPO = Path(__file__).resolve().parents[2]
 
 
@@ -36,7 +42,7 @@ class Question:
         if not self.answers:
             return True
         if self.whitespace_free:
-            text = _WS.sub("", text)
+            text = norm(text)
         return any(a in text for a in self.answers)
 
 

@@ -26,7 +26,7 @@ from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from tools.eval.devsets import REPO, Corpus, DevSet, Question, load_folder, shared_data_dir
+from tools.eval.devsets import REPO, Corpus, DevSet, Question, load_folder, norm, shared_data_dir
 
 QUESTIONS = REPO / "tests" / "data" / "regulations_dev" / "questions.json"
 # its knowledge base: the 160 files uploaded as the .md files they are (tools/eval/kb_cache)
@@ -34,16 +34,10 @@ REGULATIONS = DevSet("regulations", "folder", "regulations", style="everyday que
 TYPES = ("yesno", "howlong", "howmuch", "who", "whatif", "how")
 WRITERS = ("citizen", "clerk", "shop_owner", "farmer", "doctor", "hr")
 _HEADING = re.compile(r"^(第[一二三四五六七八九十百零〇]+条)(?=[\s\u3000])", re.M)
-_WS = re.compile(r"\s+")
 
 
 def corpus_dir(data: Path | None = None) -> Path:
     return (data or shared_data_dir()) / "regulations"
-
-
-def norm(text: str) -> str:
-    """Whitespace removed (\\s covers the ideographic space U+3000 the texts use after headings)."""
-    return _WS.sub("", text)
 
 
 @dataclass(frozen=True)
