@@ -111,10 +111,15 @@ class ConversationStore(Store):
         return [_turn_dict(d) for d in rows]
 
     def recent_turns(self, conv_id: str, n: int) -> list[dict]:
-        """The last n turns, oldest first, without the bulky trace (rewrite and the answer prompt need text)."""
+        """The last n turns, oldest first, without the bulky trace (rewrite and the answer prompt need text); of
+        the sources only which document each came from and whether the answer cited it (`source_docs`)."""
         with self.db.connect() as conn:
             rows = dicts(conn.execute(select(T.turn_id, T.seq, T.question, T.rewritten, T.answer, T.route,
-                                             T.no_answer).where(T.conv_id == conv_id).order_by(T.seq.desc()).limit(n)))
+                                             T.no_answer, T.sources)
+                                      .where(T.conv_id == conv_id).order_by(T.seq.desc()).limit(n)))
+        for r in rows:
+            r["source_docs"] = [{"doc_id": s.get("doc_id"), "cited": bool(s.get("cited"))}
+                                for s in json.loads(r.pop("sources") or "[]") if isinstance(s, dict)]
         return rows[::-1]
 
     def get_turn(self, turn_id: int) -> dict | None:

@@ -40,10 +40,13 @@ class DocFilter:
     meta: tuple[tuple[str, str], ...] = ()
     date_from: date | None = None
     date_to: date | None = None
+    # these documents only: a follow-up searched within the documents its conversation's last answer cited
+    # (set by the app, not a door's filter field)
+    doc_ids: tuple[int, ...] = ()
 
     @property
     def empty(self) -> bool:
-        return not (self.tags_any or self.tags_all or self.meta or self.date_from or self.date_to)
+        return not (self.tags_any or self.tags_all or self.meta or self.date_from or self.date_to or self.doc_ids)
 
     def to_dict(self) -> dict:
         """The filter as the doors take it and the trace shows it."""
@@ -58,11 +61,15 @@ class DocFilter:
             out["date_from"] = self.date_from.isoformat()
         if self.date_to:
             out["date_to"] = self.date_to.isoformat()
+        if self.doc_ids:
+            out["doc_ids"] = list(self.doc_ids)
         return out
 
     def where(self) -> list:
         """WHERE terms on kb_document rows."""
         terms: list = []
+        if self.doc_ids:
+            terms.append(D.c.doc_id.in_([int(d) for d in self.doc_ids]))
         if self.tags_any:
             terms.append(exists().where(T.c.doc_id == D.c.doc_id, T.c.tag.in_(list(self.tags_any))))
         for tag in self.tags_all:

@@ -5,6 +5,8 @@ The engine tests run on a real engine (packaged embedding, Chroma, BM25) with on
 """
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 from pipeline.conversation.service import ConversationService, conversation_markdown
@@ -209,3 +211,61 @@ def test_direct_with_an_llm_streams_a_short_reply_without_citations(engine, fake
         assert next(d for t, d in evs if t == "sources") == {"sources": []} and engine.retrieval_calls == calls
     finally:
         models.llm = old_llm
+
+
+# --- a follow-up searched within the documents the last answer cited ------------------------------------------
+REGULATIONS = Path(__file__).resolve().parents[2] / "shared" / "data" / "regulations"
+REG_FILES = ["禁止传销条例(2005-08-23).md", "婚姻登记条例(2003-08-08).md", "旅行社条例(2020-11-29).md",
+             "现金管理暂行条例(2011-01-08).md", "征信业管理条例(2013-01-21).md", "物业管理条例(2018-03-19).md"]
+
+
+@pytest.fixture(scope="module")
+def reg_engine(tmp_path_factory):
+    """Six real regulations (../shared/data/regulations, used in place), the packaged e5, no LLM."""
+    from pipeline.engine import Engine
+
+    e = Engine(tmp_path_factory.mktemp("reg"), load_async=False)
+    res = e.upload([(name, REGULATIONS / name) for name in REG_FILES])
+    assert all(r.ok for r in res), res
+    assert e.wait_idle(600)
+    yield e
+    e.close()
+
+
+@pytest.mark.slow
+def test_follow_up_is_searched_within_the_cited_documents(reg_engine):
+    e = reg_engine
+    first = e.ask_sync("被朋友拉去参加了传销，我只是参加的人，会罚多少？")
+    cited = {s["doc_id"] for s in first["sources"] if s["cited"]}
+    assert cited and {s["doc_name"] for s in first["sources"] if s["cited"]} == {"禁止传销条例(2005-08-23).md"}
+    conv = first["conversation_id"]
+    follow = e.ask_sync("那组织的头目呢？", conversation_id=conv)
+    trace = follow["trace"]
+    assert trace["query"]["kind"] == "marker" and trace["filter"] == {"doc_ids": sorted(cited),
+                                                                      "doc_names": ["禁止传销条例(2005-08-23).md"]}
+    from ui.render import render_trace
+    assert "追问：上一轮回答引用的文档 《禁止传销条例(2005-08-23).md》" in render_trace(trace)
+    assert "within_cited_docs" in trace["ms"]
+    assert {s["doc_id"] for s in follow["sources"]} <= cited
+    assert any("组织策划传销的" in s["text"] for s in follow["sources"])  # article 24 on the organisers
+    # taken for a follow-up by the rules (no topic word they know) but about something else: none of its own
+    # words is in the cited document's passages, so it is searched everywhere as any question, and refused
+    other = e.ask_sync("拍照怎么构图好看", conversation_id=conv)
+    assert other["trace"]["query"]["kind"] == "no_topic" and not other["trace"].get("filter")
+    assert other["sources"] == [] and e.ask_sync("拍照怎么构图好看")["sources"] == []
+    # a standalone question in the same conversation is searched everywhere
+    alone = e.ask_sync("结婚登记要去哪里办理？", conversation_id=conv)
+    assert not alone["trace"].get("filter") and alone["sources"][0]["doc_name"] == "婚姻登记条例(2003-08-08).md"
+
+
+@pytest.mark.slow
+def test_the_setting_off_searches_a_follow_up_everywhere(reg_engine):
+    e = reg_engine
+    e.update_settings({"follow_up_in_cited_docs": False})
+    try:
+        first = e.ask_sync("被朋友拉去参加了传销，我只是参加的人，会罚多少？")
+        follow = e.ask_sync("那组织的头目呢？", conversation_id=first["conversation_id"])
+        assert follow["trace"]["query"]["kind"] == "marker" and not follow["trace"].get("filter")
+        assert "within_cited_docs" not in follow["trace"]["ms"]
+    finally:
+        e.update_settings({"follow_up_in_cited_docs": True})

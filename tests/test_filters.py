@@ -320,6 +320,9 @@ def test_filter_sql_on_both_dialects(dialect_db):
     assert allowed(meta=(("version", "x"),)) == set()
     assert allowed(date_from=date(2025, 3, 15), date_to=date(2025, 3, 15)) == {ids[0]}
     assert allowed(date_from=date(2025, 3, 16)) == {ids[1], ids[2]}
+    assert allowed(doc_ids=(ids[1], ids[2])) == {ids[1], ids[2]}  # a follow-up's cited documents
+    assert allowed(doc_ids=(ids[1],), tags_any=("甲",)) == {ids[1]} and allowed(doc_ids=(ids[2],), tags_any=("甲",)) == set()
+    assert not DocFilter(doc_ids=(ids[1],)).empty and DocFilter(doc_ids=(5,)).to_dict() == {"doc_ids": [5]}
     assert tags.allowed([1], DocFilter(tags_any=("甲",)))[1] == 2  # their chunk count
     assert tags.tags_in_use([1]) == [{"tag": "乙", "docs": 1}, {"tag": "甲", "docs": 2}]
     assert tags.auto(ids[0]) == {"file_type": "pdf", "version": 1, "pages": 3, "uploaded": "2025-03-15"}

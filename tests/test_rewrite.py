@@ -6,7 +6,7 @@ import time
 
 import pytest
 
-from pipeline.conversation.rewrite import DeterministicRewriter, LLMRewriter, previous_query
+from pipeline.conversation.rewrite import DeterministicRewriter, LLMRewriter, Rewrite, previous_docs, previous_query
 from tests.test_router import cmrc_questions
 
 
@@ -69,6 +69,27 @@ def test_chain_carries_the_topic_and_skips_chitchat_turns(rules):
     history.append(turn("谢谢", None, "不客气", route="DIRECT"))
     assert previous_query(history) == "行政诉讼监督规则第十六条"
     assert rules.rewrite("第十七条呢？", history).query == "行政诉讼监督规则第十七条"
+
+
+def test_previous_docs_are_the_cited_documents_of_the_last_knowledge_turn():
+    def src(doc, cited):
+        return {"doc_id": doc, "cited": cited}
+    cited = {**turn("甲方的违约责任？"), "source_docs": [src(3, False), src(7, True), src(5, True), src(7, True)]}
+    uncited = {**turn("乙方呢？"), "source_docs": [src(4, False), src(4, False), src(9, False)]}
+    chat = {**turn("谢谢", None, "不客气", route="DIRECT"), "source_docs": []}
+    assert previous_docs([cited]) == [7, 5]  # cited ones, in source order, once each
+    assert previous_docs([cited, uncited]) == [4, 9]  # none cited (a weak answer): all its sources' documents
+    assert previous_docs([cited, chat]) == [7, 5]  # chit-chat carries no documents
+    assert previous_docs([uncited, {**turn("问"), "source_docs": []}]) == []  # the last answer was a refusal
+    assert previous_docs([turn("客户端自带的历史")]) == [] and previous_docs([]) == []
+
+
+def test_follows_up_is_the_rules_flag_or_a_changed_llm_rewrite():
+    assert Rewrite("采购合同里乙方的违约责任", "那乙方呢？", "deterministic", "marker").follows_up
+    assert not Rewrite("采购合同一式几份？", "采购合同一式几份？", "none").follows_up
+    assert Rewrite("采购合同的质保期", "质保期呢？", "llm").follows_up
+    assert not Rewrite("采购合同一式几份？", "采购合同一式几份？", "llm").follows_up
+    assert Rewrite("采购合同里乙方", "那乙方呢？", "llm_fallback", "marker").follows_up
 
 
 # --- the LLM rewrite --------------------------------------------------------------------------------

@@ -128,7 +128,7 @@ def render_columns(result: dict, top_k: int) -> tuple[str, str, str]:
 
 def _ms_text(ms: dict | None) -> str:
     labels = {"embed": "向量化", "bm25": "BM25", "vector": "向量检索", "rrf": "RRF 融合", "fusion": "融合",
-              "filter": "文档筛选", "total": "合计"}
+              "filter": "文档筛选", "within_cited_docs": "追问文档内检索", "total": "合计"}
     parts = [f"{labels.get(k, k)} {fmt_num(v, 1)} ms" for k, v in (ms or {}).items()]
     return " · ".join(parts)
 

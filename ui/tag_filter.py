@@ -84,6 +84,9 @@ def describe_filter(flt: dict | None) -> str:
     if not flt:
         return ""
     parts = []
+    if flt.get("doc_ids"):  # a follow-up searched within the documents the last answer cited
+        names = flt.get("doc_names") or [f"#{d}" for d in flt["doc_ids"]]
+        parts.append("追问：上一轮回答引用的文档 " + "、".join(f"《{n}》" for n in names))
     if flt.get("tags_any"):
         parts.append("任一标签：" + "、".join(flt["tags_any"]))
     if flt.get("tags_all"):

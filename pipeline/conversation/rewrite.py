@@ -67,6 +67,11 @@ class Rewrite:
     def changed(self) -> bool:
         return self.query != self.original
 
+    @property
+    def follows_up(self) -> bool:
+        """Leans on the earlier turns: the rules flagged it, or an LLM completed it."""
+        return self.kind is not None or (self.method == "llm" and self.changed)
+
     def to_dict(self) -> dict:
         return {"original": self.original, "query": self.query, "changed": self.changed, "method": self.method,
                 "kind": self.kind, "note": self.note}
@@ -81,6 +86,18 @@ def previous_query(history: Sequence[dict]) -> str | None:
         if q:
             return q
     return None
+
+
+def previous_docs(history: Sequence[dict]) -> list[int]:
+    """The documents the last knowledge turn's answer rests on: those it cited, else all its sources' (in source
+    order, once each); [] when it had none (a refusal) or the history carries no sources (a client's own)."""
+    for t in reversed(list(history or [])):
+        if (t.get("route") or "") == "DIRECT":
+            continue
+        src = [s for s in t.get("source_docs") or [] if s.get("doc_id") is not None]
+        chosen = [s for s in src if s.get("cited")] or src
+        return list(dict.fromkeys(int(s["doc_id"]) for s in chosen))
+    return []
 
 
 def _is_verb(word: str) -> bool:

@@ -6,17 +6,18 @@ import logging
 import time
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import closing, nullcontext
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
 from pipeline import events as ev
 from pipeline.access.kb_readers import Reader
 from pipeline.conversation.direct import direct_reply
-from pipeline.conversation.rewrite import Rewrite
+from pipeline.conversation.rewrite import Rewrite, previous_docs, previous_query
 from pipeline.conversation.router import DIRECT, Route
 from pipeline.conversation.service import HISTORY_TURNS, TurnRecorder
 from pipeline.errors import CODE_ENGINE, CODE_LLM, CODE_VALIDATION, EngineError
 from pipeline.retrieval.doc_filter import DocFilter, parse_filter
+from pipeline.retrieval.lexical import content_terms, normalize
 from pipeline.retrieval.result import RetrievalResult
 from pipeline.services.audit_log import Actor, AuditLog
 from pipeline.services.knowledge_bases import KnowledgeBaseService
@@ -179,13 +180,51 @@ class AnswerService:
         yield ev.sources([])
         yield ev.done((time.perf_counter() - t0) * 1000, no_answer=False, mode=mode)
 
-    def _recall(self, query: str, s: Settings, scope: list[int], flt: DocFilter | None) -> RetrievalResult:
+    def _recall(self, query: str, s: Settings, scope: list[int], flt: DocFilter | None,
+                rw: Rewrite | None = None, history: Sequence[dict] = ()) -> RetrievalResult:
         """Retrieval and the gate on the question alone, then — only for a question the gate lets through — the
         LLM's multi-query and a retrieval with its phrasings. Privacy and cost: a question the gate refuses is
-        answered with the fixed refusal and never reaches an LLM (README, the SRS's no-answer rule)."""
+        answered with the fixed refusal and never reaches an LLM (README, the SRS's no-answer rule).
+        A follow-up is searched first within the documents the last answer cited (`_within_cited`)."""
         res = self.c.retrieval.recall_stage(query, s, scope, flt)
+        if rw is not None and rw.follows_up and (not res.hit or res.weak):
+            res = self._within_cited(rw, s, scope, flt, history, strong=res.hit) or res
         if res.hit and self.c.models.expander is not None and s.llm_multi_query:
             res = self._expanded(res, s, scope, flt)
+        return res
+
+    def _within_cited(self, rw: Rewrite, s: Settings, scope: list[int], flt: DocFilter | None,
+                      history: Sequence[dict], strong: bool = False) -> RetrievalResult | None:
+        """A follow-up searched within the documents the last answer cited: as rewritten, then (when the gate does
+        not let that through) with the last turn's query in front of it; None (search everything, as for any
+        question) unless the gate lets one through there and its sources hold at least one of the follow-up's own
+        content words (when it has any).
+
+        A follow-up asks about the document of the answer before far more often than not (「那组织的头目呢？」
+        after a question on 《禁止传销条例》's fines), and alone, or rewritten by the rules, it shares too few words
+        with anything for the gate. Within that document and with the last query's words, the article that
+        answers it is found; the word check keeps a question the rules took for a follow-up but which is about
+        something else (「拍照怎么构图好看」: no topic word the rules know) from being answered with the last
+        document (docs/conversations.md)."""
+        docs = previous_docs(history) if s.follow_up_in_cited_docs else []
+        if not docs:
+            return None
+        t0 = time.perf_counter()
+        narrowed = replace(flt or DocFilter(), doc_ids=tuple(docs))
+        own = content_terms(self.c.tokenizer(rw.original))
+        res = None
+        for query in dict.fromkeys((rw.query, f"{previous_query(history) or ''} {rw.query}".strip())):
+            got = self.c.retrieval.recall_stage(query, s, scope, narrowed)
+            texts = [normalize(n.node.get_content()) for n in got.fused[:s.final_top_k]]
+            if got.hit and not (strong and got.weak) and (not own or any(w in t for w in own for t in texts)):
+                res = got
+                break
+        if res is None:
+            log.debug("follow-up not answered within the cited documents %s", docs)
+            return None
+        res.ms["within_cited_docs"] = (time.perf_counter() - t0) * 1000
+        names = {n.node.metadata.get("doc_id"): n.node.metadata.get("doc_name") for n in res.fused}
+        res.doc_filter = {**(res.doc_filter or {}), "doc_names": [names[d] for d in docs if names.get(d)]}
         return res
 
     def _expanded(self, first: RetrievalResult, s: Settings, scope: list[int],
@@ -213,7 +252,7 @@ class AnswerService:
             try:
                 yield ev.stage("recall")
                 rw = c.models.rewriter.rewrite(question, history) if history else Rewrite(question, question, "none")
-                res = self._recall(rw.query, s, scope, flt)
+                res = self._recall(rw.query, s, scope, flt, rw, history)
                 yield ev.stage("rerank")
                 res = c.retrieval.rerank_stage(res, s)  # LIGHT has no reranker: the stage reports skipped
             except Exception as exc:
