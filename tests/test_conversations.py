@@ -246,6 +246,8 @@ def test_follow_up_is_searched_within_the_cited_documents(reg_engine):
     from ui.render import render_trace
     assert "追问：上一轮回答引用的文档 《禁止传销条例(2005-08-23).md》" in render_trace(trace)
     assert "within_cited_docs" in trace["ms"]
+    searched_everywhere = e.ask_sync(trace["query"]["query"])  # what the whole KB gives the rewritten follow-up
+    assert not searched_everywhere["sources"] or searched_everywhere["weak"]
     assert {s["doc_id"] for s in follow["sources"]} <= cited
     assert any("组织策划传销的" in s["text"] for s in follow["sources"])  # article 24 on the organisers
     # taken for a follow-up by the rules (no topic word they know) but about something else: none of its own
