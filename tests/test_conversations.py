@@ -5,14 +5,13 @@ The engine tests run on a real engine (packaged embedding, Chroma, BM25) with on
 """
 from __future__ import annotations
 
-from pathlib import Path
-
 import pytest
 
 from pipeline.conversation.service import ConversationService, conversation_markdown
 from pipeline.errors import CODE_FORBIDDEN, CODE_NO_DOC, CODE_VALIDATION, EngineError
 from store.conversations import ConversationStore, title_from
 from store.db import Database
+from tests.shared_data import DATA
 from tests.test_ui_chat import KB_NAME, QUESTION, make_engine
 
 # Marked slow: tests on the `engine` fixture — the packaged e5 model (real quality, minutes on 2 cores).
@@ -214,7 +213,7 @@ def test_direct_with_an_llm_streams_a_short_reply_without_citations(engine, fake
 
 
 # --- a follow-up searched within the documents the last answer cited ------------------------------------------
-REGULATIONS = Path(__file__).resolve().parents[2] / "shared" / "data" / "regulations"
+REGULATIONS = DATA / "regulations"
 REG_FILES = ["禁止传销条例(2005-08-23).md", "婚姻登记条例(2003-08-08).md", "旅行社条例(2020-11-29).md",
              "现金管理暂行条例(2011-01-08).md", "征信业管理条例(2013-01-21).md", "物业管理条例(2018-03-19).md"]
 
