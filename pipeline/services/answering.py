@@ -185,10 +185,13 @@ class AnswerService:
         """Retrieval and the gate on the question alone, then — only for a question the gate lets through — the
         LLM's multi-query and a retrieval with its phrasings. Privacy and cost: a question the gate refuses is
         answered with the fixed refusal and never reaches an LLM (README, the SRS's no-answer rule).
-        A follow-up is searched first within the documents the last answer cited (`_within_cited`)."""
+        A follow-up the gate refuses or finds only weak evidence for is searched again within the documents the
+        last answer cited (`_within_cited`); its result replaces the first one only when it passes there."""
         res = self.c.retrieval.recall_stage(query, s, scope, flt)
-        if rw is not None and rw.follows_up and (not res.hit or res.weak):
+        if rw is not None and rw.follows_up and s.follow_up_in_cited_docs and (not res.hit or res.weak):
+            t0 = time.perf_counter()
             res = self._within_cited(rw, s, scope, flt, history, strong=res.hit) or res
+            res.ms.setdefault("within_cited_docs", (time.perf_counter() - t0) * 1000)  # tried, kept or not
         if res.hit and self.c.models.expander is not None and s.llm_multi_query:
             res = self._expanded(res, s, scope, flt)
         return res
@@ -206,10 +209,9 @@ class AnswerService:
         answers it is found; the word check keeps a question the rules took for a follow-up but which is about
         something else (「拍照怎么构图好看」: no topic word the rules know) from being answered with the last
         document (docs/conversations.md)."""
-        docs = previous_docs(history) if s.follow_up_in_cited_docs else []
+        docs = previous_docs(history)
         if not docs:
             return None
-        t0 = time.perf_counter()
         narrowed = replace(flt or DocFilter(), doc_ids=tuple(docs))
         own = content_terms(self.c.tokenizer(rw.original))
         res = None
@@ -222,7 +224,6 @@ class AnswerService:
         if res is None:
             log.debug("follow-up not answered within the cited documents %s", docs)
             return None
-        res.ms["within_cited_docs"] = (time.perf_counter() - t0) * 1000
         names = {n.node.metadata.get("doc_id"): n.node.metadata.get("doc_name") for n in res.fused}
         res.doc_filter = {**(res.doc_filter or {}), "doc_names": [names[d] for d in docs if names.get(d)]}
         return res
