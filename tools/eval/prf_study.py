@@ -38,6 +38,7 @@ from tools.eval.fusion_cv import ALPHAS, Fitted, Q, load_dump
 
 K = 10
 RECALL = 50
+NEAREST = 8  # vocabulary neighbours looked up per question word (the variants keep at most n of them ≥ τ)
 K1, B = 1.5, 0.75  # Settings.bm25_k1 / bm25_b (the cached KBs' BM25)
 PRIORS = fusion_cv.PRIOR_GRID
 _WORD = re.compile(r"\w")
@@ -67,6 +68,7 @@ class SetData:
     vlist: list[list[tuple[int, float]]]  # the vector route's top-50 (chunk id, cosine), from the dump
     dump_rows: list[dict]
     _tf: dict = field(default_factory=dict)
+    _near: dict = field(default_factory=dict)
     vocab: list = field(default_factory=list)
     vocab_vec: np.ndarray | None = None
     term_vec: dict = field(default_factory=dict)
@@ -76,6 +78,20 @@ class SetData:
         got = self._tf.get(p)
         if got is None:
             got = self._tf[p] = Counter(self.tokens[p])
+        return got
+
+    def nearest(self, term: str, k: int) -> list[tuple[str, float]]:
+        """The `k` vocabulary terms nearest to `term` (cosine of the e5 term vectors), best first; cached."""
+        got = self._near.get(term)
+        if got is None:
+            vec = self.term_vec.get(term)
+            if vec is None:
+                got = []
+            else:
+                sims = self.vocab_vec @ vec
+                top = np.argpartition(-sims, k)[:k]
+                got = [(self.vocab[i], float(sims[i])) for i in sorted(top.tolist(), key=lambda i: -float(sims[i]))]
+            self._near[term] = got
         return got
 
     def pos(self, cid: int) -> int:
@@ -251,14 +267,8 @@ def neighbours(d: SetData, tokens: list[str], v: NbVariant) -> tuple[dict[str, f
     for t in content_terms(tokens):
         if v.scope == "unseen" and d.view.doc_freq(t) > 0:
             continue
-        vec = d.term_vec.get(t)
-        if vec is None:
-            continue
-        sims = d.vocab_vec @ vec
-        top = np.argpartition(-sims, v.n + 1)[:v.n + 1]
-        top = sorted(top.tolist(), key=lambda i: -float(sims[i]))
-        got = [(d.vocab[i], float(sims[i])) for i in top if sims[i] >= v.tau and d.vocab[i] != t
-               and d.vocab[i] not in w][:v.n]
+        near = d.nearest(t, NEAREST)
+        got = [(term, c) for term, c in near if c >= v.tau and term != t and term not in w][:v.n]
         for term, _ in got:
             out[term] = out.get(term, 0.0) + v.mu * w[t]
         if got:
@@ -358,8 +368,8 @@ def kept_alpha(data: dict[str, list[Q]], fits: dict[str, Fitted]) -> dict:
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(prog="python -m tools.eval.prf_study", description=__doc__)
-    ap.add_argument("--packs", required=True)
-    ap.add_argument("--dumps", required=True)
+    ap.add_argument("--packs", default=None)
+    ap.add_argument("--dumps", default=None)
     ap.add_argument("--sets", default="xquad_zh,cmrc_trial,cmrc_dev_news,dureader_dev,dureader_train,regulations")
     ap.add_argument("--grid", default="small", help="small | full")
     ap.add_argument("--json", default=None)
@@ -367,7 +377,12 @@ def main(argv=None) -> int:
     ap.add_argument("--no-refit", action="store_true",
                     help="score only with each fold's fusion fitted on the unexpanded dumps (no refit)")
     ap.add_argument("--family", default="rm3,fused,nb", help="which variant families to run: rm3, fused, nb")
+    ap.add_argument("--report", default=None, help="print the tables of an earlier run's --json (no re-scoring)")
     args = ap.parse_args(argv)
+    if args.report:
+        got = json.loads(Path(args.report).read_text(encoding="utf-8"))
+        report(got["results"], args.sets.split(","), got["shown"], None)
+        return 0
     tok = ChineseTokenizer()
     t0 = time.perf_counter()
     sets = {n: load_set(n, Path(args.packs), Path(args.dumps), tok) for n in args.sets.split(",")}
@@ -435,7 +450,7 @@ def main(argv=None) -> int:
             f"{res['cv'][fam_of(n)]['scores'][n][0]:.4f}/{res['cv'][fam_of(n)]['scores'][n][1]:.4f} kept "
             f"{res['kept'][fam_of(n)]['scores'][n][0]:.4f}/{res['kept'][fam_of(n)]['scores'][n][1]:.4f}"
             for n, r in res["routes"].items()), file=sys.stderr)
-    report(results, list(sets), shown_examples, args.json)
+    report(plain(results), list(sets), shown_examples, args.json)
     return 0
 
 
@@ -450,9 +465,40 @@ def gain(res: dict, none: dict, fam: str, sets: list[str], mode: str) -> float:
                                  (res[mode][fam]["scores"][s][1] - none[mode][fam]["scores"][s][1])) for s in sets]))
 
 
+def plain(results: dict) -> dict:
+    return {k: {"routes": r["routes"],
+                **{mode: {f: {"scores": c["scores"], "coefs": c["fit"].coefs, "prior": list(c["fit"].prior)}
+                          for f, c in r[mode].items()} for mode in ("cv", "kept")}}
+            for k, r in results.items()}
+
+
 def report(results: dict, sets: list[str], shown: dict, json_out: str | None) -> None:
+    """`results`: variant → {"routes", "cv", "kept"} as `plain` writes them."""
     none = results["none"]
     keys = [k for k in results if k != "none"]
+    print("\n## every variant, condensed: regulations (formal) BM25 route MRR@10 / Hit@1 · union top-10 / top-50 · "
+          "fused left out refitted · kept; the other families' worst set ΔMRR@10 / ΔHit@1 of the fused ranking "
+          "left out (points; refitted · kept)")
+    print("| variant | formal BM25 | formal union | formal fused refit | formal fused kept | encyclopedic worst Δ "
+          "refit · kept | web worst Δ refit · kept |\n|---|---|---|---|---|---|---|")
+
+    def worst(k: str, fam: str, mode: str) -> str:
+        d = [(100 * (results[k][mode][fam]["scores"][s][0] - none[mode][fam]["scores"][s][0]),
+              100 * (results[k][mode][fam]["scores"][s][1] - none[mode][fam]["scores"][s][1]))
+             for s in FAMILIES[fam] if s in sets]
+        return f"{min(x for x, _ in d):+.2f} / {min(y for _, y in d):+.2f}"
+
+    for k in ["none", *keys]:
+        r = results[k]
+        if "regulations" in sets:
+            ro = r["routes"]["regulations"]
+            f, g = r["cv"]["formal"]["scores"]["regulations"], r["kept"]["formal"]["scores"]["regulations"]
+            cells = [f"{ro['bm25_mrr']:.4f} / {ro['bm25_h1']:.4f}", f"{ro['union10']:.3f} / {ro['union50']:.3f}",
+                     f"{f[0]:.4f} / {f[1]:.4f}", f"{g[0]:.4f} / {g[1]:.4f}"]
+        else:
+            cells = ["–"] * 4
+        cells += [f"{worst(k, fam, 'cv')} · {worst(k, fam, 'kept')}" for fam in ("encyclopedic", "web")]
+        print(f"| {k} | " + " | ".join(cells) + " |")
     print("\n## every variant: per set, BM25 route MRR@10 / Hit@1 · union recall top-10 / top-50 · fused left out "
           "MRR@10 / Hit@1 (α refitted by family) · fused left out (the fold's unexpanded fit kept)")
     print("| variant | " + " | ".join(sets) + " |\n|---|" + "---|" * len(sets))
@@ -490,11 +536,7 @@ def report(results: dict, sets: list[str], shown: dict, json_out: str | None) ->
         if k in shown:
             print(f"{k}: {shown[k][:1]}")
     if json_out:
-        plain = {k: {"routes": r["routes"],
-                     **{mode: {f: {"scores": c["scores"], "coefs": c["fit"].coefs, "prior": list(c["fit"].prior)}
-                               for f, c in r[mode].items()} for mode in ("cv", "kept")}}
-                 for k, r in results.items()}
-        Path(json_out).write_text(json.dumps({"results": plain, "chosen": chosen, "shown": shown},
+        Path(json_out).write_text(json.dumps({"results": results, "chosen": chosen, "shown": shown},
                                              ensure_ascii=False, indent=1), encoding="utf-8")
 
 
