@@ -2,7 +2,10 @@
 query-expansion variant needs to be re-scored without an engine — every chunk's stored BM25 tokens, text, document
 and stored vector, every question's query vector and gold — read from a copy of the cached knowledge base.
 
-    python -m tools.eval.prf_pack --kb-cache /work/cache/kb --out DIR [NAME ...]
+    python -m tools.eval.prf_pack --kb-cache /work/cache/kb --out DIR [--terms] [NAME ...]
+
+With --terms also each KB's vocabulary (Chinese terms of ≥ 2 characters in ≥ 2 chunks) and the questions' other
+content words, embedded once as queries (`NAME.terms.pkl`: the vocabulary-neighbour variants of prf_study).
 
 The cached KB is copied (its app.db and chroma/) to a temp dir and read there; the cache is never written. Query
 vectors come from the packaged embedding model, as the engine embeds a question.

@@ -4,11 +4,13 @@ question's words in the knowledge base's own vocabulary — re-scored over study
 the candidate dumps of today's pipeline (`evaluate --dump`), then the fusion refitted by family on the expanded
 BM25 scores (tools/eval/fusion_cv.py's procedure).
 
-    python -m tools.eval.prf_study --packs DIR --dumps DIR [--json OUT] [--variants A,B,...]
+    python -m tools.eval.prf_study --packs DIR --dumps DIR [--json OUT] [--family rm3,fused,nb] [--no-refit]
+    python -m tools.eval.prf_study --report OUT     (the tables of an earlier run's --json)
 
 Per variant and per set: the BM25 route's MRR@10 / Hit@1 with the expanded query, the union's recall (gold in
 BM25 top-k ∪ vector top-k, k = 10 / 50), and the fused ranking left out by family (the α model and fragment prior
-fitted on the other two families' expanded dumps). A variant's parameters are chosen per left-out family on the two
+fitted on the other two families' expanded dumps — "refit" — and, "kept", the fold's fit on the unexpanded dumps
+applied as it is). A variant's parameters are chosen per left-out family on the two
 other families (in sample there: the fold's fit scored on its own training sets), the objective being the mean over
 the training sets of ½(ΔMRR@10 + ΔHit@1) of the fused ranking against no expansion.
 """
@@ -371,7 +373,6 @@ def main(argv=None) -> int:
     ap.add_argument("--packs", default=None)
     ap.add_argument("--dumps", default=None)
     ap.add_argument("--sets", default="xquad_zh,cmrc_trial,cmrc_dev_news,dureader_dev,dureader_train,regulations")
-    ap.add_argument("--grid", default="small", help="small | full")
     ap.add_argument("--json", default=None)
     ap.add_argument("--check", action="store_true", help="only check the rebuilt baseline against the dumps")
     ap.add_argument("--no-refit", action="store_true",
