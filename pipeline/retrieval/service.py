@@ -212,15 +212,18 @@ class RetrievalService:
             out.update(stored_cosines(kb.vectors.collection, query_embedding, missing, others))  # today's collection
         return out
 
-    def recall_stage(self, query: str, s: Settings, kb_ids=None, doc_filter: DocFilter | None = None) -> RetrievalResult:
+    def recall_stage(self, query: str, s: Settings, kb_ids=None, doc_filter: DocFilter | None = None,
+                     query_embedding=None) -> RetrievalResult:
         """Both routes + fusion + the no-answer gate on the query alone (the answer stream reports it as stage
         "recall"). Nothing here calls an LLM: a question the gate refuses is never sent to one."""
         with self.questions.computing():
-            return self._recall_stage(query, s, kb_ids, doc_filter)
+            return self._recall_stage(query, s, kb_ids, doc_filter, query_embedding)
 
-    def _recall_stage(self, query: str, s: Settings, kb_ids=None, doc_filter: DocFilter | None = None) -> RetrievalResult:
+    def _recall_stage(self, query: str, s: Settings, kb_ids=None, doc_filter: DocFilter | None = None,
+                      query_embedding=None) -> RetrievalResult:
         t_start = time.perf_counter()
-        bundle, fusion, embed_ms = self.recall(query, s, kb_ids=kb_ids, doc_filter=doc_filter)
+        bundle, fusion, embed_ms = self.recall(query, s, kb_ids=kb_ids, doc_filter=doc_filter,
+                                               query_embedding=query_embedding)
         res = self._result(query, s, bundle, fusion, embed_ms, t_start, doc_filter)
         # Gate (F3-4): refuse (no LLM call downstream) / weak evidence / answer — pipeline/retrieval/gate.py
         t_g = time.perf_counter()

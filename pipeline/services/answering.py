@@ -190,18 +190,19 @@ class AnswerService:
         res = self.c.retrieval.recall_stage(query, s, scope, flt)
         if rw is not None and rw.follows_up and s.follow_up_in_cited_docs and (not res.hit or res.weak):
             t0 = time.perf_counter()
-            res = self._within_cited(rw, s, scope, flt, history, strong=res.hit) or res
+            res = self._within_cited(rw, s, scope, flt, history, res) or res
             res.ms.setdefault("within_cited_docs", (time.perf_counter() - t0) * 1000)  # tried, kept or not
         if res.hit and self.c.models.expander is not None and s.llm_multi_query:
             res = self._expanded(res, s, scope, flt)
         return res
 
     def _within_cited(self, rw: Rewrite, s: Settings, scope: list[int], flt: DocFilter | None,
-                      history: Sequence[dict], strong: bool = False) -> RetrievalResult | None:
+                      history: Sequence[dict], first: RetrievalResult) -> RetrievalResult | None:
         """A follow-up searched within the documents the last answer cited: as rewritten, then (when the gate does
         not let that through) with the last turn's query in front of it; None (search everything, as for any
         question) unless the gate lets one through there and its sources hold at least one of the follow-up's own
-        content words (when it has any).
+        content words (when it has any). `first`: the search of the whole scope (weak: only strong evidence here
+        replaces it; its query vector is reused for the same query).
 
         A follow-up asks about the document of the answer before far more often than not (「那组织的头目呢？」
         after a question on 《禁止传销条例》's fines), and alone, or rewritten by the rules, it shares too few words
@@ -216,9 +217,10 @@ class AnswerService:
         own = content_terms(self.c.tokenizer(rw.original))
         res = None
         for query in dict.fromkeys((rw.query, f"{previous_query(history) or ''} {rw.query}".strip())):
-            got = self.c.retrieval.recall_stage(query, s, scope, narrowed)
+            got = self.c.retrieval.recall_stage(query, s, scope, narrowed,
+                                                query_embedding=first.query_embedding if query == first.query else None)
             texts = [normalize(n.node.get_content()) for n in got.fused[:s.final_top_k]]
-            if got.hit and not (strong and got.weak) and (not own or any(w in t for w in own for t in texts)):
+            if got.hit and not (first.hit and got.weak) and (not own or any(w in t for w in own for t in texts)):
                 res = got
                 break
         if res is None:

@@ -35,7 +35,7 @@ from pipeline.retrieval.bm25_segments import Segment
 from pipeline.retrieval.fusion import NORMS, length_prior, query_features
 from pipeline.retrieval.lexical import STOPWORDS, content_terms
 from tools.eval import fusion_cv
-from tools.eval.devsets import FAMILIES, norm
+from tools.eval.devsets import FAMILIES, family_of, norm
 from tools.eval.fusion_cv import ALPHAS, Fitted, Q, load_dump
 
 K = 10
@@ -448,15 +448,11 @@ def main(argv=None) -> int:
         results[v.key] = res
         print(f"# {v.key}: {time.perf_counter() - t1:.0f} s; " + "; ".join(
             f"{n} bm25 {r['bm25_mrr']:.4f} u10 {r['union10']:.3f} fused(lo) "
-            f"{res['cv'][fam_of(n)]['scores'][n][0]:.4f}/{res['cv'][fam_of(n)]['scores'][n][1]:.4f} kept "
-            f"{res['kept'][fam_of(n)]['scores'][n][0]:.4f}/{res['kept'][fam_of(n)]['scores'][n][1]:.4f}"
+            f"{res['cv'][family_of(n)]['scores'][n][0]:.4f}/{res['cv'][family_of(n)]['scores'][n][1]:.4f} kept "
+            f"{res['kept'][family_of(n)]['scores'][n][0]:.4f}/{res['kept'][family_of(n)]['scores'][n][1]:.4f}"
             for n, r in res["routes"].items()), file=sys.stderr)
     report(plain(results), list(sets), shown_examples, args.json)
     return 0
-
-
-def fam_of(name: str) -> str:
-    return next(f for f, names in FAMILIES.items() if name in names)
 
 
 def gain(res: dict, none: dict, fam: str, sets: list[str], mode: str) -> float:
@@ -508,7 +504,7 @@ def report(results: dict, sets: list[str], shown: dict, json_out: str | None) ->
         cells = []
         for s in sets:
             ro = r["routes"][s]
-            f, g = r["cv"][fam_of(s)]["scores"][s], r["kept"][fam_of(s)]["scores"][s]
+            f, g = r["cv"][family_of(s)]["scores"][s], r["kept"][family_of(s)]["scores"][s]
             cells.append(f"{ro['bm25_mrr']:.4f}/{ro['bm25_h1']:.4f} · {ro['union10']:.3f}/{ro['union50']:.3f} · "
                          f"{f[0]:.4f}/{f[1]:.4f} · {g[0]:.4f}/{g[1]:.4f}")
         print(f"| {k} | " + " | ".join(cells) + " |")
