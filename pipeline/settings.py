@@ -65,8 +65,8 @@ class Settings(BaseModel):
     # scope is searched again within the documents the last answer cited (docs/conversations.md).
     follow_up_in_cited_docs: bool = setting(
         True, group="retrieval", effect="immediate", label="追问查上一轮文档",
-        description="追问（依赖上一轮的问题）在全部资料中被拒答或证据弱时，再到上一轮回答引用的文档内检索；"
-                    "那里证据充分才采用")
+        description="对话中的问题在全部资料中被拒答或证据弱时，若是追问（依赖上一轮的问题），或其检索结果已指向"
+                    "上一轮回答引用的文档，再到这些文档内检索；那里证据充分才采用")
     # Fusion of the two routes (pipeline.retrieval.fusion); chosen leave-one-set-out, docs/retrieval-eval.md.
     fusion_mode: Literal["convex", "rrf"] = setting(
         "convex", group="retrieval", effect="immediate", label="融合方式",

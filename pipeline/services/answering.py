@@ -185,10 +185,11 @@ class AnswerService:
         """Retrieval and the gate on the question alone, then — only for a question the gate lets through — the
         LLM's multi-query and a retrieval with its phrasings. Privacy and cost: a question the gate refuses is
         answered with the fixed refusal and never reaches an LLM (README, the SRS's no-answer rule).
-        A follow-up the gate refuses or finds only weak evidence for is searched again within the documents the
-        last answer cited (`_within_cited`); its result replaces the first one only when it passes there."""
+        A question asked in a conversation that the gate refuses or finds only weak evidence for may be a
+        follow-up: it is searched again within the documents the last answer cited (`_within_cited`); its result
+        replaces the first one only when it passes there."""
         res = self.c.retrieval.recall_stage(query, s, scope, flt)
-        if rw is not None and rw.follows_up and s.follow_up_in_cited_docs and (not res.hit or res.weak):
+        if rw is not None and history and s.follow_up_in_cited_docs and (not res.hit or res.weak):
             t0 = time.perf_counter()
             res = self._within_cited(rw, s, scope, flt, history, res) or res
             res.ms.setdefault("within_cited_docs", (time.perf_counter() - t0) * 1000)  # tried, kept or not
@@ -198,29 +199,38 @@ class AnswerService:
 
     def _within_cited(self, rw: Rewrite, s: Settings, scope: list[int], flt: DocFilter | None,
                       history: Sequence[dict], first: RetrievalResult) -> RetrievalResult | None:
-        """A follow-up searched within the documents the last answer cited: as rewritten, then (when the gate does
-        not let that through) with the last turn's query in front of it; None (search everything, as for any
-        question) unless the gate lets one through there and its sources hold at least one of the follow-up's own
-        content words (when it has any). `first`: the search of the whole scope (weak: only strong evidence here
-        replaces it; its query vector is reused for the same query).
+        """A question of a conversation searched within the documents the last answer cited; None (search
+        everything, as for any question) unless the gate lets it through there and its sources hold at least one of
+        the question's own content words (when it has any). `first`: the search of the whole scope (weak: only
+        strong evidence here replaces it; its query vector is reused for the same query).
 
         A follow-up asks about the document of the answer before far more often than not (「那组织的头目呢？」
         after a question on 《禁止传销条例》's fines), and alone, or rewritten by the rules, it shares too few words
         with anything for the gate. Within that document and with the last query's words, the article that
         answers it is found; the word check keeps a question the rules took for a follow-up but which is about
         something else (「拍照怎么构图好看」: no topic word the rules know) from being answered with the last
-        document (docs/conversations.md)."""
+        document.
+        - One the rules (or an LLM rewrite) flag: as rewritten, then with the last query in front of it.
+        - One they leave as asked (「补领需要带哪些材料？」 after 「结婚证丢了去哪补？」: no marker, no pronoun) only
+          when its own whole-scope sources already reach into the cited documents — an unrelated question's
+          lead elsewhere — and only with the last query in front and on strong evidence: prefixed with the last
+          question, an unrelated question would pass the gate on that question's words (docs/conversations.md).
+        """
         docs = previous_docs(history)
         if not docs:
             return None
+        if not rw.follows_up and not any(n.node.metadata.get("doc_id") in docs for n in first.fused[:s.final_top_k]):
+            return None
         narrowed = replace(flt or DocFilter(), doc_ids=tuple(docs))
         own = content_terms(self.c.tokenizer(rw.original))
+        with_context = f"{previous_query(history) or ''} {rw.query}".strip()
         res = None
-        for query in dict.fromkeys((rw.query, f"{previous_query(history) or ''} {rw.query}".strip())):
+        for query in dict.fromkeys((rw.query, with_context) if rw.follows_up else (with_context,)):
             got = self.c.retrieval.recall_stage(query, s, scope, narrowed,
                                                 query_embedding=first.query_embedding if query == first.query else None)
             texts = [normalize(n.node.get_content()) for n in got.fused[:s.final_top_k]]
-            if got.hit and not (first.hit and got.weak) and (not own or any(w in t for w in own for t in texts)):
+            strong = not got.weak if not rw.follows_up else not (first.hit and got.weak)
+            if got.hit and strong and (not own or any(w in t for w in own for t in texts)):
                 res = got
                 break
         if res is None:
