@@ -189,16 +189,29 @@ class AnswerService:
         follow-up: it is searched again within the documents the last answer cited (`_within_cited`); its result
         replaces the first one only when it passes there."""
         res = self.c.retrieval.recall_stage(query, s, scope, flt)
-        if rw is not None and history and s.follow_up_in_cited_docs and (not res.hit or res.weak):
+        docs = (self._cited_docs_to_search(rw, s, history, res)
+                if rw is not None and s.follow_up_in_cited_docs and (not res.hit or res.weak) else ())
+        if docs:
             t0 = time.perf_counter()
-            res = self._within_cited(rw, s, scope, flt, history, res) or res
+            res = self._within_cited(rw, s, scope, flt, history, res, docs) or res
             res.ms.setdefault("within_cited_docs", (time.perf_counter() - t0) * 1000)  # tried, kept or not
         if res.hit and self.c.models.expander is not None and s.llm_multi_query:
             res = self._expanded(res, s, scope, flt)
         return res
 
+    @staticmethod
+    def _cited_docs_to_search(rw: Rewrite, s: Settings, history: Sequence[dict], first: RetrievalResult) -> list[int]:
+        """The documents the last answer cited, when this question is to be searched within them (`_within_cited`):
+        a flagged follow-up always; a question the rules left as asked only when its whole-scope sources
+        (`first`) already reach into them."""
+        docs = previous_docs(history) if history else []
+        if docs and not rw.follows_up and not any(n.node.metadata.get("doc_id") in docs
+                                                  for n in first.fused[:s.final_top_k]):
+            return []
+        return docs
+
     def _within_cited(self, rw: Rewrite, s: Settings, scope: list[int], flt: DocFilter | None,
-                      history: Sequence[dict], first: RetrievalResult) -> RetrievalResult | None:
+                      history: Sequence[dict], first: RetrievalResult, docs: Sequence[int]) -> RetrievalResult | None:
         """A question of a conversation searched within the documents the last answer cited; None (search
         everything, as for any question) unless the gate lets it through there and its sources hold at least one of
         the question's own content words (when it has any). `first`: the search of the whole scope (weak: only
@@ -216,11 +229,6 @@ class AnswerService:
           lead elsewhere — and only with the last query in front and on strong evidence: prefixed with the last
           question, an unrelated question would pass the gate on that question's words (docs/conversations.md).
         """
-        docs = previous_docs(history)
-        if not docs:
-            return None
-        if not rw.follows_up and not any(n.node.metadata.get("doc_id") in docs for n in first.fused[:s.final_top_k]):
-            return None
         narrowed = replace(flt or DocFilter(), doc_ids=tuple(docs))
         own = content_terms(self.c.tokenizer(rw.original))
         with_context = f"{previous_query(history) or ''} {rw.query}".strip()
