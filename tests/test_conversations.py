@@ -274,6 +274,14 @@ def test_a_follow_up_the_rules_miss_is_searched_within_the_cited_documents(reg_e
     assert any("申请补领" in s["text"] for s in follow["sources"])
     alone = e.ask_sync("补领需要带哪些材料？")
     assert not alone["trace"].get("filter") and (not alone["sources"] or alone["weak"])
+    # an unrelated question whose weak sources happen to share the last answer's documents: searched there, its own
+    # most specific word (专利) is in none of their passages, so it keeps the outcome it gets alone
+    weak_before = e.ask_sync("养狗要办证吗？")
+    assert weak_before["weak"]
+    unrelated = e.ask_sync("专利申请要多久？", conversation_id=weak_before["conversation_id"])
+    alone = e.ask_sync("专利申请要多久？")
+    assert not unrelated["trace"].get("filter") and unrelated["weak"] == alone["weak"]
+    assert [s["chunk_id"] for s in unrelated["sources"]] == [s["chunk_id"] for s in alone["sources"]]
 
 
 @pytest.mark.slow

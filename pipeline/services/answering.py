@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Any
 from pipeline import events as ev
 from pipeline.access.kb_readers import Reader
 from pipeline.conversation.direct import direct_reply
-from pipeline.conversation.rewrite import Rewrite, previous_docs, previous_query
+from pipeline.conversation.rewrite import Rewrite, previous_docs, previous_query, subject_words
 from pipeline.conversation.router import DIRECT, Route
 from pipeline.conversation.service import HISTORY_TURNS, TurnRecorder
 from pipeline.errors import CODE_ENGINE, CODE_LLM, CODE_VALIDATION, EngineError
@@ -230,7 +230,9 @@ class AnswerService:
           question, an unrelated question would pass the gate on that question's words (docs/conversations.md).
         """
         narrowed = replace(flt or DocFilter(), doc_ids=tuple(docs))
-        own = content_terms(self.c.tokenizer(rw.original))
+        # a question the rules left as asked names its own subject: that must be in the passages found there
+        own = (content_terms(self.c.tokenizer(rw.original)) if rw.follows_up
+               else [normalize(w) for w in subject_words(rw.original)])
         with_context = f"{previous_query(history) or ''} {rw.query}".strip()
         res = None
         for query in dict.fromkeys((rw.query, with_context) if rw.follows_up else (with_context,)):
@@ -238,7 +240,8 @@ class AnswerService:
                                                 query_embedding=first.query_embedding if query == first.query else None)
             texts = [normalize(n.node.get_content()) for n in got.fused[:s.final_top_k]]
             strong = not got.weak if not rw.follows_up else not (first.hit and got.weak)
-            if got.hit and strong and (not own or any(w in t for w in own for t in texts)):
+            covered = any(w in t for w in own for t in texts) if own else rw.follows_up
+            if got.hit and strong and covered:
                 res = got
                 break
         if res is None:
