@@ -4,12 +4,16 @@ A page without headings or tables (txt, PDF text layers) is cut exactly as `chun
 Otherwise the page is read as sections (a heading up to the next heading of any level). Prose inside a section
 is cut with split_text and never crosses into the next section; each piece carries the section's heading path
 as `context` (e.g. 「第二章 受理 › 第五条」), which is shown in the source card and embedded/indexed with the
-chunk text. A table becomes pieces of whole rows, each starting with the table's header rows, up to
+chunk text. Prose made of articles (laws, regulations, contracts: lines opening with 「第…条」) is cut at article
+starts: whole articles are packed into a piece up to `chunk_size`, and only an article longer than that is cut
+inside (with the overlap) — a piece never starts in the middle of a rule or ends with half of the next one, so
+what retrieval scores and what the answer quotes is one or a few whole rules. A table becomes pieces of whole rows, each starting with the table's header rows, up to
 `chunk_size` characters — a single row longer than that still stays whole in its own piece, unless it exceeds
 ROW_HARD_MAX (then, and only then, it is cut like prose, header repeated on every piece).
 """
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 
 from pipeline.ingestion.chunking import split_text
@@ -17,6 +21,10 @@ from pipeline.ingestion.parsing.document import Heading, ParsedPage, TableBlock
 
 CONTEXT_SEP = " › "
 ROW_HARD_MAX = 2000  # characters; a longer table row is cut (the embedding model reads ~500 of them anyway)
+# an article's opening line: 「第十二条 …」 (also 「第3条」, 「第十条之一」) at the start of a line, then a space
+ARTICLE_START = re.compile(r"^[ \t\u3000]*第[一二三四五六七八九十百千零〇两\d]+条(?:之[一二三四五六七八九十]+)?(?=[ \t\u3000])",
+                           re.M)
+MIN_ARTICLES = 2  # one such line may be a quotation; two or more make the text a list of articles
 
 
 @dataclass(frozen=True)
@@ -35,8 +43,10 @@ def indexed_text(text: str, context: str | None) -> str:
 def chunk_page(page: ParsedPage, chunk_size: int, chunk_overlap: int, structured: bool = True) -> list[Piece]:
     """`structured` False (the chunk_structure setting off): the page is cut as plain text, like a txt page."""
     text = page.text
-    if not structured or (not page.headings and not page.tables):
+    if not structured:
         return [Piece(text[s:e], s, e, page.context) for s, e in split_text(text, chunk_size, chunk_overlap)]
+    if not page.headings and not page.tables:
+        return [Piece(text[s:e], s, e, page.context) for s, e in split_prose(text, chunk_size, chunk_overlap)]
     pieces: list[Piece] = []
     heading_spans = [(h.start, h.end) for h in page.headings]
     for a, b, path in _sections(text, page.headings):
@@ -76,7 +86,45 @@ def _prose(text: str, a: int, b: int, heading_spans: list[tuple[int, int]], size
     rest = "".join(ch for i, ch in enumerate(region, a) if not any(s <= i < e for s, e in heading_spans))
     if not rest.strip():
         return []
-    return [Piece(region[s:e], a + s, a + e, context) for s, e in split_text(region, size, overlap)]
+    return [Piece(region[s:e], a + s, a + e, context) for s, e in split_prose(region, size, overlap)]
+
+
+def split_prose(text: str, size: int, overlap: int) -> list[tuple[int, int]]:
+    """`split_text`'s spans, except in a list of articles (MIN_ARTICLES lines opening with 「第…条」): whole articles
+    packed up to `size` characters (what precedes the first one — a heading, a preamble — opens the first piece),
+    an article longer than `size` cut by split_text on its own."""
+    starts = [m.start() for m in ARTICLE_START.finditer(text)]
+    if len(starts) < MIN_ARTICLES:
+        return split_text(text, size, overlap)
+    bounds = sorted({0, *starts, len(text)})
+    spans: list[tuple[int, int]] = []
+    cur: tuple[int, int] | None = None
+    for a, b in zip(bounds, bounds[1:]):
+        s, e = _trimmed(text, a, b)
+        if s >= e:
+            continue
+        if e - s > size:  # one long article: cut inside it, as any prose
+            if cur:
+                spans.append(cur)
+                cur = None
+            spans += [(s + x, s + y) for x, y in split_text(text[s:e], size, overlap)]
+        elif cur and e - cur[0] <= size:
+            cur = (cur[0], e)
+        else:
+            if cur:
+                spans.append(cur)
+            cur = (s, e)
+    if cur:
+        spans.append(cur)
+    return spans
+
+
+def _trimmed(text: str, a: int, b: int) -> tuple[int, int]:
+    while a < b and text[a].isspace():
+        a += 1
+    while b > a and text[b - 1].isspace():
+        b -= 1
+    return a, b
 
 
 def table_pieces(text: str, table: TableBlock, chunk_size: int, context: str | None) -> list[Piece]:
