@@ -8,8 +8,9 @@ from pathlib import Path
 
 import pytest
 
+from pipeline.ingestion.chunking import split_text
 from pipeline.ingestion.parsing import ParseError, parse_file, sniff_content
-from pipeline.ingestion.structured_chunking import chunk_page, indexed_text
+from pipeline.ingestion.structured_chunking import ARTICLE_START, chunk_page, indexed_text, split_prose
 from tests.shared_data import DATA, DOCS, RULES, needs
 from tests.table_files import COMPONENT_ROWS, SALES_HEADER, write_csv, write_readme, write_workbook
 
@@ -88,8 +89,6 @@ def test_real_markdown_file_follows_its_chapters():
 
 
 def test_plain_text_chunks_exactly_as_before(tmp_path):
-    from pipeline.ingestion.chunking import split_text
-
     path = DOCS / "chatchat" / "test.txt"
     doc, pieces = pieces_of(path, "txt")
     text = doc.pages[0].text
@@ -99,8 +98,6 @@ def test_plain_text_chunks_exactly_as_before(tmp_path):
 
 # --- articles (laws, regulations, contracts) ---------------------------------------------------------------
 def _article_spans(text: str) -> list[tuple[int, int]]:
-    from pipeline.ingestion.structured_chunking import ARTICLE_START
-
     starts = [m.start() for m in ARTICLE_START.finditer(text)]
     heads = [i for i in (text.find("\n#", a) for a in starts) if i >= 0]  # an article ends at the next heading too
     return [(a, min([b, *[h for h in heads if a < h < b]])) for a, b in zip(starts, starts[1:] + [len(text)])]
@@ -108,31 +105,29 @@ def _article_spans(text: str) -> list[tuple[int, int]]:
 
 @pytest.mark.parametrize("path", [RULES, DATA / "regulations" / "人民币管理条例(2018-03-19).md"], ids=["rules", "rmb"])
 def test_real_regulation_is_cut_between_articles(path):
-    """Every article shorter than a chunk lies whole in one chunk; a chunk starts at an article, a heading or its
-    section's first line — never inside a short article."""
+    """Every article shorter than a chunk is a chunk of its own (with its section's heading when it opens the
+    section); chunks stay within the chunk size."""
     if not path.exists():
         pytest.skip(f"{path} not present")
     doc, pieces = pieces_of(path, "md")
     text = doc.pages[0].text
-    spans = [(pc.start, pc.end) for _, pc in pieces]
     short = [(a, b) for a, b in _article_spans(text) if len(text[a:b].strip()) <= SIZE]
     assert len(short) > 20
     for a, b in short:
         body = text[a:b].strip()
-        holders = [(s, e) for s, e in spans if s <= a + text[a:b].index(body[0]) and e >= a + len(text[a:b].rstrip())]
+        holders = [pc.text for _, pc in pieces if body in pc.text]
         assert len(holders) == 1, f"article split or repeated: {body[:30]!r}"
+        before, _, after = holders[0].partition(body)
+        assert not after.strip() and not ARTICLE_START.search(before), f"article shares its chunk: {body[:30]!r}"
     assert all(len(pc.text) <= SIZE for _, pc in pieces)
 
 
-def test_articles_packed_whole_and_a_long_one_cut_inside():
-    from pipeline.ingestion.chunking import split_text
-    from pipeline.ingestion.structured_chunking import split_prose
-
-    arts = [f"第{n}条 " + "本条规定某一事项的具体办法。" * k for n, k in (("一", 3), ("二", 5), ("三", 30), ("四", 2))]
+def test_each_article_is_a_chunk_and_a_long_one_is_cut_inside():
+    arts = [f"第{n}条 " + "本条规定某一事项的具体办法。" * k for n, k in (("一", 3), ("二", 2), ("三", 30), ("四", 2))]
     text = "总则说明。\n\n" + "\n\n".join(arts)
     pieces = [text[s:e] for s, e in split_prose(text, 120, 20)]
     assert pieces[0] == "总则说明。\n\n" + arts[0]     # what precedes the first article opens the first piece
-    assert pieces[1] == arts[1]                        # 一 and 二 together pass 120 characters
+    assert pieces[1] == arts[1]                        # 一 and 二 would fit in 120 characters: still apart
     inside = pieces[2:-1]                              # 三 (424 characters) cut inside, as any prose
     assert len(inside) > 1 and inside[0].startswith("第三条") and all(p in arts[2] for p in inside)
     assert pieces[-1] == arts[3] and all(len(p) <= 120 for p in pieces)
