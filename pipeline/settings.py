@@ -114,7 +114,7 @@ class Settings(BaseModel):
     # pipeline/ingestion/structured_chunking.py: off = every page cut by sentences alone (headings and tables
     # read as prose); each knowledge base may override all three (pipeline/ingestion/kb_chunking.py).
     chunk_structure: bool = setting(True, group="chunking", effect="rebuild", label="按结构切块",
-                                    description="按标题分节（块带标题路径）、表格按整行成块并重复表头、条文（「第…条」）每条一块；"
+                                    description="按标题分节（块带标题路径）、表格按整行成块并重复表头、条文（「第…条」）按整条成块；"
                                                 "关闭 = 每页只按句子切分")
     # models
     embedding_model_path: str = setting(SRS_BGE_EMBEDDING_DIR, group="models", effect="reload",

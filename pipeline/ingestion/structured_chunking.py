@@ -5,10 +5,10 @@ Otherwise the page is read as sections (a heading up to the next heading of any 
 is cut with split_text and never crosses into the next section; each piece carries the section's heading path
 as `context` (e.g. 「第二章 受理 › 第五条」), which is shown in the source card and embedded/indexed with the
 chunk text. Prose made of articles (laws, regulations, contracts: lines opening with 「第…条」) is cut at article
-starts: each article is a piece of its own, and only an article longer than `chunk_size` is cut inside (with the
-overlap) — a piece never starts in the middle of a rule or carries half of the next one, so what retrieval scores
-and what the answer quotes is one rule (docs/retrieval-eval.md: on the formal family it beat packing whole
-articles up to the chunk size, and both beat cutting by size alone). A table becomes pieces of whole rows, each starting with the table's header rows, up to
+starts: whole articles are packed into a piece up to `chunk_size`, and only an article longer than that is cut
+inside (with the overlap) — a piece never starts in the middle of a rule or ends with half of the next one, so
+what retrieval scores and what the answer quotes is one or a few whole rules (one article a piece was measured too:
+docs/retrieval-eval.md). A table becomes pieces of whole rows, each starting with the table's header rows, up to
 `chunk_size` characters — a single row longer than that still stays whole in its own piece, unless it exceeds
 ROW_HARD_MAX (then, and only then, it is cut like prose, header repeated on every piece).
 """
@@ -91,25 +91,32 @@ def _prose(text: str, a: int, b: int, heading_spans: list[tuple[int, int]], size
 
 
 def split_prose(text: str, size: int, overlap: int) -> list[tuple[int, int]]:
-    """`split_text`'s spans, except in a list of articles (MIN_ARTICLES lines opening with 「第…条」): one piece per
-    article (what precedes the first one — a heading, a preamble — opens the first piece when both fit in `size`),
+    """`split_text`'s spans, except in a list of articles (MIN_ARTICLES lines opening with 「第…条」): whole articles
+    packed up to `size` characters (what precedes the first one — a heading, a preamble — opens the first piece),
     an article longer than `size` cut by split_text on its own."""
     starts = [m.start() for m in ARTICLE_START.finditer(text)]
     if len(starts) < MIN_ARTICLES:
         return split_text(text, size, overlap)
-    spans: list[tuple[int, int]] = []
     bounds = sorted({0, *starts, len(text)})
+    spans: list[tuple[int, int]] = []
+    cur: tuple[int, int] | None = None
     for a, b in zip(bounds, bounds[1:]):
         s, e = _trimmed(text, a, b)
         if s >= e:
             continue
-        if len(spans) == 1 and a == starts[0] and not ARTICLE_START.match(text, spans[0][0]) \
-                and e - spans[0][0] <= size:
-            spans[0] = (spans[0][0], e)  # the preamble and the first article together
-        elif e - s > size:
+        if e - s > size:  # one long article: cut inside it, as any prose
+            if cur:
+                spans.append(cur)
+                cur = None
             spans += [(s + x, s + y) for x, y in split_text(text[s:e], size, overlap)]
+        elif cur and e - cur[0] <= size:
+            cur = (cur[0], e)
         else:
-            spans.append((s, e))
+            if cur:
+                spans.append(cur)
+            cur = (s, e)
+    if cur:
+        spans.append(cur)
     return spans
 
 

@@ -230,7 +230,7 @@ class AnswerService:
           question, an unrelated question would pass the gate on that question's words (docs/conversations.md).
         """
         narrowed = replace(flt or DocFilter(), doc_ids=tuple(docs))
-        # a question the rules left as asked names its own subject: that must be in the passages found there
+        # a question the rules left as asked names its own subject: all of it must be in the passages found there
         own = (content_terms(self.c.tokenizer(rw.original)) if rw.follows_up
                else [normalize(w) for w in subject_words(rw.original)])
         with_context = f"{previous_query(history) or ''} {rw.query}".strip()
@@ -240,7 +240,8 @@ class AnswerService:
                                                 query_embedding=first.query_embedding if query == first.query else None)
             texts = [normalize(n.node.get_content()) for n in got.fused[:s.final_top_k]]
             strong = not got.weak if not rw.follows_up else not (first.hit and got.weak)
-            covered = any(w in t for w in own for t in texts) if own else rw.follows_up
+            found = [any(w in t for t in texts) for w in own]
+            covered = (any(found) if rw.follows_up else all(found)) if own else rw.follows_up
             if got.hit and strong and covered:
                 res = got
                 break
