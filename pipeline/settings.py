@@ -61,13 +61,12 @@ class Settings(BaseModel):
                                description="BM25 与向量各召回的块数", ge=1, le=200)
     final_top_k: int = setting(6, group="retrieval", effect="immediate", label="最终 Top-K",
                                description="送入生成的资料数", ge=1, le=20)
-    # A question of a conversation that the gate refuses or finds weak over the whole scope is searched again within
-    # the documents the last answer cited: a follow-up the rewrite flagged, or one whose own sources already reach
-    # into those documents (docs/conversations.md).
+    # A follow-up (the rewrite found it leans on the last turn) that the gate refuses or finds weak over the whole
+    # scope is searched again within the documents the last answer cited (docs/conversations.md).
     follow_up_in_cited_docs: bool = setting(
         True, group="retrieval", effect="immediate", label="追问查上一轮文档",
-        description="对话中的问题在全部资料中被拒答或证据弱时，若是追问（依赖上一轮的问题），或其检索结果已指向"
-                    "上一轮回答引用的文档，再到这些文档内检索；那里证据充分才采用")
+        description="追问（依赖上一轮的问题）在全部资料中被拒答或证据弱时，再到上一轮回答引用的文档内检索；"
+                    "那里证据充分才采用")
     # Fusion of the two routes (pipeline.retrieval.fusion); chosen leave-one-set-out, docs/retrieval-eval.md.
     fusion_mode: Literal["convex", "rrf"] = setting(
         "convex", group="retrieval", effect="immediate", label="融合方式",

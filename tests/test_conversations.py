@@ -260,31 +260,6 @@ def test_follow_up_is_searched_within_the_cited_documents(reg_engine):
 
 
 @pytest.mark.slow
-def test_a_follow_up_the_rules_miss_is_searched_within_the_cited_documents(reg_engine):
-    """「补领需要带哪些材料？」 names no marker the rules know (left as asked), yet only makes sense after the question
-    before: alone it gets weak evidence, and its whole-scope sources already point into the cited regulation, so
-    it is searched again within it, with the last question in front, and answered from article 17 on 补领."""
-    e = reg_engine
-    first = e.ask_sync("结婚证丢了去哪补？")
-    cited = {s["doc_id"] for s in first["sources"] if s["cited"]}
-    assert {s["doc_name"] for s in first["sources"] if s["cited"]} == {"婚姻登记条例(2003-08-08).md"}
-    follow = e.ask_sync("补领需要带哪些材料？", conversation_id=first["conversation_id"])
-    assert follow["trace"]["query"]["kind"] is None and not follow["trace"]["query"]["changed"]  # the rules left it
-    assert follow["trace"]["filter"]["doc_ids"] == sorted(cited) and not follow["weak"]
-    assert any("申请补领" in s["text"] for s in follow["sources"])
-    alone = e.ask_sync("补领需要带哪些材料？")
-    assert not alone["trace"].get("filter") and (not alone["sources"] or alone["weak"])
-    # an unrelated question whose weak sources happen to share the last answer's documents: searched there, its own
-    # most specific word (专利) is in none of their passages, so it keeps the outcome it gets alone
-    weak_before = e.ask_sync("养狗要办证吗？")
-    assert weak_before["weak"]
-    unrelated = e.ask_sync("专利申请要多久？", conversation_id=weak_before["conversation_id"])
-    alone = e.ask_sync("专利申请要多久？")
-    assert not unrelated["trace"].get("filter") and unrelated["weak"] == alone["weak"]
-    assert [s["chunk_id"] for s in unrelated["sources"]] == [s["chunk_id"] for s in alone["sources"]]
-
-
-@pytest.mark.slow
 def test_the_setting_off_searches_a_follow_up_everywhere(reg_engine):
     e = reg_engine
     e.update_settings({"follow_up_in_cited_docs": False})

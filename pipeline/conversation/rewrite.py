@@ -100,14 +100,6 @@ def previous_docs(history: Sequence[dict]) -> list[int]:
     return []
 
 
-def subject_words(question: str) -> list[str]:
-    """The question's own subject as the rules read it: its content words that are not bare verbs
-    (「补领需要带哪些材料？」 → 材料; 「专利申请要多久？」 → 专利申请). Empty for a bare predicate (「怎么申请？」),
-    which the rules flag as a follow-up."""
-    rules = DeterministicRewriter()
-    return [w for w in rules.content([t for t in rules.tokens(question) if t != "，"]) if not _is_verb(w)]
-
-
 def _is_verb(word: str) -> bool:
     import jieba.posseg as pseg
 

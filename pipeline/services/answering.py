@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Any
 from pipeline import events as ev
 from pipeline.access.kb_readers import Reader
 from pipeline.conversation.direct import direct_reply
-from pipeline.conversation.rewrite import Rewrite, previous_docs, previous_query, subject_words
+from pipeline.conversation.rewrite import Rewrite, previous_docs, previous_query
 from pipeline.conversation.router import DIRECT, Route
 from pipeline.conversation.service import HISTORY_TURNS, TurnRecorder
 from pipeline.errors import CODE_ENGINE, CODE_LLM, CODE_VALIDATION, EngineError
@@ -185,64 +185,42 @@ class AnswerService:
         """Retrieval and the gate on the question alone, then — only for a question the gate lets through — the
         LLM's multi-query and a retrieval with its phrasings. Privacy and cost: a question the gate refuses is
         answered with the fixed refusal and never reaches an LLM (README, the SRS's no-answer rule).
-        A question asked in a conversation that the gate refuses or finds only weak evidence for may be a
-        follow-up: it is searched again within the documents the last answer cited (`_within_cited`); its result
-        replaces the first one only when it passes there."""
+        A follow-up the gate refuses or finds only weak evidence for is searched again within the documents the
+        last answer cited (`_within_cited`); its result replaces the first one only when it passes there."""
         res = self.c.retrieval.recall_stage(query, s, scope, flt)
-        docs = (self._cited_docs_to_search(rw, s, history, res)
-                if rw is not None and s.follow_up_in_cited_docs and (not res.hit or res.weak) else ())
-        if docs:
+        if rw is not None and rw.follows_up and s.follow_up_in_cited_docs and (not res.hit or res.weak):
             t0 = time.perf_counter()
-            res = self._within_cited(rw, s, scope, flt, history, res, docs) or res
+            res = self._within_cited(rw, s, scope, flt, history, res) or res
             res.ms.setdefault("within_cited_docs", (time.perf_counter() - t0) * 1000)  # tried, kept or not
         if res.hit and self.c.models.expander is not None and s.llm_multi_query:
             res = self._expanded(res, s, scope, flt)
         return res
 
-    @staticmethod
-    def _cited_docs_to_search(rw: Rewrite, s: Settings, history: Sequence[dict], first: RetrievalResult) -> list[int]:
-        """The documents the last answer cited, when this question is to be searched within them (`_within_cited`):
-        a flagged follow-up always; a question the rules left as asked only when its whole-scope sources
-        (`first`) already reach into them."""
-        docs = previous_docs(history) if history else []
-        if docs and not rw.follows_up and not any(n.node.metadata.get("doc_id") in docs
-                                                  for n in first.fused[:s.final_top_k]):
-            return []
-        return docs
-
     def _within_cited(self, rw: Rewrite, s: Settings, scope: list[int], flt: DocFilter | None,
-                      history: Sequence[dict], first: RetrievalResult, docs: Sequence[int]) -> RetrievalResult | None:
-        """A question of a conversation searched within the documents the last answer cited; None (search
-        everything, as for any question) unless the gate lets it through there and its sources hold at least one of
-        the question's own content words (when it has any). `first`: the search of the whole scope (weak: only
-        strong evidence here replaces it; its query vector is reused for the same query).
+                      history: Sequence[dict], first: RetrievalResult) -> RetrievalResult | None:
+        """A follow-up searched within the documents the last answer cited: as rewritten, then (when the gate does
+        not let that through) with the last turn's query in front of it; None (search everything, as for any
+        question) unless the gate lets one through there and its sources hold at least one of the follow-up's own
+        content words (when it has any). `first`: the search of the whole scope (weak: only strong evidence here
+        replaces it; its query vector is reused for the same query).
 
         A follow-up asks about the document of the answer before far more often than not (「那组织的头目呢？」
         after a question on 《禁止传销条例》's fines), and alone, or rewritten by the rules, it shares too few words
         with anything for the gate. Within that document and with the last query's words, the article that
         answers it is found; the word check keeps a question the rules took for a follow-up but which is about
         something else (「拍照怎么构图好看」: no topic word the rules know) from being answered with the last
-        document.
-        - One the rules (or an LLM rewrite) flag: as rewritten, then with the last query in front of it.
-        - One they leave as asked (「补领需要带哪些材料？」 after 「结婚证丢了去哪补？」: no marker, no pronoun) only
-          when its own whole-scope sources already reach into the cited documents — an unrelated question's
-          lead elsewhere — and only with the last query in front and on strong evidence: prefixed with the last
-          question, an unrelated question would pass the gate on that question's words (docs/conversations.md).
-        """
+        document (docs/conversations.md)."""
+        docs = previous_docs(history)
+        if not docs:
+            return None
         narrowed = replace(flt or DocFilter(), doc_ids=tuple(docs))
-        # a question the rules left as asked names its own subject: all of it must be in the passages found there
-        own = (content_terms(self.c.tokenizer(rw.original)) if rw.follows_up
-               else [normalize(w) for w in subject_words(rw.original)])
-        with_context = f"{previous_query(history) or ''} {rw.query}".strip()
+        own = content_terms(self.c.tokenizer(rw.original))
         res = None
-        for query in dict.fromkeys((rw.query, with_context) if rw.follows_up else (with_context,)):
+        for query in dict.fromkeys((rw.query, f"{previous_query(history) or ''} {rw.query}".strip())):
             got = self.c.retrieval.recall_stage(query, s, scope, narrowed,
                                                 query_embedding=first.query_embedding if query == first.query else None)
             texts = [normalize(n.node.get_content()) for n in got.fused[:s.final_top_k]]
-            strong = not got.weak if not rw.follows_up else not (first.hit and got.weak)
-            found = [any(w in t for t in texts) for w in own]
-            covered = (any(found) if rw.follows_up else all(found)) if own else rw.follows_up
-            if got.hit and strong and covered:
+            if got.hit and not (first.hit and got.weak) and (not own or any(w in t for w in own for t in texts)):
                 res = got
                 break
         if res is None:
