@@ -1,6 +1,7 @@
 """Structure-aware chunking: sections follow headings, tables keep their rows whole and repeat their header.
 
-A page without headings or tables (txt, PDF text layers) is cut exactly as `chunking.split_text` cuts it.
+A page without headings or tables (txt, PDF text layers) is cut exactly as `chunking.split_text` cuts it, unless it
+is made of articles (below).
 Otherwise the page is read as sections (a heading up to the next heading of any level). Prose inside a section
 is cut with split_text and never crosses into the next section; each piece carries the section's heading path
 as `context` (e.g. 「第二章 受理 › 第五条」), which is shown in the source card and embedded/indexed with the
