@@ -119,6 +119,23 @@ def test_real_regulation_is_cut_between_articles(path):
     assert all(len(pc.text) <= SIZE for _, pc in pieces)
 
 
+def test_plain_text_law_is_cut_between_articles_too(tmp_path):
+    """A .txt page has no headings: made of articles, it is cut between them as a Markdown section is."""
+    src = DATA / "regulations" / "人民币管理条例(2018-03-19).md"
+    if not src.exists():
+        pytest.skip(f"{src} not present")
+    path = tmp_path / "人民币管理条例.txt"
+    path.write_text(src.read_text(encoding="utf-8").replace("#", ""), encoding="utf-8")
+    doc, pieces = pieces_of(path, "txt")
+    text = doc.pages[0].text
+    assert not doc.pages[0].headings
+    short = [(a, b) for a, b in _article_spans(text) if len(text[a:b].strip()) <= SIZE]
+    assert len(short) > 20
+    for a, b in short:
+        body = text[a:b].strip()
+        assert len([pc for _, pc in pieces if body in pc.text]) == 1, f"article split or repeated: {body[:30]!r}"
+
+
 def test_articles_packed_whole_and_a_long_one_cut_inside():
     arts = [f"第{n}条 " + "本条规定某一事项的具体办法。" * k
             for n, k in (("一", 3), ("二", 5), ("三", 30), ("四", 2), ("五", 2))]
