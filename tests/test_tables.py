@@ -8,9 +8,10 @@ from pathlib import Path
 
 import pytest
 
+from pipeline.generation.articles import HEADING
 from pipeline.ingestion.chunking import split_text
 from pipeline.ingestion.parsing import ParseError, parse_file, sniff_content
-from pipeline.ingestion.structured_chunking import ARTICLE_START, chunk_page, indexed_text, split_prose
+from pipeline.ingestion.structured_chunking import chunk_page, indexed_text, split_prose
 from tests.shared_data import DATA, DOCS, RULES, needs
 from tests.table_files import COMPONENT_ROWS, SALES_HEADER, write_csv, write_readme, write_workbook
 
@@ -98,7 +99,7 @@ def test_plain_text_chunks_exactly_as_before(tmp_path):
 
 # --- articles (laws, regulations, contracts) ---------------------------------------------------------------
 def _article_spans(text: str) -> list[tuple[int, int]]:
-    starts = [m.start() for m in ARTICLE_START.finditer(text)]
+    starts = [m.start() for m in HEADING.finditer(text)]
     heads = [i for i in (text.find("\n#", a) for a in starts) if i >= 0]  # an article ends at the next heading too
     return [(a, min([b, *[h for h in heads if a < h < b]])) for a, b in zip(starts, starts[1:] + [len(text)])]
 

@@ -15,17 +15,14 @@ ROW_HARD_MAX (then, and only then, it is cut like prose, header repeated on ever
 """
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass
 
+from pipeline.generation.articles import HEADING  # an article's opening line, as the reader finds it
 from pipeline.ingestion.chunking import split_text
 from pipeline.ingestion.parsing.document import Heading, ParsedPage, TableBlock
 
 CONTEXT_SEP = " › "
 ROW_HARD_MAX = 2000  # characters; a longer table row is cut (the embedding model reads ~500 of them anyway)
-# an article's opening line: 「第十二条 …」 (also 「第3条」, 「第十条之一」) at the start of a line, then a space
-ARTICLE_START = re.compile(r"^[ \t\u3000]*第[一二三四五六七八九十百千零〇两\d]+条(?:之[一二三四五六七八九十]+)?(?=[ \t\u3000])",
-                           re.M)
 MIN_ARTICLES = 2  # one such line may be a quotation; two or more make the text a list of articles
 
 
@@ -95,7 +92,7 @@ def split_prose(text: str, size: int, overlap: int) -> list[tuple[int, int]]:
     """`split_text`'s spans, except in a list of articles (MIN_ARTICLES lines opening with 「第…条」): whole articles
     packed up to `size` characters (what precedes the first one — a heading, a preamble — opens the first piece),
     an article longer than `size` cut by split_text on its own."""
-    starts = [m.start() for m in ARTICLE_START.finditer(text)]
+    starts = [m.start() for m in HEADING.finditer(text)]
     if len(starts) < MIN_ARTICLES:
         return split_text(text, size, overlap)
     bounds = sorted({0, *starts, len(text)})

@@ -188,17 +188,19 @@ class AnswerService:
         A follow-up the gate refuses or finds only weak evidence for is searched again within the documents the
         last answer cited (`_within_cited`); its result replaces the first one only when it passes there."""
         res = self.c.retrieval.recall_stage(query, s, scope, flt)
-        if rw is not None and rw.follows_up and s.follow_up_in_cited_docs and (not res.hit or res.weak):
+        docs = (previous_docs(history) if rw is not None and rw.follows_up and s.follow_up_in_cited_docs
+                and (not res.hit or res.weak) else [])
+        if docs:  # a follow-up after a refusal has no cited documents: nothing to search, nothing in the trace
             t0 = time.perf_counter()
-            res = self._within_cited(rw, s, scope, flt, history, res) or res
+            res = self._within_cited(rw, s, scope, flt, history, res, docs) or res
             res.ms.setdefault("within_cited_docs", (time.perf_counter() - t0) * 1000)  # tried, kept or not
         if res.hit and self.c.models.expander is not None and s.llm_multi_query:
             res = self._expanded(res, s, scope, flt)
         return res
 
     def _within_cited(self, rw: Rewrite, s: Settings, scope: list[int], flt: DocFilter | None,
-                      history: Sequence[dict], first: RetrievalResult) -> RetrievalResult | None:
-        """A follow-up searched within the documents the last answer cited: as rewritten, then (when the gate does
+                      history: Sequence[dict], first: RetrievalResult, docs: Sequence[int]) -> RetrievalResult | None:
+        """A follow-up searched within the documents the last answer cited (`docs`): as rewritten, then (when the gate does
         not let that through) with the last turn's query in front of it; None (search everything, as for any
         question) unless the gate lets one through there and its sources hold at least one of the follow-up's own
         content words (when it has any). `first`: the search of the whole scope (weak: only strong evidence here
@@ -210,9 +212,6 @@ class AnswerService:
         answers it is found; the word check keeps a question the rules took for a follow-up but which is about
         something else (「拍照怎么构图好看」: no topic word the rules know) from being answered with the last
         document (docs/conversations.md)."""
-        docs = previous_docs(history)
-        if not docs:
-            return None
         narrowed = replace(flt or DocFilter(), doc_ids=tuple(docs))
         own = content_terms(self.c.tokenizer(rw.original))
         res = None
