@@ -73,7 +73,8 @@ class Settings(BaseModel):
         description="convex：每个候选两路分数都算，各自归一化后按 BM25 占比加权求和；rrf：SRS 的倒数名次融合")
     convex_auto_weight: bool = setting(
         True, group="retrieval", effect="immediate", label="按问题自动定权",
-        description="convex 模式下按问题特征（两路一致度、最高相似度、问题长度等）自动决定 BM25 占比")
+        description="convex 模式下按问题特征（两路一致度、最高相似度、问题长度等）自动决定 BM25 占比，"
+                    "再乘以问题用词在本知识库中出现的比例（知识库里没有的词关键词检索看不到）")
     convex_norm: Literal["minmax", "zscore"] = setting(
         "minmax", group="retrieval", effect="immediate", label="分数归一化",
         description="convex 模式下每路分数在本次候选内的归一化方式：minmax（0–1）或 zscore（标准分）")

@@ -317,3 +317,34 @@ def test_full_information_fusion_reads_new_segments_like_old_ones(corpus, tok, t
     top = inner.hits(scores)
     assert [h.score for h in top] == sorted((h.score for h in top), reverse=True)
     assert 0 < inner.coverage(QUERIES[1], top[0].node.node_id) <= 1
+
+
+def test_visible_share_is_the_idf_share_of_the_question_words_some_chunk_holds(corpus, tok, tmp_path):
+    """The keyword route sees only the words the knowledge base holds: 「钱撕成两半」 asked of a regulation that
+    never says 撕 leaves part of the question invisible to it (fusion.fuse scales the auto weight by this share).
+    Checked against the arithmetic of the index's own IDF, for one index and for two knowledge bases together."""
+    from pipeline.retrieval.lexical import content_terms
+    from pipeline.retrieval.scope import MergedBM25
+
+    items = [(c, t) for c, _, t in corpus]
+    idx = BM25Index(tmp_path / "bm25", Source(items))
+    idx.open(1.5, 0.75, set(c for c, _ in items))
+    live = LiveBM25Retriever(idx, tok, _lookup_for(corpus), 10)
+    inner, _ = live.query_scores(QUERIES[0])
+    held = {t for _, t in items for t in t}
+    assert inner.visible_share("人民检察院行政诉讼监督") == 1.0  # every word is in some chunk
+    q = "人民检察院把钱撕成两半扔进垃圾桶"
+    terms = content_terms(tok(q))
+    unseen = [t for t in terms if t not in held]
+    assert unseen and len(unseen) < len(terms)
+    w = inner.view.weights()
+    want = sum(w.idf(t) for t in terms if t in held) / sum(w.idf(t) for t in terms)
+    assert inner.visible_share(q) == pytest.approx(want) and 0 < want < 1
+    assert inner.visible_share("撕成两半") == 0.0 and inner.visible_share("吗？") == 1.0  # no content word: all seen
+    # two knowledge bases: a word either holds is visible, weighed by the summed statistics
+    other = [(10_000 + c, t) for c, t in [(1, tok("钱被撕成两半了"))]]
+    idx2 = BM25Index(tmp_path / "bm25b", Source(other))
+    idx2.open(1.5, 0.75, {c for c, _ in other})
+    merged = MergedBM25([live, LiveBM25Retriever(idx2, tok, _lookup_for(corpus), 10)], 10)
+    m_inner, _ = merged.query_scores(q)
+    assert inner.visible_share(q) < m_inner.visible_share(q) <= 1.0

@@ -159,6 +159,36 @@ def test_auto_weight_and_features_exact():
     assert auto_weight(f, other.profile.fusion.alpha_model["minmax"]) == pytest.approx(0.25)
 
 
+def test_auto_weight_is_scaled_by_the_share_of_the_question_the_keyword_route_sees():
+    """Words no chunk holds give BM25 nothing to match: the auto α is the model's times the visible share (a
+    question typed in everyday words against a regulation leans on the vector route). A fixed weight is the
+    user's own and stays as set; features without the share (an old dump, tests) count as fully visible."""
+    from tools.eval.fusion_cv import Fitted, Q, row_features
+
+    f = query_features([6.0, 3.0, 1.0], [0.91, 0.88], ["1", "2", "3"], ["2", "9", "8"], 0.75, 9)
+    coefs = {"bias": -1.0, "bm25_ratio": 2.0, "coverage": 1.0}
+    auto = FusionParams(mode="convex", convex_bm25_weight=None, auto_coefs=coefs)
+    assert fuse(_cands(HAND), auto, f)[1] == pytest.approx(auto_weight(f, coefs))
+    half = f | {"visible": 0.5}
+    fused, w = fuse(_cands(HAND), auto, half)
+    assert w == pytest.approx(0.5 * auto_weight(f, coefs))
+    assert [n.score for n in fused] == pytest.approx(sorted(convex_scores(np.array([9.0, 5, 1, 0]),
+                                                                          np.array([.8, .9, .7, .85]), w),
+                                                            reverse=True))
+    assert fuse(_cands(HAND), FusionParams(mode="convex", convex_bm25_weight=0.6), half)[1] == 0.6
+    # the offline fitting tool computes the same α from a dump row, so a refit fits what the engine runs
+    row = {"q": "长江流入哪里", "features": {"coverage": 0.75, "visible": 0.5},
+           "cands": [["1", 1, 2, 6.0, 0.88, True, 30], ["2", 2, 1, 3.0, 0.91, False, 30], ["3", 3, None, 1.0, 0.5,
+                                                                                        False, 30]]}
+    feats = row_features(row)
+    assert feats["visible"] == 0.5 and row_features(row | {"features": {"coverage": 0.75}})["visible"] == 1.0
+    q = Q(np.array([1, 2, 3]), np.array([1.0, 2, 3]), np.array([2.0, 1, np.inf]), np.array([6.0, 3, 1]),
+          np.array([.88, .91, .5]), np.array([True, False, False]), feats)
+    m = Fitted("convex_auto", coefs=coefs)
+    z = -1.0 + 2.0 * feats["bm25_ratio"] + 0.75
+    assert m.alphas([q])[0] == pytest.approx(0.5 / (1 + math.exp(-z)))
+
+
 def test_ties_are_deterministic_whatever_the_input_order():
     rows = [("7", 1, None, 2.0, 0.5), ("3", None, 1, 0.0, 0.9), ("12", 2, 2, 1.0, 0.7)]
     for params in (FusionParams(mode="convex", convex_bm25_weight=0.5),
@@ -276,27 +306,58 @@ def test_trace_shows_fused_and_both_routes(engine):
 
 
 @pytest.mark.slow
+def test_the_engine_weighs_bm25_by_what_it_can_see(engine):
+    """A question with words no chunk holds (潜水艇, 游到): the engine's α is the profile's α model times the
+    visible share, and the trace shows the share among the fusion's features."""
+    from pipeline import events as ev
+    from pipeline.retrieval.lexical import content_terms
+
+    q = "潜水艇沿着长江游到哪里"
+    res = engine.retrieve(q)
+    f = res.fusion_features
+    c = engine.components
+    held = {t for text in DOCS.values() for t in c.tokenizer(text)}
+    assert {"潜水艇"} <= set(content_terms(c.tokenizer(q))) - held and "长江" in held
+    assert 0 < f["visible"] < 1
+    coefs = dict(c.models.calibration.profile.fusion.alpha_model["minmax"])
+    assert res.fusion_mode == "convex" and res.bm25_weight == pytest.approx(auto_weight(f, coefs) * f["visible"])
+    assert ev.trace_payload(res)["fusion"]["features"]["visible"] == pytest.approx(f["visible"], abs=1e-3)
+    # The no-answer gate reads the candidates in the order of the α its thresholds were fitted on (the model's,
+    # unscaled, and without the prior): scaling changes what is shown, not the evidence the gate was calibrated on
+    _, out, _ = c.retrieval.recall(q, engine.settings)
+    a0 = auto_weight({k: v for k, v in out.features.items() if k != "visible"}, coefs)
+    meta = [n.node.metadata for n in out.evidence]
+    want = convex_scores(np.array([m["bm25_score"] for m in meta]), np.array([m["similarity"] for m in meta]), a0)
+    assert [m["fused_score"] - (m["length_prior"] or 0.0) for m in meta] == pytest.approx(list(want))
+    assert list(want) == sorted(want, reverse=True) and out.bm25_weight == pytest.approx(a0 * f["visible"])
+    seen = engine.retrieve("长江最终注入哪里")  # 长江 最终 注入: every content word is in the documents
+    assert seen.fusion_features["visible"] == 1.0
+    assert seen.bm25_weight == pytest.approx(auto_weight(seen.fusion_features, coefs))
+
+
+@pytest.mark.slow
 def test_the_gate_reads_the_order_without_the_prior(engine):
     """The fragment prior orders what is shown; the gate's features come from the prior-free order, so they are
     the same with the prior on or off."""
     svc = engine.components.retrieval
+    q = "长江最终注入哪里"  # every word in the documents: the α is the model's as it is (see the test above)
     on = engine.settings
     off = on.model_copy(update={"convex_length_prior": False})
-    _, f_on, _ = svc.recall(QUESTION, on)
-    _, f_off, _ = svc.recall(QUESTION, off)
+    _, f_on, _ = svc.recall(q, on)
+    _, f_off, _ = svc.recall(q, off)
     assert any(n.node.metadata["length_prior"] for n in f_on.fused)
     assert [n.node.node_id for n in f_on.evidence] == [n.node.node_id for n in f_off.fused]
-    assert svc.gate_features(QUESTION, f_on) == svc.gate_features(QUESTION, f_off)
+    assert svc.gate_features(q, f_on) == svc.gate_features(q, f_off)
     # On these few short documents the prior happens not to reorder anything, so the lines above alone could not
     # tell `evidence` from `fused`. Reordering one list and not the other does: the order matters to the gate,
     # and it is the evidence order it reads.
     import dataclasses
 
     flipped = f_off.fused[::-1]
-    assert svc.gate_features(QUESTION, dataclasses.replace(f_off, evidence=flipped)) != \
-        svc.gate_features(QUESTION, f_off)
-    assert svc.gate_features(QUESTION, dataclasses.replace(f_off, fused=flipped, evidence=f_off.fused)) == \
-        svc.gate_features(QUESTION, f_off)
+    assert svc.gate_features(q, dataclasses.replace(f_off, evidence=flipped)) != \
+        svc.gate_features(q, f_off)
+    assert svc.gate_features(q, dataclasses.replace(f_off, fused=flipped, evidence=f_off.fused)) == \
+        svc.gate_features(q, f_off)
 
 
 @pytest.mark.slow

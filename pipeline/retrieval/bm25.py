@@ -43,7 +43,7 @@ from llama_index.core.schema import NodeWithScore, QueryBundle
 from pipeline.models.tokenize_zh import ChineseTokenizer
 from pipeline.retrieval.bm25_segments import Segment
 from pipeline.retrieval.in_flight import lower_this_thread
-from pipeline.retrieval.lexical import TermWeights
+from pipeline.retrieval.lexical import TermWeights, content_terms
 from pipeline.retrieval.nodes import ChunkLookup, node_from_row, retrievable
 
 log = logging.getLogger(__name__)
@@ -685,6 +685,12 @@ class JiebaBM25Retriever(BaseRetriever):
         """idf-weighted share of the query's indexed tokens that occur in the chunk (0–1)."""
         p = int(self.view.positions([int(chunk_id)])[0])
         return self.view.coverage(self.tokenizer(query), p) if p >= 0 else 0.0
+
+    def visible_share(self, query: str) -> float:
+        """IDF-weighted share of the query's content words that occur in some chunk of this index (a word no chunk
+        holds weighs the most): the part of the question the keyword route can see at all."""
+        terms = content_terms(self.tokenizer(query))
+        return 1.0 - self.view.weights().unseen_share(terms) if terms else 1.0
 
     def _retrieve(self, query_bundle: QueryBundle) -> list[NodeWithScore]:
         return self.hits(self.query_scores(query_bundle.query_str))

@@ -15,6 +15,14 @@ Modes (setting `fusion_mode`):
   per-query features (`query_features`), α = σ(b + Σ c_f·f), coefficients in the embedding model's calibration
   profile (pipeline/calibration, section `fusion`). Fitting and its leave-one-set-out check: tools/eval/fusion_cv.py,
   docs/retrieval-eval.md.
+  The auto α is then scaled by the question's *visible share*: the IDF-weighted share of its content words that
+  some chunk of the knowledge base holds (JiebaBM25Retriever.visible_share). Words no chunk holds give the keyword
+  route nothing to match — 「钱被撕成两半了，拿去银行换要收手续费吗？」 against a regulation that says 「残缺、污损的
+  人民币…兑换」 leaves BM25 only 银行 and 手续费, and its top chunks are the rules that happen to say those — so its
+  share of the fusion shrinks with the part of the question it cannot see. Not fitted (no parameter); on the
+  encyclopedic and web dev sets nearly every word is in the KB (median share 1.0), on everyday questions against
+  regulations about half is (docs/retrieval-eval.md, session 16). The no-answer gate keeps reading the order of the
+  unscaled α (`FusionOutput.evidence`): its thresholds were fitted on that order.
   With `convex_length_prior` a fragment prior is added: + β·L(chunk length), L = log(1 + len) / log(1 + cap)
   capped at 1. Why: the dense route ranks short fragments that merely echo the question (a page title 「爬爬垫什么
   材质好」, a heading, a navigation line) above the passage that answers it — on the web-passage dev sets half the
@@ -154,6 +162,11 @@ def query_features(bm25_sorted: Sequence[float], cos_sorted: Sequence[float], bm
             "qlen": math.log1p(max(0, n_chars))}
 
 
+def calibrated_weight(features: dict[str, float]) -> dict[str, float]:
+    """The features with the whole question visible: the α the no-answer gate's thresholds were fitted on."""
+    return {k: v for k, v in features.items() if k != "visible"}
+
+
 def auto_weight(features: dict[str, float], coefs: dict[str, float]) -> float:
     """α = lo + (hi − lo)·σ(bias + Σ c_f·f) — the BM25 share of the convex combination for this query.
 
@@ -279,7 +292,7 @@ def fuse(cands: Candidates, p: FusionParams, features: dict[str, float] | None =
         if p.convex_bm25_weight is None and p.auto_coefs is None:
             raise ValueError("the auto weight needs the α model (FusionParams.from_settings)")
         alpha = (p.convex_bm25_weight if p.convex_bm25_weight is not None
-                 else auto_weight(features or {}, p.auto_coefs))
+                 else auto_weight(features or {}, p.auto_coefs) * (features or {}).get("visible", 1.0))
         if p.prior_beta > 0:
             prior = length_prior(cands.lengths, p.prior_beta, p.prior_cap)
         fused, weight = convex_scores(cands.bm25_score, cands.cosine, alpha, p.norm, prior), alpha
@@ -395,7 +408,8 @@ class HybridRetriever(BaseRetriever):
                                       [b.embedding for b in expansions if b.embedding is not None])
                 out.features = self.features(query_bundle.query_str, inner, out.bm25, out.vector)
                 out.fused, out.bm25_weight = fuse(cands, self.params, out.features)
-                out.evidence = without_prior(out.fused)
+                out.evidence = without_prior(out.fused if out.features.get("visible", 1.0) >= 1.0 else
+                                             fuse(cands, self.params, calibrated_weight(out.features))[0])
         out.ms = dict(ms)
         timing.merge(ms)  # an outer collector (the engine's) sees the route timings too
         return out
@@ -426,7 +440,7 @@ class HybridRetriever(BaseRetriever):
         cov = inner.coverage(query, bm25[0].node.node_id)
         return query_features([n.score for n in bm25[:10]], [n.score for n in vector[:10]],
                               [n.node.node_id for n in bm25[:10]], [n.node.node_id for n in vector[:10]],
-                              cov, len(query))
+                              cov, len(query)) | {"visible": inner.visible_share(query)}
 
     def _retrieve(self, query_bundle: QueryBundle) -> list[NodeWithScore]:
         return self.run(query_bundle).fused

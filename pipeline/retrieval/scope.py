@@ -16,6 +16,7 @@ from llama_index.core.base.base_retriever import BaseRetriever
 from llama_index.core.schema import NodeWithScore, QueryBundle
 
 from pipeline.retrieval.bm25 import LiveBM25Retriever
+from pipeline.retrieval.lexical import MergedWeights, content_terms
 
 
 def _merge(hits: list[NodeWithScore], top_k: int) -> list[NodeWithScore]:
@@ -64,6 +65,11 @@ class _MergedScorer:
             if inner.holds(cid):
                 return inner.coverage(query, chunk_id)
         return 0.0
+
+    def visible_share(self, query: str) -> float:
+        """JiebaBM25Retriever.visible_share over the knowledge bases together (their summed document counts)."""
+        terms = content_terms(self._inners[0].tokenizer(query)) if self._inners else []
+        return 1.0 - MergedWeights([i.view.weights() for i in self._inners]).unseen_share(terms) if terms else 1.0
 
 
 class MergedBM25:

@@ -76,7 +76,8 @@ def row_features(row: dict) -> dict[str, float]:
     if not b or not v:
         return {}
     return query_features([r[3] for r in b], [r[4] for r in v], [r[0] for r in b], [r[0] for r in v],
-                          row["features"]["coverage"], len(row["q"]))
+                          row["features"]["coverage"], len(row["q"])) | {
+        "visible": float(row["features"].get("visible", 1.0))}  # a dump from before it: all words visible
 
 
 def load_dump(path: Path) -> list[Q]:
@@ -185,11 +186,18 @@ class Fitted:
     prior: tuple[int, float] = NO_PRIOR  # the fragment prior (cap, β)
 
     def alphas(self, qs: list[Q]) -> np.ndarray:
+        """Each question's α as the engine computes it: a constant, or the α model times the question's visible
+        share (fusion.fuse)."""
         if self.coefs is None:
             return np.full(len(qs), float(self.alpha_const))
         names = [k for k in self.coefs if k != "bias"]
         z = self.coefs["bias"] + feature_matrix(qs, names) @ np.array([self.coefs[n] for n in names])
-        return 1.0 / (1.0 + np.exp(-np.clip(z, -50, 50)))
+        return visible(qs) / (1.0 + np.exp(-np.clip(z, -50, 50)))
+
+
+def visible(qs: list[Q]) -> np.ndarray:
+    """Per question, the share of its words the keyword route can see (fusion.fuse scales the auto α by it)."""
+    return np.array([q.f.get("visible", 1.0) for q in qs], dtype=np.float64)
 
 
 def fit_constant(train: dict[str, np.ndarray]) -> float:
@@ -225,7 +233,8 @@ def set_gain(ranks: np.ndarray, alpha: np.ndarray, best: tuple[float, float] | N
 
 def fit_logistic(train_ranks: dict[str, np.ndarray], train_feats: dict[str, np.ndarray], names: list[str],
                  l2: float = 1e-3, seed: int = 0, best: dict[str, tuple[float, float]] | None = None,
-                 guard: float = 0.0, restarts: int = 1, smooth: float = 0.0) -> dict[str, float]:
+                 guard: float = 0.0, restarts: int = 1, smooth: float = 0.0,
+                 scale: dict[str, np.ndarray] | None = None) -> dict[str, float]:
     """Coefficients of α = σ(b + Σ c·f) maximising the mean over the training sets of `set_gain` (minus a small
     L2 on standardised coefficients). The objective is piecewise constant, so: coordinate search over a
     shrinking step on standardised features, from the best constant α (and `restarts` − 1 seeded random starts
@@ -239,6 +248,8 @@ def fit_logistic(train_ranks: dict[str, np.ndarray], train_feats: dict[str, np.n
         tot = 0.0
         for s in sets:
             a = 1.0 / (1.0 + np.exp(-np.clip(theta[0] + zf[s] @ theta[1:], -50, 50)))
+            if scale is not None:  # the engine's α: the model's times each question's visible share
+                a = a * scale[s]
             tot += set_gain(train_ranks[s], a, best.get(s) if best else None, guard, smooth)
         return tot / len(sets) - l2 * float(theta[1:] @ theta[1:])
 
@@ -306,7 +317,9 @@ def fit(method: str, ranks: dict[str, np.ndarray], data: dict[str, list[Q]], nor
     feats = {s: feature_matrix(data[s], names) for s in ranks}
     best = {s: best_route(data[s]) for s in ranks}
     smooth = SMOOTH if smooth is None else smooth
-    return Fitted(method, coefs=fit_logistic(ranks, feats, names, l2=L2, best=best, smooth=smooth), norm=norm,
+    scale = {s: visible(data[s]) for s in ranks}
+    return Fitted(method, coefs=fit_logistic(ranks, feats, names, l2=L2, best=best, smooth=smooth, scale=scale),
+                  norm=norm,
                   prior=prior)
 
 
