@@ -330,6 +330,9 @@ def test_the_engine_weighs_bm25_by_what_it_can_see(engine):
     want = convex_scores(np.array([m["bm25_score"] for m in meta]), np.array([m["similarity"] for m in meta]), a0)
     assert [m["fused_score"] - (m["length_prior"] or 0.0) for m in meta] == pytest.approx(list(want))
     assert list(want) == sorted(want, reverse=True) and out.bm25_weight == pytest.approx(a0 * f["visible"])
+    # with the multi-query's phrasings BM25 searches their words too: the share is that of what it searched
+    _, expanded, _ = c.retrieval.recall(q, engine.settings, expansions=["长江最终注入东海"])
+    assert f["visible"] < expanded.features["visible"] < 1
     seen = engine.retrieve("长江最终注入哪里")  # 长江 最终 注入: every content word is in the documents
     assert seen.fusion_features["visible"] == 1.0
     assert seen.bm25_weight == pytest.approx(auto_weight(seen.fusion_features, coefs))

@@ -406,7 +406,7 @@ class HybridRetriever(BaseRetriever):
             with timing.stage("fusion"):
                 cands = self.complete(query_bundle, out.bm25, out.vector, inner, scores,
                                       [b.embedding for b in expansions if b.embedding is not None])
-                out.features = self.features(query_bundle.query_str, inner, out.bm25, out.vector)
+                out.features = self.features(query_bundle.query_str, inner, out.bm25, out.vector, text)
                 out.fused, out.bm25_weight = fuse(cands, self.params, out.features)
                 out.evidence = without_prior(out.fused if out.features.get("visible", 1.0) >= 1.0 else
                                              fuse(cands, self.params, calibrated_weight(out.features))[0])
@@ -434,13 +434,16 @@ class HybridRetriever(BaseRetriever):
         return c
 
     @staticmethod
-    def features(query: str, inner, bm25: list[NodeWithScore], vector: list[NodeWithScore]) -> dict[str, float]:
+    def features(query: str, inner, bm25: list[NodeWithScore], vector: list[NodeWithScore],
+                 searched: str | None = None) -> dict[str, float]:
+        """The α model's features of the question asked, and the visible share of what BM25 searched (`searched`:
+        the question with the multi-query's phrasings, whose words in the documents' register it matches too)."""
         if not bm25 or not vector or inner is None:
             return {}
         cov = inner.coverage(query, bm25[0].node.node_id)
         return query_features([n.score for n in bm25[:10]], [n.score for n in vector[:10]],
                               [n.node.node_id for n in bm25[:10]], [n.node.node_id for n in vector[:10]],
-                              cov, len(query)) | {"visible": inner.visible_share(query)}
+                              cov, len(query)) | {"visible": inner.visible_share(searched or query)}
 
     def _retrieve(self, query_bundle: QueryBundle) -> list[NodeWithScore]:
         return self.run(query_bundle).fused
