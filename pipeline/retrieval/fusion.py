@@ -32,7 +32,7 @@ Modes (setting `fusion_mode`):
   and a verified Q&A entry is curated; both count as full length. The prior orders what is shown and quoted; it is not
   evidence that the knowledge base holds an answer (an out-of-KB question also gets long chunks on top, with
   more words to match), so the no-answer gate reads `FusionOutput.evidence`: the same candidates in the order
-  of the fusion without the prior.
+  of the fusion without the prior (and with the α model's weight before the visible-share scaling, above).
 Ties are broken by chunk_id (numeric) so results are reproducible.
 """
 from __future__ import annotations
@@ -162,8 +162,9 @@ def query_features(bm25_sorted: Sequence[float], cos_sorted: Sequence[float], bm
             "qlen": math.log1p(max(0, n_chars))}
 
 
-def calibrated_weight(features: dict[str, float]) -> dict[str, float]:
-    """The features with the whole question visible: the α the no-answer gate's thresholds were fitted on."""
+def fully_visible(features: dict[str, float]) -> dict[str, float]:
+    """The features as if every word of the question were visible: they give the α the no-answer gate's thresholds
+    were fitted on (the unscaled α model)."""
     return {k: v for k, v in features.items() if k != "visible"}
 
 
@@ -258,7 +259,7 @@ class FusionOutput:
     mode: str = "rrf"
     bm25_weight: float = 1.0  # the BM25 weight (rrf) or share α (convex) actually used for this query
     features: dict[str, float] = field(default_factory=dict)
-    evidence: list[NodeWithScore] = field(default_factory=list)  # `fused` in the order without the prior
+    evidence: list[NodeWithScore] = field(default_factory=list)  # `fused` in the order of the unscaled α, no prior
 
 
 def without_prior(fused: list[NodeWithScore]) -> list[NodeWithScore]:
@@ -409,7 +410,7 @@ class HybridRetriever(BaseRetriever):
                 out.features = self.features(query_bundle.query_str, inner, out.bm25, out.vector, text)
                 out.fused, out.bm25_weight = fuse(cands, self.params, out.features)
                 out.evidence = without_prior(out.fused if out.features.get("visible", 1.0) >= 1.0 else
-                                             fuse(cands, self.params, calibrated_weight(out.features))[0])
+                                             fuse(cands, self.params, fully_visible(out.features))[0])
         out.ms = dict(ms)
         timing.merge(ms)  # an outer collector (the engine's) sees the route timings too
         return out
