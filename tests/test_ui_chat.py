@@ -287,6 +287,17 @@ def test_render_escapes_and_links_citations():
     assert "精排已回退" in tr and "boom" in tr and "BM25 1.2 ms" in tr
 
 
+def test_trace_says_how_much_of_the_question_the_keyword_route_saw():
+    from ui.render import fusion_title
+
+    part = fusion_title({"mode": "convex", "bm25_weight": 0.081, "features": {"visible": 0.234, "cos1": 0.9}})
+    assert "BM25 占比 0.08" in part and "问题用词在库中出现 23%" in part
+    whole = fusion_title({"mode": "convex", "bm25_weight": 0.35, "features": {"visible": 1.0}})
+    assert "BM25 占比 0.35" in whole and "库中出现" not in whole
+    assert "库中出现" not in fusion_title({"mode": "rrf", "bm25_weight": 1.0, "features": {"visible": 0.5}})
+    assert "库中出现" not in fusion_title({"mode": "convex", "bm25_weight": 0.3, "features": {}})  # an older trace
+
+
 def test_share_tunnel_failure_is_reported(monkeypatch, capsys):
     import gradio.networking
 

@@ -238,12 +238,16 @@ FUSION_NAMES = {"convex": "归一化加权融合", "rrf": "RRF 融合"}
 
 
 def fusion_title(fusion: dict | None) -> str:
-    """「归一化加权融合排序（BM25 占比 0.23，按问题自动）」 — the mode and the BM25 weight used for this query."""
+    """「归一化加权融合排序（BM25 占比 0.23，按问题自动）」 — the mode and the BM25 weight used for this query; when part
+    of the question's words are in no chunk, how much of it the keyword route could see (the weight shrinks with it)."""
     f = fusion or {}
     mode = f.get("mode") or "rrf"
     w = fmt_num(f.get("bm25_weight"), 2)
     how = "BM25 占比" if mode == "convex" else "BM25 权重"
-    return f"{FUSION_NAMES.get(mode, mode)}排序（{how} {w}；名次/得分为两路各自的真实值）"
+    visible = (f.get("features") or {}).get("visible")
+    seen = (f"，问题用词在库中出现 {round(100 * visible)}%（库中没有的词关键词检索看不到，占比随之降低）"
+            if mode == "convex" and visible is not None and visible < 1 else "")
+    return f"{FUSION_NAMES.get(mode, mode)}排序（{how} {w}{seen}；名次/得分为两路各自的真实值）"
 
 
 def rerank_note(status: dict | None) -> str:
