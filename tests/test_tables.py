@@ -104,6 +104,15 @@ def _article_spans(text: str) -> list[tuple[int, int]]:
     return [(a, min([b, *[h for h in heads if a < h < b]])) for a, b in zip(starts, starts[1:] + [len(text)])]
 
 
+def _assert_short_articles_whole(text: str, pieces) -> None:
+    """Every article shorter than a chunk (more than 20 of them) lies whole in exactly one chunk."""
+    short = [(a, b) for a, b in _article_spans(text) if len(text[a:b].strip()) <= SIZE]
+    assert len(short) > 20
+    for a, b in short:
+        body = text[a:b].strip()
+        assert len([pc for _, pc in pieces if body in pc.text]) == 1, f"article split or repeated: {body[:30]!r}"
+
+
 @pytest.mark.parametrize("path", [RULES, DATA / "regulations" / "人民币管理条例(2018-03-19).md"], ids=["rules", "rmb"])
 def test_real_regulation_is_cut_between_articles(path):
     """Every article shorter than a chunk lies whole in one chunk; a chunk starts at an article, a heading or its
@@ -111,12 +120,7 @@ def test_real_regulation_is_cut_between_articles(path):
     if not path.exists():
         pytest.skip(f"{path} not present")
     doc, pieces = pieces_of(path, "md")
-    text = doc.pages[0].text
-    short = [(a, b) for a, b in _article_spans(text) if len(text[a:b].strip()) <= SIZE]
-    assert len(short) > 20
-    for a, b in short:
-        body = text[a:b].strip()
-        assert len([pc for _, pc in pieces if body in pc.text]) == 1, f"article split or repeated: {body[:30]!r}"
+    _assert_short_articles_whole(doc.pages[0].text, pieces)
     assert all(len(pc.text) <= SIZE for _, pc in pieces)
 
 
@@ -130,11 +134,7 @@ def test_plain_text_law_is_cut_between_articles_too(tmp_path):
     doc, pieces = pieces_of(path, "txt")
     text = doc.pages[0].text
     assert not doc.pages[0].headings
-    short = [(a, b) for a, b in _article_spans(text) if len(text[a:b].strip()) <= SIZE]
-    assert len(short) > 20
-    for a, b in short:
-        body = text[a:b].strip()
-        assert len([pc for _, pc in pieces if body in pc.text]) == 1, f"article split or repeated: {body[:30]!r}"
+    _assert_short_articles_whole(text, pieces)
 
 
 def test_articles_packed_whole_and_a_long_one_cut_inside():

@@ -689,8 +689,7 @@ class JiebaBM25Retriever(BaseRetriever):
     def visible_share(self, query: str) -> float:
         """IDF-weighted share of the query's content words that occur in some chunk of this index (a word no chunk
         holds weighs the most): the part of the question the keyword route can see at all."""
-        terms = content_terms(self.tokenizer(query))
-        return 1.0 - self.view.weights().unseen_share(terms) if terms else 1.0
+        return self.view.weights().visible_share(content_terms(self.tokenizer(query)))
 
     def _retrieve(self, query_bundle: QueryBundle) -> list[NodeWithScore]:
         return self.hits(self.query_scores(query_bundle.query_str))

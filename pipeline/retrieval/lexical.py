@@ -109,6 +109,11 @@ class TermWeights:
         total = sum(w)
         return sum(x for t, x in zip(terms, w) if self.df_of(t) == 0) / total if total else 0.0
 
+    def visible_share(self, terms: list[str]) -> float:
+        """IDF-weighted share of the terms some chunk holds: what a keyword search can match at all (1.0 with no
+        terms: nothing is hidden from it)."""
+        return 1.0 - self.unseen_share(terms) if terms else 1.0
+
     @classmethod
     def uniform(cls) -> "TermWeights":
         """Every token weighs the same (no index yet)."""

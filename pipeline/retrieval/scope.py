@@ -69,7 +69,7 @@ class _MergedScorer:
     def visible_share(self, query: str) -> float:
         """JiebaBM25Retriever.visible_share over the knowledge bases together (their summed document counts)."""
         terms = content_terms(self._inners[0].tokenizer(query)) if self._inners else []
-        return 1.0 - MergedWeights([i.view.weights() for i in self._inners]).unseen_share(terms) if terms else 1.0
+        return MergedWeights([i.view.weights() for i in self._inners]).visible_share(terms)
 
 
 class MergedBM25:
