@@ -37,7 +37,7 @@ def open_for_eval(root: Path, ds: DevSet, into: Path):
 
 
 def answer_metrics(engine, questions, spans: dict[str, list[str]] | None = None, keep_rows: bool = False) -> dict:
-    """The metrics below over `questions`; keep_rows adds each question's row (outcome flags, gate score)."""
+    """The metrics below over `questions`; keep_rows adds each question's row (outcome flags, gate score, the answer)."""
     spans = spans or {}
     rows = []
     for q in questions:
@@ -52,7 +52,7 @@ def answer_metrics(engine, questions, spans: dict[str, list[str]] | None = None,
         top1 = bool(r["sources"]) and holds_answer(r["sources"][0]["text"], q.answers, sp)
         rows.append({"q": q.text, "hit": hit, "top1": top1, "refused": refused, "weak": bool(r.get("weak")),
                      "not_found": not_found, "sentences": 0 if refused or not_found else len(lines), "ms": ms,
-                     "score": ((r.get("trace") or {}).get("gate") or {}).get("score")})
+                     "score": ((r.get("trace") or {}).get("gate") or {}).get("score"), "answer": r["answer"]})
     n = max(len(rows), 1)
     answered = [x for x in rows if not x["refused"] and not x["not_found"]]
     return {
@@ -82,6 +82,7 @@ def main(argv=None) -> int:
     ap.add_argument("--set", required=True, choices=list(DEV_SETS))
     ap.add_argument("--limit", type=int, default=None)
     ap.add_argument("--json", type=Path, default=None)
+    ap.add_argument("--rows", action="store_true", help="keep every question's row (its answer too) in --json")
     args = ap.parse_args(argv)
     root = kb_cache_root(ap, args)
     ds = DEV_SETS[args.set]
@@ -91,7 +92,7 @@ def main(argv=None) -> int:
     spans = dureader_spans(shared_data_dir() / ds.path) if ds.kind == "dureader" else {}
     with tempfile.TemporaryDirectory(prefix="kbqa-ans-") as tmp:
         engine, _ = open_for_eval(root, ds, Path(tmp) / args.set)
-        m = answer_metrics(engine, qs, spans)
+        m = answer_metrics(engine, qs, spans, keep_rows=args.rows)
         engine.close()
     print_answers(args.set, m)
     write_json(args.json, m)
