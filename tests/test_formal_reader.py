@@ -133,3 +133,21 @@ def test_renders_no_citation_without_a_heading(picker):
     plain = "本公司商品支持七天无理由退货，退货期限为 7 天，自签收之日起计算。退货运费由买家承担。"
     got = answer(picker, "退货期限是多久？", [node(plain, "售后政策.pdf", 1)])
     assert "《" not in got and re.search(r"\*\*退货期限为 7 天\*\*", got), got
+
+
+@needs(REGS / "现金管理暂行条例(2011-01-08).md")
+def test_article_numbers_and_cross_references_are_no_quantity():
+    """「第六条」 opens an article and 「本条例第五条第二款」 points at another: neither answers 「多少」; the 1000 元
+    of 第五条 does."""
+    from pipeline.generation.answer_type import offers
+
+    text = article_text("现金管理暂行条例(2011-01-08).md", "第五条", "第七条")
+    lines = [ln for ln in text.splitlines() if ln.strip()]
+    first = next(ln for ln in lines if ln.startswith("第六条 "))
+    rest = lines
+    q = "公司付给个人的钱，多少以上就不能给现金了？"
+    assert not offers("number", first, q, None), first
+    reference = next(ln for ln in rest if "第五条第二款" in ln)
+    assert not offers("number", reference, q, None), reference
+    assert offers("number", next(ln for ln in rest if "1000元" in ln), q, None)
+    assert offers("number", "第六条 结算起点定为1000元。", q, None)  # a real amount next to the heading still counts

@@ -43,6 +43,9 @@ DECIDING: dict[str, re.Pattern] = {
 # a lone 一 before a measure word is mostly the article (「一个种」), not a quantity
 _NUMBER = re.compile(r"\d|(?:[二三四五六七八九十百千万亿两〇零]|[一二三四五六七八九十百千万亿两〇零]{2,})"
                      r"(?:[个次年天岁种位名人家条项倍米公里吨元%％]|分之)")
+# 「第十五条」「第二款」「第三章」 number a place in a document: a cross-reference or an article heading is no quantity
+# (every sentence that opens its article would otherwise offer a number to 「多少钱」)
+_REFERENCE = re.compile(r"第[一二三四五六七八九十百千零〇两\d]+[章节条款项编目]")
 _TIME = re.compile(r"\d{2,4}\s*年|\d{1,2}\s*月|\d{1,2}\s*日|世纪|年代|[一二三四五六七八九十〇零]{2,4}年|朝|时期|春|秋")
 _POS = {"person": ("nr",), "place": ("ns",)}
 
@@ -68,7 +71,7 @@ def offers(kind: str | None, text: str, question: str, tagged: Callable[[str], l
         return holds_verdict(kind, text, question)
     if kind in ("number", "time"):
         pat = _NUMBER if kind == "number" else _TIME
-        return any(m.group(0) not in question for m in pat.finditer(text))
+        return any(m.group(0) not in question for m in pat.finditer(_REFERENCE.sub("", text)))
     flags = _POS[kind]
     return any(flag.startswith(flags) and len(word) > 1 and word not in question for word, flag in tagged(text))
 
