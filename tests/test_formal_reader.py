@@ -38,8 +38,7 @@ def picker():
 
 
 def answer(picker, question: str, nodes) -> str:
-    deltas, _ = extractive_deltas(question, nodes, picker)
-    return "".join(deltas)
+    return "".join(extractive_deltas(question, nodes, picker).deltas)
 
 
 @pytest.mark.parametrize("question, kind", [
@@ -53,9 +52,25 @@ def answer(picker, question: str, nodes) -> str:
     ("谁在第 50 届超级碗上演唱了国歌？", "person"),  # encyclopedic questions keep their kinds
     ("前鼻丝鳗的体长是多少？", "number"),
     ("这部电影讲的是什么？", None),
+    ("马特从科罗拉多大学获得了什么学位？", None),  # 「多大」 inside a name asks no size
 ])
 def test_question_kinds(question, kind):
     assert expected_kind(question) == kind
+
+
+@pytest.mark.parametrize("kind, sentence, question, lacks", [
+    ("time", "格兰杰市场本身在 1835 开放，是纽卡斯尔的第一个室内市场。", "纽卡斯尔的第一个室内市场是何时开放的？", False),
+    ("time", "南非一些最古老的学校是由传教士在 19 世纪早期建立的。", "在哪个世纪，传教士在南非建立了教会学校?", False),
+    ("time", "冷湖行政区是青海省海西州下辖的一个县级行政区。", "冷湖市是何时设立的？", True),
+    ("number", "具体限额由中国人民银行规定。", "出境最多能带多少人民币？", True),
+    ("number", "第二十九条 具体限额由中国人民银行规定。", "出境最多能带多少人民币？", True),  # an article number
+    ("number", "前款结算起点定为1000元。", "多少以上不能给现金？", False),
+    ("yesno", "具体限额由中国人民银行规定。", "能带人民币出境吗？", False),  # only figures are checked
+])
+def test_lacks_answer(kind, sentence, question, lacks):
+    from pipeline.generation.answer_type import lacks_answer
+
+    assert lacks_answer(kind, [sentence], question) is lacks
 
 
 def test_answer_units_cut_at_inline_article_headings_not_cross_references():
@@ -151,3 +166,36 @@ def test_article_numbers_and_cross_references_are_no_quantity():
     assert not offers("number", reference, q, None), reference
     assert offers("number", next(ln for ln in rest if "1000元" in ln), q, None)
     assert offers("number", "第六条 结算起点定为1000元。", q, None)  # a real amount next to the heading still counts
+
+
+@needs(REGS / RMB)
+def test_answer_without_the_figure_asked_says_so(picker):
+    """「最多能带多少」 against an article that leaves the figure to another body: the quoted rule is about the matter,
+    not the number — the answer says so in its first line and is weak."""
+    from pipeline.generation.extractive import LACKS_TEXT
+
+    text = article_text(RMB, "第二十八条", "第三十一条")
+    got = extractive_deltas("出入境携带人民币最多能带多少？", [node(text, RMB, 1)], picker)
+    lines = "".join(got.deltas).split("\n")
+    assert got.lacks == "number" and lines[1] == LACKS_TEXT["number"], lines
+    assert "限额管理制度" in lines[2]
+    cash = "现金管理暂行条例(2011-01-08).md"
+    figure = extractive_deltas("结算起点定为多少？", [node(article_text(cash, "第五条", "第六条"), cash, 1)], picker)
+    assert figure.lacks is None and "1000元" in "".join(figure.deltas)
+
+
+@pytest.mark.slow
+@needs(REGS / RMB)
+def test_engine_answer_lacking_the_figure_is_weak(tmp_path):
+    """Through the real answer stream (packaged embedding model, offline): the extractive answer that quotes no
+    number for 「多少」 is marked weak in `done`, whatever the gate decided."""
+    from pipeline.generation.extractive import LACKS_TEXT
+    from tests.live import engine_with_texts
+
+    engine = engine_with_texts(tmp_path, {RMB: (REGS / RMB).read_text(encoding="utf-8")})
+    try:
+        res = engine.ask_sync("中国公民出入境携带人民币的限额具体是多少？")
+        assert res["sources"], res["answer"]
+        assert res["answer"].split("\n")[1] == LACKS_TEXT["number"] and res["weak"], res["answer"]
+    finally:
+        engine.close()

@@ -47,6 +47,9 @@ class GenerationResult:
     # answer text was streamed before it (a verdict at the end), so what was shown must be replaced
     insufficient: bool = False
     shown: bool = False
+    # the answer itself says its sources lack what was asked (an extractive answer to 「多少」 quoting no number):
+    # answered, but weak, whatever the gate said
+    weak: bool = False
 
 
 class ThinkFilter:
@@ -119,10 +122,10 @@ def stream_answer(question: str, nodes: Sequence[Any], llm: Any, temperature: fl
         if picker is None:
             raise ValueError("an extractive answer needs the picker that pipeline.components builds")
         # the rewritten query carries the follow-up's topic (「那乙方呢」 alone matches no sentence)
-        deltas, cited = extractive_deltas(retrieval_query or question, nodes, picker, query_embedding)
-        for d in deltas:
+        ex = extractive_deltas(retrieval_query or question, nodes, picker, query_embedding)
+        for d in ex.deltas:
             yield delta(d)
-        return GenerationResult("".join(deltas), cited, sorted(cited))
+        return GenerationResult("".join(ex.deltas), ex.cited, sorted(ex.cited), weak=ex.lacks is not None)
 
     messages = build_messages(question, nodes, history=history, retrieval_query=retrieval_query)
     return (yield from watch_verdict(stream_llm(messages, llm, temperature, materials=len(nodes),

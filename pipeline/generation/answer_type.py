@@ -26,7 +26,7 @@ _KINDS: list[tuple[str, re.Pattern]] = [
     ("time", re.compile(r"何时|什么时候|哪一?年|哪一?天|什么时间|何年|多少年前|哪个?世纪|哪个?朝代|哪个?年代|哪个?时期|几月|几号|何日")),
     ("person", re.compile(r"谁|哪一?位|何人|什么人|哪个人|哪些人")),
     ("place", re.compile(r"哪里|哪儿|何处|何地|什么地方|哪个?(?:国家|城市|省|地区|州|县|市|国)|在哪")),
-    ("number", re.compile(r"多少|几[个次年天岁种位名人家条项倍]|多大|多长|多高|多重|多远|多久|多深|多宽|百分之几|几成")),
+    ("number", re.compile(r"多少|几[个次年天岁种位名人家条项倍]|多大(?!学)|多长|多高|多重|多远|多久|多深|多宽|百分之几|几成")),
     ("yesno", re.compile(r"吗[？?！!。]*$|吗[，,]|能不能|可不可以|行不行|要不要|是不是|算不算|能否|是否|可否|有没有|"
                          r"需不需要|用不用|会不会|让不让|给不给|准不准|许不许|合不合法|违不违法|有效吗|无效吗")),
 ]
@@ -46,7 +46,9 @@ _NUMBER = re.compile(r"\d|(?:[二三四五六七八九十百千万亿两〇零]|
 # 「第十五条」「第二款」「第三章」 number a place in a document: a cross-reference or an article heading is no quantity
 # (every sentence that opens its article would otherwise offer a number to 「多少钱」)
 _REFERENCE = re.compile(r"第[一二三四五六七八九十百千零〇两\d]+[章节条款项编目]")
-_TIME = re.compile(r"\d{2,4}\s*年|\d{1,2}\s*月|\d{1,2}\s*日|世纪|年代|[一二三四五六七八九十〇零]{2,4}年|朝|时期|春|秋")
+# a year written bare (「在 1835 开放」) or a numbered century (「19 世纪早期」) is a time too
+_TIME = re.compile(r"\d{2,4}\s*年|\d{1,2}\s*月|\d{1,2}\s*日|\d{1,2}\s*世纪|(?<!\d)(?:1[0-9]|20)\d{2}(?!\d)|世纪|年代|"
+                   r"[一二三四五六七八九十〇零]{2,4}年|朝|时期|春|秋")
 _POS = {"person": ("nr",), "place": ("ns",)}
 
 
@@ -80,3 +82,18 @@ def holds_verdict(kind: str, text: str, question: str) -> bool:
     """Does `text` hold deciding words of this kind (DECIDING) that the question does not?"""
     pat = DECIDING.get(kind)
     return pat is not None and any(m.group(0) not in question for m in pat.finditer(text))
+
+
+# What an answer must hold for a question of these kinds: a number for 多少 / 几天, a date or year for 何时 / 哪一年
+# — patterns, not judgement, so the check is as sure as the patterns are.
+MUST_OFFER = ("number", "time")
+
+
+def lacks_answer(kind: str | None, texts: list[str], question: str) -> bool:
+    """A question of a MUST_OFFER kind whose quoted sentences hold no number / date the question lacks: the
+    materials are about the matter asked, not the figure asked (「具体限额由中国人民银行规定」 for 「最多能带多少」)."""
+    return kind in MUST_OFFER and not any(offers(kind, t, question, untagged) for t in texts)
+
+
+def untagged(text: str) -> list[tuple[str, str]]:
+    return []  # number and time offers are patterns: no part-of-speech tags needed

@@ -13,7 +13,7 @@ from __future__ import annotations
 import re
 from collections.abc import Sequence
 
-from pipeline.generation.answer_type import DECIDING, expected_kind, holds_verdict, offers
+from pipeline.generation.answer_type import DECIDING, expected_kind, holds_verdict, offers, untagged
 from pipeline.generation.sentences import Piece, clauses
 
 _ITEM = re.compile(r"^\s*[（(][一二三四五六七八九十\d]+[）)]")  # 「（一）」「(三)」: an enumerated item
@@ -35,11 +35,7 @@ def deciding_clause(question: str, text: str) -> list[tuple[int, int]]:
         return []
     if kind in DECIDING:
         return [sp for sp in verdict_clauses(text) if holds_verdict(kind, text[sp[0]:sp[1]], question)]
-    return [sp for sp in verdict_clauses(text) if offers(kind, text[sp[0]:sp[1]], question, _no_tags)]
-
-
-def _no_tags(text: str) -> list[tuple[str, str]]:
-    return []  # person / place kinds are not asked for here (they need part-of-speech tags)
+    return [sp for sp in verdict_clauses(text) if offers(kind, text[sp[0]:sp[1]], question, untagged)]
 
 
 def lead_in(pieces: Sequence[Piece], position: int) -> str:

@@ -25,7 +25,10 @@ sentence closest to the question is bold. When even the best sentence scores bel
 above this knowledge base's background (w_cos × the median best cosine of the gate's probe questions,
 pipeline/retrieval/gate_background.py), since e5 cosines shift by domain — no sentence addresses the question:
 the answer says 「资料中未找到直接回答该问题的内容」 and points at the closest sources instead of quoting unrelated
-sentences. Weights and thresholds belong to the embedding model (its calibration profile, pipeline/calibration,
+sentences. When the question asks for a figure (多少 / 多久: a number; 何时 / 哪一年: a date) and no quoted sentence
+holds one the question lacks (answer_type.lacks_answer), the sentences are about the matter asked but not its
+figure (「具体限额由中国人民银行规定」 for 「最多能带多少」): the answer says so in its first line (LACKS_TEXT) and is
+weak (`done.weak`), whatever the gate decided. Weights and thresholds belong to the embedding model (its calibration profile, pipeline/calibration,
 section `extractive`); they are fitted with `python -m tools.eval.calibrate` (tools/eval/calibrate_extractive.py,
 leave-one-set-out; docs/retrieval-eval.md). Without an embedding model (unit tests) the lexical part alone decides and "not found"
 means no content word matches at all.
@@ -35,12 +38,12 @@ from __future__ import annotations
 import re
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 
 from pipeline.events import EXTRACTIVE_LABEL
-from pipeline.generation.answer_type import offers
+from pipeline.generation.answer_type import expected_kind, lacks_answer, offers
 from pipeline.generation.articles import HEADING, LEADING_HEADING, articles_of, citation
 from pipeline.generation.candidates import Candidate, Cues, assemble, measure
 from pipeline.generation.deciding import deciding_clause, lead_in
@@ -58,6 +61,9 @@ PREFILTER = 10           # candidates embedded per question
 EMBED_CHARS = 96         # a longer sentence is embedded by its window of clauses that best covers the question:
                          # attention cost grows with the longest text of the batch (12 × 200 chars ≈ 7 × 12 × 40)
 NOT_FOUND_TEXT = "资料中未找到直接回答该问题的内容"
+# the first line of an answer whose sentences are about the matter asked but hold no figure of the kind asked
+LACKS_TEXT = {"number": "资料中没有给出所问的具体数字，以下是最相关的原文，请核对：",
+              "time": "资料中没有给出所问的具体时间，以下是最相关的原文，请核对："}
 _PRIVATE_USE = re.compile(r"[\uf000-\uf8ff]")
 
 
@@ -102,6 +108,7 @@ class Pick:
     found: bool
     score: float | None
     closest: list[int]               # sources to point at when nothing was found
+    lacks: str | None = None         # the kind asked (number / time) that no quoted sentence holds (answer_type)
 
 
 def _uniform(kb_ids: Sequence[int]) -> TermWeights:
@@ -207,7 +214,10 @@ class ExtractivePicker:
                              bg.sim_median if bg is not None else None)
         if result.found and result.best is not None:
             result = _with_sources(result, nodes)
-            result = replace(result, bold=self._bold_span(question, result.best, self.weights_of(scope)))
+            kind = expected_kind(question)
+            result = replace(result, bold=self._bold_span(question, result.best, self.weights_of(scope)),
+                             lacks=kind if lacks_answer(kind, [c.piece.text for c in result.sentences], question)
+                             else None)
         return result
 
     def _bold_span(self, question: str, best: Candidate, weights: TermWeights) -> tuple[int, int] | None:
@@ -289,23 +299,31 @@ def _render_body(c: Candidate, bold: tuple[int, int] | None, prefix: str) -> str
     return f"- {prefix}{body}[{c.source}]{punct}"
 
 
-def render(pick: Pick) -> tuple[list[str], set[int]]:
-    """The deltas of an extractive answer (label first) and the set of cited material numbers."""
+class Extract(NamedTuple):
+    deltas: list[str]   # the answer text in pieces, label first
+    cited: set[int]     # material numbers it cites
+    lacks: str | None   # Pick.lacks: the answer says so in its first line, and is a weak one
+
+
+def render(pick: Pick) -> Extract:
+    """The deltas of an extractive answer (label first), the cited material numbers and what it lacks."""
     deltas = [f"{EXTRACTIVE_LABEL}：\n"]
     if not pick.found:
         refs = "".join(f"[{n}]" for n in pick.closest)
         deltas.append(f"{NOT_FOUND_TEXT}。最接近的资料见 {refs}，请查看原文。" if refs else f"{NOT_FOUND_TEXT}。")
-        return deltas, set(pick.closest)
+        return Extract(deltas, set(pick.closest), None)
+    if pick.lacks:
+        deltas.append(LACKS_TEXT[pick.lacks] + "\n")
     whole = pick.best is not None and pick.bold == (0, len(pick.best.piece.text))
     for i, c in enumerate(pick.sentences):
         # the best clause is bold; a one-clause sentence only when other sentences stand beside it
         bold = pick.bold if c is pick.best and not (whole and len(pick.sentences) == 1) else None
         deltas.append(render_sentence(c, bold) + ("\n" if i < len(pick.sentences) - 1 else ""))
-    return deltas, {c.source for c in pick.sentences}
+    return Extract(deltas, {c.source for c in pick.sentences}, pick.lacks)
 
 
-def extractive_deltas(question: str, nodes: Sequence[Any], picker: ExtractivePicker, query_embedding=None) -> tuple[list[str], set[int]]:
-    """The deltas of an extractive answer (label first) and the cited material numbers.
+def extractive_deltas(question: str, nodes: Sequence[Any], picker: ExtractivePicker, query_embedding=None) -> Extract:
+    """The deltas of an extractive answer (label first), the cited material numbers and what it lacks.
 
     When the best source is a verified Q&A entry, its checked answer is the reply (quoting sentences of it
     would start with its own 「问：」 line)."""
@@ -313,5 +331,5 @@ def extractive_deltas(question: str, nodes: Sequence[Any], picker: ExtractivePic
     if nodes and (getattr(nodes[0], "node", nodes[0]).metadata or {}).get("verified"):
         from pipeline.conversation.verified import answer_of
 
-        return [f"{VERIFIED_LABEL}：\n", f"{answer_of(node_text(nodes[0]))}[1]"], {1}
+        return Extract([f"{VERIFIED_LABEL}：\n", f"{answer_of(node_text(nodes[0]))}[1]"], {1}, None)
     return render(picker.pick(question, nodes, query_embedding))

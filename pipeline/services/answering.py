@@ -294,8 +294,8 @@ class AnswerService:
         support = c.support.check(result.text, res.final) if llm is not None and c.support else None
         yield ev.sources(ev.source_list(res, result.cited, support))
         yield ev.done((time.perf_counter() - t0) * 1000, no_answer=False,
-                      mode="llm" if llm is not None else "extractive", rewritten_query=rewritten, weak=res.weak,
-                      support=support)
+                      mode="llm" if llm is not None else "extractive", rewritten_query=rewritten,
+                      weak=res.weak or result.weak, support=support)
 
     def ask_sync(self, question: str, retry: bool = False, conversation_id: str | None = None,
                  user: str | None = None, use_kb: bool = True, kb_ids: Any = None,
