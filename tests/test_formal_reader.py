@@ -49,6 +49,7 @@ def answer(picker, question: str, nodes) -> str:
     ("诊所要进麻黄素，得找哪个部门批？", "body"),
     ("城里房子征收这件事是哪级政府负责？", "body"),
     ("个人征信报告一年能免费查几次？", "number"),  # 几次 wants the number, not a yes/no
+    ("去民政局领结婚证，工本费具体收几块钱？", "number"),
     ("谁在第 50 届超级碗上演唱了国歌？", "person"),  # encyclopedic questions keep their kinds
     ("前鼻丝鳗的体长是多少？", "number"),
     ("这部电影讲的是什么？", None),
@@ -66,6 +67,13 @@ def test_question_kinds(question, kind):
     ("number", "第二十九条 具体限额由中国人民银行规定。", "出境最多能带多少人民币？", True),  # an article number
     ("number", "前款结算起点定为1000元。", "多少以上不能给现金？", False),
     ("yesno", "具体限额由中国人民银行规定。", "能带人民币出境吗？", False),  # only figures are checked
+    # a question that names what it counts wants a number of that: money for 几块钱, a length of time for 多久
+    ("number", "1994年1月12日国务院批准、1994年2月1日民政部发布的《婚姻登记管理条例》同时废止。", "工本费具体收几块钱？", True),
+    ("number", "工本费每件9元。", "工本费具体收几块钱？", False),
+    ("number", "2001年6月16日国务院公布的《报废汽车回收管理办法》同时废止。", "私家车开多久就必须报废？", True),
+    ("number", "应当自领取营业执照或者发生纳税义务之日起15日内设置账簿。", "新开的公司多少天内要把账建起来？", False),
+    ("number", "征求意见期限不得少于30日。", "给老百姓提意见的时间最少多久？", False),
+    ("number", "2007年，与藤原纪香结婚，举办豪华婚礼，耗资5亿日圆。", "婚礼耗资多少日圆？", False),  # 日圆 is no day
 ])
 def test_lacks_answer(kind, sentence, question, lacks):
     from pipeline.generation.answer_type import lacks_answer

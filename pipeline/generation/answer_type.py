@@ -26,7 +26,7 @@ _KINDS: list[tuple[str, re.Pattern]] = [
     ("time", re.compile(r"何时|什么时候|哪一?年|哪一?天|什么时间|何年|多少年前|哪个?世纪|哪个?朝代|哪个?年代|哪个?时期|几月|几号|何日")),
     ("person", re.compile(r"谁|哪一?位|何人|什么人|哪个人|哪些人")),
     ("place", re.compile(r"哪里|哪儿|何处|何地|什么地方|哪个?(?:国家|城市|省|地区|州|县|市|国)|在哪")),
-    ("number", re.compile(r"多少|几[个次年天岁种位名人家条项倍]|多大(?!学)|多长|多高|多重|多远|多久|多深|多宽|百分之几|几成")),
+    ("number", re.compile(r"多少|几[个次年天岁种位名人家条项倍块元角毛分万千百十]|多大(?!学)|多长|多高|多重|多远|多久|多深|多宽|百分之几|几成")),
     ("yesno", re.compile(r"吗[？?！!。]*$|吗[，,]|能不能|可不可以|行不行|要不要|是不是|算不算|能否|是否|可否|有没有|"
                          r"需不需要|用不用|会不会|让不让|给不给|准不准|许不许|合不合法|违不违法|有效吗|无效吗")),
 ]
@@ -72,10 +72,36 @@ def offers(kind: str | None, text: str, question: str, tagged: Callable[[str], l
     if kind in DECIDING:
         return holds_verdict(kind, text, question)
     if kind in ("number", "time"):
-        pat = _NUMBER if kind == "number" else _TIME
-        return any(m.group(0) not in question for m in pat.finditer(_REFERENCE.sub("", text)))
+        pat = (_measure(question) or _NUMBER) if kind == "number" else _TIME
+        plain = _REFERENCE.sub("", text)
+        if kind == "number" and pat is not _NUMBER:
+            plain = _DATE.sub("", plain)
+        return any(m.group(0) not in question for m in pat.finditer(plain))
     flags = _POS[kind]
     return any(flag.startswith(flags) and len(word) > 1 and word not in question for word, flag in tagged(text))
+
+
+# A number question that names what it counts wants a number of that: 「几块钱」 an amount of money, 「多少天」 a number
+# of days, 「多久」 a length of time — a date or a count of articles beside it is no answer. (unit words asked → the
+# units an answer may give them in)
+_NUM = r"(?:\d+(?:\.\d+)?|[一二三四五六七八九十百千万两〇零]+)\s*"
+_DURATION = r"(?:个)?(?:工作)?(?:日|天|周|星期|月|年|小时|分钟|秒)"
+_ASKED_MEASURES: list[tuple[re.Pattern, re.Pattern]] = [
+    (re.compile(r"(?:多少|几)(?:块|元|钱|万|千|百)|多少钱|什么价|多少费|罚多少"),
+     re.compile(_NUM + r"(?:万|千|百)?(?:元|块)")),
+    (re.compile(r"多久|多长时间|(?:多少|几)(?:个)?(?:工作)?(?:天|日(?![圆元币])|周|星期|月|年|小时|分钟)"),
+     re.compile(r"(?<![\d〇零])" + _NUM + _DURATION + r"(?!\d)")),
+]
+
+
+# a calendar date (「2001年6月16日」「1月1日」) is when, not how long
+_DATE = re.compile(r"(?:\d{4}|[一二三四五六七八九〇零]{4})\s*年(?:\s*\d{1,2}\s*月(?:\s*\d{1,2}\s*日)?)?|"
+                   r"\d{1,2}\s*月\s*\d{1,2}\s*日|[一二三四五六七八九十]{1,2}月[一二三四五六七八九十]{1,3}日")
+
+
+def _measure(question: str) -> re.Pattern | None:
+    """The pattern of an answer in the units the question asks for (money, a length of time), or None."""
+    return next((answer for asked, answer in _ASKED_MEASURES if asked.search(question)), None)
 
 
 def holds_verdict(kind: str, text: str, question: str) -> bool:
