@@ -28,8 +28,8 @@ the answer says 「资料中未找到直接回答该问题的内容」 and point
 sentences. When the question asks for a figure (多少 / 多久: a number; 何时 / 哪一年: a date) and no quoted sentence
 holds one the question lacks (answer_type.lacks_answer), the sentences are about the matter asked but not its
 figure (「具体限额由中国人民银行规定」 for 「最多能带多少」): the answer says so in its first line (LACKS_TEXT) and is
-weak (`done.weak`), whatever the gate decided. Weights and thresholds belong to the embedding model (its calibration profile, pipeline/calibration,
-section `extractive`); they are fitted with `python -m tools.eval.calibrate` (tools/eval/calibrate_extractive.py,
+weak (`done.weak`), whatever the gate decided. Weights and thresholds belong to the embedding model (its
+calibration profile, pipeline/calibration, section `extractive`); they are fitted with `python -m tools.eval.calibrate` (tools/eval/calibrate_extractive.py,
 leave-one-set-out; docs/retrieval-eval.md). Without an embedding model (unit tests) the lexical part alone decides and "not found"
 means no content word matches at all.
 """
