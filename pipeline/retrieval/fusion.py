@@ -237,6 +237,11 @@ class FusionParams:
     adaptive_slope: float | None = None  # the adaptive RRF weight rule (calibration profile, fusion.adaptive_rrf)
     adaptive_floor: float | None = None
 
+    @property
+    def auto_alpha(self) -> bool:
+        """The convex share comes from the α model per question (and is scaled by its visible share)."""
+        return self.mode == "convex" and self.convex_bm25_weight is None
+
     @classmethod
     def from_settings(cls, s, calibration) -> "FusionParams":
         """`calibration`: the `fusion` section of the embedding model's profile (pipeline.calibration)."""
@@ -409,8 +414,9 @@ class HybridRetriever(BaseRetriever):
                                       [b.embedding for b in expansions if b.embedding is not None])
                 out.features = self.features(query_bundle.query_str, inner, out.bm25, out.vector, text)
                 out.fused, out.bm25_weight = fuse(cands, self.params, out.features)
-                out.evidence = without_prior(out.fused if out.features.get("visible", 1.0) >= 1.0 else
-                                             fuse(cands, self.params, fully_visible(out.features))[0])
+                scaled = self.params.auto_alpha and out.features.get("visible", 1.0) < 1.0
+                out.evidence = without_prior(fuse(cands, self.params, fully_visible(out.features))[0] if scaled
+                                             else out.fused)
         out.ms = dict(ms)
         timing.merge(ms)  # an outer collector (the engine's) sees the route timings too
         return out
