@@ -54,6 +54,10 @@ def answer(picker, question: str, nodes) -> str:
     ("前鼻丝鳗的体长是多少？", "number"),
     ("这部电影讲的是什么？", None),
     ("马特从科罗拉多大学获得了什么学位？", None),  # 「多大」 inside a name asks no size
+    ("这几年里我能在上面附个说明吗？", "yesno"),  # 「这几年」 is a stretch of time, not a count asked
+    ("船员休年假那几天，工资按什么标准发？", None),
+    ("津蓟铁路沿线设置了哪几个站点？", None),  # 哪几个 asks for a list
+    ("大曲车站设站于几几年？", "time"),
 ])
 def test_question_kinds(question, kind):
     assert expected_kind(question) == kind
@@ -74,6 +78,16 @@ def test_question_kinds(question, kind):
     ("number", "应当自领取营业执照或者发生纳税义务之日起15日内设置账簿。", "新开的公司多少天内要把账建起来？", False),
     ("number", "征求意见期限不得少于30日。", "给老百姓提意见的时间最少多久？", False),
     ("number", "2007年，与藤原纪香结婚，举办豪华婚礼，耗资5亿日圆。", "婚礼耗资多少日圆？", False),  # 日圆 is no day
+    # a length asked in a unit wants that unit: 「期满前六个月」 is no answer to 「最长签多少年」, 「15个工作日」 is days
+    ("number", "租赁期满前六个月，出租方和承租方应当互相明确是否继续租赁关系。", "租赁合同最长能签多少年？", True),
+    ("number", "承包期为三十年。", "承包期是多少年？", False),
+    ("number", "应当自受理申请之日起15个工作日内作出决定。", "多少天能批下来？", False),
+    ("number", "应当自受理申请之日起3个月内作出决定。", "多少天能批下来？", True),
+    ("number", "应当自受理申请之日起3个月内作出决定。", "多久能批下来？", False),  # 多久 takes any length
+    ("number", "扁掌龙亚科在地球上生存了近2,400万年。", "扁掌龙亚科在地球上生存了多少年？", False),
+    ("number", "发现的栉水母化石有5.15亿年历史。", "栉水母化石有多少年历史了？", False),
+    ("number", "他在美国留学和工作了30多年。", "他一共在美国留学和工作了多少年？", False),
+    ("number", "洛杉矶曾经有两支球队。", "洛杉矶曾经有多少支球队？", False),
 ])
 def test_lacks_answer(kind, sentence, question, lacks):
     from pipeline.generation.answer_type import lacks_answer

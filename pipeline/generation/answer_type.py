@@ -27,10 +27,10 @@ _KINDS: list[tuple[str, re.Pattern]] = [
     ("consequence", re.compile(r"会怎么?样|会如何|怎么处理|如何处理|怎么处罚|如何处罚|怎么罚|罚多少|什么后果|什么责任|"
                                r"被罚|受罚|会不会罚|处罚吗|被处罚|担什么责")),
     ("body", re.compile(r"哪个?(?:部门|机关|单位|机构)|哪一?级(?:政府|部门)?|找谁|向谁|归谁|谁(?:来)?(?:批|管|审批|核定|鉴定|负责|发放|发证|发给|办)")),
-    ("time", re.compile(r"何时|什么时候|哪一?年|哪一?天|什么时间|何年|多少年前|哪个?世纪|哪个?朝代|哪个?年代|哪个?时期|几月|几号|何日")),
+    ("time", re.compile(r"何时|什么时候|哪一?年|哪一?天|什么时间|何年|多少年前|哪个?世纪|哪个?朝代|哪个?年代|哪个?时期|几月|几号|何日|几几年")),
     ("person", re.compile(r"谁|哪一?位|何人|什么人|哪个人|哪些人")),
     ("place", re.compile(r"哪里|哪儿|何处|何地|什么地方|哪个?(?:国家|城市|省|地区|州|县|市|国)|在哪")),
-    ("number", re.compile(r"多少|几[个次年天岁种位名人家条项倍块元角毛分万千百十]|多大(?!学)|多长|多高|多重|多远|多久|多深|多宽|百分之几|几成")),
+    ("number", re.compile(r"多少|(?<![这那近前头哪])几[个次年天岁种位名人家条项倍块元角毛分万千百十]|多大(?!学)|多长|多高|多重|多远|多久|多深|多宽|百分之几|几成")),
     ("yesno", re.compile(r"吗[？?！!。]*$|吗[，,]|能不能|可不可以|行不行|要不要|是不是|算不算|能否|是否|可否|有没有|"
                          r"需不需要|用不用|会不会|让不让|给不给|准不准|许不许|合不合法|违不违法|有效吗|无效吗")),
 ]
@@ -46,7 +46,7 @@ DECIDING: dict[str, re.Pattern] = {
 }
 # a lone 一 before a measure word is mostly the article (「一个种」), not a quantity
 _NUMBER = re.compile(r"\d|(?:[二三四五六七八九十百千万亿两〇零]|[一二三四五六七八九十百千万亿两〇零]{2,})"
-                     r"(?:[个次年天岁种位名人家条项倍米公里吨元%％]|分之)")
+                     r"(?:[个次年天岁种位名人家条项倍米公里吨元%％支号路届场座部本架艘辆只头件份篇首集所间层枚颗张台]|分之)")
 # 「第十五条」「第二款」「第三章」 number a place in a document: a cross-reference or an article heading is no quantity
 # (every sentence that opens its article would otherwise offer a number to 「多少钱」)
 _REFERENCE = re.compile(r"第[一二三四五六七八九十百千零〇两\d]+[章节条款项编目]")
@@ -85,17 +85,27 @@ def offers(kind: str | None, text: str, question: str, tagged: Callable[[str], l
     return any(flag.startswith(flags) and len(word) > 1 and word not in question for word, flag in tagged(text))
 
 
-# A number question that names what it counts wants a number of that: 「几块钱」 an amount of money, 「多少天」 a number
-# of days, 「多久」 a length of time — a date or a count of articles beside it is no answer. (unit words asked → the
-# units an answer may give them in)
-_NUM = r"(?:\d+(?:\.\d+)?|[一二三四五六七八九十百千万两〇零]+)\s*"
+# A number question that names what it counts wants a number of that: 「几块钱」 an amount of money, 「多久」 a length
+# of time, 「多少天」「最长签几年」 a length in that unit — a date, a count of articles, or 「期满前六个月」 for 「几年」 is no
+# answer. (unit words asked → the units an answer may give them in)
+# 「15」「2,400」「5.15」「三十」 and what may follow the digits before the unit: 「30多年」「5.15亿年」「2,400万年」
+_NUM = r"(?:\d+(?:[,，]\d{3})*(?:\.\d+)?|[一二三四五六七八九十百千万亿两〇零]+)\s*(?:[多余来])?(?:[万亿])?\s*"
 _DURATION = r"(?:个)?(?:工作)?(?:日|天|周|星期|月|年|小时|分钟|秒)"
-_ASKED_MEASURES: list[tuple[re.Pattern, re.Pattern]] = [
-    (re.compile(r"(?:多少|几)(?:块|元|钱|万|千|百)|多少钱|什么价|多少费|罚多少"),
-     re.compile(_NUM + r"(?:万|千|百)?(?:元|块)")),
-    (re.compile(r"多久|多长时间|(?:多少|几)(?:个)?(?:工作)?(?:天|日(?![圆元币])|周|星期|月|年|小时|分钟)"),
-     re.compile(r"(?<![\d〇零])" + _NUM + _DURATION + r"(?!\d)")),
-]
+# the units a length asked in one may be given in: 「几天」 in 日 / 天 / 工作日, 「几周」 in 周 / 星期 …
+_SAME_UNIT = {"年": r"周?年", "月": r"个?月", "周": r"(?:个)?(?:周|星期)", "星期": r"(?:个)?(?:周|星期)",
+              "天": r"(?:个)?(?:工作)?(?:日|天)", "日": r"(?:个)?(?:工作)?(?:日|天)", "小时": r"(?:个)?(?:小时|钟头)",
+              "分钟": r"分钟"}
+_MONEY = (re.compile(r"(?:多少|几)(?:块|元|钱|万|千|百)|多少钱|什么价|多少费|罚多少"),
+          re.compile(_NUM + r"(?:万|千|百)?(?:元|块)"))
+_LENGTH = re.compile(r"多久|多长时间")
+_LENGTH_IN = re.compile(r"(?:多少|(?<![这那近前头哪])几)(?:个)?(?:工作)?(天|日(?![圆元币])|周|星期|月|年(?![级代龄])|小时|分钟)")
+
+
+def _length(unit: str | None) -> re.Pattern:
+    return re.compile(r"(?<![\d〇零])" + _NUM + (_SAME_UNIT[unit] if unit else _DURATION) + r"(?!\d)")
+
+
+_LENGTHS = {unit: _length(unit) for unit in (None, *_SAME_UNIT)}
 
 
 # a calendar date (「2001年6月16日」「1月1日」) is when, not how long
@@ -105,7 +115,13 @@ _DATE = re.compile(r"(?:\d{4}|[一二三四五六七八九〇零]{4})\s*年(?:\s
 
 def _measure(question: str) -> re.Pattern | None:
     """The pattern of an answer in the units the question asks for (money, a length of time), or None."""
-    return next((answer for asked, answer in _ASKED_MEASURES if asked.search(question)), None)
+    money, answer = _MONEY
+    if money.search(question):
+        return answer
+    named = _LENGTH_IN.search(question)
+    if named:
+        return _LENGTHS[named.group(1)]
+    return _LENGTHS[None] if _LENGTH.search(question) else None
 
 
 def holds_verdict(kind: str, text: str, question: str) -> bool:
