@@ -391,7 +391,7 @@ def load_models(c: Components, s: Settings) -> Models:
     background = c.gate_background.current
     prof = calibration.profile
     c.picker = ExtractivePicker(c.tokenizer, emb.embed_model, weights, PickerParams.from_calibration(prof.extractive),
-                                background=background, vectors=texts)
+                                background=background, vectors=texts, holds_document=c.docs.any_retrievable_named)
     c.support = SupportChecker(emb.embed_model, c.tokenizer, weights, source_vectors=lambda nodes: _stored(c, nodes),
                                params=SupportParams.from_calibration(prof.support), background=background)
     return models

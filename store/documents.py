@@ -149,6 +149,16 @@ class DocumentStore(Store):
         with self.db.connect() as conn:
             return [_labelled(d) for d in dicts(conn.execute(select(D).where(*_in_kb(kb_id)).order_by(D.c.doc_id)))]
 
+    def any_retrievable_named(self, fragment: str, kb_ids: Iterable[int]) -> bool:
+        """Is a document whose file name contains `fragment` searchable in one of these knowledge bases?"""
+        kw = fragment.replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_")
+        ids = [int(k) for k in kb_ids]
+        if not kw or not ids:
+            return False
+        with self.db.connect() as conn:
+            return conn.execute(select(D.c.doc_id).where(D.c.file_name.like(f"%{kw}%", escape="\\"), RETRIEVABLE,
+                                                         D.c.kb_id.in_(ids)).limit(1)).first() is not None
+
     def ids_with_status(self, status: str) -> list[int]:
         with self.db.connect() as conn:
             return list(conn.execute(select(D.c.doc_id).where(D.c.status == status).order_by(D.c.doc_id)).scalars())

@@ -189,8 +189,12 @@ def test_rows_transactions_and_like(db):
         conn.execute(text("DELETE FROM kb_chunk WHERE doc_id = :d"), {"d": doc_id})
         raise ZeroDivisionError
     assert docs.chunk_count_of(doc_id) == 3  # rolled back
+    assert not docs.any_retrievable_named("ABC", [1])  # still processing: nothing searchable yet
     docs.mark_ready(doc_id, 3)
     assert [c for c, _ in docs.iter_ready_tokens()] == ids
+    # the referral check (an answer pointing at a document the knowledge base does not hold)
+    assert docs.any_retrievable_named("Report-ABC", [1]) and not docs.any_retrievable_named("Report-ABC", [2])
+    assert not any(docs.any_retrievable_named(w, [1]) for w in ("%", "_", "Report%ABC", ""))
     assert docs.delete(doc_id) and docs.chunk_count_of(doc_id) == 0
 
 

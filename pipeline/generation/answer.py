@@ -125,7 +125,7 @@ def stream_answer(question: str, nodes: Sequence[Any], llm: Any, temperature: fl
         ex = extractive_deltas(retrieval_query or question, nodes, picker, query_embedding)
         for d in ex.deltas:
             yield delta(d)
-        return GenerationResult("".join(ex.deltas), ex.cited, sorted(ex.cited), weak=ex.lacks is not None)
+        return GenerationResult("".join(ex.deltas), ex.cited, sorted(ex.cited), weak=ex.weak)
 
     messages = build_messages(question, nodes, history=history, retrieval_query=retrieval_query)
     return (yield from watch_verdict(stream_llm(messages, llm, temperature, materials=len(nodes),

@@ -28,7 +28,9 @@ the answer says 「资料中未找到直接回答该问题的内容」 and point
 sentences. When the question asks for a figure (多少 / 多久: a number; 何时 / 哪一年: a date) and no quoted sentence
 holds one the question lacks (answer_type.lacks_answer), the sentences are about the matter asked but not its
 figure (「具体限额由中国人民银行规定」 for 「最多能带多少」): the answer says so in its first line (LACKS_TEXT) and is
-weak (`done.weak`), whatever the gate decided. Weights and thresholds belong to the embedding model (its
+weak (`done.weak`), whatever the gate decided. So is an answer whose best sentence hands the matter to a document
+the sources' knowledge bases do not hold (「…依照《医疗事故处理条例》的相关规定执行」: pipeline/generation/referral.py;
+ELSEWHERE_TEXT names it). Weights and thresholds belong to the embedding model (its
 calibration profile, pipeline/calibration, section `extractive`); they are fitted with `python -m tools.eval.calibrate` (tools/eval/calibrate_extractive.py,
 leave-one-set-out; docs/retrieval-eval.md). Without an embedding model (unit tests) the lexical part alone decides and "not found"
 means no content word matches at all.
@@ -48,6 +50,7 @@ from pipeline.generation.articles import HEADING, LEADING_HEADING, articles_of, 
 from pipeline.generation.candidates import Candidate, Cues, assemble, measure
 from pipeline.generation.deciding import deciding_clause, lead_in
 from pipeline.generation.instructions import is_instruction
+from pipeline.generation.referral import handed_over_to, title_key
 from pipeline.generation.sentences import answer_units, clauses
 from pipeline.models.vectors import TextVectors, unit
 from pipeline.retrieval.lexical import TermWeights, content_bigrams, content_terms, coverage, normalize
@@ -64,6 +67,8 @@ NOT_FOUND_TEXT = "资料中未找到直接回答该问题的内容"
 # the first line of an answer whose sentences are about the matter asked but hold no figure of the kind asked
 LACKS_TEXT = {"number": "资料中没有给出所问的具体数字，以下是最相关的原文，请核对：",
               "time": "资料中没有给出所问的具体时间，以下是最相关的原文，请核对："}
+# the first line of an answer whose best sentence hands the matter to a document the knowledge base does not hold
+ELSEWHERE_TEXT = "资料中的规定指向《{title}》，这份文件不在知识库中；以下是最相关的原文，请核对："
 _PRIVATE_USE = re.compile(r"[\uf000-\uf8ff]")
 
 
@@ -109,6 +114,7 @@ class Pick:
     score: float | None
     closest: list[int]               # sources to point at when nothing was found
     lacks: str | None = None         # the kind asked (number / time) that no quoted sentence holds (answer_type)
+    elsewhere: str | None = None     # the document the best sentence hands the matter to, not in the KB (referral)
 
 
 def _uniform(kb_ids: Sequence[int]) -> TermWeights:
@@ -128,8 +134,11 @@ class ExtractivePicker:
     def __init__(self, tokenizer: Any, embed_model: Any = None,
                  weights_of: Callable[[Sequence[int]], TermWeights] = _uniform, params: PickerParams | None = None,
                  prefilter: int = PREFILTER, max_chunks: int = MAX_CHUNKS,
-                 background: Callable[[Sequence[int]], Any] = _no_background, vectors: TextVectors | None = None):
+                 background: Callable[[Sequence[int]], Any] = _no_background, vectors: TextVectors | None = None,
+                 holds_document: Callable[[str, Sequence[int]], bool] | None = None):
         self.background = background  # None from it: no "not found" from scores
+        # (file-name fragment, kb_ids) → is such a document searchable there; None: no referral check
+        self.holds_document = holds_document
         self.prefilter = prefilter  # calibration dumps embed every candidate
         self.max_chunks = max_chunks
         self.embed_model = embed_model
@@ -217,8 +226,15 @@ class ExtractivePicker:
             kind = expected_kind(question)
             result = replace(result, bold=self._bold_span(question, result.best, self.weights_of(scope)),
                              lacks=kind if lacks_answer(kind, [c.piece.text for c in result.sentences], question)
-                             else None)
+                             else None, elsewhere=self._elsewhere(result.best, scope))
         return result
+
+    def _elsewhere(self, best: Candidate, scope: Sequence[int]) -> str | None:
+        """The document the best sentence hands the matter to, when the knowledge bases of the sources lack it."""
+        title = handed_over_to(best.piece.text)
+        if title is None or self.holds_document is None or not scope:
+            return None
+        return None if self.holds_document(title_key(title), scope) else title
 
     def _bold_span(self, question: str, best: Candidate, weights: TermWeights) -> tuple[int, int] | None:
         """The clause of the best sentence that shares most of the question's words and phrases (the whole
@@ -303,6 +319,11 @@ class Extract(NamedTuple):
     deltas: list[str]   # the answer text in pieces, label first
     cited: set[int]     # material numbers it cites
     lacks: str | None   # Pick.lacks: the answer says so in its first line, and is a weak one
+    elsewhere: str | None = None  # Pick.elsewhere: the same, for a rule in a document the KB does not hold
+
+    @property
+    def weak(self) -> bool:
+        return self.lacks is not None or self.elsewhere is not None
 
 
 def render(pick: Pick) -> Extract:
@@ -312,14 +333,16 @@ def render(pick: Pick) -> Extract:
         refs = "".join(f"[{n}]" for n in pick.closest)
         deltas.append(f"{NOT_FOUND_TEXT}。最接近的资料见 {refs}，请查看原文。" if refs else f"{NOT_FOUND_TEXT}。")
         return Extract(deltas, set(pick.closest), None)
-    if pick.lacks:
+    if pick.elsewhere:  # says more than a missing figure: where the rule is
+        deltas.append(ELSEWHERE_TEXT.format(title=pick.elsewhere) + "\n")
+    elif pick.lacks:
         deltas.append(LACKS_TEXT[pick.lacks] + "\n")
     whole = pick.best is not None and pick.bold == (0, len(pick.best.piece.text))
     for i, c in enumerate(pick.sentences):
         # the best clause is bold; a one-clause sentence only when other sentences stand beside it
         bold = pick.bold if c is pick.best and not (whole and len(pick.sentences) == 1) else None
         deltas.append(render_sentence(c, bold) + ("\n" if i < len(pick.sentences) - 1 else ""))
-    return Extract(deltas, {c.source for c in pick.sentences}, pick.lacks)
+    return Extract(deltas, {c.source for c in pick.sentences}, pick.lacks, pick.elsewhere)
 
 
 def extractive_deltas(question: str, nodes: Sequence[Any], picker: ExtractivePicker, query_embedding=None) -> Extract:
