@@ -86,6 +86,11 @@ class SectionRow:
     text: str
 
 
+def _literal(text: str) -> str:
+    """`text` for a LIKE pattern with escape character \\: its own % and _ match only themselves."""
+    return text.replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_")
+
+
 def encode_tokens(tokens: list[str]) -> str:
     """Space-joined; a space inside a token (GB/T 7714-2015) is kept as a no-break space."""
     return " ".join(t.replace(" ", "\u00a0") for t in tokens)
@@ -133,7 +138,7 @@ class DocumentStore(Store):
         """Visible documents of one knowledge base (None: all), newest first."""
         size = max(1, min(int(size), 200))
         page = max(1, min(int(page), MAX_OFFSET // size))  # a page past the end is empty; the offset stays 64-bit
-        kw = (keyword or "").strip().replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_")
+        kw = _literal((keyword or "").strip())
         # ILIKE on PostgreSQL, lower() LIKE lower() on SQLite: the keyword ignores ASCII case on both
         where = [D.c.file_name.ilike(f"%{kw}%", escape="\\"), VISIBLE, *_in_kb(kb_id)]
         v = D.alias("v")
@@ -151,7 +156,7 @@ class DocumentStore(Store):
 
     def any_retrievable_named(self, fragment: str, kb_ids: Iterable[int]) -> bool:
         """Is a document whose file name contains `fragment` searchable in one of these knowledge bases?"""
-        kw = fragment.replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_")
+        kw = _literal(fragment)
         ids = [int(k) for k in kb_ids]
         if not kw or not ids:
             return False
