@@ -24,7 +24,7 @@ from pipeline.conversation.rewrite import DeterministicRewriter, LLMRewriter
 from pipeline.conversation.router import Router
 from pipeline.conversation.service import ConversationService
 from pipeline.conversation.verified import VerifiedQAService
-from pipeline.generation.extractive import ExtractivePicker, PickerParams
+from pipeline.generation.extractive import EARLIER_CHUNKS, ExtractivePicker, PickerParams
 from pipeline.generation.support import SupportChecker, SupportParams
 from pipeline.ingestion.kb_chunking import KBChunking
 from pipeline.ingestion.rebuild import Rebuild
@@ -391,7 +391,8 @@ def load_models(c: Components, s: Settings) -> Models:
     background = c.gate_background.current
     prof = calibration.profile
     c.picker = ExtractivePicker(c.tokenizer, emb.embed_model, weights, PickerParams.from_calibration(prof.extractive),
-                                background=background, vectors=texts, holds_document=c.docs.any_retrievable_named)
+                                background=background, vectors=texts, holds_document=c.docs.any_retrievable_named,
+                                earlier=lambda doc_id, index: c.docs.texts_before(doc_id, index, EARLIER_CHUNKS))
     c.support = SupportChecker(emb.embed_model, c.tokenizer, weights, source_vectors=lambda nodes: _stored(c, nodes),
                                params=SupportParams.from_calibration(prof.support), background=background)
     return models

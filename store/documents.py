@@ -292,6 +292,13 @@ class DocumentStore(Store):
                                              c.edited_by, c.edited_at, c.manual).where(c.doc_id == doc_id)
                                       .order_by(c.chunk_index)))
 
+    def texts_before(self, doc_id: int, chunk_index: int, n: int) -> list[str]:
+        """The texts of up to `n` chunks of the document just before `chunk_index`, nearest first (idx_chunk_doc)."""
+        c = C.c
+        with self.db.connect() as conn:
+            return list(conn.execute(select(c.text).where(c.doc_id == doc_id, c.chunk_index < chunk_index)
+                                     .order_by(c.chunk_index.desc()).limit(n)).scalars())
+
     def get_chunks(self, chunk_ids: Iterable[int]) -> dict[int, dict]:
         ids = list({int(i) for i in chunk_ids})
         out: dict[int, dict] = {}

@@ -195,6 +195,8 @@ def test_rows_transactions_and_like(db):
     # the referral check (an answer pointing at a document the knowledge base does not hold)
     assert docs.any_retrievable_named("Report-ABC", [1]) and not docs.any_retrievable_named("Report-ABC", [2])
     assert not any(docs.any_retrievable_named(w, [1]) for w in ("%", "_", "Report%ABC", ""))
+    # the chunks before one, nearest first (the article a chunk starting inside one continues)
+    assert docs.texts_before(doc_id, 2, 3) == ["第1块", "第0块"] and docs.texts_before(doc_id, 0, 3) == []
     assert docs.delete(doc_id) and docs.chunk_count_of(doc_id) == 0
 
 

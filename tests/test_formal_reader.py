@@ -221,3 +221,63 @@ def test_engine_answer_lacking_the_figure_is_weak(tmp_path):
         assert res["answer"].split("\n")[1] == LACKS_TEXT["number"] and res["weak"], res["answer"]
     finally:
         engine.close()
+
+
+def test_carried_article_from_the_chunk_before():
+    from pipeline.generation.articles import carried_article
+
+    before = "第十条 开户单位应当…。\n\n第十一条 开户单位现金收支应当依照下列规定办理：\n\n(一)…当日送存开户银行；\n"
+    assert carried_article("", [before]) == "第十一条"
+    assert carried_article("(三)…予以支付现金；\n\n", ["(一)…；\n(二)…；\n", before]) == "第十一条"  # two back
+    assert carried_article("## 第三章 现金管理的监督\n\n", [before]) == ""  # a chapter between: no article
+    assert carried_article("", ["第十一条 …\n\n## 第三章 现金管理的监督\n"]) == ""
+    assert carried_article("第十二条 开户单位应当建立健全现金账目。\n", [before]) == ""  # its own heading decides
+    assert carried_article("", ["一段没有条文编号的文字。"]) == "" and carried_article("", []) == ""
+
+
+@needs(REGS / "现金管理暂行条例(2011-01-08).md")
+def test_sentence_of_a_chunk_starting_inside_an_article_names_that_article(picker):
+    """A long article cut in two: the second chunk's list item is cited as the article it belongs to, read from the
+    chunk before (picker `earlier`); without that lookup it stays unnamed, as before."""
+    cash = "现金管理暂行条例(2011-01-08).md"
+    whole = article_text(cash, "第十一条", "第十二条")
+    cut = whole.index("(四)")
+    first, second = whole[:cut], whole[cut:]
+    asked = []
+
+    def earlier(doc_id, chunk_index):
+        asked.append((doc_id, chunk_index))
+        return [first]
+
+    from pipeline.generation.extractive import ExtractivePicker
+    from pipeline.models.tokenize_zh import ChineseTokenizer
+
+    second_chunk = NodeWithScore(node=TextNode(text=second, metadata={"doc_name": cash, "doc_id": 7,
+                                                                        "chunk_index": 4}), score=1.0)
+    question = "采购地点不固定急需用现金怎么办？"
+    got = "".join(extractive_deltas(question, [second_chunk],
+                                    ExtractivePicker(ChineseTokenizer(), earlier=earlier)).deltas)
+    assert "《现金管理暂行条例》第十一条：" in got and "(四)因采购地点不固定" in got and asked == [(7, 4)], got
+    plain = "".join(extractive_deltas(question, [second_chunk], picker).deltas)
+    assert "(四)因采购地点不固定" in plain and "第十一条" not in plain
+
+
+@pytest.mark.slow
+@needs(REGS / "现金管理暂行条例(2011-01-08).md")
+def test_engine_names_the_article_a_chunk_continues(tmp_path):
+    """Through the real engine (default chunking, SQLite store): 第十一条 of 《现金管理暂行条例》 is longer than a chunk,
+    and its item (四) sits in a chunk without the heading; the answer quoting it still names 第十一条."""
+    from tests.live import engine_with_texts
+
+    cash = "现金管理暂行条例(2011-01-08).md"
+    engine = engine_with_texts(tmp_path, {cash: (REGS / cash).read_text(encoding="utf-8")})
+    try:
+        docs = engine.components.docs
+        doc_id = docs.list()[0][0]["doc_id"]
+        holder = next(c for c in docs.chunks_of(doc_id) if "(四)因采购地点不固定" in c["text"])
+        assert "第十一条" not in holder["text"] and holder["chunk_index"] > 0  # the article was cut before (四)
+        res = engine.ask_sync("因为采购地点不固定、交通不便，必须使用现金的，单位要怎么办？")
+        line = next(x for x in res["answer"].split("\n") if "因采购地点不固定" in x)
+        assert line.startswith("- 《现金管理暂行条例》第十一条："), res["answer"]
+    finally:
+        engine.close()

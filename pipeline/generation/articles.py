@@ -2,8 +2,9 @@
 
 Laws, regulations and contracts number their articles with a heading at the start of a line, 「第十九条 …」 (the
 regulations corpus: 6247 of 6247 headings so). Only the first paragraph (款) of an article carries it, so a
-sentence belongs to the last heading before it in the chunk; a chunk that starts inside an article without the
-heading gives no article (nothing is guessed). A 「第十一条」 inside a sentence (「依照本条例第十一条的规定」) is a
+sentence belongs to the last heading before it in the chunk. A chunk that starts inside an article (a long one cut
+in two) takes the article from the earlier chunks of its document when the reader can read them (carried_article);
+nothing is guessed across a chapter heading. A 「第十一条」 inside a sentence (「依照本条例第十一条的规定」) is a
 cross-reference, not a heading: only a line start followed by a space counts.
 """
 from __future__ import annotations
@@ -38,6 +39,28 @@ def articles_of(text: str, pieces: Sequence[Piece]) -> dict[int, str]:
         if h >= 0:
             out[p.position] = heads[h][1]
     return out
+
+
+# a chapter / section heading line: an article does not run on across it
+_DIVISION = re.compile(rf"^[ \t\u3000]*(?:#|第[{_NUM}\d]+[编章节][ \t\u3000])", re.M)
+
+
+def carried_article(head: str, earlier: Sequence[str]) -> str:
+    """The article a chunk's first lines belong to when the chunk starts inside it (a long article cut in two):
+    the last heading of the nearest earlier chunk that has one. `head`: the chunk's text before the sentence;
+    `earlier`: the texts of the chunks before it, nearest first. Nothing when a chapter heading or an article
+    heading stands between."""
+    if HEADING.search(head) or _DIVISION.search(head):
+        return ""
+    for text in earlier:
+        heads = HEADING.findall(text)
+        last_division = max((m.start() for m in _DIVISION.finditer(text)), default=-1)
+        if heads:
+            last = list(HEADING.finditer(text))[-1]
+            return last.group(1) if last.start() > last_division else ""
+        if last_division >= 0:
+            return ""
+    return ""
 
 
 def title_of(doc_name: str | None) -> str:

@@ -46,7 +46,7 @@ import numpy as np
 
 from pipeline.events import EXTRACTIVE_LABEL
 from pipeline.generation.answer_type import expected_kind, lacks_answer, offers
-from pipeline.generation.articles import HEADING, LEADING_HEADING, articles_of, citation
+from pipeline.generation.articles import HEADING, LEADING_HEADING, articles_of, carried_article, citation
 from pipeline.generation.candidates import Candidate, Cues, assemble, measure
 from pipeline.generation.deciding import deciding_clause, lead_in
 from pipeline.generation.instructions import is_instruction
@@ -63,6 +63,7 @@ MAX_SENTENCE_CHARS = 200
 PREFILTER = 10           # candidates embedded per question
 EMBED_CHARS = 96         # a longer sentence is embedded by its window of clauses that best covers the question:
                          # attention cost grows with the longest text of the batch (12 × 200 chars ≈ 7 × 12 × 40)
+EARLIER_CHUNKS = 3       # chunks read back for the article a chunk starting inside one continues
 NOT_FOUND_TEXT = "资料中未找到直接回答该问题的内容"
 # the first line of an answer whose sentences are about the matter asked but hold no figure of the kind asked
 LACKS_TEXT = {"number": "资料中没有给出所问的具体数字，以下是最相关的原文，请核对：",
@@ -135,10 +136,13 @@ class ExtractivePicker:
                  weights_of: Callable[[Sequence[int]], TermWeights] = _uniform, params: PickerParams | None = None,
                  prefilter: int = PREFILTER, max_chunks: int = MAX_CHUNKS,
                  background: Callable[[Sequence[int]], Any] = _no_background, vectors: TextVectors | None = None,
-                 holds_document: Callable[[str, Sequence[int]], bool] | None = None):
+                 holds_document: Callable[[str, Sequence[int]], bool] | None = None,
+                 earlier: Callable[[int, int], list[str]] | None = None):
         self.background = background  # None from it: no "not found" from scores
         # (file-name fragment, kb_ids) → is such a document searchable there; None: no referral check
         self.holds_document = holds_document
+        # (doc_id, chunk_index) → the texts of the chunks just before it, nearest first; None: not read
+        self.earlier = earlier
         self.prefilter = prefilter  # calibration dumps embed every candidate
         self.max_chunks = max_chunks
         self.embed_model = embed_model
@@ -222,7 +226,7 @@ class ExtractivePicker:
         result = self.select(self.candidates(question, nodes, query_embedding), len(nodes),
                              bg.sim_median if bg is not None else None)
         if result.found and result.best is not None:
-            result = _with_sources(result, nodes)
+            result = _with_sources(result, nodes, self.earlier)
             kind = expected_kind(question)
             result = replace(result, bold=self._bold_span(question, result.best, self.weights_of(scope)),
                              lacks=kind if lacks_answer(kind, [c.piece.text for c in result.sentences], question)
@@ -270,11 +274,12 @@ def stay_in_document(best: Candidate, picked: list[Candidate]) -> list[Candidate
     return own + [c for c in picked if c.doc != best.doc and c.terms - covered]
 
 
-def _with_sources(pick: Pick, nodes: Sequence[Any]) -> Pick:
+def _with_sources(pick: Pick, nodes: Sequence[Any], earlier: Callable[[int, int], list[str]] | None = None) -> Pick:
     """The picked sentences with what their chunk says about them: the article they sit under (《…》第十九条) and
     the lead-in of a list item (its verdict: 「下列项目免征增值税：」 above 「（一）…」). Display only: scoring items
     as lead-in + item was tried and lost 3 of 138 regulations_dev answers (every item of a list then scores alike
-    and crowds out the sentence that answers)."""
+    and crowds out the sentence that answers). `earlier` reads the chunks before a chunk that starts inside an
+    article, for the article its first sentences belong to."""
     units: dict[int, list] = {}
     changed: dict[int, Candidate] = {}
     for c in pick.sentences:
@@ -282,12 +287,24 @@ def _with_sources(pick: Pick, nodes: Sequence[Any]) -> Pick:
         if c.source not in units:
             units[c.source] = answer_units(node_text(n))
         pieces = units[c.source]
-        article = articles_of(node_text(n), pieces).get(c.piece.position, "")
+        article = articles_of(node_text(n), pieces).get(c.piece.position, "") or _carried(c, n, earlier)
         lead = lead_in(pieces, c.piece.position)
         changed[id(c)] = replace(c, cite=citation(node_meta(n).get("doc_name"), article),
                                  lead=LEADING_HEADING.sub("", lead) if article else lead)
     return replace(pick, sentences=[changed[id(c)] for c in pick.sentences],
                    best=changed.get(id(pick.best), pick.best))
+
+
+def _carried(c: Candidate, node: Any, earlier: Callable[[int, int], list[str]] | None) -> str:
+    """The article a sentence before its chunk's first heading continues (articles.carried_article), or ""."""
+    meta, text = node_meta(node), node_text(node)
+    at = text.find(c.piece.text[:12])
+    if earlier is None or at < 0 or meta.get("doc_id") is None or not meta.get("chunk_index"):
+        return ""  # no store to read, a re-joined sentence, or the document's first chunk
+    head = text[:at]
+    if HEADING.search(head):
+        return ""
+    return carried_article(head, earlier(int(meta["doc_id"]), int(meta["chunk_index"])))
 
 
 def render_sentence(c: Candidate, bold: tuple[int, int] | None = None) -> str:
