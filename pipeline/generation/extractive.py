@@ -37,6 +37,7 @@ means no content word matches at all.
 """
 from __future__ import annotations
 
+import functools
 import re
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
@@ -282,6 +283,7 @@ def _with_sources(pick: Pick, nodes: Sequence[Any], earlier: Callable[[int, int]
     article, for the article its first sentences belong to."""
     units: dict[int, list] = {}
     changed: dict[int, Candidate] = {}
+    earlier = functools.cache(earlier) if earlier is not None else None  # one read per chunk of this answer
     for c in pick.sentences:
         n = nodes[c.source - 1]
         if c.source not in units:
@@ -301,10 +303,7 @@ def _carried(c: Candidate, node: Any, earlier: Callable[[int, int], list[str]] |
     at = text.find(c.piece.text[:12])
     if earlier is None or at < 0 or meta.get("doc_id") is None or not meta.get("chunk_index"):
         return ""  # no store to read, a re-joined sentence, or the document's first chunk
-    head = text[:at]
-    if HEADING.search(head):
-        return ""
-    return carried_article(head, earlier(int(meta["doc_id"]), int(meta["chunk_index"])))
+    return carried_article(text[:at], earlier(int(meta["doc_id"]), int(meta["chunk_index"])))
 
 
 def render_sentence(c: Candidate, bold: tuple[int, int] | None = None) -> str:
