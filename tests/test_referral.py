@@ -67,30 +67,40 @@ def test_answer_handed_over_to_a_missing_document_says_where_the_rule_is():
 
 @pytest.mark.slow
 @needs(REGS / DISPUTES)
-def test_engine_answer_from_a_pointer_is_weak_until_the_document_is_uploaded(tmp_path):
+def test_engine_answer_from_a_pointer_is_weak_until_the_document_is_searched(tmp_path):
     """The real engine (packaged embedding model, offline, SQLite store): the pointer answers as weak, naming the
-    missing regulation; once a document of that name is searchable, the same sentence is no pointer to a missing
+    missing regulation, while no knowledge base the question searches holds it — also when another one it does not
+    search does; searching that one too, or uploading the document here, the sentence is no pointer to a missing
     one."""
-    from pipeline.generation.referral import title_key
-    from tests.live import engine_with_texts
+    from tests.live import backgrounds_measured, engine_with_texts
 
     engine = engine_with_texts(tmp_path, {DISPUTES: (REGS / DISPUTES).read_text(encoding="utf-8")})
+    missing_line = ELSEWHERE_TEXT.format(title="医疗事故处理条例")
     try:
         res = engine.ask_sync(QUESTION)
         assert res["sources"], res["answer"]
-        assert res["answer"].split("\n")[1] == ELSEWHERE_TEXT.format(title="医疗事故处理条例") and res["weak"], \
-            res["answer"]
+        assert res["answer"].split("\n")[1] == missing_line and res["weak"], res["answer"]
         docs = engine.components.docs
         assert not docs.any_retrievable_named(title_key("医疗事故处理条例"), [1])
         other = tmp_path / "医疗事故处理条例(2002-04-04).md"
-        other.write_text("第一条 为了正确处理医疗事故，保障医疗安全，制定本条例。\n"
-                         "第四条 根据对患者人身造成的损害程度，医疗事故分为四级。\n", encoding="utf-8")
-        engine.upload([(other.name, other)])
+        # its text shares nothing with the question: searching both KBs, the sources still all come from KB 1, so
+        # only the searched scope (not the sources' KBs) can tell the answer that the KBs hold the document
+        other.write_text("第九十八条 本条例自2002年9月1日起施行。\n", encoding="utf-8")
+        kb2 = engine.create_kb("医疗事故")["kb_id"]
+        engine.upload([(other.name, other)], kb_id=kb2)
         assert engine.wait_idle(300), "ingest did not finish"
-        assert docs.any_retrievable_named("医疗事故处理条例", [1])
-        assert not docs.any_retrievable_named("医疗事故处理条例", [2])  # another knowledge base does not hold it
-        assert not any(docs.any_retrievable_named(w, [1]) for w in ("%", "_", "条例%年"))  # LIKE wildcards: literal
-        again = engine.ask_sync(QUESTION)
-        assert ELSEWHERE_TEXT.split("《")[0] not in again["answer"], again["answer"]
+        backgrounds_measured(engine, (1, kb2))
+        assert docs.any_retrievable_named("医疗事故处理条例", [kb2]) and not docs.any_retrievable_named(
+            "医疗事故处理条例", [1])
+        assert not any(docs.any_retrievable_named(w, [1, kb2]) for w in ("%", "_", "条例%年"))  # LIKE: literal
+        only_here = engine.ask_sync(QUESTION, kb_ids=[1])
+        assert only_here["answer"].split("\n")[1] == missing_line, only_here["answer"]
+        both = engine.ask_sync(QUESTION, kb_ids=[1, kb2])
+        assert both["sources"] and {src["kb_id"] for src in both["sources"]} == {1}, both["sources"]
+        assert missing_line not in both["answer"], both["answer"]
+        engine.upload([(other.name, other)], kb_id=1)
+        assert engine.wait_idle(300), "ingest did not finish"
+        again = engine.ask_sync(QUESTION, kb_ids=[1])
+        assert again["sources"] and missing_line not in again["answer"], again["answer"]
     finally:
         engine.close()

@@ -103,7 +103,8 @@ def _llm_context(llm: Any) -> dict:
 def stream_answer(question: str, nodes: Sequence[Any], llm: Any, temperature: float,
                   *, history: Sequence[dict] = (),
                   retrieval_query: str | None = None, picker: Any = None,
-                  query_embedding: Any = None, max_tokens: int | None = None) -> Generator[Event, None, GenerationResult]:
+                  query_embedding: Any = None, max_tokens: int | None = None,
+                  kb_ids: Sequence[int] | None = None) -> Generator[Event, None, GenerationResult]:
     """Yield delta events of the answer; return GenerationResult(text, cited).
 
     `nodes` are the reranked NodeWithScore list (material [n] = nodes[n-1]). `llm` None → extractive answer
@@ -112,6 +113,8 @@ def stream_answer(question: str, nodes: Sequence[Any], llm: Any, temperature: fl
     No nodes → the standard no-answer text without calling the LLM. `history` (the last few turns) and the
     rewritten `retrieval_query` of a follow-up go into the prompt, apart from the materials. `max_tokens` caps
     the LLM's answer (a client of the OpenAI-compatible API may ask for it; None: the server's default).
+    `kb_ids`: the knowledge bases the question searched (what an extractive answer says the KB holds or lacks;
+    None: those of the sources).
     """
     nodes = list(nodes or [])
     if not nodes:
@@ -122,7 +125,7 @@ def stream_answer(question: str, nodes: Sequence[Any], llm: Any, temperature: fl
         if picker is None:
             raise ValueError("an extractive answer needs the picker that pipeline.components builds")
         # the rewritten query carries the follow-up's topic (「那乙方呢」 alone matches no sentence)
-        ex = extractive_deltas(retrieval_query or question, nodes, picker, query_embedding)
+        ex = extractive_deltas(retrieval_query or question, nodes, picker, query_embedding, kb_ids=kb_ids)
         for d in ex.deltas:
             yield delta(d)
         return GenerationResult("".join(ex.deltas), ex.cited, sorted(ex.cited), weak=ex.weak)

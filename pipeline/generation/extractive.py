@@ -220,7 +220,10 @@ class ExtractivePicker:
         picked.sort(key=lambda c: (c.source, c.piece.position))
         return Pick(picked, best, None, True, top, closest)
 
-    def pick(self, question: str, nodes: Sequence[Any], query_embedding=None) -> Pick:
+    def pick(self, question: str, nodes: Sequence[Any], query_embedding=None,
+             kb_ids: Sequence[int] | None = None) -> Pick:
+        """The answer sentences. `kb_ids`: the knowledge bases searched (None: those of the sources), where a
+        document the best sentence hands the matter to is looked for."""
         nodes = list(nodes)
         scope = kb_ids_of(nodes)
         bg = self.background(scope)
@@ -231,11 +234,11 @@ class ExtractivePicker:
             kind = expected_kind(question)
             result = replace(result, bold=self._bold_span(question, result.best, self.weights_of(scope)),
                              lacks=kind if lacks_answer(kind, [c.piece.text for c in result.sentences], question)
-                             else None, elsewhere=self._elsewhere(result.best, scope))
+                             else None, elsewhere=self._elsewhere(result.best, list(kb_ids or scope)))
         return result
 
     def _elsewhere(self, best: Candidate, scope: Sequence[int]) -> str | None:
-        """The document the best sentence hands the matter to, when the knowledge bases of the sources lack it."""
+        """The document the best sentence hands the matter to, when the knowledge bases searched lack it."""
         title = handed_over_to(best.piece.text)
         if title is None or self.holds_document is None or not scope:
             return None
@@ -361,7 +364,8 @@ def render(pick: Pick) -> Extract:
     return Extract(deltas, {c.source for c in pick.sentences}, pick.lacks, pick.elsewhere)
 
 
-def extractive_deltas(question: str, nodes: Sequence[Any], picker: ExtractivePicker, query_embedding=None) -> Extract:
+def extractive_deltas(question: str, nodes: Sequence[Any], picker: ExtractivePicker, query_embedding=None,
+                      kb_ids: Sequence[int] | None = None) -> Extract:
     """The deltas of an extractive answer (label first), the cited material numbers and what it lacks.
 
     When the best source is a verified Q&A entry, its checked answer is the reply (quoting sentences of it
@@ -371,4 +375,4 @@ def extractive_deltas(question: str, nodes: Sequence[Any], picker: ExtractivePic
         from pipeline.conversation.verified import answer_of
 
         return Extract([f"{VERIFIED_LABEL}：\n", f"{answer_of(node_text(nodes[0]))}[1]"], {1}, None)
-    return render(picker.pick(question, nodes, query_embedding))
+    return render(picker.pick(question, nodes, query_embedding, kb_ids=kb_ids))

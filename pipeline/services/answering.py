@@ -279,7 +279,8 @@ class AnswerService:
             with c.questions.computing() if llm is None else nullcontext():
                 result = yield from stream_answer(question, res.final, llm, self._temperature(gen),
                                                   history=history, retrieval_query=rw.query, picker=c.picker,
-                                                  query_embedding=res.query_embedding, max_tokens=gen.max_tokens)
+                                                  query_embedding=res.query_embedding, max_tokens=gen.max_tokens,
+                                                  kb_ids=scope)
         except LLMError as exc:
             yield ev.error(CODE_LLM, exc.msg)
             return
