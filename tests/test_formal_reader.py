@@ -257,7 +257,9 @@ def test_sentence_of_a_chunk_starting_inside_an_article_names_that_article(picke
     question = "采购地点不固定急需用现金怎么办？"
     got = "".join(extractive_deltas(question, [second_chunk],
                                     ExtractivePicker(ChineseTokenizer(), earlier=earlier)).deltas)
-    assert "《现金管理暂行条例》第十一条：" in got and "(四)因采购地点不固定" in got and asked == [(7, 4)], got
+    # the article, and the lead-in of its list, which sits in the chunk before
+    assert "《现金管理暂行条例》第十一条：开户单位现金收支应当依照下列规定办理：……" in got, got
+    assert "(四)因采购地点不固定" in got and asked == [(7, 4)], got
     plain = "".join(extractive_deltas(question, [second_chunk], picker).deltas)
     assert "(四)因采购地点不固定" in plain and "第十一条" not in plain
 
@@ -266,7 +268,8 @@ def test_sentence_of_a_chunk_starting_inside_an_article_names_that_article(picke
 @needs(REGS / "现金管理暂行条例(2011-01-08).md")
 def test_engine_names_the_article_a_chunk_continues(tmp_path):
     """Through the real engine (default chunking, SQLite store): 第十一条 of 《现金管理暂行条例》 is longer than a chunk,
-    and its item (四) sits in a chunk without the heading; the answer quoting it still names 第十一条."""
+    and its item (四) sits in a chunk without the heading; the answer quoting it still names 第十一条 and the list's
+    lead-in."""
     from tests.live import engine_with_texts
 
     cash = "现金管理暂行条例(2011-01-08).md"
@@ -278,6 +281,19 @@ def test_engine_names_the_article_a_chunk_continues(tmp_path):
         assert "第十一条" not in holder["text"] and holder["chunk_index"] > 0  # the article was cut before (四)
         res = engine.ask_sync("因为采购地点不固定、交通不便，必须使用现金的，单位要怎么办？")
         line = next(x for x in res["answer"].split("\n") if "因采购地点不固定" in x)
-        assert line.startswith("- 《现金管理暂行条例》第十一条："), res["answer"]
+        assert line.startswith("- 《现金管理暂行条例》第十一条：开户单位现金收支应当依照下列规定办理：……"), res["answer"]
     finally:
         engine.close()
+
+
+def test_continued_lead_in_reads_lines_of_the_chunk_before():
+    from pipeline.generation.deciding import continued_lead_in
+
+    before = ("第十一条 开户单位现金收支应当依照下列规定办理：\n\n(一)当日送存开户银行。当日送存确有困难的，由开户银行确定；\n\n"
+              "(二)不得坐支。因特殊情况需要坐支现金的，应当事先报经开户银行审查批准；\n")  # items of two sentences
+    item = "(四)因采购地点不固定，必须使用现金的，开户单位应当向开户银行提出申请"
+    assert continued_lead_in("(三)从开户银行提取现金，应当写明用途；\n\n", item, before) == \
+        "第十一条 开户单位现金收支应当依照下列规定办理："
+    assert continued_lead_in("", "开户单位应当建立健全现金账目", before) == ""  # no item
+    assert continued_lead_in("前款规定的情形除外。\n", item, before) == ""  # not a list from the chunk start
+    assert continued_lead_in("", item, "第十条 开户单位应当建立健全现金账目。\n") == ""  # no lead-in above

@@ -38,6 +38,22 @@ def deciding_clause(question: str, text: str) -> list[tuple[int, int]]:
     return [sp for sp in verdict_clauses(text) if offers(kind, text[sp[0]:sp[1]], question, untagged)]
 
 
+def continued_lead_in(head: str, item: str, before: str) -> str:
+    """The lead-in of a list item whose list the chunk starts inside (a long article cut in its list): the last
+    line of the chunk before (`before`) that is no item, when it ends in ：. `head`: this chunk's text above the
+    item, which must hold only items. Lines, not sentences: an item may run over several sentences."""
+    if not _ITEM.match(item) or any(not _ITEM.match(x) for x in _lines(head)):
+        return ""
+    for line in reversed(_lines(before)[-MAX_ITEMS_BACK:]):
+        if not _ITEM.match(line):
+            return line if line.endswith(("：", ":")) else ""
+    return ""
+
+
+def _lines(text: str) -> list[str]:
+    return [x.strip() for x in (text or "").splitlines() if x.strip()]
+
+
 def lead_in(pieces: Sequence[Piece], position: int) -> str:
     """The lead-in line of the list item at `position` (the nearest earlier line ending in ：, with only items
     between), or "" when it is no item or its lead-in is not in this chunk."""

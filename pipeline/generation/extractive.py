@@ -49,7 +49,7 @@ from pipeline.events import EXTRACTIVE_LABEL
 from pipeline.generation.answer_type import expected_kind, lacks_answer, offers
 from pipeline.generation.articles import HEADING, LEADING_HEADING, articles_of, carried_article, citation
 from pipeline.generation.candidates import Candidate, Cues, assemble, measure
-from pipeline.generation.deciding import deciding_clause, lead_in
+from pipeline.generation.deciding import continued_lead_in, deciding_clause, lead_in
 from pipeline.generation.instructions import is_instruction
 from pipeline.generation.referral import handed_over_to, title_key
 from pipeline.generation.sentences import answer_units, clauses
@@ -283,7 +283,7 @@ def _with_sources(pick: Pick, nodes: Sequence[Any], earlier: Callable[[int, int]
     the lead-in of a list item (its verdict: 「下列项目免征增值税：」 above 「（一）…」). Display only: scoring items
     as lead-in + item was tried and lost 3 of 138 regulations_dev answers (every item of a list then scores alike
     and crowds out the sentence that answers). `earlier` reads the chunks before a chunk that starts inside an
-    article, for the article its first sentences belong to."""
+    article, for the article its first sentences belong to (and the lead-in of a list cut there)."""
     units: dict[int, list] = {}
     changed: dict[int, Candidate] = {}
     earlier = functools.cache(earlier) if earlier is not None else None  # one read per chunk of this answer
@@ -292,8 +292,12 @@ def _with_sources(pick: Pick, nodes: Sequence[Any], earlier: Callable[[int, int]
         if c.source not in units:
             units[c.source] = answer_units(node_text(n))
         pieces = units[c.source]
-        article = articles_of(node_text(n), pieces).get(c.piece.position, "") or _carried(c, n, earlier)
+        article = articles_of(node_text(n), pieces).get(c.piece.position, "")
         lead = lead_in(pieces, c.piece.position)
+        if not article:
+            article = _carried(c, n, earlier)
+            if article and not lead:  # an item of a list the chunk starts inside: the lead-in is in the one before
+                lead = _continued_lead_in(c, n, earlier)
         changed[id(c)] = replace(c, cite=citation(node_meta(n).get("doc_name"), article),
                                  lead=LEADING_HEADING.sub("", lead) if article else lead)
     return replace(pick, sentences=[changed[id(c)] for c in pick.sentences],
@@ -307,6 +311,12 @@ def _carried(c: Candidate, node: Any, earlier: Callable[[int, int], list[str]] |
     if earlier is None or at < 0 or meta.get("doc_id") is None or not meta.get("chunk_index"):
         return ""  # no store to read, a re-joined sentence, or the document's first chunk
     return carried_article(text[:at], earlier(int(meta["doc_id"]), int(meta["chunk_index"])))
+
+
+def _continued_lead_in(c: Candidate, node: Any, earlier: Callable[[int, int], list[str]]) -> str:
+    meta, text = node_meta(node), node_text(node)
+    texts = earlier(int(meta["doc_id"]), int(meta["chunk_index"]))
+    return continued_lead_in(text[:text.find(c.piece.text[:12])], c.piece.text, texts[0]) if texts else ""
 
 
 def render_sentence(c: Candidate, bold: tuple[int, int] | None = None) -> str:
