@@ -29,7 +29,7 @@ sentences. When the question asks for a figure (多少 / 多久: a number; 何�
 holds one the question lacks (answer_type.lacks_answer), the sentences are about the matter asked but not its
 figure (「具体限额由中国人民银行规定」 for 「最多能带多少」): the answer says so in its first line (LACKS_TEXT) and is
 weak (`done.weak`), whatever the gate decided. So is an answer whose best sentence hands the matter to a document
-the sources' knowledge bases do not hold (「…依照《医疗事故处理条例》的相关规定执行」: pipeline/generation/referral.py;
+the knowledge bases searched do not hold (「…依照《医疗事故处理条例》的相关规定执行」: pipeline/generation/referral.py;
 ELSEWHERE_TEXT names it). Weights and thresholds belong to the embedding model (its
 calibration profile, pipeline/calibration, section `extractive`); they are fitted with `python -m tools.eval.calibrate` (tools/eval/calibrate_extractive.py,
 leave-one-set-out; docs/retrieval-eval.md). Without an embedding model (unit tests) the lexical part alone decides and "not found"
@@ -284,39 +284,37 @@ def _with_sources(pick: Pick, nodes: Sequence[Any], earlier: Callable[[int, int]
     as lead-in + item was tried and lost 3 of 138 regulations_dev answers (every item of a list then scores alike
     and crowds out the sentence that answers). `earlier` reads the chunks before a chunk that starts inside an
     article, for the article its first sentences belong to (and the lead-in of a list cut there)."""
-    units: dict[int, list] = {}
+    units: dict[int, tuple[list, dict[int, str]]] = {}  # per source: its pieces and the article of each
     changed: dict[int, Candidate] = {}
     earlier = functools.cache(earlier) if earlier is not None else None  # one read per chunk of this answer
     for c in pick.sentences:
         n = nodes[c.source - 1]
         if c.source not in units:
-            units[c.source] = answer_units(node_text(n))
-        pieces = units[c.source]
-        article = articles_of(node_text(n), pieces).get(c.piece.position, "")
+            pieces = answer_units(node_text(n))
+            units[c.source] = pieces, articles_of(node_text(n), pieces)
+        pieces, articles = units[c.source]
+        article = articles.get(c.piece.position, "")
         lead = lead_in(pieces, c.piece.position)
-        if not article:
-            article = _carried(c, n, earlier)
-            if article and not lead:  # an item of a list the chunk starts inside: the lead-in is in the one before
-                lead = _continued_lead_in(c, n, earlier)
+        above = None if article else _above(c, n, earlier)
+        if above is not None:  # the chunk starts inside an article: its heading (and a list's lead-in) came before
+            head, before = above
+            article = carried_article(head, before)
+            if article and not lead and before:
+                lead = continued_lead_in(head, c.piece.text, before[0])
         changed[id(c)] = replace(c, cite=citation(node_meta(n).get("doc_name"), article),
                                  lead=LEADING_HEADING.sub("", lead) if article else lead)
     return replace(pick, sentences=[changed[id(c)] for c in pick.sentences],
                    best=changed.get(id(pick.best), pick.best))
 
 
-def _carried(c: Candidate, node: Any, earlier: Callable[[int, int], list[str]] | None) -> str:
-    """The article a sentence before its chunk's first heading continues (articles.carried_article), or ""."""
+def _above(c: Candidate, node: Any, earlier: Callable[[int, int], list[str]] | None) -> tuple[str, list[str]] | None:
+    """(the chunk's text above the sentence, the texts of the chunks before it, nearest first), or None: no store to
+    read, a re-joined sentence (not verbatim in its chunk), or the document's first chunk."""
     meta, text = node_meta(node), node_text(node)
     at = text.find(c.piece.text[:12])
     if earlier is None or at < 0 or meta.get("doc_id") is None or not meta.get("chunk_index"):
-        return ""  # no store to read, a re-joined sentence, or the document's first chunk
-    return carried_article(text[:at], earlier(int(meta["doc_id"]), int(meta["chunk_index"])))
-
-
-def _continued_lead_in(c: Candidate, node: Any, earlier: Callable[[int, int], list[str]]) -> str:
-    meta, text = node_meta(node), node_text(node)
-    texts = earlier(int(meta["doc_id"]), int(meta["chunk_index"]))
-    return continued_lead_in(text[:text.find(c.piece.text[:12])], c.piece.text, texts[0]) if texts else ""
+        return None
+    return text[:at], earlier(int(meta["doc_id"]), int(meta["chunk_index"]))
 
 
 def render_sentence(c: Candidate, bold: tuple[int, int] | None = None) -> str:
