@@ -336,6 +336,12 @@ def test_the_engine_weighs_bm25_by_what_it_can_see(engine):
     seen = engine.retrieve("长江最终注入哪里")  # 长江 最终 注入: every content word is in the documents
     assert seen.fusion_features["visible"] == 1.0
     assert seen.bm25_weight == pytest.approx(auto_weight(seen.fusion_features, coefs))
+    # a fixed weight is not scaled, so the share is not measured (and the trace does not claim the weight shrank)
+    fixed = engine.settings.model_copy(update={"convex_auto_weight": False, "convex_bm25_weight": 0.3})
+    _, kept, _ = c.retrieval.recall(q, fixed)
+    assert "visible" not in kept.features and kept.bm25_weight == pytest.approx(0.3)
+    from ui.render import fusion_title
+    assert "库中出现" not in fusion_title({"mode": "convex", "bm25_weight": 0.3, "features": kept.features})
 
 
 @pytest.mark.slow

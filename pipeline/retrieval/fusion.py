@@ -412,9 +412,10 @@ class HybridRetriever(BaseRetriever):
             with timing.stage("fusion"):
                 cands = self.complete(query_bundle, out.bm25, out.vector, inner, scores,
                                       [b.embedding for b in expansions if b.embedding is not None])
-                out.features = self.features(query_bundle.query_str, inner, out.bm25, out.vector, text)
+                out.features = self.features(query_bundle.query_str, inner, out.bm25, out.vector,
+                                             text if self.params.auto_alpha else None)
                 out.fused, out.bm25_weight = fuse(cands, self.params, out.features)
-                scaled = self.params.auto_alpha and out.features.get("visible", 1.0) < 1.0
+                scaled = out.features.get("visible", 1.0) < 1.0
                 out.evidence = without_prior(fuse(cands, self.params, fully_visible(out.features))[0] if scaled
                                              else out.fused)
         out.ms = dict(ms)
@@ -444,13 +445,15 @@ class HybridRetriever(BaseRetriever):
     def features(query: str, inner, bm25: list[NodeWithScore], vector: list[NodeWithScore],
                  searched: str | None = None) -> dict[str, float]:
         """The α model's features of the question asked, and the visible share of what BM25 searched (`searched`:
-        the question with the multi-query's phrasings, whose words in the documents' register it matches too)."""
+        the question with the multi-query's phrasings, whose words in the documents' register it matches too;
+        None: not measured — only the α model's share is scaled by it, a fixed weight is not)."""
         if not bm25 or not vector or inner is None:
             return {}
         cov = inner.coverage(query, bm25[0].node.node_id)
-        return query_features([n.score for n in bm25[:10]], [n.score for n in vector[:10]],
-                              [n.node.node_id for n in bm25[:10]], [n.node.node_id for n in vector[:10]],
-                              cov, len(query)) | {"visible": inner.visible_share(searched or query)}
+        feats = query_features([n.score for n in bm25[:10]], [n.score for n in vector[:10]],
+                               [n.node.node_id for n in bm25[:10]], [n.node.node_id for n in vector[:10]],
+                               cov, len(query))
+        return feats if searched is None else feats | {"visible": inner.visible_share(searched)}
 
     def _retrieve(self, query_bundle: QueryBundle) -> list[NodeWithScore]:
         return self.run(query_bundle).fused
