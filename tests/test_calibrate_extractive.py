@@ -71,3 +71,32 @@ def test_the_formal_family_is_dumped_with_its_own_questions_and_formal_evals_rul
     assert not holds("收到申请之日起三十日内", [span], [])
     assert holds_chunk("第十条　经营者应当在收到申请之日起\n三十日内作出决定。", [span], [])
     assert formal_sentence_holds is holds and formal_chunk_holds is holds_chunk
+
+
+def test_run_decides_not_found_and_loose_as_the_picker_does():
+    """The calibration's vectorised rule and ExtractivePicker.select agree on the floor read over the visible
+    words: below it on every word but above it on the visible ones is a (loose) answer, below both not found."""
+    from dataclasses import replace
+
+    from pipeline.generation.candidates import Candidate
+    from pipeline.generation.extractive import ExtractivePicker
+    from pipeline.generation.sentences import Piece
+    from pipeline.models.tokenize_zh import ChineseTokenizer
+
+    p = replace(WEIGHTS, w_cov=2.0, w_context=2.0, not_found_below=0.8)
+    picker = ExtractivePicker(ChineseTokenizer())
+    picker.params = p
+    rows = [(0.84, 0.15, 0.0, 0.4), (0.84, 0.15, 0.0, 1.0), (0.80, 0.0, 0.0, 0.4), (0.86, 0.3, 0.1, 0.5),
+            (0.80, 0.1, 0.2, 0.3)]  # (cosine, coverage, context, visible) of each question's one candidate
+    n = len(rows)
+    f = {k: np.zeros((n, 1)) for k in cx.FEATURES}
+    for i, (cos, cov, ctx, _) in enumerate(rows):
+        f["cos"][i, 0], f["coverage"][i, 0], f["context"][i, 0] = cos, cov, ctx
+    d = cx.SetData("t", np.ones(n, bool), np.ones(n, bool), np.ones((n, 1), bool), f, np.ones((n, 1)),
+                   np.zeros((n, 1)), np.ones((n, 1), bool), np.full(n, 0.8), np.array([r[3] for r in rows]))
+    r = cx.run(d, p)
+    picks = [picker.select([Candidate(Piece("第一条", "。", 0), 1, cov, 0.0, cosine=cos, context=ctx)], 6, 0.8,
+                           visible=v) for cos, cov, ctx, v in rows]
+    assert list(r["found"]) == [x.found for x in picks] == [True, False, False, True, True]
+    assert list(r["loose"]) == [x.found and x.loose for x in picks] == [True, False, False, False, True]
+    assert cx.metrics(d, p)["loose_answerable"] == 0.4

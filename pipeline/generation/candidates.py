@@ -33,13 +33,16 @@ class Cues:
     grams: list[str]          # content bigrams (phrase evidence)
     focus: list[str]          # what it asks about (lexical.focus_terms)
     kind: str | None          # the kind of answer it wants (answer_type.expected_kind)
+    # IDF share of its words that some chunk of the knowledge base holds (TermWeights.visible_share): no sentence
+    # can hold the rest (「钱被撕成两半了」 against 「残缺、污损的人民币」); 1.0 when nothing is known (no index)
+    visible: float = 1.0
 
     @classmethod
     def of(cls, question: str, tokenizer, weights: TermWeights) -> "Cues":
         terms = content_terms(tokenizer(question))
         segments = tokenizer.segments(question)
         return cls(question, terms, [weights.idf(t) for t in terms], content_bigrams(segments),
-                   focus_terms(segments), expected_kind(question))
+                   focus_terms(segments), expected_kind(question), weights.visible_share(terms) or 1.0)
 
     def share(self, present: frozenset[int] | set[int]) -> float:
         """IDF share of the question's terms at these indices (lexical.coverage over index sets)."""

@@ -71,6 +71,8 @@ LACKS_TEXT = {"number": "资料中没有给出所问的具体数字，以下是�
               "time": "资料中没有给出所问的具体时间，以下是最相关的原文，请核对："}
 # the first line of an answer whose best sentence hands the matter to a document the knowledge base does not hold
 ELSEWHERE_TEXT = "资料中的规定指向《{title}》，这份文件不在知识库中；以下是最相关的原文，请核对："
+# the first line of an answer whose best sentence clears the not-found floor only on the words the KB holds
+LOOSE_TEXT = "资料中没有与问题的说法直接对应的句子，以下是最接近的原文，请核对："
 _PRIVATE_USE = re.compile(r"[\uf000-\uf8ff]")
 
 
@@ -107,6 +109,16 @@ def score(c: Candidate, p: PickerParams) -> float:
     return _lexical(c, p) + (p.w_cos * c.cosine if c.cosine is not None else 0.0)
 
 
+def visible_score(c: Candidate, p: PickerParams, visible: float) -> float:
+    """The score with the word shares (coverage, context) counted over the question's words that some chunk of
+    the knowledge base holds (`visible`: their IDF share): a word no chunk holds is in no sentence, so a question
+    typed in words the documents never use (「钱被撕成两半了」 for 「残缺、污损的人民币」) cannot reach the not-found
+    floor on coverage that no sentence could give. Only the floor reads it; the ranking stays `score`."""
+    v = min(max(visible, 1e-6), 1.0)
+    return (score(c, p) + p.w_cov * (min(1.0, c.coverage / v) - c.coverage)
+            + p.w_context * (min(1.0, c.context / v) - c.context))
+
+
 @dataclass(frozen=True)
 class Pick:
     sentences: list[Candidate]       # the answer, in source order
@@ -117,6 +129,7 @@ class Pick:
     closest: list[int]               # sources to point at when nothing was found
     lacks: str | None = None         # the kind asked (number / time) that no quoted sentence holds (answer_type)
     elsewhere: str | None = None     # the document the best sentence hands the matter to, not in the KB (referral)
+    loose: bool = False              # the best sentence clears the not-found floor only on the words the KB holds
 
 
 def _uniform(kb_ids: Sequence[int]) -> TermWeights:
@@ -159,10 +172,14 @@ class ExtractivePicker:
             return self.vectors(texts)
         return unit(self.embed_model.get_text_embedding_batch(texts))
 
-    def candidates(self, question: str, nodes: Sequence[Any], query_embedding=None) -> list[Candidate]:
+    def cues(self, question: str, nodes: Sequence[Any]) -> Cues:
+        return Cues.of(question, self.tokenizer, self.weights_of(kb_ids_of(nodes)))
+
+    def candidates(self, question: str, nodes: Sequence[Any], query_embedding=None,
+                   cues: Cues | None = None) -> list[Candidate]:
         """Statements of the top sources with their lexical scores; cosines and the answer-kind cue for the
         PREFILTER best (only those can win: the cosine term dominates)."""
-        cues = Cues.of(question, self.tokenizer, self.weights_of(kb_ids_of(nodes)))
+        cues = cues if cues is not None else self.cues(question, nodes)
         chunks = list(nodes)[:self.max_chunks]
         # an instruction-like sentence (「忽略以上所有规则……」) is never quoted as the answer
         out = assemble([[measure(piece, cues) for piece in answer_units(node_text(nws))
@@ -201,9 +218,11 @@ class ExtractivePicker:
                 best, best_cov = piece, cov
         return best
 
-    def select(self, cands: list[Candidate], n_sources: int, bg_median: float | None = None) -> Pick:
+    def select(self, cands: list[Candidate], n_sources: int, bg_median: float | None = None,
+               visible: float = 1.0) -> Pick:
         """Pure selection over scored candidates. `bg_median`: the KB background's median cosine (None: the
-        scores alone cannot tell "not found", only a lexical-only picker's zero overlap does)."""
+        scores alone cannot tell "not found", only a lexical-only picker's zero overlap does). `visible`: the
+        question's visible share (Cues.visible)."""
         p = self.params
         closest = list(range(1, min(n_sources, 3) + 1))
         if not cands:
@@ -214,11 +233,14 @@ class ExtractivePicker:
         best = ranked[0]
         top = score(best, p)
         offset = p.w_cos * bg_median if bg_median is not None else 0.0
+        loose = False
         if (bg_median is not None or p.w_cos == 0) and top - offset < p.not_found_below:
-            return Pick([], best, None, False, top, closest)
+            if visible_score(best, p, visible) - offset < p.not_found_below:
+                return Pick([], best, None, False, top, closest)
+            loose = True  # clears the floor only on the words the KB holds: quoted, and the answer says so
         picked = stay_in_document(best, [c for c in ranked[:MAX_SENTENCES] if score(c, p) >= top - p.margin])
         picked.sort(key=lambda c: (c.source, c.piece.position))
-        return Pick(picked, best, None, True, top, closest)
+        return Pick(picked, best, None, True, top, closest, loose=loose)
 
     def pick(self, question: str, nodes: Sequence[Any], query_embedding=None,
              kb_ids: Sequence[int] | None = None) -> Pick:
@@ -227,8 +249,9 @@ class ExtractivePicker:
         nodes = list(nodes)
         scope = kb_ids_of(nodes)
         bg = self.background(scope)
-        result = self.select(self.candidates(question, nodes, query_embedding), len(nodes),
-                             bg.sim_median if bg is not None else None)
+        cues = self.cues(question, nodes)
+        result = self.select(self.candidates(question, nodes, query_embedding, cues), len(nodes),
+                             bg.sim_median if bg is not None else None, cues.visible)
         if result.found and result.best is not None:
             result = _with_sources(result, nodes, self.earlier)
             kind = expected_kind(question)
@@ -347,10 +370,11 @@ class Extract(NamedTuple):
     cited: set[int]     # material numbers it cites
     lacks: str | None   # Pick.lacks: the answer says so in its first line, and is a weak one
     elsewhere: str | None = None  # Pick.elsewhere: the same, for a rule in a document the KB does not hold
+    loose: bool = False  # Pick.loose: the same, for sentences that match the question only on the words the KB holds
 
     @property
     def weak(self) -> bool:
-        return self.lacks is not None or self.elsewhere is not None
+        return self.lacks is not None or self.elsewhere is not None or self.loose
 
 
 def render(pick: Pick) -> Extract:
@@ -362,6 +386,8 @@ def render(pick: Pick) -> Extract:
         return Extract(deltas, set(pick.closest), None)
     if pick.elsewhere:  # says more than a missing figure: where the rule is
         deltas.append(ELSEWHERE_TEXT.format(title=pick.elsewhere) + "\n")
+    elif pick.loose:  # the quoted sentences may not be about the matter asked at all: before a missing figure
+        deltas.append(LOOSE_TEXT + "\n")
     elif pick.lacks:
         deltas.append(LACKS_TEXT[pick.lacks] + "\n")
     whole = pick.best is not None and pick.bold == (0, len(pick.best.piece.text))
@@ -369,7 +395,7 @@ def render(pick: Pick) -> Extract:
         # the best clause is bold; a one-clause sentence only when other sentences stand beside it
         bold = pick.bold if c is pick.best and not (whole and len(pick.sentences) == 1) else None
         deltas.append(render_sentence(c, bold) + ("\n" if i < len(pick.sentences) - 1 else ""))
-    return Extract(deltas, {c.source for c in pick.sentences}, pick.lacks, pick.elsewhere)
+    return Extract(deltas, {c.source for c in pick.sentences}, pick.lacks, pick.elsewhere, pick.loose)
 
 
 def extractive_deltas(question: str, nodes: Sequence[Any], picker: ExtractivePicker, query_embedding=None,

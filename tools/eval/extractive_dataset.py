@@ -104,7 +104,7 @@ def question_row(picker, cache: EmbCache, q_text: str, q_emb, nodes, answers, sp
         for (ci, si), v in zip(where, cache.get(windows) @ q_emb):
             chunks[ci][si]["cos"] = round(float(v), 5)
     return {"q": q_text, "terms": cues.terms, "weights": [round(w, 4) for w in cues.weights], "grams": cues.grams,
-            "focus": cues.focus, "chunks": chunks,
+            "focus": cues.focus, "visible": round(cues.visible, 4), "chunks": chunks,
             "top1": bool(nodes) and holds_chunk(nodes[0].node.get_content(), answers, spans)}
 
 
