@@ -221,7 +221,8 @@ class DonePayload(TypedDict):
     rewritten_query: NotRequired[str | None]  # what retrieval saw, when a follow-up was rewritten
     weak: NotRequired[bool]                    # answered with the 「资料相关度较低，请核对原文」 banner, or an
     #                                            extractive answer that says its sources lack the figure asked
-    #                                            or hand the matter to a document the KBs do not hold
+    #                                            or hand the matter to a document the KBs do not hold, or
+    #                                            that match the question only on the words the KBs hold
     support: NotRequired[list[dict]]           # per answer sentence: text, cited, scores, supported, unsupported
     support_summary: NotRequired[SupportSummary]
     refusal: NotRequired[RefusalInfo]          # no_answer decided after retrieval (the LLM's 「资料不足」)
