@@ -34,7 +34,8 @@ class Cues:
     focus: list[str]          # what it asks about (lexical.focus_terms)
     kind: str | None          # the kind of answer it wants (answer_type.expected_kind)
     # IDF share of its words that some chunk of the knowledge base holds (TermWeights.visible_share): no sentence
-    # can hold the rest (「钱被撕成两半了」 against 「残缺、污损的人民币」); 1.0 when nothing is known (no index)
+    # can hold the rest (「钱被撕成两半了」 against 「残缺、污损的人民币」). 1.0 when it holds none of them (or there is
+    # no index yet): with nothing to match, the floor stays as it is rather than being lifted without bound
     visible: float = 1.0
 
     @classmethod

@@ -25,7 +25,9 @@ sentence closest to the question is bold. When even the best sentence scores bel
 above this knowledge base's background (w_cos × the median best cosine of the gate's probe questions,
 pipeline/retrieval/gate_background.py), since e5 cosines shift by domain — no sentence addresses the question:
 the answer says 「资料中未找到直接回答该问题的内容」 and points at the closest sources instead of quoting unrelated
-sentences. When the question asks for a figure (多少 / 多久: a number; 何时 / 哪一年: a date) and no quoted sentence
+sentences. The floor reads the best sentence's word shares over the question's words that some chunk of the
+knowledge base holds (`visible_score`): a question typed in words the documents never use cannot have them in any
+sentence. A best sentence that clears the floor only so is quoted under LOOSE_TEXT, as a weak answer. When the question asks for a figure (多少 / 多久: a number; 何时 / 哪一年: a date) and no quoted sentence
 holds one the question lacks (answer_type.lacks_answer), the sentences are about the matter asked but not its
 figure (「具体限额由中国人民银行规定」 for 「最多能带多少」): the answer says so in its first line (LACKS_TEXT) and is
 weak (`done.weak`), whatever the gate decided. So is an answer whose best sentence hands the matter to a document

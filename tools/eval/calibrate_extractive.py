@@ -11,8 +11,9 @@ prefiltered ones). For every dev set in turn, on the OTHER sets only:
     the same) among those whose answers hold at most MAX_MEAN_SENTENCES sentences on average (the brief: best
     1–3 sentences) — over the training sets whose top-1-source-hit reaches MIN_CEILING (see fit());
   * not_found_below is the lowest, over all training sets, NOT_FOUND_QUANTILE-quantile of the best score (above
-    w_cos × the KB background's median cosine) of the answerable questions whose sources hold the answer (at
-    most that share of answers that are there are replaced by 「资料中未找到…」).
+    w_cos × the KB background's median cosine, its word shares over the question's visible words as the app reads
+    it: extractive.visible_score) of the answerable questions whose sources hold the answer (at most that share of
+    answers that are there are replaced by 「资料中未找到…」).
 Then the left-out set is scored: answer-hit (an answer sentence holds a gold answer), top-1-source-hit (its
 ceiling), sentences per answer, 「未找到」 on answerable and on gold-removed questions (for the formal family's
 dump, `regulations`: on its same-domain unanswerable questions). The fit on all sets gives the shipped PickerParams.
