@@ -48,7 +48,7 @@ from typing import Any, NamedTuple
 import numpy as np
 
 from pipeline.events import EXTRACTIVE_LABEL
-from pipeline.generation.answer_type import expected_kind, lacks_answer, offers
+from pipeline.generation.answer_type import lacks_answer, offers
 from pipeline.generation.articles import HEADING, LEADING_HEADING, articles_of, carried_article, citation
 from pipeline.generation.candidates import Candidate, Cues, assemble, measure
 from pipeline.generation.deciding import continued_lead_in, deciding_clause, lead_in
@@ -256,7 +256,7 @@ class ExtractivePicker:
                              bg.sim_median if bg is not None else None, cues.visible)
         if result.found and result.best is not None:
             result = _with_sources(result, nodes, self.earlier)
-            kind = expected_kind(question)
+            kind = cues.kind
             result = replace(result, bold=self._bold_span(question, result.best, self.weights_of(scope)),
                              lacks=kind if lacks_answer(kind, [c.piece.text for c in result.sentences], question)
                              else None, elsewhere=self._elsewhere(result.best, list(kb_ids or scope)))
