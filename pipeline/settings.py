@@ -62,11 +62,12 @@ class Settings(BaseModel):
     final_top_k: int = setting(6, group="retrieval", effect="immediate", label="最终 Top-K",
                                description="送入生成的资料数", ge=1, le=20)
     # A follow-up (the rewrite found it leans on the last turn) that the gate refuses or finds weak over the whole
-    # scope is searched again within the documents the last answer cited (docs/conversations.md).
+    # scope is searched again within the documents the last answer cited; a question naming no subject of its own,
+    # only when refused (docs/conversations.md).
     follow_up_in_cited_docs: bool = setting(
         True, group="retrieval", effect="immediate", label="追问查上一轮文档",
-        description="追问（依赖上一轮的问题）在全部资料中被拒答或证据弱时，再到上一轮回答引用的文档内检索；"
-                    "那里证据充分才采用")
+        description="追问（依赖上一轮的问题）在全部资料中被拒答或证据弱时（未说明主语的问题：仅在被拒答时），"
+                    "再到上一轮回答引用的文档内检索；那里证据充分才采用")
     # Fusion of the two routes (pipeline.retrieval.fusion); chosen leave-one-set-out, docs/retrieval-eval.md.
     fusion_mode: Literal["convex", "rrf"] = setting(
         "convex", group="retrieval", effect="immediate", label="融合方式",

@@ -36,6 +36,36 @@ def test_follow_ups_are_completed_from_the_previous_turn(rules, prev, follow, ex
     assert r.changed and r.original == follow and r.note
 
 
+@pytest.mark.parametrize("prev,follow", [
+    ("工厂的排污许可证管几年？", "快到期了还要接着排，怎么办？"),
+    ("当兵两年退伍了，选择自己找工作，要在多少天内去报到？", "去报到要带些什么？"),
+])
+def test_a_question_naming_no_subject_is_marked_but_left_as_typed(rules, prev, follow):
+    r = rules.rewrite(follow, [turn(prev)])
+    assert (r.query, r.kind, r.method, r.changed) == (follow, "no_subject", "none", False) and r.tentative
+    assert r.follows_up and r.note
+    # searched again within the cited documents only after an outright refusal, not to replace weak evidence
+    assert r.searches_cited_after(hit=False, weak=False)
+    assert not r.searches_cited_after(hit=True, weak=True) and not r.searches_cited_after(hit=True, weak=False)
+    assert rules.rewrite(follow, []).kind is None  # nothing before it to lean on
+
+
+def test_a_follow_up_the_rules_flag_is_searched_again_after_weak_evidence_too(rules):
+    r = rules.rewrite("那乙方呢？", [turn("采购合同里甲方的违约责任是什么？")])
+    assert not r.tentative and r.searches_cited_after(hit=True, weak=True) and r.searches_cited_after(False, False)
+    assert not r.searches_cited_after(hit=True, weak=False)
+    standalone = rules.rewrite("结婚登记要去哪里办理？", [turn("采购合同里甲方的违约责任是什么？")])
+    assert standalone.kind is None and not standalone.searches_cited_after(hit=False, weak=False)
+
+
+@pytest.mark.parametrize("question", [
+    "排污许可证快到期了怎么办？", "于乐在哪里出身？", "做的时候家属能派人在旁边看吗？", "第十六条规定了什么",
+    "iPhone 怎么截图", "2019年的产量是多少", "什么是窃听？", "要是发现上面有错的记录，多久能给我处理？",
+])
+def test_a_question_that_names_something_has_a_subject(rules, question):
+    assert not rules.names_no_subject(question)
+
+
 def test_standalone_questions_are_left_alone(rules):
     for prev, q in [("采购合同里甲方的违约责任是什么？", "采购合同一式几份？"),
                     ("第五条规定了什么", "什么是窃听？"), ("甲方违约责任", "那不勒斯在哪个国家？"),

@@ -12,7 +12,12 @@ retrieval query (which already carries the topic of the turns before it):
      「星河智能手表有什么功能」+「它的价格是多少」→「星河智能手表的价格是多少」;
   3. otherwise the previous topic is carried in front of the follow-up's own words.
 
-Every other question is standalone and comes back unchanged (checked on CMRC questions in the tests).
+Every other question is standalone and comes back unchanged (checked on CMRC questions in the tests). One that
+names no subject at all (no noun: 「快到期了还要接着排，怎么办？」「去报到要带些什么？」) after an earlier turn also comes
+back unchanged, marked `no_subject`: it may lean on that turn, so when the gate refuses it outright it is searched
+again within the documents the last answer cited (pipeline/services/answering.py); it is not rewritten, since a
+question whose name the tagger misses (「固始站位于哪里？」: 固始 an adjective, 站 a verb to it) would lose its own
+retrieval to the last turn's topic.
 
 `LLMRewriter`: one short chat call (history → standalone question) with its own timeout; on any failure, an
 empty/overlong answer or one that drops every content word of the question, it falls back to the
@@ -27,6 +32,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import jieba
+import jieba.posseg as pseg
 
 from pipeline.generation.bounded_chat import chat_within
 
@@ -53,6 +59,10 @@ FUNCTION_CHARS = set("的了是在和与及或也都就还又把被给对向从�
 _ORDINAL = re.compile(r"第[零〇一二两三四五六七八九十百千\d]+(条|章|节|项|款|部分|点|个|种|类|步|篇|页|天|年|轮|次|名)")
 _PUNCT = re.compile(r"[\s，。！？、；：,.!?;:…~～\"'“”‘’（）()《》<>【】\[\]]+")
 MAX_REWRITE_FACTOR = 4  # an LLM rewrite longer than 4× (previous query + question) is rambling, not a rewrite
+# part-of-speech tags (besides n…) of words that name something: verbal and adjectival nouns, abbreviations,
+# foreign words, unknown strings
+_NOUNISH = {"vn", "an", "j", "eng", "x"}
+_LATIN_OR_DIGIT = re.compile(r"[A-Za-z0-9０-９]")
 
 
 @dataclass(frozen=True)
@@ -60,12 +70,24 @@ class Rewrite:
     query: str             # what retrieval sees
     original: str          # the user's words
     method: str            # "none" | "deterministic" | "llm" | "llm_fallback"
-    kind: str | None = None  # why it was treated as a follow-up (marker / pronoun / ellipsis / no_topic)
+    kind: str | None = None  # why it was treated as a follow-up (marker / pronoun / ellipsis / no_topic / no_subject)
     note: str = ""
 
     @property
     def changed(self) -> bool:
         return self.query != self.original
+
+    @property
+    def tentative(self) -> bool:
+        """Only may lean on the earlier turns (no subject of its own, left as typed)."""
+        return self.kind == "no_subject"
+
+    def searches_cited_after(self, hit: bool, weak: bool) -> bool:
+        """Does a first search with this outcome (the gate let it through: `hit`; with weak evidence: `weak`) send
+        the question on to the documents the last answer cited? A follow-up after a refusal or weak evidence; a
+        tentative one only after a refusal — with weak evidence of its own, an unrelated question (「两个人去登记离婚，
+        提交申请后反悔了还能撤回吗？」 after a question on another regulation) would be answered from that document."""
+        return self.follows_up and (not hit or (weak and not self.tentative))
 
     @property
     def follows_up(self) -> bool:
@@ -199,11 +221,30 @@ class DeterministicRewriter:
         return None
 
     # --- the rewrite --------------------------------------------------------------------------------
+    def names_no_subject(self, question: str) -> bool:
+        """No noun of two characters or more (nor a name, an article number, Latin letters or digits) and no
+        copula: 「去报到要带些什么？」 names nothing it asks about. Tagged with jieba's HMM, which keeps most unknown
+        names whole (「于乐」 nr; without HMM it falls apart into single characters); some it still misses, which is
+        why such a question is only searched again after a refusal, never rewritten."""
+        words = [(p.word, p.flag) for p in pseg.lcut(question) if p.word.strip() and not _PUNCT.fullmatch(p.word)]
+        if not words or any(w in COPULAS for w, _ in words):
+            return False
+        for w, flag in words:
+            if w in QUESTION_WORDS or w in PARTICLES or w in PREDICATE_STOP:
+                continue
+            if _ORDINAL.search(w) or _LATIN_OR_DIGIT.search(w):
+                return False
+            if len(w) >= 2 and (flag.startswith("n") or flag in _NOUNISH):
+                return False
+        return True
+
     def rewrite(self, question: str, history: Sequence[dict]) -> Rewrite:
         q = (question or "").strip()
         prev = previous_query(history)
         kind = self.follow_up_kind(q) if prev else None
         if not kind:
+            if prev and self.names_no_subject(q):
+                return Rewrite(q, q, "none", "no_subject", "问题未说明主语：若被拒答，在上一轮回答引用的文档中再找")
             return Rewrite(q, q, "none")
         core = self._core(q, kind)
         core_text = "".join(core)
