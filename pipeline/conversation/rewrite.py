@@ -91,7 +91,8 @@ class Rewrite:
 
     @property
     def follows_up(self) -> bool:
-        """Leans on the earlier turns: the rules flagged it, or an LLM completed it."""
+        """Leans on the earlier turns: the rules flagged it (or, `tentative`, found it names no subject), or an LLM
+        completed it."""
         return self.kind is not None or (self.method == "llm" and self.changed)
 
     def to_dict(self) -> dict:

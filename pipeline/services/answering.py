@@ -185,9 +185,10 @@ class AnswerService:
         """Retrieval and the gate on the question alone, then — only for a question the gate lets through — the
         LLM's multi-query and a retrieval with its phrasings. Privacy and cost: a question the gate refuses is
         answered with the fixed refusal and never reaches an LLM (README, the SRS's no-answer rule).
-        A follow-up the gate refuses or finds only weak evidence for (a question that only may be one, with no
-        subject of its own: only one it refuses; Rewrite.searches_cited_after) is searched again within the documents
-        the last answer cited (`_within_cited`); its result replaces the first one only when it passes there."""
+        A follow-up the gate refuses or finds only weak evidence for is searched again within the documents the
+        last answer cited (`_within_cited`; a question that only may be a follow-up, naming no subject of its own,
+        only when refused: Rewrite.searches_cited_after); its result replaces the first one only when it passes
+        there."""
         res = self.c.retrieval.recall_stage(query, s, scope, flt)
         docs = (previous_docs(history) if rw is not None and s.follow_up_in_cited_docs
                 and rw.searches_cited_after(res.hit, res.weak) else [])
