@@ -79,13 +79,26 @@ def test_cues_read_the_visible_share_from_the_knowledge_base():
     assert Cues.of("个人能买乙醚吗", tok, TermWeights.uniform()).visible == 1.0  # no index: nothing known hidden
 
 
-def test_the_lexical_picker_still_finds_nothing_without_a_shared_word():
-    """Without an embedding model "not found" means no content word in any candidate — counted over the visible
-    words it is still none."""
-    node = NodeWithScore(node=TextNode(text="第十六条 个人不得购买第一类、第二类易制毒化学品。", metadata={"doc_id": 1}),
-                         score=1.0)
-    pick = ExtractivePicker(ChineseTokenizer()).pick("红烧肉怎么做才不腻？", [node])
-    assert not pick.found and not pick.loose
+def test_without_a_floor_nothing_is_loose():
+    """No background measured yet (the embedding picker) or no embedding model (the lexical picker, whose only
+    "not found" is no shared word): the visible share decides nothing, so no answer is marked loose."""
+    picker = ExtractivePicker(ChineseTokenizer())
+    picker.params = E5
+    unmeasured = picker.select([OTHER, RULE], 6, None, visible=0.4)  # the same candidates, no background
+    assert unmeasured.found and not unmeasured.loose and unmeasured.best is RULE
+    tok = ChineseTokenizer()
+    question = "个人能买乙醚吗？"
+    held = [t for t in content_terms(tok(question)) if t != "乙醚"]
+    weights = TermWeights({t: i for i, t in enumerate(held)}, np.full(len(held), 5), 1000)
+    lexical = ExtractivePicker(tok, weights_of=lambda kb_ids: weights)
+    assert lexical.cues(question, []).visible < 1.0
+
+    def node(text):
+        return NodeWithScore(node=TextNode(text=text, metadata={"doc_id": 1, "kb_id": 1}), score=1.0)
+
+    shared = lexical.pick(question, [node("第十六条 个人不得购买第一类、第二类易制毒化学品。")])
+    assert shared.found and not shared.loose  # 个人 is shared: found on its own, not through the visible share
+    assert not lexical.pick(question, [node("第二条 本条例自公布之日起施行。")]).found
 
 
 REGS = DATA / "regulations"

@@ -227,17 +227,13 @@ class DeterministicRewriter:
         copula: 「去报到要带些什么？」 names nothing it asks about. Tagged with jieba's HMM, which keeps most unknown
         names whole (「于乐」 nr; without HMM it falls apart into single characters); some it still misses, which is
         why such a question is only searched again after a refusal, never rewritten."""
-        words = [(p.word, p.flag) for p in pseg.lcut(question) if p.word.strip() and not _PUNCT.fullmatch(p.word)]
-        if not words or any(w in COPULAS for w, _ in words):
+        tagged = [(p.word, p.flag) for p in pseg.lcut(question) if p.word.strip() and not _PUNCT.fullmatch(p.word)]
+        if not tagged or any(w in COPULAS for w, _ in tagged):
             return False
-        for w, flag in words:
-            if w in QUESTION_WORDS or w in PARTICLES or w in PREDICATE_STOP:
-                continue
-            if _ORDINAL.search(w) or _LATIN_OR_DIGIT.search(w):
-                return False
-            if len(w) >= 2 and (flag.startswith("n") or flag in _NOUNISH):
-                return False
-        return True
+        content = set(self.content([w for w, _ in tagged]))
+        return not any(_ORDINAL.search(w) or _LATIN_OR_DIGIT.search(w)
+                       or (len(w) >= 2 and (flag.startswith("n") or flag in _NOUNISH))
+                       for w, flag in tagged if w in content)
 
     def rewrite(self, question: str, history: Sequence[dict]) -> Rewrite:
         q = (question or "").strip()

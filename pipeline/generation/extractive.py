@@ -56,7 +56,7 @@ from pipeline.generation.instructions import is_instruction
 from pipeline.generation.referral import handed_over_to, title_key
 from pipeline.generation.sentences import answer_units, clauses
 from pipeline.models.vectors import TextVectors, unit
-from pipeline.retrieval.lexical import TermWeights, content_bigrams, content_terms, coverage, normalize
+from pipeline.retrieval.lexical import TermWeights, normalize
 from pipeline.retrieval.nodes import kb_ids_of, node_meta, node_text
 
 VERIFIED_LABEL = "未配置大模型，以下为已核实问答"
@@ -257,7 +257,7 @@ class ExtractivePicker:
         if result.found and result.best is not None:
             result = _with_sources(result, nodes, self.earlier)
             kind = cues.kind
-            result = replace(result, bold=self._bold_span(question, result.best, self.weights_of(scope)),
+            result = replace(result, bold=self._bold_span(result.best, cues),
                              lacks=kind if lacks_answer(kind, [c.piece.text for c in result.sentences], question)
                              else None, elsewhere=self._elsewhere(result.best, list(kb_ids or scope)))
         return result
@@ -269,7 +269,8 @@ class ExtractivePicker:
             return None
         return None if self.holds_document(title_key(title), scope) else title
 
-    def _bold_span(self, question: str, best: Candidate, weights: TermWeights) -> tuple[int, int] | None:
+    @staticmethod
+    def _bold_span(best: Candidate, cues: Cues) -> tuple[int, int] | None:
         """The clause of the best sentence that shares most of the question's words and phrases (the whole
         sentence when it has one clause). Lexical, not embedded: a second embedding batch would cost ~10–40 ms."""
         text = best.piece.text
@@ -277,15 +278,15 @@ class ExtractivePicker:
         if len(spans) <= 1 or best.lead:  # a list item under its lead-in (which holds the verdict): the item
             return (0, len(text)) if text else None
         # a formal question's verdict: the clause with the deciding words (「不得…」「…三十日内」「由…负责」)
-        spans = deciding_clause(question, text) or spans
+        spans = deciding_clause(cues.question, text) or spans
         if len(spans) == 1:
             return spans[0]
-        terms = content_terms(self.tokenizer(question))
-        grams = content_bigrams(self.tokenizer.segments(question))
+        grams = cues.grams
 
         def score(span):
             part = normalize(text[span[0]:span[1]])
-            return coverage(terms, weights, part) + (sum(g in part for g in grams) / len(grams) if grams else 0.0)
+            words = cues.share({i for i, t in enumerate(cues.terms) if t in part})
+            return words + (sum(g in part for g in grams) / len(grams) if grams else 0.0)
 
         return max(spans, key=score)
 
