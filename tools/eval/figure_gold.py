@@ -9,10 +9,10 @@ docs/retrieval-eval.md ("The unit asked…") reports the numbers.
 """
 from __future__ import annotations
 
-import argparse
 from collections.abc import Iterable
 
 from pipeline.generation.answer_type import MUST_OFFER, expected_kind, lacks_answer
+from tools.eval.cli import command_parser
 from tools.eval.devsets import DEV_SETS, Question, load_corpus
 
 
@@ -30,7 +30,7 @@ def false_flags(questions: Iterable[Question]) -> tuple[int, list[tuple[str, str
 
 
 def main(argv: list[str] | None = None) -> None:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap = command_parser("tools.eval.figure_gold", __doc__)
     ap.add_argument("--sets", nargs="*", default=list(DEV_SETS))
     ap.add_argument("--show", type=int, default=10, help="flagged gold answers shown per set")
     args = ap.parse_args(argv)
