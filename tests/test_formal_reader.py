@@ -17,6 +17,7 @@ from tests.shared_data import DATA, needs
 
 REGS = DATA / "regulations"
 RMB = "人民币管理条例(2018-03-19).md"
+PIGS = "生猪屠宰管理条例(2021-06-25).md"
 LAND_TAX = "城镇土地使用税暂行条例(2019-03-02).md"
 
 
@@ -204,6 +205,51 @@ def test_answer_without_the_figure_asked_says_so(picker):
     cash = "现金管理暂行条例(2011-01-08).md"
     figure = extractive_deltas("结算起点定为多少？", [node(article_text(cash, "第五条", "第六条"), cash, 1)], picker)
     assert figure.lacks is None and "1000元" in "".join(figure.deltas)
+
+
+@needs(REGS / PIGS)
+def test_a_sanction_counts_against_a_sentence_only_where_no_sanction_is_asked():
+    from pipeline.generation.answer_type import expected_kind, kind_cue, sanction_unasked
+    from pipeline.models.tokenize_zh import ChineseTokenizer
+
+    tagged = ChineseTokenizer().tagged
+    rule = next(s.text for s in answer_units(article_text(PIGS, "第二条", "第三条")) if "自宰自食" in s.text)
+    penalty = next(s.text for s in answer_units(article_text(PIGS, "第三十一条", "第三十二条")) if "罚款" in s.text)
+    for question in ("村里人自己杀年猪自己吃，也要去定点屠宰场吗？",  # yes/no
+                     "私人屠宰场的事归哪个部门管？",  # body
+                     "跑船的员工年休假怎么算？"):  # no kind at all
+        kind = expected_kind(question)
+        assert sanction_unasked(kind, penalty, question) and not sanction_unasked(kind, rule, question), question
+        assert kind_cue(kind, penalty, question, tagged) < min(kind_cue(kind, rule, question, tagged), 0), question
+    for question in ("没证私自杀猪往外卖，抓到了会怎么处理？",  # consequence: the penalty offers what is asked
+                     "私自杀猪被查到，会罚款吗？",  # yes/no naming the sanction it asks about
+                     "没有定点私自屠宰，要担什么责任？"):
+        kind = expected_kind(question)
+        assert not sanction_unasked(kind, penalty, question), question
+        assert kind_cue(kind, penalty, question, tagged) >= 0, question
+    assert kind_cue("consequence", penalty, "没证私自杀猪往外卖，抓到了会怎么处理？", tagged) == 1
+    # encyclopedic text keeps its cues: no sanction in it
+    assert not sanction_unasked("person", "女神卡卡献唱了国歌", "谁在第 50 届超级碗上演唱了国歌？")
+
+
+@pytest.mark.slow
+@needs(REGS / PIGS)
+def test_engine_answers_a_yes_no_question_from_the_rule_not_its_penalty(tmp_path):
+    """Through the real answer stream (packaged embedding model, offline), a KB of the pig-slaughter regulation and
+    the credit-reporting one: 「也要去定点屠宰场吗？」 is answered with the exemption of article 2 (before the sanction
+    cue its three sentences were the penalties of articles 37 and 38), while a question about the penalty still gets
+    one."""
+    from tests.live import engine_with_texts
+
+    credit = "征信业管理条例(2013-01-21).md"
+    engine = engine_with_texts(tmp_path, {f: (REGS / f).read_text(encoding="utf-8") for f in (PIGS, credit)})
+    try:
+        res = engine.ask_sync("村里人自己杀年猪自己吃，也要去定点屠宰场吗？")
+        assert "除农村地区个人自宰自食的不实行定点屠宰外" in res["answer"], res["answer"]
+        res = engine.ask_sync("村里有人没证私自杀猪往外卖，抓到了罚多少？")
+        assert re.search(r"处\d+(?:万)?元以上\d+万元以下的?罚款", res["answer"]), res["answer"]
+    finally:
+        engine.close()
 
 
 @pytest.mark.slow

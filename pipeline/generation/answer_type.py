@@ -124,6 +124,27 @@ def _measure(question: str) -> re.Pattern | None:
     return _LENGTHS[None] if _LENGTH.search(question) else None
 
 
+# A sanction decides a question about what happens to someone (consequence); asked anything else — whether something
+# is allowed, who decides, how long — a penalty clause restates the breach of a rule and crowds out the clause that
+# states it (「违反本条例规定…由农业农村主管部门责令改正…罚款」 for 「自己杀年猪自己吃，也要去定点屠宰场吗？」). The
+# sanctions Chinese legal drafting imposes, narrower than DECIDING["consequence"] (予以 / 撤销 / 赔偿 stand in rules of
+# every kind); a question that names one itself (「会罚款吗」「受什么处分」) asks about it whatever its kind.
+SANCTION = re.compile(r"责令|罚款|没收|吊销|追究[^，。；]{0,6}责任|处分|警告|拘留|处以")
+_ASKS_SANCTION = re.compile(r"罚|处分|后果|责任|吊销|没收|警告|拘留|追究")
+
+
+def sanction_unasked(kind: str | None, text: str, question: str) -> bool:
+    """Does `text` impose a sanction on a question that does not ask about one?"""
+    return (kind != "consequence" and _ASKS_SANCTION.search(question or "") is None
+            and SANCTION.search(text) is not None)
+
+
+def kind_cue(kind: str | None, text: str, question: str, tagged: Callable[[str], list[tuple[str, str]]]) -> float:
+    """The picker's answer-kind cue (weighed by w_type): +1 when `text` offers an answer of the kind asked, −1 when
+    it answers with a sanction the question did not ask about, else 0."""
+    return float(offers(kind, text, question, tagged)) - float(sanction_unasked(kind, text, question))
+
+
 def holds_verdict(kind: str, text: str, question: str) -> bool:
     """Does `text` hold deciding words of this kind (DECIDING) that the question does not?"""
     pat = DECIDING.get(kind)

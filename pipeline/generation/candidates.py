@@ -86,7 +86,8 @@ class Candidate:
     context: float = 0.0      # IDF share of question words absent here but present earlier in its section
     focus: float = 0.0        # 1 when it contains a focus term of the question
     focus_part: float = 0.0   # Evidence.focus_part
-    offers: float = 0.0       # 1 when it holds an answer of the kind asked that the question lacks (answer_type)
+    offers: float = 0.0       # answer_type.kind_cue: 1 it holds an answer of the kind asked that the question lacks,
+                              # −1 a sanction the question did not ask about
     other_party: bool = False  # it is a clause about another party than the one the question asks about
     terms: frozenset[int] = frozenset()  # indices of the question's terms it contains (Evidence.here)
     doc: Any = None           # the document of its chunk (doc_id; None when unknown: one document)

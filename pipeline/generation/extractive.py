@@ -15,7 +15,9 @@ Each is scored by
                                              (「前鼻丝鳗，……的一个种。体长可达46.5公分。」 answers 「前鼻丝鳗的体长是多少？」)
   + w_type · offers                          it holds an answer of the kind asked that the question lacks (a
                                              person for 谁, a number for 多少 …; pipeline/generation/answer_type.py):
-                                             a sentence that only restates the question does not answer it
+                                             a sentence that only restates the question does not answer it;
+                                             − w_type when it imposes a sanction (罚款, 吊销 …) on a question
+                                             that asks about none (answer_type.kind_cue)
   − w_rank · (source number − 1)             a mild preference for the better-ranked source
 Only the PREFILTER best candidates by a fixed cheap order (coverage + phrase coverage − 0.1 per source rank;
 not fitted; on the dev sets the best-scoring sentence is inside it) are embedded (≈ 7 ms a sentence on 2
@@ -48,7 +50,7 @@ from typing import Any, NamedTuple
 import numpy as np
 
 from pipeline.events import EXTRACTIVE_LABEL
-from pipeline.generation.answer_type import lacks_answer, offers
+from pipeline.generation.answer_type import kind_cue, lacks_answer
 from pipeline.generation.articles import HEADING, LEADING_HEADING, articles_of, carried_article, citation
 from pipeline.generation.candidates import Candidate, Cues, assemble, measure
 from pipeline.generation.deciding import continued_lead_in, deciding_clause, lead_in
@@ -201,7 +203,7 @@ class ExtractivePicker:
         return [c for c in out if c.cosine is not None]
 
     def offers(self, cues: Cues, text: str) -> float:
-        return float(offers(cues.kind, text, cues.question, self.tokenizer.tagged)) if cues.kind else 0.0
+        return kind_cue(cues.kind, text, cues.question, self.tokenizer.tagged)
 
     @staticmethod
     def _window(text: str, cues: Cues) -> str:

@@ -35,7 +35,7 @@ from pathlib import Path
 
 import numpy as np
 
-from pipeline.generation.answer_type import expected_kind, offers
+from pipeline.generation.answer_type import expected_kind, kind_cue
 from pipeline.generation.candidates import Cues, Evidence, assemble, focus_part
 from pipeline.generation.extractive import MAX_SENTENCES, PREFILTER, PickerParams
 from pipeline.generation.sentences import Piece
@@ -95,8 +95,7 @@ def candidates_of(row: dict, tagged) -> tuple[list, list[bool]]:
     out = []
     for i in sorted(order):
         c, x = cands[i], info[(cands[i].source, cands[i].piece.position)]
-        out.append(replace(c, cosine=x["cos"], offers=float(offers(cues.kind, c.piece.text, cues.question, tagged))
-                           if cues.kind else 0.0))
+        out.append(replace(c, cosine=x["cos"], offers=kind_cue(cues.kind, c.piece.text, cues.question, tagged)))
     return out, [info[(c.source, c.piece.position)]["has_answer"] for c in out]
 
 
