@@ -232,6 +232,20 @@ def test_a_sanction_counts_against_a_sentence_only_where_no_sanction_is_asked():
     assert not sanction_unasked("person", "女神卡卡献唱了国歌", "谁在第 50 届超级碗上演唱了国歌？")
 
 
+def test_a_yes_no_question_is_offered_the_verdict_it_lacks():
+    from pipeline.generation.answer_type import kind_cue, offers, untagged
+
+    q = "邻里吵架找居委会的调解委员会调解，收费吗？"
+    assert offers("yesno", "第十一条 人民调解委员会调解民间纠纷不收费", q, untagged)  # the verdict
+    assert not offers("yesno", "人民调解委员会应当向村民委员会或者居民委员会反映民间纠纷和调解工作的情况", q, untagged)
+    # a verdict word the question already holds offers nothing
+    assert not offers("yesno", "可以申请复核", "可以申请复核吗？", untagged)
+    # a penalty's 「可以…罚款」 holds a verdict word but answers with a sanction nobody asked about: it nets below
+    # the rule (kind_cue)
+    fine = "情节严重的，可以处以5000元以下罚款"
+    assert offers("yesno", fine, q, untagged) and kind_cue("yesno", fine, q, untagged) == 0.0
+
+
 @pytest.mark.slow
 @needs(REGS / PIGS)
 def test_engine_answers_a_yes_no_question_from_the_rule_not_its_penalty(tmp_path):

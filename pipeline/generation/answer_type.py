@@ -69,11 +69,7 @@ def offers(kind: str | None, text: str, question: str, tagged: Callable[[str], l
     """Does `text` hold an answer of this kind that the question itself does not contain?"""
     if kind is None:
         return False
-    if kind == "yesno":
-        return False  # 不得 / 可以 / 免 … stand in nearly every clause of a regulation: they tell which clause of
-        # the answer holds the verdict (holds_verdict, the bold), not which sentence answers (as a score cue they
-        # lost 4 answers and won 1 on regulations_dev: docs/retrieval-eval.md, "Formal documents")
-    if kind in DECIDING:
+    if kind in DECIDING:  # yes/no: 不得 / 可以 / 免 …; a penalty's 「可以处以…罚款」 is held back by sanction_unasked
         return holds_verdict(kind, text, question)
     if kind in ("number", "time"):
         pat = (_measure(question) or _NUMBER) if kind == "number" else _TIME

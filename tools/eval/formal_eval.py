@@ -1,6 +1,6 @@
 """Everyday questions against formal documents (issue 25): the regulations dev set through the real answer path.
 
-    python -m tools.eval.formal_eval --kb-cache /work/cache/kb [--limit N] [--json OUT]
+    python -m tools.eval.formal_eval --kb-cache /work/cache/kb [--limit N] [--json OUT] [--questions FILE]
 
 Builds once (tools/eval/kb_cache: flock, READY) the knowledge base `regulations` of the 160 files of
 ../shared/data/regulations (uploaded as the .md files they are, the packaged default embedding model), then asks
@@ -13,6 +13,8 @@ offline, as a user would through `ask_sync` (gate → extractive answer):
   conversation_id: the app's rewrite runs) and asked alone: its gold span among the sources.
 The rules of each outcome: tools/eval/formal_metrics.py. `--limit N` keeps N of each list (seeded sample).
 `regulations` is not in tools/eval/devsets.DEV_SETS: calibration does not fit on it (it is the held-out family).
+`--questions` asks another set of the same form over the same knowledge base (tests/data/regulations_holdout: written
+blind by another writer, on regulations the dev set does not use).
 """
 from __future__ import annotations
 
@@ -26,7 +28,7 @@ from tools.eval.answer_eval import open_for_eval
 from tools.eval.cli import add_kb_cache, command_parser, kb_cache_root, print_md_table, write_json
 from tools.eval.devsets import REPO
 from tools.eval.formal_metrics import answer_hit, outcome, right_doc_first, share_of, span_in_sources
-from tools.eval.regulations_devset import REGULATIONS, DevItems, load_items
+from tools.eval.regulations_devset import QUESTIONS, REGULATIONS, DevItems, load_items
 
 OFF_TOPIC = REPO / "tests" / "data" / "offtopic_everyday.txt"
 
@@ -138,12 +140,13 @@ def main(argv=None) -> int:
     add_kb_cache(ap)
     ap.add_argument("--limit", type=int, default=None, help="ask N of each list (seeded sample)")
     ap.add_argument("--json", type=Path, default=None, help="write the metrics and every question's row here")
+    ap.add_argument("--questions", type=Path, default=QUESTIONS, help="the question set (default: regulations_dev)")
     args = ap.parse_args(argv)
     root = kb_cache_root(ap, args)
     with tempfile.TemporaryDirectory(prefix="kbqa-formal-") as tmp:
         engine, key_to_doc = open_for_eval(root, REGULATIONS, Path(tmp) / REGULATIONS.name)
         try:
-            m, rows = evaluate(engine, key_to_doc, load_items(), load_lines(OFF_TOPIC), args.limit)
+            m, rows = evaluate(engine, key_to_doc, load_items(args.questions), load_lines(OFF_TOPIC), args.limit)
         finally:
             engine.close()
     print_report(m)
