@@ -1,5 +1,6 @@
-"""The regulations dev set (tests/data/regulations_dev) against the real corpus in ../shared/data/regulations: the
-checker passes on it, holds the promised counts, and does catch a wrong span, article or grep_absent term."""
+"""The regulations dev set (tests/data/regulations_dev) and its held-out sibling (tests/data/regulations_holdout, written
+blind on other regulations) against the real corpus in ../shared/data/regulations: the checker passes on both, they
+hold the promised counts, and it does catch a wrong span, article or grep_absent term."""
 from __future__ import annotations
 
 import dataclasses
@@ -7,6 +8,7 @@ import json
 from collections import Counter
 
 from tests.shared_data import DATA, needs
+from tools.eval.devsets import REPO
 from tools.eval.regulations_devset import QUESTIONS, TYPES, as_corpus, check, load_items, load_texts, main, norm
 
 CORPUS = DATA / "regulations"
@@ -25,6 +27,20 @@ def test_the_set_checks_and_holds_its_counts(capsys):
     assert set(types) == set(TYPES) and max(types.values()) <= 0.35 * len(items.answerable)
     assert main(["--corpus", str(CORPUS), "--quiet"]) == 0
     assert "ok:" in capsys.readouterr().out
+
+
+HOLDOUT = REPO / "tests" / "data" / "regulations_holdout" / "questions.json"
+
+
+def test_the_held_out_set_checks_and_asks_about_other_regulations():
+    held, dev, texts = load_items(HOLDOUT), load_items(), load_texts(CORPUS)
+    assert check(held, texts) == []
+    assert (len(held.answerable), len(held.unanswerable), len(held.followups)) == (60, 20, 8)
+    assert set(Counter(a.type for a in held.answerable)) == set(TYPES)
+    used = {a.gold.file for a in dev.answerable} | {f.first_gold.file for f in dev.followups}
+    held_files = {a.gold.file for a in held.answerable} | {f.first_gold.file for f in held.followups}
+    assert len(held_files) >= 25 and not held_files & used  # regulations the dev set never asks about
+    assert not {a.question for a in held.answerable} & {a.question for a in dev.answerable}
 
 
 def test_the_checker_names_each_kind_of_violation(tmp_path, capsys):
