@@ -10,6 +10,8 @@ by the clause that decides it: 「钱撕破了去银行换要收手续费吗？�
 (consequence) by 「责令限期改正…罚款」, 「找哪个部门批？」 (body) by 「由…药品监督管理部门审批」. Those kinds' offers are the
 deciding words themselves (DECIDING): modal verdicts, penalties, bodies. They were not fitted: the words are the
 ones Chinese legal drafting uses for each, and the weight is the same w_type.
+A penalty clause answers only a question about what happens to someone: asked anything else, a sentence imposing a
+sanction nobody asked about counts against it by the same weight (`kind_cue`: the picker's cue is offers − that).
 
 A figure is checked, not judged: a number question that names what it counts (「几块钱」「多少天」「多久」) is offered
 only a number in those units, never an article number (「第二十二条」) or a date for a length of time; and when none

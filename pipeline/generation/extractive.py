@@ -199,10 +199,10 @@ class ExtractivePicker:
         q = unit(query_embedding if query_embedding is not None else self.embed_model.get_query_embedding(question))
         sims = self._embed([self._window(out[i].piece.text, cues) for i in chosen]) @ q
         for i, s in zip(chosen, sims):
-            out[i] = replace(out[i], cosine=float(s), offers=self.offers(cues, out[i].piece.text))
+            out[i] = replace(out[i], cosine=float(s), offers=self.kind_cue(cues, out[i].piece.text))
         return [c for c in out if c.cosine is not None]
 
-    def offers(self, cues: Cues, text: str) -> float:
+    def kind_cue(self, cues: Cues, text: str) -> float:
         return kind_cue(cues.kind, text, cues.question, self.tokenizer.tagged)
 
     @staticmethod

@@ -67,7 +67,7 @@ def main(argv=None) -> int:
             texts = [x.piece.text for x in c.picker.candidates(q, final, res.query_embedding)] if pick else []
             t1 = time.perf_counter()
             for text in texts:
-                c.picker.offers(cues, text)
+                c.picker.kind_cue(cues, text)
             cue.append((time.perf_counter() - t1) * 1000)
             t1 = time.perf_counter()
             old_picker.pick(q, final)
