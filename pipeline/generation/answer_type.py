@@ -19,6 +19,7 @@ of an answer's sentences offers the number or date asked (`lacks_answer`), the a
 """
 from __future__ import annotations
 
+import functools
 import re
 from collections.abc import Callable
 
@@ -111,6 +112,7 @@ _DATE = re.compile(r"(?:\d{4}|[一二三四五六七八九〇零]{4})\s*年(?:\s
                    r"\d{1,2}\s*月\s*\d{1,2}\s*日|[一二三四五六七八九十]{1,2}月[一二三四五六七八九十]{1,3}日")
 
 
+@functools.lru_cache(maxsize=256)  # asked once per candidate sentence of the same question
 def _measure(question: str) -> re.Pattern | None:
     """The pattern of an answer in the units the question asks for (money, a length of time), or None."""
     money, answer = _MONEY

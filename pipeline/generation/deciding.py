@@ -27,10 +27,11 @@ def verdict_clauses(text: str, min_chars: int = 4) -> list[tuple[int, int]]:
     return clauses(text, min_chars, _VERDICT_BREAK)
 
 
-def deciding_clause(question: str, text: str) -> list[tuple[int, int]]:
+def deciding_clause(question: str, text: str, kind: str | None = None) -> list[tuple[int, int]]:
     """The clauses of `text` holding an answer of the kind the question asks for (deciding words the question does
-    not already hold; for how long / how much, a number or date). Empty when the kind has none or none holds one."""
-    kind = expected_kind(question)
+    not already hold; for how long / how much, a number or date). Empty when the kind has none or none holds one.
+    `kind`: the question's (answer_type.expected_kind), when the caller has it already."""
+    kind = kind or expected_kind(question)
     if kind not in DECIDING and kind not in ("number", "time"):
         return []
     if kind in DECIDING:

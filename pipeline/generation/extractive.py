@@ -280,7 +280,7 @@ class ExtractivePicker:
         if len(spans) <= 1 or best.lead:  # a list item under its lead-in (which holds the verdict): the item
             return (0, len(text)) if text else None
         # a formal question's verdict: the clause with the deciding words (「不得…」「…三十日内」「由…负责」)
-        spans = deciding_clause(cues.question, text) or spans
+        spans = deciding_clause(cues.question, text, cues.kind) or spans
         if len(spans) == 1:
             return spans[0]
         grams = cues.grams
