@@ -14,6 +14,7 @@ PERMITS = "排污许可管理条例(2021-01-24).md"
 MARRIAGE = "婚姻登记条例(2003-08-08).md"
 CREDIT = "征信业管理条例(2013-01-21).md"
 FILES = (VETERANS, PERMITS, MARRIAGE, CREDIT)
+FLOOR = 0.875
 
 pytestmark = [pytest.mark.slow, needs(*(REGS / f for f in FILES))]
 
@@ -25,6 +26,13 @@ def engine(tmp_path_factory):
     e = engine_with_texts(tmp_path_factory.mktemp("nosubject"),
                           {f: (REGS / f).read_text(encoding="utf-8") for f in FILES})
     backgrounds_measured(e, (1,))
+    # The refusal these tests start from must not rest on the calibrated gate's margin: the packaged model's int8
+    # kernels differ by CPU, and on one machine 「去报到要带些什么？」 alone scored −0.833 against the refusal threshold
+    # −0.843 (weak, not refused). The admin's hard floor (min_similarity: below it the gate refuses whatever its score)
+    # is set between that question's best cosine alone (≈ .86) and the search within the veterans regulation with the
+    # last question in front (≈ .90), so the path under test — a refusal, then the search within the cited documents —
+    # is the same on every machine.
+    e.update_settings({"min_similarity": FLOOR})
     yield e
     e.close()
 
@@ -34,7 +42,8 @@ def _after(engine, first: str, question: str) -> dict:
 
 
 def test_refused_alone_it_is_answered_from_the_document_the_last_answer_cited(engine):
-    assert engine.ask_sync("去报到要带些什么？")["sources"] == []  # alone: nothing it names, refused
+    alone = engine.ask_sync("去报到要带些什么？")
+    assert alone["sources"] == [] and alone["trace"]["gate"]["max_similarity"] < FLOOR  # alone: refused
     res = _after(engine, "当兵两年退伍了，选择自己找工作，要在多少天内去报到？", "去报到要带些什么？")
     trace = res["trace"]
     assert trace["query"]["kind"] == "no_subject" and trace["query"]["query"] == "去报到要带些什么？"  # as typed
