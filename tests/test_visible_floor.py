@@ -113,8 +113,8 @@ def test_engine_quotes_a_question_typed_in_words_the_regulations_never_use(tmp_p
     """The real engine (packaged embedding model, offline) over three real regulations: 「违禁品」「查出来」 are in
     none of them, so no sentence can cover those words. Before the floor read the visible words (session 19) the
     answer was 「资料中未找到」; with it the penalty article was quoted under the loose line; since the yes/no verdict is a
-    cue (session 20) the same article's 「可以处以…罚款」 clears the floor outright. Whichever way it clears it, the
-    deciding clause is quoted, never the refusal, and a loose quote is a weak answer (the selection rule itself:
+    cue (session 20) the same article's 「可以处以…罚款」 clears the floor outright: the deciding clause is quoted as a
+    plain answer, never the refusal (the loose rule itself:
     test_below_the_floor_on_all_words_but_above_it_on_the_visible_ones_is_a_loose_answer). A question whose words
     the articles use is answered as before."""
     from tests.live import backgrounds_measured, engine_with_texts
@@ -126,7 +126,7 @@ def test_engine_quotes_a_question_typed_in_words_the_regulations_never_use(tmp_p
         res = engine.ask_sync("上飞机随身带了违禁品被查出来，会罚款吗？")
         lines = res["answer"].split("\n")
         assert res["sources"] and NOT_FOUND_TEXT not in res["answer"], res["answer"]
-        assert lines[1] != LOOSE_TEXT or res["weak"], res["answer"]
+        assert lines[1] != LOOSE_TEXT, res["answer"]  # the verdict clears the floor outright (≈ .4 above it)
         assert any("可以处以5000元以下罚款" in ln and "《民用航空安全保卫条例》第三十五条" in ln for ln in lines[2:]), lines
         plain = engine.ask_sync("出差想把剪刀带上飞机，不能随身带的话能托运吗？")
         assert plain["sources"] and LOOSE_TEXT not in plain["answer"], plain["answer"]
