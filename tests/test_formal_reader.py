@@ -19,6 +19,8 @@ REGS = DATA / "regulations"
 RMB = "人民币管理条例(2018-03-19).md"
 PIGS = "生猪屠宰管理条例(2021-06-25).md"
 LAND_TAX = "城镇土地使用税暂行条例(2019-03-02).md"
+VAT = "增值税暂行条例(2017-11-19).md"
+SOFTWARE = "计算机软件保护条例(2013-01-30).md"
 
 
 def article_text(file: str, first: str, last: str) -> str:
@@ -78,6 +80,11 @@ def test_question_kinds(question, kind):
     ("number", "2001年6月16日国务院公布的《报废汽车回收管理办法》同时废止。", "私家车开多久就必须报废？", True),
     ("number", "应当自领取营业执照或者发生纳税义务之日起15日内设置账簿。", "新开的公司多少天内要把账建起来？", False),
     ("number", "征求意见期限不得少于30日。", "给老百姓提意见的时间最少多久？", False),
+    # the amount of a fine is not the figure of a question that asks no sanction; it is of one that does
+    ("number", "逾期不缴纳的，处应缴纳土地复垦费1倍以上2倍以下的罚款", "土地复垦费每亩到底收多少？", True),
+    ("number", "逾期不缴纳的，处应缴纳土地复垦费1倍以上2倍以下的罚款", "不交土地复垦费要罚几倍？", False),
+    ("number", "处合同约定的勘察费、设计费25%以上50%以下的罚款，可以责令停业整顿", "设计费按造价的百分之几收？", True),
+    ("number", "土地复垦费每亩收取3000元，逾期不缴纳的，处1倍以上2倍以下的罚款", "土地复垦费每亩收多少？", False),
     ("number", "2007年，与藤原纪香结婚，举办豪华婚礼，耗资5亿日圆。", "婚礼耗资多少日圆？", False),  # 日圆 is no day
     # a length asked in a unit wants that unit: 「期满前六个月」 is no answer to 「最长签多少年」, 「15个工作日」 is days
     ("number", "租赁期满前六个月，出租方和承租方应当互相明确是否继续租赁关系。", "租赁合同最长能签多少年？", True),
@@ -138,13 +145,89 @@ def test_yes_no_answer_names_the_article_and_bolds_the_verdict(picker):
     assert "第二十二条 办理" not in first  # the heading once, in the citation
 
 
+@needs(REGS / VAT)
+def test_a_long_article_is_quoted_by_its_sentences(picker):
+    """第二十二条 runs to 427 characters, over whole_article.ARTICLE_CHARS: it is quoted by its sentences."""
+    text = article_text(VAT, "第二十二条", "第二十三条")
+    got = answer(picker, "非固定业户销售货物应当向哪里的税务机关申报纳税？", [node(text, VAT, 1)])
+    line = next(ln for ln in got.split("\n") if "非固定业户" in ln)
+    # the item alone, the article named
+    assert line.startswith("- 《增值税暂行条例》第二十二条：(三)非固定业户") and "(一)固定业户应当" not in line, got
+
+
 @needs(REGS / LAND_TAX)
-def test_list_item_is_quoted_under_its_lead_in(picker):
-    text = article_text(LAND_TAX, "第六条", "第七条")
+def test_a_short_article_is_quoted_whole_with_its_deciding_item_bold(picker):
+    text = article_text(LAND_TAX, "第五条", "第八条")
     got = answer(picker, "直接用于农、林、牧、渔业的生产用地要交土地使用税吗？", [node(text, LAND_TAX, 1)])
     line = next(ln for ln in got.split("\n") if "渔业的生产用地" in ln)
-    # the item under its lead-in, which holds the verdict; the article named, its heading not repeated
-    assert line.startswith("- 《城镇土地使用税暂行条例》第六条：下列土地免缴土地使用税：……(五)直接用于"), got
+    # the whole of 第六条 on one line — lead-in, every item, the asked one bold — and nothing of 第五条 or 第七条
+    assert line.startswith("- 《城镇土地使用税暂行条例》第六条：下列土地免缴土地使用税：(一)国家机关"), got
+    assert "**(五)直接用于农、林、牧、渔业的生产用地**" in line and "(七)由财政部另行规定" in line, got
+    assert line.endswith("其他用地[1]。") and "第七条" not in line and "第六条 " not in line, got
+
+
+@needs(REGS / SOFTWARE)
+def test_the_whole_article_holds_the_permission_its_best_sentence_leaves_out():
+    """Picked best for 「自己拷一份备份可以吗？」 (the packaged model's choice on regulations_dev), the article's
+    prohibition 「这些备份复制品不得…提供给他人使用」 alone reads as a no; quoted with its article, the answer holds the
+    permission one clause before it, the prohibition still bold, and the article's other picked sentence once."""
+    from pipeline.generation.extractive import render
+    from pipeline.generation.whole_article import quote_article
+
+    text = article_text(SOFTWARE, "第十五条", "第十八条")
+    nodes = [node(text, SOFTWARE, 1)]
+    pieces = {p.text: p for p in answer_units(text)}
+    prohibition = next(p for t, p in pieces.items() if t.startswith("这些备份复制品不得"))
+    item = next(p for t, p in pieces.items() if t.startswith("(一)根据使用的需要"))
+    opening = next(p for t, p in pieces.items() if t.startswith("第十六条"))  # holds the heading the quote drops
+    assert opening.text.startswith("第十六条 软件的合法复制品所有人")
+    cite = "《计算机软件保护条例》第十六条"
+    best = Candidate(prohibition, 1, 0.5, 0.1, doc=1, formal=True, cite=cite)
+    others = [Candidate(p, 1, 0.3, 0.1, doc=1, formal=True, cite=cite) for p in (opening, item)]
+    elsewhere = Candidate(next(p for t, p in pieces.items() if t.startswith("第十七条")), 1, 0.3, 0.1, doc=1,
+                          formal=True, cite="《计算机软件保护条例》第十七条")
+    bold = (0, prohibition.text.index("，"))
+    sentences, whole, moved = quote_article([*others, best, elsewhere], best, bold, nodes)
+    assert sentences == [whole, elsewhere] and whole.whole_article  # another article's sentence stays
+    assert "(二)为了防止复制品损坏而制作备份复制品" in whole.piece.text
+    assert whole.piece.text[slice(*moved)] == "这些备份复制品不得通过任何方式提供给他人使用"
+    from pipeline.generation.extractive import Pick
+    line = "".join(render(Pick([whole], whole, moved, True, 1.0, [1])).deltas).split("\n")[1]
+    assert line.startswith(f"- {cite}：软件的合法复制品所有人享有下列权利：(一)") and line.endswith("修改后的软件[1]。")
+    assert "**这些备份复制品不得通过任何方式提供给他人使用**" in line
+    # not a formal document, or no article named: the sentences as picked
+    plain = Candidate(prohibition, 1, 0.5, 0.1, doc=1, formal=False, cite=cite)
+    assert quote_article([plain], plain, bold, nodes) == ([plain], plain, bold)
+
+
+@pytest.mark.slow
+@needs(REGS / SOFTWARE)
+def test_engine_quotes_the_article_that_decides_a_yes_no_question(tmp_path):
+    """Through the real answer stream (packaged embedding model, offline), a KB of the software regulation and the
+    credit-reporting one: the backup question's answer holds the article's permission (before the whole article its
+    one line was the prohibition after it)."""
+    from tests.live import engine_with_texts
+
+    credit = "征信业管理条例(2013-01-21).md"
+    engine = engine_with_texts(tmp_path, {f: (REGS / f).read_text(encoding="utf-8") for f in (SOFTWARE, credit)})
+    try:
+        res = engine.ask_sync("买了正版软件，自己拷一份备份可以吗？")
+        assert "为了防止复制品损坏而制作备份复制品" in res["answer"], res["answer"]
+        assert "《计算机软件保护条例》第十六条：软件的合法复制品所有人享有下列权利" in res["answer"], res["answer"]
+    finally:
+        engine.close()
+
+
+def test_article_span_stops_at_the_next_article_or_a_chapter():
+    from pipeline.generation.whole_article import article_span
+
+    text = "第一条 甲。\n\n第二条 乙一。乙二。\n\n第二章 丙\n\n第三条 丁。"
+    at = text.index("乙二")
+    assert text[slice(*article_span(text, at))].strip() == "第二条 乙一。乙二。"
+    assert text[slice(*article_span(text, text.index("丁")))] == "第三条 丁。"
+    # a chunk starting inside an article: from the chunk's start
+    cut = "乙二。\n\n第三条 丁。"
+    assert cut[slice(*article_span(cut, 0))].strip() == "乙二。"
 
 
 @needs(REGS / RMB, REGS / LAND_TAX)

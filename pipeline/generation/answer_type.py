@@ -14,8 +14,9 @@ A penalty clause answers only a question about what happens to someone: asked an
 sanction nobody asked about counts against it by the same weight (`kind_cue`: the picker's cue is offers − that).
 
 A figure is checked, not judged: a number question that names what it counts (「几块钱」「多少天」「多久」) is offered
-only a number in those units, never an article number (「第二十二条」) or a date for a length of time; and when none
-of an answer's sentences offers the number or date asked (`lacks_answer`), the answer says so and is weak.
+only a number in those units, never an article number (「第二十二条」) or a date for a length of time, nor — when it
+asks no sanction — the amount of a fine (「处…1倍以上2倍以下的罚款」 for 「这个费用每亩收多少？」); and when none of an
+answer's sentences offers the number or date asked (`lacks_answer`), the answer says so and is weak.
 """
 from __future__ import annotations
 
@@ -77,6 +78,8 @@ def offers(kind: str | None, text: str, question: str, tagged: Callable[[str], l
     if kind in ("number", "time"):
         pat = (_measure(question) or _NUMBER) if kind == "number" else _TIME
         plain = _REFERENCE.sub("", text)
+        if kind == "number" and sanction_unasked(kind, plain, question):
+            plain = _without_sanctions(plain)
         if kind == "number" and pat is not _NUMBER:
             plain = _DATE.sub("", plain)
         return any(m.group(0) not in question for m in pat.finditer(plain))
@@ -137,6 +140,15 @@ def sanction_unasked(kind: str | None, text: str, question: str) -> bool:
     """Does `text` impose a sanction on a question that does not ask about one?"""
     return (kind != "consequence" and _ASKS_SANCTION.search(question or "") is None
             and SANCTION.search(text) is not None)
+
+
+_CLAUSE = re.compile(r"[^，,。；;：:]+")
+
+
+def _without_sanctions(text: str) -> str:
+    """`text` less its clauses that impose a sanction: the amount of a fine (「处应缴纳土地复垦费1倍以上2倍以下的罚款」)
+    is not the figure of a question that asks no sanction (「土地复垦费每亩收多少？」)."""
+    return "，".join(m.group(0) for m in _CLAUSE.finditer(text) if not SANCTION.search(m.group(0)))
 
 
 def kind_cue(kind: str | None, text: str, question: str, tagged: Callable[[str], list[tuple[str, str]]]) -> float:

@@ -94,6 +94,7 @@ class Candidate:
     formal: bool = False      # its chunk has 第…条 article headings (a law, regulation, contract)
     cite: str = ""            # 《…》第十九条 when its chunk names the article (pipeline/generation/articles.py)
     lead: str = ""            # the lead-in of a list item (「下列项目免征增值税：」 above 「（一）…」), shown before it
+    whole_article: bool = False  # its text is the whole article it belongs to (whole_article.py), not one sentence
 
     def prefilter_key(self) -> float:
         return self.coverage + self.phrase - PREFILTER_RANK_COST * (self.source - 1)

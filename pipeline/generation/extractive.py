@@ -23,7 +23,8 @@ Only the PREFILTER best candidates by a fixed cheap order (coverage + phrase cov
 not fitted; on the dev sets the best-scoring sentence is inside it) are embedded (≈ 7 ms a sentence on 2
 cores) and part-of-speech tagged (≈ 2 ms). The answer is the best
 sentence plus up to two more within `margin` of it, in source order, each cited [n]; the clause of the best
-sentence closest to the question is bold. When even the best sentence scores below `not_found_below` — measured
+sentence closest to the question is bold. In a formal document the best sentence is quoted with the whole (short)
+article it belongs to (pipeline/generation/whole_article.py): an article's clauses decide together. When even the best sentence scores below `not_found_below` — measured
 above this knowledge base's background (w_cos × the median best cosine of the gate's probe questions,
 pipeline/retrieval/gate_background.py), since e5 cosines shift by domain — no sentence addresses the question:
 the answer says 「资料中未找到直接回答该问题的内容」 and points at the closest sources instead of quoting unrelated
@@ -57,6 +58,7 @@ from pipeline.generation.deciding import continued_lead_in, deciding_clause, lea
 from pipeline.generation.instructions import is_instruction
 from pipeline.generation.referral import handed_over_to, title_key
 from pipeline.generation.sentences import answer_units, clauses
+from pipeline.generation.whole_article import ARTICLE_CHARS, quote_article
 from pipeline.models.vectors import TextVectors, unit
 from pipeline.retrieval.lexical import TermWeights, normalize
 from pipeline.retrieval.nodes import kb_ids_of, node_meta, node_text
@@ -262,6 +264,8 @@ class ExtractivePicker:
             result = replace(result, bold=self._bold_span(result.best, cues),
                              lacks=kind if lacks_answer(kind, [c.piece.text for c in result.sentences], question)
                              else None, elsewhere=self._elsewhere(result.best, list(kb_ids or scope)))
+            sentences, best, bold = quote_article(result.sentences, result.best, result.bold, nodes)
+            result = replace(result, sentences=sentences, best=best, bold=bold)
         return result
 
     def _elsewhere(self, best: Candidate, scope: Sequence[int]) -> str | None:
@@ -364,8 +368,9 @@ def _render_body(c: Candidate, bold: tuple[int, int] | None, prefix: str) -> str
         inner = body[a:b].strip()
         body = (body[:a] + (f"**{inner}**" if inner else "") + body[b:])
         body = _PRIVATE_USE.sub("", body).strip()
-    if len(body) > MAX_SENTENCE_CHARS:
-        body = body[:MAX_SENTENCE_CHARS].rstrip("*").rstrip() + "……" + ("**" if body.count("**") % 2 else "")
+    limit = ARTICLE_CHARS + 4 if c.whole_article else MAX_SENTENCE_CHARS  # (+ the bold's four asterisks)
+    if len(body) > limit:
+        body = body[:limit].rstrip("*").rstrip() + "……" + ("**" if body.count("**") % 2 else "")
     punct = {"！": "！", "!": "！", "？": "？", "?": "？"}.get(c.piece.punct, "。")
     return f"- {prefix}{body}[{c.source}]{punct}"
 
