@@ -1,6 +1,7 @@
-"""The regulations dev set (tests/data/regulations_dev) and its held-out sibling (tests/data/regulations_holdout, written
-blind on other regulations) against the real corpus in ../shared/data/regulations: the checker passes on both, they
-hold the promised counts, and it does catch a wrong span, article or grep_absent term."""
+"""The regulations dev sets (tests/data/regulations_dev, tests/data/regulations_dev2) and their held-out sibling
+(tests/data/regulations_holdout), each written on its own regulations, against the real corpus in
+../shared/data/regulations: the checker passes on all three, they hold the promised counts and ask about disjoint
+regulations, and it does catch a wrong span, article or grep_absent term."""
 from __future__ import annotations
 
 import dataclasses
@@ -30,6 +31,12 @@ def test_the_set_checks_and_holds_its_counts(capsys):
 
 
 HOLDOUT = REPO / "tests" / "data" / "regulations_holdout" / "questions.json"
+DEV2 = REPO / "tests" / "data" / "regulations_dev2" / "questions.json"
+
+
+def _files(items) -> set[str]:
+    return ({a.gold.file for a in items.answerable} | {f.first_gold.file for f in items.followups}
+            | {f.followup_gold.file for f in items.followups})
 
 
 def test_the_held_out_set_checks_and_asks_about_other_regulations():
@@ -80,3 +87,14 @@ def test_as_corpus_gives_each_question_its_document_and_span():
     q = next(q for q in corpus.questions if len(q.answers[0]) > 20)
     a = q.answers[0]
     assert q.held_by(f"前文{a[:10]}\n{a[10:]}后文") and not q.held_by(a[:-1])
+
+
+@needs(CORPUS)
+def test_the_second_dev_set_checks_and_asks_about_regulations_of_its_own():
+    dev2, texts = load_items(DEV2), load_texts(CORPUS)
+    assert check(dev2, texts) == []
+    assert (len(dev2.answerable), len(dev2.unanswerable), len(dev2.followups)) == (70, 40, 12)
+    assert set(Counter(a.type for a in dev2.answerable)) == set(TYPES)
+    own = _files(dev2)
+    assert len(own) >= 30 and not own & (_files(load_items()) | _files(load_items(HOLDOUT)))
+    assert {u.domain_of for u in dev2.unanswerable} <= own
