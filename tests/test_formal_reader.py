@@ -230,6 +230,21 @@ def test_article_span_stops_at_the_next_article_or_a_chapter():
     assert cut[slice(*article_span(cut, 0))].strip() == "乙二。"
 
 
+def test_an_article_the_chunk_cuts_is_quoted_up_to_its_last_whole_sentence():
+    from pipeline.generation.whole_article import with_article
+
+    chunk = "第二条 出入境应当申报。不得携带违禁物品。\n\n第三条 旅客可以携带自用物品。超过限额的，应当向海关"
+    at = node(chunk, "某条例.md", 1)
+
+    def cand(text, cite):
+        return Candidate(Piece(text, "。", 0), 1, 0.5, 0.1, formal=True, cite=cite)
+
+    # 第三条 goes on in the next chunk: what is here of it beyond the sentence is a cut clause, so the sentence alone
+    assert with_article(cand("旅客可以携带自用物品", "第三条"), None, at) is None
+    whole, bold = with_article(cand("不得携带违禁物品", "第二条"), (0, 2), at)
+    assert (whole.piece.text, whole.piece.punct, bold) == ("出入境应当申报。不得携带违禁物品", "。", (8, 10))
+
+
 @needs(REGS / RMB, REGS / LAND_TAX)
 def test_another_document_stays_only_when_it_adds(picker):
     rmb = article_text(RMB, "第二十二条", "第二十三条")

@@ -52,6 +52,10 @@ def with_article(best: Any, bold: tuple[int, int] | None, node: Any) -> tuple[An
     head = LEADING_HEADING.match(raw)
     body = raw[head.end():] if head else raw
     article = _BREAKS.sub("", body)  # its paragraphs (款) on one line: the answer quotes one line per article
+    if article and article[-1] not in _CLOSING:
+        # the chunk ends inside a sentence (the article goes on in the next chunk): up to the last whole sentence
+        end = max(article.rfind(ch) for ch in _CLOSING)
+        article = article[:end + 1] if end >= 0 else ""
     punct = ""
     if article and article[-1] in _CLOSING:
         article, punct = article[:-1], article[-1]
