@@ -36,6 +36,16 @@ def test_follow_ups_are_completed_from_the_previous_turn(rules, prev, follow, ex
     assert r.changed and r.original == follow and r.note
 
 
+@pytest.mark.parametrize("prev,follow,expected", [
+    # 「具体」 shares 体 with 「体育馆」, but no word: the previous topic is kept and the follow-up's words added
+    ("收费的体育馆对老人学生有优惠吗？", "那具体怎么优惠是谁定的？", "收费的体育馆对老人学生 具体怎么优惠是谁定的"),
+    ("工会委员会中工会主席的工作职责是什么？", "宣传委员呢？", "工会委员会中工会主席的工作职责 宣传委员"),
+])
+def test_a_parallel_phrase_swaps_whole_words_only(rules, prev, follow, expected):
+    r = rules.rewrite(follow, [turn(prev)])
+    assert r.query == expected and "替换" not in r.note, r
+
+
 @pytest.mark.parametrize("prev,follow", [
     ("工厂的排污许可证管几年？", "快到期了还要接着排，怎么办？"),
     ("当兵两年退伍了，选择自己找工作，要在多少天内去报到？", "去报到要带些什么？"),

@@ -205,12 +205,17 @@ class DeterministicRewriter:
         for t in ptoks:
             starts.append(pos)
             pos += len(t)
+        ends = {s + len(t) for s, t in zip(starts, ptoks)}
         joined = "".join(ptoks)
         for n in range(len(phrase) - 1, 0, -1):  # longest shared head first
             head = phrase[-n:]
             if len(head) == 1 and head in FUNCTION_CHARS:
                 continue
             idx = joined.find(head)
+            # the shared head ends a word of the previous query: whole words are swapped, so 「具体」 does not stand in
+            # for the 「的体」 of 「…的体育馆」
+            while idx >= 0 and idx + n not in ends:
+                idx = joined.find(head, idx + 1)
             if idx < 0:
                 continue
             # the previous query's word(s) ending in that head: the token holding it, or the token before it
