@@ -24,9 +24,10 @@ not fitted; on the dev sets the best-scoring sentence is inside it) are embedded
 cores) and part-of-speech tagged (≈ 2 ms). The answer is the best
 sentence plus up to two more within `margin` of it, in source order, each cited [n]; the clause of the best
 sentence closest to the question is bold. In a formal document the best sentence is quoted with the whole (short)
-article it belongs to (pipeline/generation/whole_article.py): an article's clauses decide together. When even the best sentence scores below `not_found_below` — measured
-above this knowledge base's background (w_cos × the median best cosine of the gate's probe questions,
-pipeline/retrieval/gate_background.py), since e5 cosines shift by domain — no sentence addresses the question:
+article it belongs to (pipeline/generation/whole_article.py): an article's clauses decide together.
+When even the best sentence scores below `not_found_below` — measured above this knowledge base's background
+(w_cos × the median best cosine of the gate's probe questions, pipeline/retrieval/gate_background.py), since e5
+cosines shift by domain — no sentence addresses the question:
 the answer says 「资料中未找到直接回答该问题的内容」 and points at the closest sources instead of quoting unrelated
 sentences. The floor reads the best sentence's word shares over the question's words that some chunk of the
 knowledge base holds (`visible_score`): a question typed in words the documents never use cannot have them in any

@@ -6,9 +6,10 @@ the sentence the picker likes best (「这些备份复制品不得…提供给�
 allows the backup; an exemption (「但是…除外」) or the figure (「前款结算起点定为1000元」) often sits one sentence away.
 Articles are short (the regulations corpus: median 95 characters, 96 % at most 300), so the extractive answer
 quotes the best sentence's article whole, its deciding clause still bold, and the other picked sentences of that
-article are not repeated. An article longer than ARTICLE_CHARS, one whose text is not in the chunk as a whole (a
-long article cut between chunks keeps only its part here: the part is quoted, from the chunk's start), and the
-sentences of other documents are quoted as before.
+article are not repeated. What the chunk holds of the article is what is quoted: from the chunk's start when the
+article began in an earlier chunk, up to its last whole sentence when it goes on in the next one. An article longer
+than ARTICLE_CHARS, a best sentence not found verbatim in its chunk (re-joined wrapped lines), and the sentences of
+other documents are quoted as before.
 """
 from __future__ import annotations
 
