@@ -8,6 +8,7 @@ from tools.eval.formal_eval import OFF_TOPIC, load_lines, summarize
 from tools.eval.formal_metrics import (
     answer_hit,
     answer_lines,
+    bold_hit,
     content,
     longest_common_run,
     outcome,
@@ -62,6 +63,16 @@ def test_answer_hit_whole_span_partial_span_and_scattered_words():
     # split over two lines, neither holding 60% in a row
     split = LABEL + "- 无偿为公众[1]。\n- 兑换残缺[1]。"
     assert not answer_hit(split, SPAN)
+
+
+def test_bold_hit_counts_the_clause_the_picker_chose_not_what_else_the_line_quotes():
+    article = LABEL + "- 《人民币管理条例》第二十二条：办理存取款业务的金融机构应当按照规定，无偿为公众兑换残缺、污损的人民币，" \
+                      "**挑剔残缺、污损的人民币**[1]。"
+    assert answer_hit(article, SPAN) and not bold_hit(article, SPAN)  # on screen, but not the clause chosen
+    chosen = article.replace("**挑剔残缺、污损的人民币**", "挑剔残缺、污损的人民币").replace(
+        "无偿为公众兑换残缺、污损的人民币", "**无偿为公众兑换残缺、污损的人民币**")
+    assert bold_hit(chosen, SPAN) and answer_hit(chosen, SPAN)
+    assert not bold_hit(LABEL + f"资料中未找到直接回答该问题的内容。**{SPAN}**", SPAN)
 
 
 def test_not_found_is_no_hit_and_a_refusal():

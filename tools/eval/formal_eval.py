@@ -27,7 +27,7 @@ from pathlib import Path
 from tools.eval.answer_eval import open_for_eval
 from tools.eval.cli import add_kb_cache, command_parser, kb_cache_root, print_md_table, write_json
 from tools.eval.devsets import REPO
-from tools.eval.formal_metrics import answer_hit, outcome, right_doc_first, share_of, span_in_sources
+from tools.eval.formal_metrics import answer_hit, bold_hit, outcome, right_doc_first, share_of, span_in_sources
 from tools.eval.regulations_devset import QUESTIONS, REGULATIONS, DevItems, load_items
 
 OFF_TOPIC = REPO / "tests" / "data" / "offtopic_everyday.txt"
@@ -50,6 +50,7 @@ def ask_answerable(engine, items, key_to_doc: dict[str, int]) -> list[dict]:
                      "in_sources": span_in_sources(r["sources"], a.gold.span),
                      "doc_first": right_doc_first(r["sources"], key_to_doc.get(a.gold.file)),
                      "hit": answer_hit(r["answer"], a.gold.span) if r["sources"] else False,
+                     "bold_hit": bold_hit(r["answer"], a.gold.span) if r["sources"] else False,
                      "outcome": outcome(r), "gate_refused": not r["sources"]} | _brief(r))
     return rows
 
@@ -86,6 +87,7 @@ def summarize(ans: list[dict], unans: list[dict], off: list[dict], fol: list[dic
     return {
         "answerable": {"n": len(ans), "span_in_sources": share_of(ans, "in_sources"),
                        "doc_first": share_of(ans, "doc_first"), "answer_hit": share_of(ans, "hit"),
+                       "bold_hit": share_of(ans, "bold_hit"),
                        "refused": share_of(ans, "outcome", "refused"), "gate_refused": share_of(ans, "gate_refused"),
                        "weak": share_of(ans, "outcome", "weak"),
                        "by_type": {t: {"n": len(rs), "answer_hit": share_of(rs, "hit"),
@@ -106,6 +108,7 @@ def print_report(m: dict) -> None:
         ["the deciding span is among the 6 sources", f"{a['span_in_sources']:.3f}"],
         ["right document first", f"{a['doc_first']:.3f}"],
         ["answer holds the deciding words (extractive answer-hit)", f"{a['answer_hit']:.3f}"],
+        ["its bold holds them (stricter: the clause the picker chose)", f"{a['bold_hit']:.3f}"],
         ["answerable questions refused (gate / 未找到)",
          f"{a['refused']:.3f} ({a['gate_refused']:.3f} / {a['refused'] - a['gate_refused']:.3f})"],
         ["answerable questions weak", f"{a['weak']:.3f}"],

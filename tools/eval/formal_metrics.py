@@ -11,6 +11,9 @@ tests/test_formal_metrics.py checks every rule on tiny inputs.
   are dropped from both sides first, so 「、」 vs 「，」 or a cut at MAX_SENTENCE_CHARS does not decide). 1.0 is the
   whole span; 0.6 lets the answer quote the deciding clause of a span that runs over two sentences, but not a
   sentence that merely shares scattered words with it (contiguous, not a bag of characters). Fixed, not tuned.
+- **bold-hit** (stricter): a bold run of the answer (the clause the picker judged deciding) holds ANSWER_SHARE of the
+  span the same way. Answer-hit counts what is on screen — a whole article quoted holds its deciding clause whether
+  or not the picker chose it; bold-hit counts what the picker chose.
 - **refused**: the gate refused (no sources) or the answer says 「资料中未找到…」; **weak**: answered with the
   weak-evidence banner; **answered**: neither — for an unanswerable or off-topic question, answered as if.
 """
@@ -76,6 +79,15 @@ def answer_hit(answer: str, span: str, share: float = ANSWER_SHARE) -> bool:
     if is_not_found(answer):
         return False
     return any(span_share(line, span) >= share for line in answer_lines(answer))
+
+
+_BOLD = re.compile(r"\*\*(.+?)\*\*")
+
+
+def bold_hit(answer: str, span: str, share: float = ANSWER_SHARE) -> bool:
+    if is_not_found(answer):
+        return False
+    return any(span_share(bold, span) >= share for bold in _BOLD.findall(answer or ""))
 
 
 def is_not_found(answer: str) -> bool:
