@@ -24,6 +24,8 @@ import functools
 import re
 from collections.abc import Callable
 
+from pipeline.generation.sentences import clauses
+
 # Order matters: 「哪一年」 is a time before 「哪」 makes it anything, 「多少年」 a time before 「多少」 a number; 「会不会被
 # 罚款」 a consequence before 「会不会」 a yes/no; 「找哪个部门」 a body before 「哪个」 a place; yes/no last (「能免费查几次吗」
 # wants the number). 「谁发」 alone is no body: 「由谁发明 / 发动 / 发掘」 ask for a person.
@@ -142,13 +144,13 @@ def sanction_unasked(kind: str | None, text: str, question: str) -> bool:
             and SANCTION.search(text) is not None)
 
 
-_CLAUSE = re.compile(r"[^，,。；;：:]+")
+_SANCTION_BREAKS = re.compile(r"[，,。；;：:]")
 
 
 def _without_sanctions(text: str) -> str:
     """`text` less its clauses that impose a sanction: the amount of a fine (「处应缴纳土地复垦费1倍以上2倍以下的罚款」)
     is not the figure of a question that asks no sanction (「土地复垦费每亩收多少？」)."""
-    return "，".join(m.group(0) for m in _CLAUSE.finditer(text) if not SANCTION.search(m.group(0)))
+    return "，".join(text[a:b] for a, b in clauses(text, 1, _SANCTION_BREAKS) if not SANCTION.search(text[a:b]))
 
 
 def kind_cue(kind: str | None, text: str, question: str, tagged: Callable[[str], list[tuple[str, str]]]) -> float:

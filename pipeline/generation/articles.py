@@ -42,7 +42,7 @@ def articles_of(text: str, pieces: Sequence[Piece]) -> dict[int, str]:
 
 
 # a chapter / section heading line: an article does not run on across it
-_DIVISION = re.compile(rf"^[ \t\u3000]*(?:#|第[{_NUM}\d]+[编章节][ \t\u3000])", re.M)
+DIVISION = re.compile(rf"^[ \t\u3000]*(?:#|第[{_NUM}\d]+[编章节][ \t\u3000])", re.M)
 
 
 def carried_article(head: str, earlier: Sequence[str]) -> str:
@@ -50,11 +50,11 @@ def carried_article(head: str, earlier: Sequence[str]) -> str:
     the last heading of the nearest earlier chunk that has one. `head`: the chunk's text before the sentence;
     `earlier`: the texts of the chunks before it, nearest first. Nothing when a chapter heading or an article
     heading stands between."""
-    if HEADING.search(head) or _DIVISION.search(head):
+    if HEADING.search(head) or DIVISION.search(head):
         return ""
     for text in earlier:
         heads = HEADING.findall(text)
-        last_division = max((m.start() for m in _DIVISION.finditer(text)), default=-1)
+        last_division = max((m.start() for m in DIVISION.finditer(text)), default=-1)
         if heads:
             last = list(HEADING.finditer(text))[-1]
             return last.group(1) if last.start() > last_division else ""

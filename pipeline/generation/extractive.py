@@ -59,7 +59,7 @@ from pipeline.generation.deciding import continued_lead_in, deciding_clause, lea
 from pipeline.generation.instructions import is_instruction
 from pipeline.generation.referral import handed_over_to, title_key
 from pipeline.generation.sentences import answer_units, clauses
-from pipeline.generation.whole_article import ARTICLE_CHARS, quote_article
+from pipeline.generation.whole_article import quote_article
 from pipeline.models.vectors import TextVectors, unit
 from pipeline.retrieval.lexical import TermWeights, normalize
 from pipeline.retrieval.nodes import kb_ids_of, node_meta, node_text
@@ -369,9 +369,8 @@ def _render_body(c: Candidate, bold: tuple[int, int] | None, prefix: str) -> str
         inner = body[a:b].strip()
         body = (body[:a] + (f"**{inner}**" if inner else "") + body[b:])
         body = _PRIVATE_USE.sub("", body).strip()
-    limit = ARTICLE_CHARS + 4 if c.whole_article else MAX_SENTENCE_CHARS  # (+ the bold's four asterisks)
-    if len(body) > limit:
-        body = body[:limit].rstrip("*").rstrip() + "……" + ("**" if body.count("**") % 2 else "")
+    if len(body) > MAX_SENTENCE_CHARS and not c.whole_article:  # a whole article was bounded when it was made
+        body = body[:MAX_SENTENCE_CHARS].rstrip("*").rstrip() + "……" + ("**" if body.count("**") % 2 else "")
     punct = {"！": "！", "!": "！", "？": "？", "?": "？"}.get(c.piece.punct, "。")
     return f"- {prefix}{body}[{c.source}]{punct}"
 

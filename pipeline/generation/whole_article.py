@@ -18,12 +18,13 @@ from collections.abc import Sequence
 from dataclasses import replace
 from typing import Any
 
-from pipeline.generation.articles import HEADING, LEADING_HEADING
+from pipeline.generation.articles import DIVISION, HEADING, LEADING_HEADING
 from pipeline.retrieval.nodes import node_text
 
-ARTICLE_CHARS = 300  # longer articles are quoted by their sentences (96 % of the corpus's articles are shorter)
+ARTICLE_CHARS = 300  # longer articles are quoted by their sentences (96 % of the corpus's articles are shorter);
+                     # a whole article's line is not cut at extractive.MAX_SENTENCE_CHARS
 # where an article ends inside a chunk: the next article heading, or a chapter / section heading line
-_END = re.compile(rf"{HEADING.pattern}|^[ \t\u3000]*(?:#|第[一二三四五六七八九十百千零〇\d]+[编章节][ \t\u3000])", re.M)
+_END = re.compile(f"{HEADING.pattern}|{DIVISION.pattern}", re.M)
 _BREAKS = re.compile(r"\s*\n\s*")
 _CLOSING = "。！？!?；;"
 
@@ -36,7 +37,7 @@ def article_span(text: str, at: int) -> tuple[int, int]:
         if m.start() > at:
             break
         start = m.start()
-    nxt = next((m.start() for m in _END.finditer(text, at + 1) if m.start() > at), len(text))
+    nxt = next((m.start() for m in _END.finditer(text, at + 1)), len(text))
     return start, nxt
 
 
@@ -53,13 +54,11 @@ def with_article(best: Any, bold: tuple[int, int] | None, node: Any) -> tuple[An
     head = LEADING_HEADING.match(raw)
     body = raw[head.end():] if head else raw
     article = _BREAKS.sub("", body)  # its paragraphs (款) on one line: the answer quotes one line per article
-    if article and article[-1] not in _CLOSING:
-        # the chunk ends inside a sentence (the article goes on in the next chunk): up to the last whole sentence
-        end = max(article.rfind(ch) for ch in _CLOSING)
-        article = article[:end + 1] if end >= 0 else ""
-    punct = ""
-    if article and article[-1] in _CLOSING:
-        article, punct = article[:-1], article[-1]
+    # up to its last whole sentence (the chunk may end inside one when the article goes on in the next chunk)
+    end = max(article.rfind(ch) for ch in _CLOSING)
+    if end < 0:
+        return None
+    article, punct = article[:end], article[end]
     offset = article.find(sentence)
     if offset < 0 or len(article) > ARTICLE_CHARS or len(article) <= len(sentence) + 1:
         return None
