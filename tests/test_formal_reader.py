@@ -4,6 +4,7 @@ a list item under its lead-in, sentences cut at article headings and in comma-on
 from __future__ import annotations
 
 import re
+from dataclasses import replace
 
 import pytest
 from llama_index.core.schema import NodeWithScore, TextNode
@@ -343,6 +344,47 @@ def test_a_yes_no_question_is_offered_the_verdict_it_lacks():
     fine = "情节严重的，可以处以5000元以下罚款"
     assert offers("yesno", fine, q, untagged) and kind_cue("yesno", fine, q, untagged) == 0.0
 
+
+
+DESIGN = "建设工程勘察设计管理条例(2017-10-07).md"
+
+
+def test_who_or_where_asked_of_a_regulation_wants_the_body_it_names(picker):
+    """A statute names bodies, not people or places: 「该谁来改？」 asked of a regulation wants the party its rule names
+    (answer_type.in_document), so the clause naming it is offered (+1, as for 「哪个部门」) and bold — asked of other
+    text, 谁 still wants a person's name and 哪里 a place's."""
+    from pipeline.generation.answer_type import in_document
+
+    q = "施工队觉得图纸画得不合理，该谁来改？"
+    assert expected_kind(q) == "person" and expected_kind("申请材料该往哪里递？") == "place"
+    assert in_document("person", True) == in_document("place", True) == "body"
+    assert in_document("person", False) == "person" and in_document("number", True) == "number"
+    text = "确需修改建设工程勘察、设计文件的，应当由原建设工程勘察、设计单位修改"
+    cues = picker.cues(q, [])
+    formal = Candidate(Piece(text, "。", 0), 1, 0.0, 0.0, formal=True)
+    assert picker.kind_cue(cues, formal) == 1.0
+    assert picker.kind_cue(cues, replace(formal, formal=False)) == 0.0  # no person's name in it
+    a, b = ExtractivePicker._bold_span(formal, cues)
+    assert text[a:b] == "应当由原建设工程勘察、设计单位修改"
+
+
+@pytest.mark.slow
+@needs(REGS / DESIGN)
+def test_engine_answers_who_asked_of_a_regulation_with_the_party_it_names(tmp_path):
+    """Through the real answer stream (packaged embedding model, offline): 「…该谁来改？」 is answered with the
+    clause of 第二十八条 that names who changes a design (before, a 谁 question offered nothing in a regulation, which
+    names no person, and the answer led with 「施工图设计文件未经审查批准的，不得使用」)."""
+    from tests.live import engine_with_texts
+
+    greening = "城市绿化条例(2017-03-01).md"
+    engine = engine_with_texts(tmp_path, {f: (REGS / f).read_text(encoding="utf-8") for f in (DESIGN, greening)})
+    try:
+        res = engine.ask_sync("施工队觉得图纸画得不合理，该谁来改？")
+        first = res["answer"].split("\n")[1]
+        assert first.startswith("- 《建设工程勘察设计管理条例》第二十八条："), res["answer"]
+        assert "**应当由原建设工程勘察、设计单位修改**" in first, res["answer"]
+    finally:
+        engine.close()
 
 @pytest.mark.slow
 @needs(REGS / PIGS)

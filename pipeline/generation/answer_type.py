@@ -71,6 +71,13 @@ def expected_kind(question: str) -> str | None:
     return None
 
 
+def in_document(kind: str | None, formal: bool) -> str | None:
+    """The kind of answer a question asks of this document. A statute names bodies, not people or places: asked of a
+    law, regulation or contract, 「该谁来改？」 and 「申请材料往哪儿递？」 want the party or authority its rule names
+    (「由原…设计单位修改」, 「向…药品监督管理部门提出申请」), not a person's name or a place name, which it never holds."""
+    return "body" if formal and kind in ("person", "place") else kind
+
+
 def offers(kind: str | None, text: str, question: str, tagged: Callable[[str], list[tuple[str, str]]]) -> bool:
     """Does `text` hold an answer of this kind that the question itself does not contain?"""
     if kind is None:

@@ -52,7 +52,7 @@ from typing import Any, NamedTuple
 import numpy as np
 
 from pipeline.events import EXTRACTIVE_LABEL
-from pipeline.generation.answer_type import kind_cue, lacks_answer
+from pipeline.generation.answer_type import in_document, kind_cue, lacks_answer
 from pipeline.generation.articles import HEADING, LEADING_HEADING, articles_of, carried_article, citation
 from pipeline.generation.candidates import Candidate, Cues, assemble, measure
 from pipeline.generation.deciding import continued_lead_in, deciding_clause, lead_in
@@ -202,11 +202,11 @@ class ExtractivePicker:
         q = unit(query_embedding if query_embedding is not None else self.embed_model.get_query_embedding(question))
         sims = self._embed([self._window(out[i].piece.text, cues) for i in chosen]) @ q
         for i, s in zip(chosen, sims):
-            out[i] = replace(out[i], cosine=float(s), offers=self.kind_cue(cues, out[i].piece.text))
+            out[i] = replace(out[i], cosine=float(s), offers=self.kind_cue(cues, out[i]))
         return [c for c in out if c.cosine is not None]
 
-    def kind_cue(self, cues: Cues, text: str) -> float:
-        return kind_cue(cues.kind, text, cues.question, self.tokenizer.tagged)
+    def kind_cue(self, cues: Cues, c: Candidate) -> float:
+        return kind_cue(in_document(cues.kind, c.formal), c.piece.text, cues.question, self.tokenizer.tagged)
 
     @staticmethod
     def _window(text: str, cues: Cues) -> str:
@@ -285,7 +285,7 @@ class ExtractivePicker:
         if len(spans) <= 1 or best.lead:  # a list item under its lead-in (which holds the verdict): the item
             return (0, len(text)) if text else None
         # a formal question's verdict: the clause with the deciding words (「不得…」「…三十日内」「由…负责」)
-        spans = deciding_clause(cues.question, text, cues.kind) or spans
+        spans = deciding_clause(cues.question, text, in_document(cues.kind, best.formal)) or spans
         if len(spans) == 1:
             return spans[0]
         grams = cues.grams

@@ -64,10 +64,10 @@ def main(argv=None) -> int:
             pick = c.picker.pick(q, final, res.query_embedding)
             new.append((time.perf_counter() - t1) * 1000)
             cues = Cues.of(q, c.tokenizer, c.picker.weights_of(kb_ids_of(final)))
-            texts = [x.piece.text for x in c.picker.candidates(q, final, res.query_embedding)] if pick else []
+            cands = c.picker.candidates(q, final, res.query_embedding) if pick else []
             t1 = time.perf_counter()
-            for text in texts:
-                c.picker.kind_cue(cues, text)
+            for cand in cands:
+                c.picker.kind_cue(cues, cand)
             cue.append((time.perf_counter() - t1) * 1000)
             t1 = time.perf_counter()
             old_picker.pick(q, final)
