@@ -97,6 +97,14 @@ def test_question_kinds(question, kind):
     ("number", "发现的栉水母化石有5.15亿年历史。", "栉水母化石有多少年历史了？", False),
     ("number", "他在美国留学和工作了30多年。", "他一共在美国留学和工作了多少年？", False),
     ("number", "洛杉矶曾经有两支球队。", "洛杉矶曾经有多少支球队？", False),
+    # a count asked wants a count: a length of time, a sum or a share is none, a bare number or one in its unit is
+    ("number", "自被注销登记之日起未逾3年的，不得担任私募基金管理人。", "一只私募基金最多能有几个投资人？", True),
+    ("number", "每份收取工本费10元。", "一只私募基金最多能有几个投资人？", True),
+    ("number", "投资者累计不得超过200人。", "一只私募基金最多能有几个投资人？", False),
+    ("number", "截至2010年，全市人口约150万。", "这个城市有多少人？", False),
+    # whole numbers, not digits: each digit of 「2,020万」 stands in 「2006年」, the number does not
+    ("number", "该公司的保单持有人共2,020万户。", "越南保险2006年共有多少户保单持有人？", False),
+    ("number", "该公司于2006年成立。", "越南保险2006年共有多少户保单持有人？", True),
 ])
 def test_lacks_answer(kind, sentence, question, lacks):
     from pipeline.generation.answer_type import lacks_answer

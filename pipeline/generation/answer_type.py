@@ -50,8 +50,9 @@ DECIDING: dict[str, re.Pattern] = {
     "body": re.compile(r"由[^，。；]{2,40}?(?:负责|审批|批准|核定|决定|鉴定|办理|发放|核发|管理|组织|实施)|"
                        r"(?:人民政府|部门|机关|委员会|机构|人民法院|银行|单位)"),
 }
-# a lone 一 before a measure word is mostly the article (「一个种」), not a quantity
-_NUMBER = re.compile(r"\d|(?:[二三四五六七八九十百千万亿两〇零]|[一二三四五六七八九十百千万亿两〇零]{2,})"
+# a lone 一 before a measure word is mostly the article (「一个种」), not a quantity; digits are read as whole numbers
+# (「2,020万」 is not in a question about 「2006年」 although each of its digits is)
+_NUMBER = re.compile(r"\d+(?:[.,]\d+)*|(?:[二三四五六七八九十百千万亿两〇零]|[一二三四五六七八九十百千万亿两〇零]{2,})"
                      r"(?:[个次年天岁种位名人家条项倍米公里吨元%％支号路届场座部本架艘辆只头件份篇首集所间层枚颗张台]|分之)")
 # 「第十五条」「第二款」「第三章」 number a place in a document: a cross-reference or an article heading is no quantity
 # (every sentence that opens its article would otherwise offer a number to 「多少钱」)
@@ -91,6 +92,8 @@ def offers(kind: str | None, text: str, question: str, tagged: Callable[[str], l
             plain = _without_sanctions(plain)
         if kind == "number" and pat is not _NUMBER:
             plain = _DATE.sub("", plain)
+        elif kind == "number" and _COUNT.search(question):
+            plain = _NOT_A_COUNT.sub("", _DATE.sub("", plain))
         return any(m.group(0) not in question for m in pat.finditer(plain))
     flags = _POS[kind]
     return any(flag.startswith(flags) and len(word) > 1 and word not in question for word, flag in tagged(text))
@@ -117,6 +120,10 @@ def _length(unit: str | None) -> re.Pattern:
 
 
 _LENGTHS = {unit: _length(unit) for unit in (None, *_SAME_UNIT)}
+# 「最多能有几个投资人？」「有多少人？」 ask a count: a length of time (「未逾3年」), a sum of money or a share is no answer
+# to it, whatever else the sentence says (a bare 「150万」 still is)
+_COUNT = re.compile(r"(?:多少|(?<![这那近前头哪])几)(?:个|名|位|家|所|座|只|头|辆|艘|架|种|项|次|人|户|件|台|部|本|条)")
+_NOT_A_COUNT = re.compile("|".join([_length(None).pattern, _NUM + r"(?:万|千|百)?(?:元|块)", _NUM + r"[%％‰]"]))
 
 
 # a calendar date (「2001年6月16日」「1月1日」) is when, not how long
