@@ -131,6 +131,26 @@ def test_answer_units_cut_comma_only_text_into_clause_runs():
     assert answer_units(short) == split_sentences(short)
 
 
+
+def test_a_sentence_the_chunk_cuts_keeps_its_whole_clauses(picker):
+    """Comma-only text (a judgment, pasted OCR) has no sentence end for a chunk to stop at: the chunk's last sentence
+    goes on in the next chunk. Its whole clauses are statements the answer may quote; only the clause the chunk stops
+    inside is not (before, the whole sentence — up to 200 characters of every chunk — was never a candidate)."""
+    from pipeline.generation.sentences import is_statement
+
+    chunk = ("本院认为，被告人张某某以非法占有为目的，骗取他人财物，数额较大，其行为已构成诈骗罪，"
+             "被告人张某某于2019年3月在某市某区骗取被害人李某某人民币五万元，案发后退赔被害人全部损失，可以酌情从轻处罚，"
+             "判决如下：被告人张某某犯诈骗罪，判处有期")
+    units = answer_units(chunk)
+    assert [u.cut for u in units] == [False] * (len(units) - 1) + [True]
+    assert units[-1].text == "判决如下：被告人张某某犯诈骗罪，判处有期".split("，")[-1]
+    assert all(is_statement(u) for u in units[:-1]) and not is_statement(units[-1])
+    got = answer(picker, "张某某骗了李某某多少钱？", [node(chunk, "判决书.txt", 1)])
+    assert "人民币五万元" in got, got
+    # a cut sentence without a clause break stays one cut piece; a finished one is untouched
+    assert [(u.text, u.cut) for u in answer_units("第一句话说完了。第二句话没有说")] == [("第一句话说完了", False),
+                                                                                ("第二句话没有说", True)]
+
 @needs(REGS / RMB)
 def test_articles_of_real_regulation_text():
     text = article_text(RMB, "第二十一条", "第二十三条")

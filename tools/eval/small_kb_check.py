@@ -1,6 +1,6 @@
 """What a team gets from a small knowledge base of whole articles — the setting the issues measure on.
 
-    python -m tools.eval.small_kb_check [--squad FILE] [--articles 30] [--seed 0] [--search FILE] [--json OUT]
+    python -m tools.eval.small_kb_check [--squad FILE] [--articles 30] [--seed 0] [--search FILE] [--commas] [--json OUT]
 
 The dev-set knowledge bases of tools/eval/kb_cache.py hold every passage of a set as its own document (240 to 8,800
 chunks). A team's knowledge base is often a few dozen whole documents, and the gate's per-KB background, the
@@ -15,6 +15,10 @@ It prints the routes' retrieval metrics on that KB (tools.eval.evaluate), the ou
 gate's trade-off on this KB: the out-of-KB refusals a threshold placed at this KB's own 1/2/3/5% quantile of
 answerable scores would give (a per-KB oracle: it needs labels; it shows whether a shortfall is the threshold's
 place or the evidence itself). Nothing here is fitted: it is a check, not a calibration.
+
+--commas asks the same questions of the same articles with every sentence end (。！？；) turned into a comma: text
+whose sentences are separated by commas only, as court judgments and text pasted from OCR run, where a sentence
+splitter finds whole paragraphs (the answer's clause runs, pipeline/generation/sentences.py, are what it checks).
 """
 from __future__ import annotations
 
@@ -36,8 +40,18 @@ ORACLE_FR = (0.01, 0.02, 0.03, 0.05)
 ROUTES = ("bm25", "vector", "rrf", "fused_no_prior", "fused", "union_oracle")  # fused_no_prior: without the prior
 
 
-def articles_corpus(path: Path, articles: int, seed: int) -> tuple[Corpus, list[Question]]:
-    """N whole articles as documents with their questions, and the questions of the set's other articles."""
+_SENTENCE_END = str.maketrans({"。": "，", "！": "，", "？": "，", "；": "，"})
+
+
+def comma_only(text: str) -> str:
+    """The text with its sentences separated by commas only."""
+    return text.translate(_SENTENCE_END)
+
+
+def articles_corpus(path: Path, articles: int, seed: int, commas: bool = False) -> tuple[Corpus, list[Question]]:
+    """N whole articles as documents with their questions, and the questions of the set's other articles;
+    `commas`: the articles' text (and answer strings) comma-only."""
+    fix = comma_only if commas else (lambda t: t)
     data = json.loads(Path(path).read_text(encoding="utf-8"))["data"]
     order = random.Random(seed).sample(range(len(data)), len(data))
     inside, outside = order[:articles], order[articles:]
@@ -45,8 +59,8 @@ def articles_corpus(path: Path, articles: int, seed: int) -> tuple[Corpus, list[
     qs: list[Question] = []
     for ai in inside:
         key = f"article{ai}"
-        docs[key] = "\n\n".join(p["context"] for p in data[ai]["paragraphs"])
-        qs += [Question(qa["question"], {key}, answers) for qa, answers in _qas(data[ai])]
+        docs[key] = "\n\n".join(fix(p["context"]) for p in data[ai]["paragraphs"])
+        qs += [Question(qa["question"], {key}, [fix(a) for a in answers]) for qa, answers in _qas(data[ai])]
     others = [Question(qa["question"], set(), answers) for ai in outside for qa, answers in _qas(data[ai])]
     return Corpus(docs, qs), others
 
@@ -101,10 +115,11 @@ def oracle_curve(answerable: list[dict], negatives: list[dict]) -> dict[str, flo
     return {f"{fr:.0%}": round(float((o < np.quantile(a, fr)).mean()), 4) for fr in ORACLE_FR}
 
 
-def run(squad: Path, articles: int, seed: int, search: Path | None, questions: int, negatives: int) -> dict:
+def run(squad: Path, articles: int, seed: int, search: Path | None, questions: int, negatives: int,
+        commas: bool = False) -> dict:
     from pipeline.engine import Engine  # heavy (Chroma, the models): --help goes without it
 
-    corpus, others = articles_corpus(squad, articles, seed)
+    corpus, others = articles_corpus(squad, articles, seed, commas)
     rnd = random.Random(seed)
     corpus = Corpus(corpus.docs, rnd.sample(corpus.questions, min(questions, len(corpus.questions))))
     others = rnd.sample(others, min(negatives, len(others)))
@@ -120,7 +135,8 @@ def run(squad: Path, articles: int, seed: int, search: Path | None, questions: i
         searched = asked(engine, search_qs)
         chunks = sum(len(engine.components.docs.chunks_of(d)) for d in set(key_to_doc.values()))
         engine.close()
-    return {"set": Path(squad).name, "articles": articles, "seed": seed, "chunks": chunks,
+    return {"set": Path(squad).name + (" (comma-only)" if commas else ""), "articles": articles, "seed": seed,
+            "chunks": chunks,
             "routes": {k: retrieval["routes"][k] for k in ROUTES if k in retrieval["routes"]},
             "answers": answers, "answerable": shares(answerable),
             "out_of_kb_same_style": shares(same_style) | {"n": len(same_style)},
@@ -160,12 +176,13 @@ def main(argv=None) -> int:
     ap.add_argument("--negatives", type=int, default=150, help="same-style out-of-KB questions asked")
     ap.add_argument("--search", default=str(data / "dureader2_demo" / "search.dev.json"),
                     help="DuReader JSON lines whose questions are asked as out-of-KB search questions ('' = none)")
+    ap.add_argument("--commas", action="store_true", help="the articles' sentences separated by commas only")
     ap.add_argument("--json", type=Path, default=None)
     args = ap.parse_args(argv)
     if args.articles < 1:
         ap.error("--articles must be at least 1")
     m = run(args.squad, args.articles, args.seed, Path(args.search) if args.search else None, args.questions,
-            args.negatives)
+            args.negatives, args.commas)
     print_report(m)
     write_json(args.json, m)
     return 0
