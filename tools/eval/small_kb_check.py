@@ -50,7 +50,7 @@ def comma_only(text: str) -> str:
 
 def articles_corpus(path: Path, articles: int, seed: int, commas: bool = False) -> tuple[Corpus, list[Question]]:
     """N whole articles as documents with their questions, and the questions of the set's other articles;
-    `commas`: the articles' text (and answer strings) comma-only."""
+    `commas`: the articles' text and every answer string comma-only."""
     fix = comma_only if commas else (lambda t: t)
     data = json.loads(Path(path).read_text(encoding="utf-8"))["data"]
     order = random.Random(seed).sample(range(len(data)), len(data))
@@ -61,7 +61,8 @@ def articles_corpus(path: Path, articles: int, seed: int, commas: bool = False) 
         key = f"article{ai}"
         docs[key] = "\n\n".join(fix(p["context"]) for p in data[ai]["paragraphs"])
         qs += [Question(qa["question"], {key}, [fix(a) for a in answers]) for qa, answers in _qas(data[ai])]
-    others = [Question(qa["question"], set(), answers) for ai in outside for qa, answers in _qas(data[ai])]
+    others = [Question(qa["question"], set(), [fix(a) for a in answers]) for ai in outside
+              for qa, answers in _qas(data[ai])]
     return Corpus(docs, qs), others
 
 
