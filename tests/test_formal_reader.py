@@ -151,6 +151,23 @@ def test_a_sentence_the_chunk_cuts_keeps_its_whole_clauses(picker):
     assert [(u.text, u.cut) for u in answer_units("第一句话说完了。第二句话没有说")] == [("第一句话说完了", False),
                                                                                 ("第二句话没有说", True)]
 
+
+def test_overlapping_chunks_do_not_quote_the_same_clauses_twice(picker):
+    """Chunks overlap; in comma-only text the overlap is cut into runs at other places, so the same clauses come back
+    as a candidate of the next chunk. The answer quotes them once; a run that goes on past them stays."""
+    first = ("西班牙人将之改名为圣马特奥要塞，随着法国人被驱逐，圣奥古斯丁作为佛罗里达州最重要的定居点的地位得到巩固，"
+             "卡洛琳堡的位置还有待商榷，但1964年该堡在圣约翰河上重建，")
+    second = ("达州最重要的定居点的地位得到巩固，卡洛琳堡的位置还有待商榷，但1964年该堡在圣约翰河上重建，"
+              "如今卡洛琳堡国家纪念地由美国国家公园管理局负责管理并且全年向来自世界各地的公众免费开放参观学习以及开展各类科学研究使用，"
+              "当地政府")  # the chunk stops inside a clause: its whole clauses are runs, the overlap one of them
+    got = answer(picker, "卡洛琳堡是哪一年在圣约翰河上重建的？", [node(first, "佛罗里达.txt", 1),
+                                                                node(second, "佛罗里达.txt", 1)])
+    assert got.count("1964年该堡在圣约翰河上重建") == 1, got
+    from pipeline.generation.extractive import _within
+    assert _within("卡洛琳堡的位置还有待商榷，但1964年该堡在圣约翰河上重建", first)
+    assert [u.text[:6] for u in answer_units(second)] == ["达州最重要的", "如今卡洛琳堡", "当地政府"]
+    assert not _within(second, first)  # a run that goes on past the overlap adds to it
+
 @needs(REGS / RMB)
 def test_articles_of_real_regulation_text():
     text = article_text(RMB, "第二十一条", "第二十三条")

@@ -47,6 +47,7 @@ import functools
 import re
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
+from difflib import SequenceMatcher
 from typing import Any, NamedTuple
 
 import numpy as np
@@ -71,6 +72,7 @@ MAX_SENTENCE_CHARS = 200
 PREFILTER = 10           # candidates embedded per question
 EMBED_CHARS = 96         # a longer sentence is embedded by its window of clauses that best covers the question:
                          # attention cost grows with the longest text of the batch (12 × 200 chars ≈ 7 × 12 × 40)
+REPEAT_SHARE = 0.9       # a further sentence this much of which another picked one holds adds nothing
 EARLIER_CHUNKS = 3       # chunks read back for the article a chunk starting inside one continues
 NOT_FOUND_TEXT = "资料中未找到直接回答该问题的内容"
 # the first line of an answer whose sentences are about the matter asked but hold no figure of the kind asked
@@ -245,7 +247,7 @@ class ExtractivePicker:
             if visible_score(best, p, visible) - offset < p.not_found_below:
                 return Pick([], best, None, False, top, closest)
             loose = True  # clears the floor only on the words the KB holds: quoted, and the answer says so
-        picked = stay_in_document(best, [c for c in ranked[:MAX_SENTENCES] if score(c, p) >= top - p.margin])
+        picked = stay_in_document(best, _distinct([c for c in ranked if score(c, p) >= top - p.margin]))
         picked.sort(key=lambda c: (c.source, c.piece.position))
         return Pick(picked, best, None, True, top, closest, loose=loose)
 
@@ -296,6 +298,26 @@ class ExtractivePicker:
             return words + (sum(g in part for g in grams) / len(grams) if grams else 0.0)
 
         return max(spans, key=score)
+
+
+def _distinct(ranked: list[Candidate]) -> list[Candidate]:
+    """The first MAX_SENTENCES of `ranked`, less those that an earlier one already holds: overlapping chunks hold the
+    same clauses, and in comma-only text they are cut into runs at other places, so the same words come back as
+    another candidate (exact repeats are dropped when candidates are assembled; a run that goes on past the other
+    adds to it and stays)."""
+    out: list[Candidate] = []
+    for c in ranked:
+        if len(out) == MAX_SENTENCES:
+            break
+        if not any(_within(c.piece.text, x.piece.text) for x in out):
+            out.append(c)
+    return out
+
+
+def _within(text: str, other: str) -> bool:
+    """Is all of `text` but a few characters (its clause break, a cut word: REPEAT_SHARE) a run of `other`?"""
+    m = SequenceMatcher(None, text, other, autojunk=False).find_longest_match(0, len(text), 0, len(other))
+    return m.size >= REPEAT_SHARE * len(text)
 
 
 def stay_in_document(best: Candidate, picked: list[Candidate]) -> list[Candidate]:
