@@ -22,8 +22,8 @@ Each is scored by
 Only the PREFILTER best candidates by a fixed cheap order (coverage + phrase coverage − 0.1 per source rank;
 not fitted; on the dev sets the best-scoring sentence is inside it) are embedded (≈ 7 ms a sentence on 2
 cores) and part-of-speech tagged (≈ 2 ms). The answer is the best
-sentence plus up to two more within `margin` of it, in source order, each cited [n]; the clause of the best
-sentence closest to the question is bold. In a formal document the best sentence is quoted with the whole (short)
+sentence plus up to two more within `margin` of it that no sentence picked before already holds, in source order,
+each cited [n]; the clause of the best sentence closest to the question is bold. In a formal document the best sentence is quoted with the whole (short)
 article it belongs to (pipeline/generation/whole_article.py): an article's clauses decide together.
 When even the best sentence scores below `not_found_below` — measured above this knowledge base's background
 (w_cos × the median best cosine of the gate's probe questions, pipeline/retrieval/gate_background.py), since e5
@@ -301,10 +301,10 @@ class ExtractivePicker:
 
 
 def _distinct(ranked: list[Candidate]) -> list[Candidate]:
-    """The first MAX_SENTENCES of `ranked`, less those that an earlier one already holds: overlapping chunks hold the
-    same clauses, and in comma-only text they are cut into runs at other places, so the same words come back as
-    another candidate (exact repeats are dropped when candidates are assembled; a run that goes on past the other
-    adds to it and stays)."""
+    """Up to MAX_SENTENCES of `ranked`, in order, each one that no sentence picked before it already holds:
+    overlapping chunks hold the same clauses, and in comma-only text they are cut into runs at other places, so the
+    same words come back as another candidate (exact repeats are dropped when candidates are assembled; a run that
+    goes on past the other adds to it and stays)."""
     out: list[Candidate] = []
     for c in ranked:
         if len(out) == MAX_SENTENCES:
