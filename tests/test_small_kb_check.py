@@ -28,7 +28,6 @@ def test_whole_articles_become_one_document_each_and_negatives_come_from_the_oth
     assert list(again.docs) == list(corpus.docs)  # the seed decides the draw
 
 
-
 @needs(XQUAD)
 def test_comma_only_articles_keep_their_text_and_answers_with_commas_for_sentence_ends():
     plain, _ = sk.articles_corpus(XQUAD, 3, seed=5)
@@ -40,6 +39,7 @@ def test_comma_only_articles_keep_their_text_and_answers_with_commas_for_sentenc
     assert [q.text for q in commas.questions] == [q.text for q in plain.questions]
     assert all(a in commas.docs[next(iter(q.gold_docs))] for q in commas.questions for a in q.answers)
     assert sk.comma_only("甲。乙！丙？丁；戊，") == "甲，乙，丙，丁，戊，"
+
 
 def test_outcomes_and_oracle_curve_arithmetic():
     flags = {"refused": False, "not_found": False, "weak": False}
