@@ -123,7 +123,7 @@ _LENGTHS = {unit: _length(unit) for unit in (None, *_SAME_UNIT)}
 # 「最多能有几个投资人？」「有多少人？」 ask a count: a length of time (「未逾3年」), a sum of money or a share is no answer
 # to it, whatever else the sentence says (a bare 「150万」 still is)
 _COUNT = re.compile(r"(?:多少|(?<![这那近前头哪])几)(?:个|名|位|家|所|座|只|头|辆|艘|架|种|项|次|人|户|件|台|部|本|条)")
-_NOT_A_COUNT = re.compile("|".join([_length(None).pattern, _NUM + r"(?:万|千|百)?(?:元|块)", _NUM + r"[%％‰]"]))
+_NOT_A_COUNT = re.compile("|".join([_LENGTHS[None].pattern, _NUM + r"(?:万|千|百)?(?:元|块)", _NUM + r"[%％‰]"]))
 
 
 # a calendar date (「2001年6月16日」「1月1日」) is when, not how long

@@ -23,8 +23,9 @@ Only the PREFILTER best candidates by a fixed cheap order (coverage + phrase cov
 not fitted; on the dev sets the best-scoring sentence is inside it) are embedded (≈ 7 ms a sentence on 2
 cores) and part-of-speech tagged (≈ 2 ms). The answer is the best
 sentence plus up to two more within `margin` of it that no sentence picked before already holds, in source order,
-each cited [n]; the clause of the best sentence closest to the question is bold. In a formal document the best sentence is quoted with the whole (short)
-article it belongs to (pipeline/generation/whole_article.py): an article's clauses decide together.
+each cited [n]; the clause of the best sentence closest to the question is bold. In a formal document the best
+sentence is quoted with the whole (short) article it belongs to (pipeline/generation/whole_article.py): an
+article's clauses decide together.
 When even the best sentence scores below `not_found_below` — measured above this knowledge base's background
 (w_cos × the median best cosine of the gate's probe questions, pipeline/retrieval/gate_background.py), since e5
 cosines shift by domain — no sentence addresses the question:

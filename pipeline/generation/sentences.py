@@ -27,6 +27,7 @@ _CLAUSE = re.compile(r"[，,：:、]")
 
 LONG_UNIT_CHARS = 200   # a sentence longer than the answer shows (extractive.MAX_SENTENCE_CHARS) is cut into
 UNIT_CHARS = 100        # runs of whole clauses of at most this many characters (comma-only text; not fitted)
+_RUN_BREAK = re.compile(r"[，,；;]")  # where a run of whole clauses may end (and a sentence the chunk cuts)
 _INLINE_ARTICLE = re.compile(r"(?<=[ \t\u3000])(第[一二三四五六七八九十百千零〇\d]+条)(?=[ \t\u3000])")
 MIN_BODY_CHARS = 6      # fewer Chinese characters than this (after a list label) is a fragment
 HEADING_MAX_CHARS = 30  # a line without closing punctuation and without a clause break, this short: a heading
@@ -139,16 +140,14 @@ def answer_units(text: str) -> list[Piece]:
       the clause that answers instead of a paragraph cut off at 200 characters;
     and one it makes for a sentence the chunk cuts (`cut`: it goes on in the next chunk — in comma-only text, the
     last sentence of nearly every chunk): its whole clauses are runs like those above, and only the clause it stops
-    inside stays a cut piece (no statement). Before, the whole cut sentence was no candidate: on 30 whole XQuAD
-    articles made comma-only the extractive answer held the gold for .62 of questions (.87 as written); now .89
-    (docs/retrieval-eval.md, `tools.eval.small_kb_check --commas`)."""
+    inside stays a cut piece (no statement) — else up to LONG_UNIT_CHARS of every comma-only chunk could never be
+    quoted (docs/retrieval-eval.md, `tools.eval.small_kb_check --commas`)."""
     pieces = split_sentences(_INLINE_ARTICLE.sub(r"\n\1", text or ""))
     if any(len(p.text) > LONG_UNIT_CHARS or p.cut for p in pieces):
         out: list[Piece] = []
         for p in pieces:
             whole, rest = _uncut(p.text) if p.cut else (p.text, "")
-            runs = _clause_runs(whole) if len(whole) > LONG_UNIT_CHARS or (p.cut and whole) else [whole]
-            runs = [r for r in runs if r]
+            runs = _clause_runs(whole) if p.cut or len(whole) > LONG_UNIT_CHARS else [whole]
             for k, run in enumerate(runs):  # whole clauses: none of them goes on in the next chunk
                 last = k == len(runs) - 1 and not rest
                 out.append(Piece(run, p.punct if last else "，", len(out)))
@@ -162,7 +161,7 @@ def _uncut(text: str) -> tuple[str, str]:
     """A sentence the chunk cuts (it goes on in the next chunk): (its whole clauses, the clause it stops in). In
     comma-only text the chunk nearly always ends inside a sentence, and that sentence (up to LONG_UNIT_CHARS) would
     otherwise be no statement at all (is_statement: it may stop mid-clause)."""
-    breaks = [m.end() for m in re.finditer(r"[，,；;]", text)]
+    breaks = [m.end() for m in _RUN_BREAK.finditer(text)]
     if not breaks:
         return "", text
     return text[:breaks[-1]], text[breaks[-1]:]
@@ -170,7 +169,7 @@ def _uncut(text: str) -> tuple[str, str]:
 
 def _clause_runs(text: str) -> list[str]:
     """Runs of whole clauses (cut after ，,；) of at most UNIT_CHARS characters (a longer clause stays whole)."""
-    parts = [x for x in re.split(r"(?<=[，,；;])", text) if x]
+    parts = [x for x in re.split(rf"(?<={_RUN_BREAK.pattern})", text) if x]
     runs, cur = [], ""
     for part in parts:
         if cur and len(cur) + len(part) > UNIT_CHARS:
