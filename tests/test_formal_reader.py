@@ -22,6 +22,7 @@ PIGS = "生猪屠宰管理条例(2021-06-25).md"
 LAND_TAX = "城镇土地使用税暂行条例(2019-03-02).md"
 VAT = "增值税暂行条例(2017-11-19).md"
 SOFTWARE = "计算机软件保护条例(2013-01-30).md"
+FUNDS = "私募投资基金监督管理条例(2023-07-03).md"
 
 
 def article_text(file: str, first: str, last: str) -> str:
@@ -62,6 +63,9 @@ def answer(picker, question: str, nodes) -> str:
     ("船员休年假那几天，工资按什么标准发？", None),
     ("津蓟铁路沿线设置了哪几个站点？", None),  # 哪几个 asks for a list
     ("大曲车站设站于几几年？", "time"),
+    # a question word in a clause before the one 吗 ends is indefinite: there are a few, and it asks yes or no
+    ("公司里有几个回族员工，开斋节想放假，放假那天工资照发吗？", "yesno"),
+    ("多少年的树算古树？能挪走吗？", "number"),  # its own sentence asks it
 ])
 def test_question_kinds(question, kind):
     assert expected_kind(question) == kind
@@ -105,6 +109,10 @@ def test_question_kinds(question, kind):
     # whole numbers, not digits: each digit of 「2,020万」 stands in 「2006年」, the number does not
     ("number", "该公司的保单持有人共2,020万户。", "越南保险2006年共有多少户保单持有人？", False),
     ("number", "该公司于2006年成立。", "越南保险2006年共有多少户保单持有人？", True),
+    # 「什么时候」 is answered by a time counted from an event; a length that no event anchors is no time
+    ("time", "在安全检验合格有效期届满前1个月向特种设备检验检测机构提出定期检验要求。", "锅炉检验快到期了，什么时候要去申请？", False),
+    ("time", "船方应当在船舶驶离口岸前4小时内到检查机关办理出口岸手续。", "出口岸手续最晚什么时候去办？", False),
+    ("time", "他在那家工厂工作了3个月。", "他什么时候去的那家工厂？", True),
 ])
 def test_lacks_answer(kind, sentence, question, lacks):
     from pipeline.generation.answer_type import lacks_answer
@@ -349,6 +357,18 @@ def test_answer_without_the_figure_asked_says_so(picker):
     cash = "现金管理暂行条例(2011-01-08).md"
     figure = extractive_deltas("结算起点定为多少？", [node(article_text(cash, "第五条", "第六条"), cash, 1)], picker)
     assert figure.lacks is None and "1000元" in "".join(figure.deltas)
+
+
+@needs(REGS / FUNDS)
+def test_the_figure_is_looked_for_in_the_article_quoted(picker):
+    """The article is quoted whole, and it holds the length asked (「…之日起20个工作日内…」) although the sentence
+    the picker chose from it (its last) does not: the answer does not say the figure is missing."""
+    from pipeline.generation.extractive import LACKS_TEXT
+
+    got = extractive_deltas("我们公司管的私募基金钱已经募齐了，多长时间内要去登记备案机构备案？",
+                            [node(article_text(FUNDS, "第二十二条", "第二十三条"), FUNDS, 1)], picker)
+    text = "".join(got.deltas)
+    assert "20个工作日内" in text and got.lacks is None and LACKS_TEXT["number"] not in text, text
 
 
 @needs(REGS / PIGS)

@@ -63,11 +63,29 @@ _TIME = re.compile(r"\d{2,4}\s*年|\d{1,2}\s*月|\d{1,2}\s*日|\d{1,2}\s*世纪|
 _POS = {"person": ("nr",), "place": ("ns",)}
 
 
+_SENTENCE = re.compile(r"[^？?！!。]+[？?！!。]*")
+_ENDS_MA = re.compile(r"吗[？?！!。\s]*$")
+
+
+def _asked_part(question: str) -> str:
+    """The question with the leading clauses of its 吗 sentences blanked: a question word there is indefinite —
+    「公司里有几个回族员工，开斋节放假那天工资照发吗？」 says there are a few and asks yes or no (a sentence is
+    asked either by its 吗 or by a question word, not both); 「能免费查几次吗」 keeps its 几, in the clause 吗 ends."""
+    out = list(question)
+    for m in _SENTENCE.finditer(question):
+        sent = m.group(0)
+        cut = max(sent.rfind("，"), sent.rfind(","))
+        if cut > 0 and _ENDS_MA.search(sent):
+            out[m.start():m.start() + cut] = "，" * cut
+    return "".join(out)
+
+
 def expected_kind(question: str) -> str | None:
     """'consequence' / 'body' / 'time' / 'person' / 'place' / 'number' / 'yesno', or None for questions of
     other kinds (什么, 为什么, 如何 …)."""
+    asked = _asked_part(question or "")
     for kind, pat in _KINDS:
-        if pat.search(question or ""):
+        if pat.search(asked):
             return kind
     return None
 
@@ -86,7 +104,7 @@ def offers(kind: str | None, text: str, question: str, tagged: Callable[[str], l
     if kind in DECIDING:  # yes/no: 不得 / 可以 / 免 …; a penalty's 「可以处以…罚款」 is held back by sanction_unasked
         return holds_verdict(kind, text, question)
     if kind in ("number", "time"):
-        pat = (_measure(question) or _NUMBER) if kind == "number" else _TIME
+        pat = (_measure(question) or _NUMBER) if kind == "number" else _WHEN
         plain = _REFERENCE.sub("", text)
         if kind == "number" and sanction_unasked(kind, plain, question):
             plain = _without_sanctions(plain)
@@ -120,6 +138,10 @@ def _length(unit: str | None) -> re.Pattern:
 
 
 _LENGTHS = {unit: _length(unit) for unit in (None, *_SAME_UNIT)}
+# 「什么时候去申请？」 is answered by a time counted from an event: 「在有效期届满前1个月」「驶离口岸前4小时内」「自…之日起
+# 30日内」 — a length with the word that anchors it, before or after
+_WHEN = re.compile("|".join([_TIME.pattern, r"(?:前|后|起|满|逾)\s*" + _LENGTHS[None].pattern,
+                             _LENGTHS[None].pattern + r"(?:以?内|之内|以?前|之前|以?后|之后)"]))
 # 「最多能有几个投资人？」「有多少人？」 ask a count: a length of time (「未逾3年」), a sum of money or a share is no answer
 # to it, whatever else the sentence says (a bare 「150万」 still is)
 _COUNT = re.compile(r"(?:多少|(?<![这那近前头哪])几)(?:个|名|位|家|所|座|只|头|辆|艘|架|种|项|次|人|户|件|台|部|本|条)")

@@ -266,10 +266,12 @@ class ExtractivePicker:
             result = _with_sources(result, nodes, self.earlier)
             kind = cues.kind
             result = replace(result, bold=self._bold_span(result.best, cues),
-                             lacks=kind if lacks_answer(kind, [c.piece.text for c in result.sentences], question)
-                             else None, elsewhere=self._elsewhere(result.best, list(kb_ids or scope)))
+                             elsewhere=self._elsewhere(result.best, list(kb_ids or scope)))
             sentences, best, bold = quote_article(result.sentences, result.best, result.bold, nodes)
-            result = replace(result, sentences=sentences, best=best, bold=bold)
+            # the figure is looked for in what the answer quotes: the deciding article whole holds 「…之日起20个
+            # 工作日内…」 although the sentence the picker chose from it (its last one) does not
+            result = replace(result, sentences=sentences, best=best, bold=bold,
+                             lacks=kind if lacks_answer(kind, [c.piece.text for c in sentences], question) else None)
         return result
 
     def _elsewhere(self, best: Candidate, scope: Sequence[int]) -> str | None:
