@@ -50,7 +50,9 @@ def answer(picker, question: str, nodes) -> str:
     ("钱被撕成两半了，拿去银行换要收手续费吗？", "yesno"),
     ("电梯年检过期了还能继续开着用吗？", "yesno"),
     ("要是偷偷把该火化的老人土葬了，被查到会怎么处理？", "consequence"),
-    ("明知对方没执照还把门面租给他，房东会不会被罚？", "consequence"),  # a penalty asked as yes/no: the penalty
+    ("明知对方没执照还把门面租给他，房东会不会被罚？", "consequence"),
+    ("医院出事后改了病历，医生会被怎么处理？", "consequence"),
+    ("事业单位撤销了，账上的设备、车辆这些资产怎么处理？", None),  # what to do with a thing: no sanction asked  # a penalty asked as yes/no: the penalty
     ("诊所要进麻黄素，得找哪个部门批？", "body"),
     ("城里房子征收这件事是哪级政府负责？", "body"),
     ("个人征信报告一年能免费查几次？", "number"),  # 几次 wants the number, not a yes/no
@@ -346,13 +348,19 @@ def test_article_numbers_and_cross_references_are_no_quantity():
 @needs(REGS / RMB)
 def test_answer_without_the_figure_asked_says_so(picker):
     """「最多能带多少」 against an article that leaves the figure to another body: the quoted rule is about the matter,
-    not the number — the answer says so in its first line and is weak."""
-    from pipeline.generation.extractive import LACKS_TEXT
+    not the number. A regulation states its figures as figures, so the rule with this one is not among the sources:
+    the answer says the figure was not found and points at the source. The same sentences without article headings
+    (text of another kind, where a figure may be told in words) are quoted under the weak line that says so."""
+    from pipeline.generation.extractive import LACKS_NOT_FOUND, LACKS_TEXT
 
     text = article_text(RMB, "第二十八条", "第三十一条")
     got = extractive_deltas("出入境携带人民币最多能带多少？", [node(text, RMB, 1)], picker)
     lines = "".join(got.deltas).split("\n")
-    assert got.lacks == "number" and lines[1] == LACKS_TEXT["number"], lines
+    assert lines[1] == f"{LACKS_NOT_FOUND['number']}。最接近的资料见 [1]，请查看原文。" and not got.weak, lines
+    plain = re.sub(r"^第[一二三四五六七八九十]+条\s*", "", text, flags=re.M)
+    loose = extractive_deltas("出入境携带人民币最多能带多少？", [node(plain, RMB, 1)], picker)
+    lines = "".join(loose.deltas).split("\n")
+    assert loose.lacks == "number" and loose.weak and lines[1] == LACKS_TEXT["number"], lines
     assert "限额管理制度" in lines[2]
     cash = "现金管理暂行条例(2011-01-08).md"
     figure = extractive_deltas("结算起点定为多少？", [node(article_text(cash, "第五条", "第六条"), cash, 1)], picker)
@@ -362,13 +370,15 @@ def test_answer_without_the_figure_asked_says_so(picker):
 @needs(REGS / FUNDS)
 def test_the_figure_is_looked_for_in_the_article_quoted(picker):
     """The article is quoted whole, and it holds the length asked (「…之日起20个工作日内…」) although the sentence
-    the picker chose from it (its last) does not: the answer does not say the figure is missing."""
+    the picker chose from it (its last) does not: the answer does not say the figure is missing, and the clause
+    holding the figure is the bold one."""
     from pipeline.generation.extractive import LACKS_TEXT
 
     got = extractive_deltas("我们公司管的私募基金钱已经募齐了，多长时间内要去登记备案机构备案？",
                             [node(article_text(FUNDS, "第二十二条", "第二十三条"), FUNDS, 1)], picker)
     text = "".join(got.deltas)
-    assert "20个工作日内" in text and got.lacks is None and LACKS_TEXT["number"] not in text, text
+    assert got.lacks is None and LACKS_TEXT["number"] not in text, text
+    assert "**私募基金管理人应当自私募基金募集完毕之日起20个工作日内**" in text, text
 
 
 @needs(REGS / PIGS)
@@ -473,17 +483,19 @@ def test_engine_answers_a_yes_no_question_from_the_rule_not_its_penalty(tmp_path
 
 @pytest.mark.slow
 @needs(REGS / RMB)
-def test_engine_answer_lacking_the_figure_is_weak(tmp_path):
-    """Through the real answer stream (packaged embedding model, offline): the extractive answer that quotes no
-    number for 「多少」 is marked weak in `done`, whatever the gate decided."""
-    from pipeline.generation.extractive import LACKS_TEXT
+def test_engine_answer_lacking_the_figure_is_not_found(tmp_path):
+    """Through the real answer stream (packaged embedding model, offline): a regulation that leaves the figure asked
+    for 「多少」 to another body is not quoted as if it answered — the answer says the figure was not found, with
+    the sources it points at, whatever the gate decided."""
+    from pipeline.generation.extractive import LACKS_NOT_FOUND
     from tests.live import engine_with_texts
 
     engine = engine_with_texts(tmp_path, {RMB: (REGS / RMB).read_text(encoding="utf-8")})
     try:
         res = engine.ask_sync("中国公民出入境携带人民币的限额具体是多少？")
         assert res["sources"], res["answer"]
-        assert res["answer"].split("\n")[1] == LACKS_TEXT["number"] and res["weak"], res["answer"]
+        line = res["answer"].split("\n")[1]
+        assert line.startswith(LACKS_NOT_FOUND["number"] + "。最接近的资料见 [1]") and not res["weak"], res["answer"]
     finally:
         engine.close()
 

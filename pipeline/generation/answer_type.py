@@ -26,11 +26,12 @@ from collections.abc import Callable
 
 from pipeline.generation.sentences import clauses
 
+# 「…会怎么处理」「被怎么处理」 ask what is done to someone; 「这些资产怎么处理」「划痕怎么处理」 ask how to deal with a thing.
 # Order matters: 「哪一年」 is a time before 「哪」 makes it anything, 「多少年」 a time before 「多少」 a number; 「会不会被
 # 罚款」 a consequence before 「会不会」 a yes/no; 「找哪个部门」 a body before 「哪个」 a place; yes/no last (「能免费查几次吗」
 # wants the number). 「谁发」 alone is no body: 「由谁发明 / 发动 / 发掘」 ask for a person.
 _KINDS: list[tuple[str, re.Pattern]] = [
-    ("consequence", re.compile(r"会怎么?样|会如何|怎么处理|如何处理|怎么处罚|如何处罚|怎么罚|罚多少|什么后果|什么责任|"
+    ("consequence", re.compile(r"会怎么?样|会如何|(?:会|被|将)(?:怎么|如何)处理|怎么处罚|如何处罚|怎么罚|罚多少|什么后果|什么责任|"
                                r"被罚|受罚|会不会罚|处罚吗|被处罚|担什么责")),
     ("body", re.compile(r"哪个?(?:部门|机关|单位|机构)|哪一?级(?:政府|部门)?|找谁|向谁|归谁|谁(?:来)?(?:批|管|审批|核定|鉴定|负责|发放|发证|发给|办)")),
     ("time", re.compile(r"何时|什么时候|哪一?年|哪一?天|什么时间|何年|多少年前|哪个?世纪|哪个?朝代|哪个?年代|哪个?时期|几月|几号|何日|几几年")),

@@ -35,7 +35,9 @@ knowledge base holds (`visible_score`): a question typed in words the documents 
 sentence. A best sentence that clears the floor only so is quoted under LOOSE_TEXT, as a weak answer. When the question asks for a figure (多少 / 多久: a number; 何时 / 哪一年: a date) and no quoted sentence
 holds one the question lacks (answer_type.lacks_answer), the sentences are about the matter asked but not its
 figure (「具体限额由中国人民银行规定」 for 「最多能带多少」): the answer says so in its first line (LACKS_TEXT) and is
-weak (`done.weak`), whatever the gate decided. So is an answer whose best sentence hands the matter to a document
+weak (`done.weak`), whatever the gate decided — except in a formal document, which states its figures as figures:
+there the rule holding the figure is not among the sources, and the answer is 「资料中未找到所问的具体数字」
+(LACKS_NOT_FOUND) pointing at the sources it would have quoted. Weak too is an answer whose best sentence hands the matter to a document
 the knowledge bases searched do not hold (「…依照《医疗事故处理条例》的相关规定执行」: pipeline/generation/referral.py;
 ELSEWHERE_TEXT names it). Weights and thresholds belong to the embedding model (its
 calibration profile, pipeline/calibration, section `extractive`); they are fitted with `python -m tools.eval.calibrate` (tools/eval/calibrate_extractive.py,
@@ -54,7 +56,7 @@ from typing import Any, NamedTuple
 import numpy as np
 
 from pipeline.events import EXTRACTIVE_LABEL
-from pipeline.generation.answer_type import in_document, kind_cue, lacks_answer
+from pipeline.generation.answer_type import MUST_OFFER, in_document, kind_cue, lacks_answer
 from pipeline.generation.articles import HEADING, LEADING_HEADING, articles_of, carried_article, citation
 from pipeline.generation.candidates import Candidate, Cues, assemble, measure
 from pipeline.generation.deciding import continued_lead_in, deciding_clause, lead_in
@@ -79,6 +81,8 @@ NOT_FOUND_TEXT = "资料中未找到直接回答该问题的内容"
 # the first line of an answer whose sentences are about the matter asked but hold no figure of the kind asked
 LACKS_TEXT = {"number": "资料中没有给出所问的具体数字，以下是最相关的原文，请核对：",
               "time": "资料中没有给出所问的具体时间，以下是最相关的原文，请核对："}
+# the answer from formal documents whose quoted articles hold no figure of the kind asked (a not-found answer)
+LACKS_NOT_FOUND = {"number": "资料中未找到所问的具体数字", "time": "资料中未找到所问的具体时间"}
 # the first line of an answer whose best sentence hands the matter to a document the knowledge base does not hold
 ELSEWHERE_TEXT = "资料中的规定指向《{title}》，这份文件不在知识库中；以下是最相关的原文，请核对："
 # the first line of an answer whose best sentence clears the not-found floor only on the words the KB holds
@@ -268,10 +272,17 @@ class ExtractivePicker:
             result = replace(result, bold=self._bold_span(result.best, cues),
                              elsewhere=self._elsewhere(result.best, list(kb_ids or scope)))
             sentences, best, bold = quote_article(result.sentences, result.best, result.bold, nodes)
+            bold = _figure_bold(question, kind, best, bold)
             # the figure is looked for in what the answer quotes: the deciding article whole holds 「…之日起20个
             # 工作日内…」 although the sentence the picker chose from it (its last one) does not
-            result = replace(result, sentences=sentences, best=best, bold=bold,
-                             lacks=kind if lacks_answer(kind, [c.piece.text for c in sentences], question) else None)
+            lacks = kind if lacks_answer(kind, [c.piece.text for c in sentences], question) else None
+            if lacks and best.formal:
+                # a law or a contract states its figures as figures: when the articles quoted hold none of the kind
+                # asked, the rule that does is not among the sources (in the knowledge base or not) — not found,
+                # the sources quoted pointed at, rather than a neighbouring rule under a banner
+                return replace(result, sentences=[], found=False, lacks=lacks,
+                               closest=sorted({c.source for c in sentences})[:len(result.closest)])
+            result = replace(result, sentences=sentences, best=best, bold=bold, lacks=lacks)
         return result
 
     def _elsewhere(self, best: Candidate, scope: Sequence[int]) -> str | None:
@@ -301,6 +312,19 @@ class ExtractivePicker:
             return words + (sum(g in part for g in grams) / len(grams) if grams else 0.0)
 
         return max(spans, key=score)
+
+
+def _figure_bold(question: str, kind: str | None, best: Candidate, bold: tuple[int, int] | None
+                 ) -> tuple[int, int] | None:
+    """A whole article quoted for a figure asked: when the clause bold holds no figure of the kind asked and another
+    clause of the article does (「…自私募基金募集完毕之日起20个工作日内…」), that clause is the one that decides."""
+    if kind not in MUST_OFFER or bold is None or not best.whole_article:
+        return bold
+    text = best.piece.text
+    if deciding_clause(question, text[bold[0]:bold[1]], kind):
+        return bold
+    spans = deciding_clause(question, text, kind)
+    return spans[0] if spans else bold
 
 
 def _distinct(ranked: list[Candidate]) -> list[Candidate]:
@@ -417,7 +441,8 @@ def render(pick: Pick) -> Extract:
     deltas = [f"{EXTRACTIVE_LABEL}：\n"]
     if not pick.found:
         refs = "".join(f"[{n}]" for n in pick.closest)
-        deltas.append(f"{NOT_FOUND_TEXT}。最接近的资料见 {refs}，请查看原文。" if refs else f"{NOT_FOUND_TEXT}。")
+        text = LACKS_NOT_FOUND[pick.lacks] if pick.lacks else NOT_FOUND_TEXT
+        deltas.append(f"{text}。最接近的资料见 {refs}，请查看原文。" if refs else f"{text}。")
         return Extract(deltas, set(pick.closest), None)
     if pick.elsewhere:  # says more than a missing figure: where the rule is
         deltas.append(ELSEWHERE_TEXT.format(title=pick.elsewhere) + "\n")
