@@ -46,6 +46,25 @@ def test_a_parallel_phrase_swaps_whole_words_only(rules, prev, follow, expected)
     assert r.query == expected and "替换" not in r.note, r
 
 
+@pytest.mark.parametrize("prev,follow,kind", [
+    # 上面 with no noun before it: on the thing just talked about (the report)
+    ("个人征信报告一年能免费查几次？", "要是发现上面有错的记录，多久能给我处理？", "locative"),
+    # a one-character verb opening the question with no object before 的时候 / 的话 / 以后: the last question's object
+    ("病人在医院去世了，家属觉得死因有问题，要多久内做尸检？", "做的时候家属能派人在旁边看吗？", "elided"),
+    ("新造一条渔船，什么时候要去报检验？", "验完以后几天能拿到证？", "elided"),
+])
+def test_an_object_left_out_is_completed_with_the_whole_last_question(rules, prev, follow, kind):
+    r = rules.rewrite(follow, [turn(prev)])
+    assert r.kind == kind and r.follows_up and r.query.startswith(prev.rstrip("？").replace("，", " ")), r
+    assert r.query.endswith(follow.rstrip("？").rstrip("吗").replace("，", "")), r
+
+
+@pytest.mark.parametrize("question", ["石碑上面写了什么？", "打鱼的时候网里捞上来一只江豚，该怎么处理？",
+                                      "抢救的时候来不及写病历，事后多长时间内要补上？"])
+def test_a_place_or_a_verb_with_its_own_object_is_no_follow_up(rules, question):
+    assert rules.rewrite(question, [turn("工厂的排污许可证管几年？")]).kind is None
+
+
 @pytest.mark.parametrize("prev,follow", [
     ("工厂的排污许可证管几年？", "快到期了还要接着排，怎么办？"),
     ("当兵两年退伍了，选择自己找工作，要在多少天内去报到？", "去报到要带些什么？"),

@@ -2,15 +2,18 @@
 
 `DeterministicRewriter` (no model): a question that leans on the previous turn — led by a discourse marker
 (「那乙方呢」「还有…」), led by a pronoun (「它的价格」「该条…」), an elliptical 「…呢」 without a question
-word (「第二条呢」), or one without any topic word (「怎么申请？」) — is completed from the previous turn's
-retrieval query (which already carries the topic of the turns before it):
+word (「第二条呢」), one without any topic word (「怎么申请？」), or one that leaves out an object — is
+completed from the previous turn's retrieval query (which already carries the topic of the turns before it):
 
   1. a parallel term is swapped in place: same ordinal unit (第一条 → 第二条; the previous predicate is
      dropped: 「第五条规定了哪些情形」+「第七条呢」→「第七条」) or a shared head word (甲方 → 乙方,
      角色提示 → 种子词提示): 「采购合同里甲方的违约责任是什么」+「那乙方呢」→「采购合同里乙方的违约责任是什么」;
   2. a pronoun is replaced by the previous query's topic (its words before the predicate):
      「星河智能手表有什么功能」+「它的价格是多少」→「星河智能手表的价格是多少」;
-  3. otherwise the previous topic is carried in front of the follow-up's own words.
+  3. otherwise the previous topic is carried in front of the follow-up's own words;
+  4. a follow-up that leaves out an object — a bare 上面 / 里面 (「要是发现上面有错的记录…」), a one-character verb
+     opening it with nothing after it but 的时候 / 的话 / 以后 (「做的时候家属能派人在旁边看吗？」) — leans on the last
+     question's object, often its last words (「…要多久内做尸检？」): the whole last query goes in front.
 
 Every other question is standalone and comes back unchanged (checked on CMRC questions in the tests). One that
 names no subject at all (no noun: 「快到期了还要接着排，怎么办？」「去报到要带些什么？」) after an earlier turn also comes
@@ -46,6 +49,11 @@ PERSONAL = {"它", "它们", "他", "她", "他们", "她们", "其"}
 DEMONSTRATIVES = {"该", "此", "这", "这个", "这些", "这种", "这项", "这条", "这里", "那些", "那种", "那条", "那项",
                   "上述", "前者", "后者", "此项", "本条", "该条", "该项", "这份", "这次", "这张", "这首", "这部", "本"}
 PRONOUNS = PERSONAL | DEMONSTRATIVES
+LOCATIVES = {"上面", "里面", "上边", "里边"}  # on / in something: its noun left out stands for the previous topic
+# 「做的时候…」「卖了的话…」「验完以后…」: a one-character verb opening the question, with no object before 的时候 / 的话 /
+# 以后, leaves its object out — the thing the last turn was about. (Two-character verbs often hold their object:
+# 「打鱼的时候」「开车的时候」 stand alone.)
+_ELIDED_OBJECT = re.compile(r"^[\u4e00-\u9fff][完好了过]?了?(?:的时候|的话|以后|之后|时)")
 CLASSIFIERS = set("个张首条种次项份部位家本篇件款类些")
 COPULAS = {"是", "叫", "指", "称为", "叫做", "即"}
 QUESTION_WORDS = {"什么", "啥", "哪", "哪些", "哪个", "哪里", "哪儿", "哪年", "哪一年", "谁", "多少", "几", "多久",
@@ -70,7 +78,8 @@ class Rewrite:
     query: str             # what retrieval sees
     original: str          # the user's words
     method: str            # "none" | "deterministic" | "llm" | "llm_fallback"
-    kind: str | None = None  # why it was treated as a follow-up (marker / pronoun / ellipsis / no_topic / no_subject)
+    kind: str | None = None  # why it was treated as a follow-up (marker / pronoun / ellipsis / locative / elided /
+    #                          no_topic / no_subject)
     note: str = ""
 
     @property
@@ -158,12 +167,31 @@ class DeterministicRewriter:
             return "pronoun"
         if toks[-1] == "呢" and not any(t in QUESTION_WORDS for t in toks):
             return "ellipsis"
+        if self._bare_locative(question):
+            return "locative"
+        if _ELIDED_OBJECT.match(_clean(question)) and self._opens_with_verb(question):
+            return "elided"
         words = self.content(toks)
         if not words or (all(_is_verb(w) for w in words) and not any(t in COPULAS for t in toks)):
             # 「怎么申请？」: nothing but a predicate — the topic is in the previous turn. (A copula makes it a
             # definition question about that word: 「什么是窃听」 stands alone.)
             return "no_topic"
         return None
+
+    @staticmethod
+    def _bare_locative(question: str) -> bool:
+        """「要是发现上面有错的记录…」「在里面写…」: 上面 / 里面 with no noun before it stand for "on / in the thing just
+        talked about" (the report, the form). After a noun (「石碑上面」「合同里面」) they are a place of their own.
+        Tagged with jieba's HMM like `names_no_subject`."""
+        tagged = [(p.word, p.flag) for p in pseg.lcut(question) if p.word.strip()]
+        return any(w in LOCATIVES and (i == 0 or not (tagged[i - 1][1].startswith("n")
+                                                      or tagged[i - 1][1] in _NOUNISH | {"r"}))
+                   for i, (w, _) in enumerate(tagged))
+
+    @staticmethod
+    def _opens_with_verb(question: str) -> bool:
+        first = next((p for p in pseg.lcut(question) if p.word.strip()), None)
+        return first is not None and first.flag == "v" and len(first.word) <= 2
 
     # --- pieces of the previous query --------------------------------------------------------------
     def topic(self, prev: str) -> str:
@@ -252,6 +280,10 @@ class DeterministicRewriter:
         core_text = "".join(core)
         if kind == "pronoun":
             return self._resolve_pronoun(q, prev)
+        if kind in ("locative", "elided"):
+            # what is left out is the last question's object (「…要多久内做尸检？」+「做的时候…」), often at its end, not
+            # its topic: the whole last query goes in front
+            return Rewrite(f"{_clean(prev)} {core_text}".strip(), q, "deterministic", kind, "补全上一轮问题中省略的对象")
         # the shortest phrase of the follow-up that has a parallel in the previous query is swapped in place
         for phrase in self._phrases(core):
             span = self._parallel(prev, phrase)

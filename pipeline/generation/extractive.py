@@ -276,7 +276,7 @@ class ExtractivePicker:
             # the figure is looked for in what the answer quotes: the deciding article whole holds 「…之日起20个
             # 工作日内…」 although the sentence the picker chose from it (its last one) does not
             lacks = kind if lacks_answer(kind, [c.piece.text for c in sentences], question) else None
-            if lacks and best.formal:
+            if lacks and (best.formal or best.cite):  # a chunk inside an article: its article found in the one before
                 # a law or a contract states its figures as figures: when the articles quoted hold none of the kind
                 # asked, the rule that does is not among the sources (in the knowledge base or not) — not found,
                 # the sources quoted pointed at, rather than a neighbouring rule under a banner
