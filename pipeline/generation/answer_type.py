@@ -121,8 +121,9 @@ def offers(kind: str | None, text: str, question: str, tagged: Callable[[str], l
 # A number question that names what it counts wants a number of that: 「几块钱」 an amount of money, 「多久」 a length
 # of time, 「多少天」「最长签几年」 a length in that unit — a date, a count of articles, or 「期满前六个月」 for 「几年」 is no
 # answer. (unit words asked → the units an answer may give them in)
-# 「15」「2,400」「5.15」「三十」 and what may follow the digits before the unit: 「30多年」「5.15亿年」「2,400万年」
-_NUM = r"(?:\d+(?:[,，]\d{3})*(?:\.\d+)?|[一二三四五六七八九十百千万亿两〇零]+)\s*(?:[多余来])?(?:[万亿])?\s*"
+# 「15」「2,400」「5.15」「三十」「半」 and what may follow the digits before the unit: 「30多年」「5.15亿年」「2,400万年」
+# (「每半年」「半个月」 are lengths too)
+_NUM = r"(?:\d+(?:[,，]\d{3})*(?:\.\d+)?|[一二三四五六七八九十百千万亿两〇零]+|半)\s*(?:[多余来])?(?:[万亿])?\s*"
 _DURATION = r"(?:个)?(?:工作)?(?:日|天|周|星期|月|年|小时|分钟|秒)"
 # the units a length asked in one may be given in: 「几天」 in 日 / 天 / 工作日, 「几周」 in 周 / 星期 …
 _SAME_UNIT = {"年": r"周?年", "月": r"个?月", "周": r"(?:个)?(?:周|星期)", "星期": r"(?:个)?(?:周|星期)",
