@@ -56,6 +56,10 @@ def test_answer_handed_over_to_a_missing_document_says_where_the_rule_is():
     assert missing.elsewhere == "医疗事故处理条例" and missing.weak, lines
     assert lines[1] == ELSEWHERE_TEXT.format(title="医疗事故处理条例") and "依照《医疗事故处理条例》" in lines[2]
     assert asked == [("医疗事故处理条例", [3])]  # asked of the knowledge base the source comes from
+    # a figure asked that the article lacks: still where the rule is, not a bare 「未找到」 (it says more)
+    figure = extractive_deltas("医疗事故的行政调查处理要多少天办完？", nodes,
+                               ExtractivePicker(ChineseTokenizer(), holds_document=holds))
+    assert figure.elsewhere == "医疗事故处理条例" and figure.weak, figure.deltas
 
     def held(fragment, kb_ids):
         return holds(fragment, kb_ids, held=("医疗事故处理条例",))

@@ -276,10 +276,11 @@ class ExtractivePicker:
             # the figure is looked for in what the answer quotes: the deciding article whole holds 「…之日起20个
             # 工作日内…」 although the sentence the picker chose from it (its last one) does not
             lacks = kind if lacks_answer(kind, [c.piece.text for c in sentences], question) else None
-            if lacks and (best.formal or best.cite):  # a chunk inside an article: its article found in the one before
+            if lacks and not result.elsewhere and (best.formal or best.cite):  # cite: a chunk inside an article
                 # a law or a contract states its figures as figures: when the articles quoted hold none of the kind
                 # asked, the rule that does is not among the sources (in the knowledge base or not) — not found,
-                # the sources quoted pointed at, rather than a neighbouring rule under a banner
+                # the sources quoted pointed at, rather than a neighbouring rule under a banner. (A best sentence
+                # that hands the matter to a document the KB lacks says more — where the rule is — and stays.)
                 return replace(result, sentences=[], found=False, lacks=lacks,
                                closest=sorted({c.source for c in sentences})[:len(result.closest)])
             result = replace(result, sentences=sentences, best=best, bold=bold, lacks=lacks)
