@@ -180,8 +180,10 @@ class ReplacePayload(TypedDict):
 
 
 class RefusalInfo(TypedDict):
-    """Who refused when the answer is a refusal that the gate did not decide (the gate's is in trace.gate)."""
-    by: Literal["llm"]
+    """Who refused when the answer is a refusal that the gate did not decide (the gate's is in trace.gate): the
+    LLM's 「资料不足」, or the extractive reader's 「资料中未找到…」 (no sentence of the sources answers, or the figure
+    asked is in none of the articles it would quote)."""
+    by: Literal["llm", "extractive"]
     reason: str
 
 

@@ -487,7 +487,7 @@ def test_engine_answers_a_yes_no_question_from_the_rule_not_its_penalty(tmp_path
 def test_engine_answer_lacking_the_figure_is_not_found(tmp_path):
     """Through the real answer stream (packaged embedding model, offline): a regulation that leaves the figure asked
     for 「多少」 to another body is not quoted as if it answered — the answer says the figure was not found, with
-    the sources it points at, whatever the gate decided."""
+    the sources it points at, whatever the gate decided, and `done` calls it a refusal."""
     from pipeline.generation.extractive import LACKS_NOT_FOUND
     from tests.live import engine_with_texts
 
@@ -497,6 +497,9 @@ def test_engine_answer_lacking_the_figure_is_not_found(tmp_path):
         assert res["sources"], res["answer"]
         line = res["answer"].split("\n")[1]
         assert line.startswith(LACKS_NOT_FOUND["number"] + "。最接近的资料见 [1]") and not res["weak"], res["answer"]
+        # a refusal in every door (outcome "refuse"), decided by the reader after the gate let it through
+        assert res["no_answer"] is True and res["trace"]["refusal"] == {"by": "extractive",
+                                                                        "reason": LACKS_NOT_FOUND["number"]}
     finally:
         engine.close()
 

@@ -332,3 +332,12 @@ def test_restricted_tabs_start_hidden_with_logins(engine):
     policy = AccessPolicy.from_args(["alice:a", "bob:b"], admins=["alice"])
     assert tab_visibility(build_ui(engine, policy)) == {"tab-qa": True, "tab-kb": False, "tab-config": False,
                                                         "tab-feedback": False}
+
+
+def test_the_note_under_an_answer_says_who_refused():
+    from ui.chat_tab import done_note
+
+    assert done_note("DIRECT", None) == "未使用知识库"
+    assert done_note("LIGHT", {"by": "llm", "reason": ev.LLM_INSUFFICIENT_REASON}) == "大模型判定资料不足"
+    assert done_note("LIGHT", {"by": "extractive", "reason": "资料中未找到所问的具体数字"}) == "原文中未找到答案"
+    assert done_note("STRONG", None) is None

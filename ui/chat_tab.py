@@ -55,6 +55,15 @@ class ChatTab:
     on_load: Any  # fn(last_conv, request) -> view updates + history list, for demo.load
 
 
+def done_note(route: str | None, refusal: dict | None) -> str | None:
+    """The note under a finished answer: no knowledge base used, or who refused after the gate let it through (the
+    LLM's 「资料不足」, the extractive reader's 「资料中未找到…」)."""
+    if route == "DIRECT":
+        return "未使用知识库"
+    by = (refusal or {}).get("by")
+    return {"llm": "大模型判定资料不足", "extractive": "原文中未找到答案"}.get(by) if by else None
+
+
 def build_chat_tab(engine, policy: AccessPolicy | None = None) -> ChatTab:
     policy = policy or AccessPolicy()
     data_dir = getattr(engine, "data_dir", "data")
@@ -197,8 +206,7 @@ def build_chat_tab(engine, policy: AccessPolicy | None = None) -> ChatTab:
                     turns2 = turns + [rec]
                     cid = e.data.get("conversation_id")
                     no_answer = rec["no_answer"]
-                    note = ("未使用知识库" if rec["route"] == "DIRECT"
-                            else "大模型判定资料不足" if e.data.get("refusal") else None)
+                    note = done_note(rec["route"], e.data.get("refusal"))
                     yield {**show(turns2, len(turns2) - 1, cid, user, note=note),
                            send: gr.Button(interactive=True), retry: gr.Button(visible=False),
                            goto_kb: gr.Button(visible=no_answer and policy.is_kb_admin(user)),

@@ -353,7 +353,7 @@ def render_trace(trace: dict | None, elapsed_ms: Any = None) -> str:
 
         parts.append(filter_html(trace["filter"]))
     refusal = trace.get("refusal")
-    if refusal:  # the LLM refused after the gate let the question through
+    if refusal:  # the LLM or the extractive reader refused after the gate let the question through
         parts.append(f'<div class="kb-refusal" data-by="{esc(refusal.get("by"))}">拒答：{esc(refusal.get("reason"))}'
                      '</div>')
     support = trace.get("support")

@@ -50,6 +50,9 @@ class GenerationResult:
     # the answer itself says its sources lack what was asked (an extractive answer to 「多少」 quoting no number):
     # answered, but weak, whatever the gate said
     weak: bool = False
+    # the extractive answer's 「资料中未找到…」 (its words): it quotes nothing and points at the closest sources — a
+    # refusal decided after the gate let the question through, like the LLM's 「资料不足」
+    not_found: str | None = None
 
 
 class ThinkFilter:
@@ -128,7 +131,7 @@ def stream_answer(question: str, nodes: Sequence[Any], llm: Any, temperature: fl
         ex = extractive_deltas(retrieval_query or question, nodes, picker, query_embedding, kb_ids=kb_ids)
         for d in ex.deltas:
             yield delta(d)
-        return GenerationResult("".join(ex.deltas), ex.cited, sorted(ex.cited), weak=ex.weak)
+        return GenerationResult("".join(ex.deltas), ex.cited, sorted(ex.cited), weak=ex.weak, not_found=ex.not_found)
 
     messages = build_messages(question, nodes, history=history, retrieval_query=retrieval_query)
     return (yield from watch_verdict(stream_llm(messages, llm, temperature, materials=len(nodes),

@@ -431,6 +431,7 @@ class Extract(NamedTuple):
     lacks: str | None   # Pick.lacks: the answer says so in its first line, and is a weak one
     elsewhere: str | None = None  # Pick.elsewhere: the same, for a rule in a document the KB does not hold
     loose: bool = False  # Pick.loose: the same, for sentences that match the question only on the words the KB holds
+    not_found: str | None = None  # the 「资料中未找到…」 the answer says instead of quoting: a refusal (done.no_answer)
 
     @property
     def weak(self) -> bool:
@@ -444,7 +445,7 @@ def render(pick: Pick) -> Extract:
         refs = "".join(f"[{n}]" for n in pick.closest)
         text = LACKS_NOT_FOUND[pick.lacks] if pick.lacks else NOT_FOUND_TEXT
         deltas.append(f"{text}。最接近的资料见 {refs}，请查看原文。" if refs else f"{text}。")
-        return Extract(deltas, set(pick.closest), None)
+        return Extract(deltas, set(pick.closest), None, not_found=text)
     if pick.elsewhere:  # says more than a missing figure: where the rule is
         deltas.append(ELSEWHERE_TEXT.format(title=pick.elsewhere) + "\n")
     elif pick.loose:  # the quoted sentences may not be about the matter asked at all: before a missing figure

@@ -296,9 +296,12 @@ class AnswerService:
         # LLM answers: is each [n] backed by source n? (extractive sentences are quotes of their source)
         support = c.support.check(result.text, res.final) if llm is not None and c.support else None
         yield ev.sources(ev.source_list(res, result.cited, support))
-        yield ev.done((time.perf_counter() - t0) * 1000, no_answer=False,
+        # the reader's 「资料中未找到…」 is a refusal in every door (outcome "refuse"), its sources still the ones
+        # it points at
+        refusal = None if result.not_found is None else ev.RefusalInfo(by="extractive", reason=result.not_found)
+        yield ev.done((time.perf_counter() - t0) * 1000, no_answer=refusal is not None,
                       mode="llm" if llm is not None else "extractive", rewritten_query=rewritten,
-                      weak=res.weak or result.weak, support=support)
+                      weak=(res.weak or result.weak) and refusal is None, support=support, refusal=refusal)
 
     def ask_sync(self, question: str, retry: bool = False, conversation_id: str | None = None,
                  user: str | None = None, use_kb: bool = True, kb_ids: Any = None,

@@ -82,7 +82,7 @@ class AuditLog:
                     outcome = outcome_of(e.data)
                     detail = {k: e.data.get(k) for k in ("route", "mode", "conversation_id", "turn_id")
                               if e.data.get(k) is not None}
-                    if e.data.get("refusal"):  # refused after the gate let it through (the LLM's 「资料不足」)
+                    if e.data.get("refusal"):  # refused after the gate let it through (the LLM, the extractive reader)
                         detail["refused_by"] = e.data["refusal"]["by"]
                 elif e.type is ev.EventType.ERROR:
                     outcome, detail = "error", {"code": e.data.get("code"), "msg": e.data.get("msg")}

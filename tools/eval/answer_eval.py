@@ -19,7 +19,6 @@ from pathlib import Path
 
 import numpy as np
 
-from pipeline.generation.extractive import NOT_FOUND_TEXT
 from tools.eval.cli import add_kb_cache, command_parser, kb_cache_root, write_json
 from tools.eval.devsets import DEV_SETS, DevSet, dureader_spans, holds_answer, load_corpus, shared_data_dir
 from tools.eval.kb_cache import open_copy
@@ -47,7 +46,7 @@ def answer_metrics(engine, questions, spans: dict[str, list[str]] | None = None,
         sp = spans.get(q.text, [])
         lines = [_MARKS.sub("", ln).lstrip("- ").strip() for ln in r["answer"].split("\n")[1:]]
         refused = not r["sources"]
-        not_found = NOT_FOUND_TEXT in r["answer"]
+        not_found = bool(r["no_answer"]) and not refused  # the reader's 「资料中未找到…」, its sources kept
         hit = not refused and not not_found and any(holds_answer(ln, q.answers, sp) for ln in lines if ln)
         top1 = bool(r["sources"]) and holds_answer(r["sources"][0]["text"], q.answers, sp)
         rows.append({"q": q.text, "hit": hit, "top1": top1, "refused": refused, "weak": bool(r.get("weak")),
