@@ -50,9 +50,9 @@ def answer(picker, question: str, nodes) -> str:
     ("钱被撕成两半了，拿去银行换要收手续费吗？", "yesno"),
     ("电梯年检过期了还能继续开着用吗？", "yesno"),
     ("要是偷偷把该火化的老人土葬了，被查到会怎么处理？", "consequence"),
-    ("明知对方没执照还把门面租给他，房东会不会被罚？", "consequence"),
+    ("明知对方没执照还把门面租给他，房东会不会被罚？", "consequence"),  # a penalty asked as yes/no: the penalty
     ("医院出事后改了病历，医生会被怎么处理？", "consequence"),
-    ("事业单位撤销了，账上的设备、车辆这些资产怎么处理？", None),  # what to do with a thing: no sanction asked  # a penalty asked as yes/no: the penalty
+    ("事业单位撤销了，账上的设备、车辆这些资产怎么处理？", None),  # what to do with a thing: no sanction asked
     ("诊所要进麻黄素，得找哪个部门批？", "body"),
     ("城里房子征收这件事是哪级政府负责？", "body"),
     ("个人征信报告一年能免费查几次？", "number"),  # 几次 wants the number, not a yes/no

@@ -60,8 +60,7 @@ def done_note(route: str | None, refusal: dict | None) -> str | None:
     LLM's 「资料不足」, the extractive reader's 「资料中未找到…」)."""
     if route == "DIRECT":
         return "未使用知识库"
-    by = (refusal or {}).get("by")
-    return {"llm": "大模型判定资料不足", "extractive": "原文中未找到答案"}.get(by) if by else None
+    return {"llm": "大模型判定资料不足", "extractive": "原文中未找到答案"}.get((refusal or {}).get("by"))
 
 
 def build_chat_tab(engine, policy: AccessPolicy | None = None) -> ChatTab:

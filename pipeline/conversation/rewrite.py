@@ -190,6 +190,8 @@ class DeterministicRewriter:
 
     @staticmethod
     def _opens_with_verb(question: str) -> bool:
+        """The question's first word is a verb (jieba's tag v, HMM) of one character, or one with its complement
+        (「验完」): 「做的时候」, not 「到时候」 (one word, no verb) or 「春节的时候」 (a noun)."""
         first = next((p for p in pseg.lcut(question) if p.word.strip()), None)
         return first is not None and first.flag == "v" and len(first.word) <= 2
 
