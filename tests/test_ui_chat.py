@@ -162,6 +162,8 @@ def test_chitchat_and_knowledge_switch(client, engine):
     _, final = run_ask(client, QUESTION, use_kb=False)
     assert "知识库检索" in plain(assistant_text(final[CHAT])) and "未使用知识库" in final[STAGE]
     assert engine.retrieval_calls == calls
+    # the turn shown again says what it said live
+    assert "未使用知识库" in client.predict(0, api_name="/select_turn")[V_STAGE]
 
 
 @pytest.mark.slow

@@ -140,8 +140,10 @@ def build_chat_tab(engine, policy: AccessPolicy | None = None) -> ChatTab:
             panels = {stage: render_stage(None), sources: render_sources(None), trace: render_trace(None)}
         else:
             panels = {
+                # a replayed turn says what the live one said (its refusal is kept in the stored trace)
                 stage: render_stage(done_ms=t.get("elapsed_ms"),
-                                    note=note or ("未命中相关资料" if t.get("no_answer") else None)),
+                                    note=note or done_note(t.get("route"), (t.get("trace") or {}).get("refusal"))
+                                    or ("未命中相关资料" if t.get("no_answer") else None)),
                 # a replayed answer keeps the versions it cited; replaced ones say 旧版本
                 sources: render_sources(mark_replaced(engine, [x for x in t.get("sources") or [] if isinstance(x, dict)]),
                                         no_answer=t.get("no_answer"), kb_hint=_kb_hint(user),
