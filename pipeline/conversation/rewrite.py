@@ -28,6 +28,7 @@ deterministic rewrite and says why.
 """
 from __future__ import annotations
 
+import functools
 import logging
 import re
 from collections.abc import Callable, Sequence
@@ -49,7 +50,7 @@ PERSONAL = {"它", "它们", "他", "她", "他们", "她们", "其"}
 DEMONSTRATIVES = {"该", "此", "这", "这个", "这些", "这种", "这项", "这条", "这里", "那些", "那种", "那条", "那项",
                   "上述", "前者", "后者", "此项", "本条", "该条", "该项", "这份", "这次", "这张", "这首", "这部", "本"}
 PRONOUNS = PERSONAL | DEMONSTRATIVES
-LOCATIVES = {"上面", "里面", "上边", "里边"}  # on / in something: its noun left out stands for the previous topic
+LOCATIVES = {"上面", "里面", "上边", "里边"}  # on / in something: its noun left out is the thing the last turn was about
 # 「做的时候…」「卖了的话…」「验完以后…」: a one-character verb opening the question, with no object before 的时候 / 的话 /
 # 以后, leaves its object out — the thing the last turn was about. (Two-character verbs often hold their object:
 # 「打鱼的时候」「开车的时候」 stand alone.)
@@ -139,6 +140,13 @@ def _is_verb(word: str) -> bool:
     return bool(flags) and all(f.startswith("v") and f != "vn" for f in flags)
 
 
+@functools.lru_cache(maxsize=64)
+def _tags(question: str) -> tuple[tuple[str, str], ...]:
+    """(word, part-of-speech) of the question's words, jieba with HMM (it keeps most unknown names whole) — read by
+    several rules for the same question, tagged once."""
+    return tuple((p.word, p.flag) for p in pseg.lcut(question) if p.word.strip())
+
+
 def _clean(text: str) -> str:
     return _PUNCT.sub(" ", text or "").strip()
 
@@ -183,17 +191,17 @@ class DeterministicRewriter:
         """「要是发现上面有错的记录…」「在里面写…」: 上面 / 里面 with no noun before it stand for "on / in the thing just
         talked about" (the report, the form). After a noun (「石碑上面」「合同里面」) they are a place of their own.
         Tagged with jieba's HMM like `names_no_subject`."""
-        tagged = [(p.word, p.flag) for p in pseg.lcut(question) if p.word.strip()]
+        tagged = _tags(question)
         return any(w in LOCATIVES and (i == 0 or not (tagged[i - 1][1].startswith("n")
-                                                      or tagged[i - 1][1] in _NOUNISH | {"r"}))
+                                                      or tagged[i - 1][1] in _NOUNISH or tagged[i - 1][1] == "r"))
                    for i, (w, _) in enumerate(tagged))
 
     @staticmethod
     def _opens_with_verb(question: str) -> bool:
         """The question's first word is a verb (jieba's tag v, HMM) of one character, or one with its complement
         (「验完」): 「做的时候」, not 「到时候」 (one word, no verb) or 「春节的时候」 (a noun)."""
-        first = next((p for p in pseg.lcut(question) if p.word.strip()), None)
-        return first is not None and first.flag == "v" and len(first.word) <= 2
+        tagged = _tags(question)
+        return bool(tagged) and tagged[0][1] == "v" and len(tagged[0][0]) <= 2
 
     # --- pieces of the previous query --------------------------------------------------------------
     def topic(self, prev: str) -> str:
@@ -262,7 +270,7 @@ class DeterministicRewriter:
         copula: 「去报到要带些什么？」 names nothing it asks about. Tagged with jieba's HMM, which keeps most unknown
         names whole (「于乐」 nr; without HMM it falls apart into single characters); some it still misses, which is
         why such a question is only searched again after a refusal, never rewritten."""
-        tagged = [(p.word, p.flag) for p in pseg.lcut(question) if p.word.strip() and not _PUNCT.fullmatch(p.word)]
+        tagged = [(w, flag) for w, flag in _tags(question) if not _PUNCT.fullmatch(w)]
         if not tagged or any(w in COPULAS for w, _ in tagged):
             return False
         content = set(self.content([w for w, _ in tagged]))

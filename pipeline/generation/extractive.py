@@ -272,7 +272,6 @@ class ExtractivePicker:
             result = replace(result, bold=self._bold_span(result.best, cues),
                              elsewhere=self._elsewhere(result.best, list(kb_ids or scope)))
             sentences, best, bold = quote_article(result.sentences, result.best, result.bold, nodes)
-            bold = _figure_bold(question, kind, best, bold)
             # the figure is looked for in what the answer quotes: the deciding article whole holds 「…之日起20个
             # 工作日内…」 although the sentence the picker chose from it (its last one) does not
             lacks = kind if lacks_answer(kind, [c.piece.text for c in sentences], question) else None
@@ -283,7 +282,8 @@ class ExtractivePicker:
                 # that hands the matter to a document the KB lacks says more — where the rule is — and stays.)
                 return replace(result, sentences=[], found=False, lacks=lacks,
                                closest=sorted({c.source for c in sentences})[:len(result.closest)])
-            result = replace(result, sentences=sentences, best=best, bold=bold, lacks=lacks)
+            result = replace(result, sentences=sentences, best=best, bold=_figure_bold(question, kind, best, bold),
+                             lacks=lacks)
         return result
 
     def _elsewhere(self, best: Candidate, scope: Sequence[int]) -> str | None:
@@ -322,7 +322,7 @@ def _figure_bold(question: str, kind: str | None, best: Candidate, bold: tuple[i
     if kind not in MUST_OFFER or bold is None or not best.whole_article:
         return bold
     text = best.piece.text
-    if deciding_clause(question, text[bold[0]:bold[1]], kind):
+    if not lacks_answer(kind, [text[bold[0]:bold[1]]], question):
         return bold
     spans = deciding_clause(question, text, kind)
     return spans[0] if spans else bold
