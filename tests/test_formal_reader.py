@@ -443,6 +443,55 @@ def test_who_or_where_asked_of_a_regulation_wants_the_body_it_names(picker):
     assert text[a:b] == "应当由原建设工程勘察、设计单位修改"
 
 
+@pytest.mark.parametrize("question, act", [
+    ("城里房子征收这件事是哪级政府负责？", "负责"),
+    ("医院和病人闹矛盾找人民调解，这块是哪个部门在指导？", "指导"),
+    ("自考的毕业证是哪个单位发的？", "发"),  # 的 ends the act
+    ("村口河边想开个渡口方便大家过河，要找谁批？", "批"),
+    ("报废的大客车、校车拆解，要谁在场监督？", "在场"),  # 在场 is the act, not 在 before it
+    ("旅行社存的那笔保证金，利息归谁？", None),  # names no act
+    ("被逼着结的婚，想撤销，要去哪个部门？", None),
+])
+def test_the_act_a_body_question_asks_the_actor_of(question, act):
+    from pipeline.generation.answer_type import asked_act
+    assert asked_act(question) == act
+
+
+HOUSING = "国有土地上房屋征收与补偿条例(2011-01-21).md"
+
+
+@needs(REGS / HOUSING)
+def test_a_body_doing_the_act_asked_is_the_answer_while_one_is_there():
+    """Nearly every clause of a regulation names some body, so 「哪级政府负责？」 used to be offered by each: 第六条's
+    「上级人民政府应当加强对…的监督」 as much as 第四条's 「市、县级人民政府负责…」. While one candidate names a body doing
+    the act asked, the others offer nothing (extractive.acting_body); with none doing it, or in text that is not a
+    regulation, the cue is as before."""
+    from pipeline.generation.answer_type import names_actor
+    from pipeline.generation.extractive import acting_body
+    from pipeline.models.tokenize_zh import ChineseTokenizer
+
+    text = article_text(HOUSING, "第四条", "第八条")
+    fourth = next(ln for ln in text.splitlines() if ln.startswith("第四条"))[4:].split("。")[0]
+    sixth = next(ln for ln in text.splitlines() if ln.startswith("第六条"))[4:].split("。")[0]
+    assert names_actor(fourth, "负责") and not names_actor(sixth, "负责")
+    # the act may come in a later clause of the body's sentence (「由一家开户银行负责现金管理工作，核定…限额」)
+    assert names_actor("一个单位在几家银行开户的，由一家开户银行负责现金管理工作，核定开户单位库存现金限额", "核定")
+    assert not names_actor("负责人应当在场", "负责")  # no body before the act
+
+    def cand(t, formal=True):
+        return Candidate(Piece(t, "。", 0), 1, 0.0, 0.0, offers=1.0, formal=formal)
+
+    tok = ChineseTokenizer()
+    picker = ExtractivePicker(tok)
+    cues = picker.cues("城里房子征收这件事是哪级政府负责？", [])
+    out = acting_body([cand(sixth), cand(fourth)], cues)
+    assert [c.offers for c in out] == [0.0, 1.0]
+    # nobody does the act asked (「点头」 is worded 「确定」 in the rule): every body still offers
+    assert [c.offers for c in acting_body([cand(sixth), cand(fourth)], picker.cues("要哪一级政府点头？", []))] == [1, 1]
+    # not a regulation's clauses: unchanged
+    assert [c.offers for c in acting_body([cand(sixth, False), cand(fourth, False)], cues)] == [1, 1]
+
+
 @pytest.mark.slow
 @needs(REGS / DESIGN)
 def test_engine_answers_who_asked_of_a_regulation_with_the_party_it_names(tmp_path):
@@ -458,6 +507,23 @@ def test_engine_answers_who_asked_of_a_regulation_with_the_party_it_names(tmp_pa
         first = res["answer"].split("\n")[1]
         assert first.startswith("- 《建设工程勘察设计管理条例》第二十八条："), res["answer"]
         assert "**应当由原建设工程勘察、设计单位修改**" in first, res["answer"]
+    finally:
+        engine.close()
+
+
+@pytest.mark.slow
+@needs(REGS / HOUSING)
+def test_engine_bolds_the_body_doing_the_act_asked(tmp_path):
+    """Through the real answer stream (packaged embedding model, offline): 「…是哪级政府负责？」 is decided by 第四条's
+    「市、县级人民政府负责本行政区域的房屋征收与补偿工作」, now the bold clause (before, every clause naming a body
+    offered an answer alike, and the bold went to 第四条's last sentence, 「市、县级人民政府有关部门应当依照…」)."""
+    from tests.live import engine_with_texts
+
+    files = (HOUSING, "物业管理条例(2018-03-19).md")
+    engine = engine_with_texts(tmp_path, {f: (REGS / f).read_text(encoding="utf-8") for f in files})
+    try:
+        res = engine.ask_sync("城里房子征收这件事是哪级政府负责？")
+        assert "第四条：**市、县级人民政府负责本行政区域的房屋征收与补偿工作**" in res["answer"], res["answer"]
     finally:
         engine.close()
 

@@ -91,6 +91,33 @@ def expected_kind(question: str) -> str | None:
     return None
 
 
+# The act a body question asks about, right after its question word: 「哪级政府负责？」 负责, 「是哪个部门在指导？」 指导,
+# 「毕业证是哪个单位发的？」 发, 「找谁批？」 批 (来 / 在 / 去 … before it are no act; 「归谁？」「找谁？」 name none).
+_ASKED_BODY = re.compile(r"(?:哪个?|哪一)(?:部门|机关|单位|机构|级(?:人民)?(?:政府|部门)?)|哪级(?:人民)?(?:政府|部门)?|谁")
+_ASKED_ACT = re.compile(r"(?:来|在(?!场)|去|要|能|会|可以)?([\u4e00-\u9fff])([\u4e00-\u9fff])?")
+_NO_ACT = frozenset("的了呢吗啊吧呀么")
+# the bodies a rule names as the one who acts
+_ACTOR = re.compile(r"人民政府|政府|部门|机关|委员会|机构|人民法院|银行|单位")
+
+
+def asked_act(question: str) -> str | None:
+    """The act a 谁 / 哪个部门 question asks the actor of, or None when it names none."""
+    asked = _asked_part(question or "")
+    for m in _ASKED_BODY.finditer(asked):
+        a = _ASKED_ACT.match(asked, m.end())
+        if a and a.group(1) not in _NO_ACT:
+            second = a.group(2) if a.group(2) and a.group(2) not in _NO_ACT else ""
+            return a.group(1) + second
+    return None
+
+
+def names_actor(text: str, act: str) -> bool:
+    """Does `text` name a body and then the act asked (「市、县级人民政府负责…」 for 「哪级政府负责？」, 「由一家开户银行
+    负责现金管理工作，核定…限额」 for 「由谁核定？」)?"""
+    m = _ACTOR.search(text)
+    return m is not None and act in text[m.end():]
+
+
 def in_document(kind: str | None, formal: bool) -> str | None:
     """The kind of answer a question asks of this document. A statute names bodies, not people or places: asked of a
     law, regulation or contract, 「该谁来改？」 and 「申请材料往哪儿递？」 want the party or authority its rule names
