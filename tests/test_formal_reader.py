@@ -464,10 +464,10 @@ HOUSING = "国有土地上房屋征收与补偿条例(2011-01-21).md"
 def test_a_body_doing_the_act_asked_is_the_answer_while_one_is_there():
     """Nearly every clause of a regulation names some body, so 「哪级政府负责？」 used to be offered by each: 第六条's
     「上级人民政府应当加强对…的监督」 as much as 第四条's 「市、县级人民政府负责…」. While one candidate names a body doing
-    the act asked, the others offer nothing (extractive.acting_body); with none doing it, or in text that is not a
+    the act asked, the others offer nothing (asked_cues.narrow); with none doing it, or in text that is not a
     regulation, the cue is as before."""
     from pipeline.generation.answer_type import names_actor
-    from pipeline.generation.extractive import acting_body
+    from pipeline.generation.asked_cues import narrow
     from pipeline.models.tokenize_zh import ChineseTokenizer
 
     text = article_text(HOUSING, "第四条", "第八条")
@@ -484,12 +484,41 @@ def test_a_body_doing_the_act_asked_is_the_answer_while_one_is_there():
     tok = ChineseTokenizer()
     picker = ExtractivePicker(tok)
     cues = picker.cues("城里房子征收这件事是哪级政府负责？", [])
-    out = acting_body([cand(sixth), cand(fourth)], cues)
+    out = narrow([cand(sixth), cand(fourth)], cues)
     assert [c.offers for c in out] == [0.0, 1.0]
     # nobody does the act asked (「点头」 is worded 「确定」 in the rule): every body still offers
-    assert [c.offers for c in acting_body([cand(sixth), cand(fourth)], picker.cues("要哪一级政府点头？", []))] == [1, 1]
+    assert [c.offers for c in narrow([cand(sixth), cand(fourth)], picker.cues("要哪一级政府点头？", []))] == [1, 1]
     # not a regulation's clauses: unchanged
-    assert [c.offers for c in acting_body([cand(sixth, False), cand(fourth, False)], cues)] == [1, 1]
+    assert [c.offers for c in narrow([cand(sixth, False), cand(fourth, False)], cues)] == [1, 1]
+
+
+TRAVEL = "旅行社条例(2020-11-29).md"
+
+
+@needs(REGS / TRAVEL)
+def test_the_sanction_of_the_breach_asked_is_the_answer_while_one_is_there():
+    """「把经营许可证借给朋友的公司用，被查到会怎样？」: every sanction clause offered a consequence alike, so 第四十七条's
+    「情节严重的，吊销…许可证」 and 第四十八条's 「拒不改正的，吊销…」 (another breach's tail) stood beside the rule. While
+    a candidate's condition — the words before its first sanction — holds a word of the question, only such
+    candidates offer (asked_cues.narrow); a bare 「罚」 is no such word."""
+    from pipeline.generation.asked_cues import narrow, sanction_condition
+    from pipeline.models.tokenize_zh import ChineseTokenizer
+
+    text = article_text(TRAVEL, "第四十七条", "第四十九条")
+    rule = text.splitlines()[0][6:].split("；")[0]
+    tail = "拒不改正的，吊销旅行社业务经营许可证"
+    assert sanction_condition(rule) == "旅行社转让、出租、出借旅行社业务经营许可证的，由旅游行政管理部门"
+    assert sanction_condition(tail) == "拒不改正的，" and sanction_condition("旅行社应当公告") == ""
+
+    def cand(t):
+        return Candidate(Piece(t, "。", 0), 1, 0.0, 0.0, offers=1.0, formal=True)
+
+    picker = ExtractivePicker(ChineseTokenizer())
+    cues = picker.cues("我们旅行社想把经营许可证借给朋友的公司用，被查到会怎样？", [])
+    assert [c.offers for c in narrow([cand(tail), cand(rule)], cues)] == [0.0, 1.0]
+    # a question naming nothing any condition holds leaves every sanction offering
+    cues = picker.cues("被查到会怎样？", [])
+    assert [c.offers for c in narrow([cand(tail), cand(rule)], cues)] == [1.0, 1.0]
 
 
 @pytest.mark.slow
@@ -524,6 +553,25 @@ def test_engine_bolds_the_body_doing_the_act_asked(tmp_path):
     try:
         res = engine.ask_sync("城里房子征收这件事是哪级政府负责？")
         assert "第四条：**市、县级人民政府负责本行政区域的房屋征收与补偿工作**" in res["answer"], res["answer"]
+    finally:
+        engine.close()
+
+
+@pytest.mark.slow
+@needs(REGS / TRAVEL)
+def test_engine_answers_a_consequence_with_the_sanction_of_the_breach_asked(tmp_path):
+    """Through the real answer stream (packaged embedding model, offline): lending the licence is 第四十七条's first
+    breach — before, the answer quoted two sanctions of other breaches' tails (「情节严重的，吊销…」「拒不改正的，吊销…」)
+    and 第二十二条's 「予以许可的，颁发…」."""
+    from tests.live import engine_with_texts
+
+    files = (TRAVEL, "物业管理条例(2018-03-19).md")
+    engine = engine_with_texts(tmp_path, {f: (REGS / f).read_text(encoding="utf-8") for f in files})
+    try:
+        res = engine.ask_sync("我们旅行社想把经营许可证借给朋友的公司用，被查到会怎样？")
+        first = res["answer"].split("\n")[1]
+        assert first.startswith("- 《旅行社条例》第四十七条：旅行社转让、出租、出借旅行社业务经营许可证的，"
+                                "由旅游行政管理部门责令停业整顿1个月至3个月"), res["answer"]
     finally:
         engine.close()
 

@@ -17,7 +17,9 @@ Each is scored by
                                              person for 谁, a number for 多少 …; pipeline/generation/answer_type.py):
                                              a sentence that only restates the question does not answer it;
                                              − w_type when it imposes a sanction (罚款, 吊销 …) on a question
-                                             that asks about none (answer_type.kind_cue)
+                                             that asks about none (answer_type.kind_cue); in a regulation, while
+                                             some candidate states what is asked (the body doing the act asked, the
+                                             sanction of the breach asked), only those offer (asked_cues.narrow)
   − w_rank · (source number − 1)             a mild preference for the better-ranked source
 Only the PREFILTER best candidates by a fixed cheap order (coverage + phrase coverage − 0.1 per source rank;
 not fitted; on the dev sets the best-scoring sentence is inside it) are embedded (≈ 7 ms a sentence on 2
@@ -56,8 +58,9 @@ from typing import Any, NamedTuple
 import numpy as np
 
 from pipeline.events import EXTRACTIVE_LABEL
-from pipeline.generation.answer_type import MUST_OFFER, asked_act, in_document, kind_cue, lacks_answer, names_actor
+from pipeline.generation.answer_type import MUST_OFFER, in_document, kind_cue, lacks_answer
 from pipeline.generation.articles import HEADING, LEADING_HEADING, articles_of, carried_article, citation
+from pipeline.generation.asked_cues import narrow
 from pipeline.generation.candidates import Candidate, Cues, assemble, measure
 from pipeline.generation.deciding import continued_lead_in, deciding_clause, lead_in
 from pipeline.generation.instructions import is_instruction
@@ -210,7 +213,7 @@ class ExtractivePicker:
         sims = self._embed([self._window(out[i].piece.text, cues) for i in chosen]) @ q
         for i, s in zip(chosen, sims):
             out[i] = replace(out[i], cosine=float(s), offers=self.kind_cue(cues, out[i]))
-        return acting_body([c for c in out if c.cosine is not None], cues)
+        return narrow([c for c in out if c.cosine is not None], cues)
 
     def kind_cue(self, cues: Cues, c: Candidate) -> float:
         return kind_cue(in_document(cues.kind, c.formal), c.piece.text, cues.question, self.tokenizer.tagged)
@@ -326,24 +329,6 @@ def _figure_bold(question: str, kind: str | None, best: Candidate, bold: tuple[i
         return bold
     spans = deciding_clause(question, text, kind)
     return spans[0] if spans else bold
-
-
-def acting_body(cands: list[Candidate], cues: Cues) -> list[Candidate]:
-    """A body question that names its act (「哪级政府负责？」) is answered by the clause whose body does that act
-    (「市、县级人民政府负责…」): nearly every clause of a regulation names some body, so while one candidate names a
-    body doing the act asked, a clause naming a body doing something else (「…人民政府应当加强对…的监督」) offers no
-    answer. Unchanged when no candidate does: the act may be worded otherwise (「点头」 for 「确定」)."""
-    act = asked_act(cues.question)
-    if act is None:
-        return cands
-
-    def offered(c: Candidate) -> bool:
-        return c.formal and c.offers > 0 and in_document(cues.kind, c.formal) == "body"
-
-    acting = {id(c) for c in cands if offered(c) and names_actor(c.piece.text, act)}
-    if not acting:
-        return cands
-    return [replace(c, offers=0.0) if offered(c) and id(c) not in acting else c for c in cands]
 
 
 def _distinct(ranked: list[Candidate]) -> list[Candidate]:

@@ -36,6 +36,7 @@ from pathlib import Path
 import numpy as np
 
 from pipeline.generation.answer_type import expected_kind, in_document, kind_cue
+from pipeline.generation.asked_cues import narrow
 from pipeline.generation.candidates import Cues, Evidence, assemble, focus_part
 from pipeline.generation.extractive import MAX_SENTENCES, PREFILTER, PickerParams
 from pipeline.generation.sentences import Piece
@@ -97,6 +98,7 @@ def candidates_of(row: dict, tagged) -> tuple[list, list[bool]]:
         c, x = cands[i], info[(cands[i].source, cands[i].piece.position)]
         kind = in_document(cues.kind, c.formal)  # formal is False here: no dev set's chunks carry 第…条 headings
         out.append(replace(c, cosine=x["cos"], offers=kind_cue(kind, c.piece.text, cues.question, tagged)))
+    out = narrow(out, cues)  # as the app's picker does (it changes formal candidates only)
     return out, [info[(c.source, c.piece.position)]["has_answer"] for c in out]
 
 

@@ -1,0 +1,54 @@
+"""The answer-kind cue narrowed to what the question asks, among the candidates of one question.
+
+answer_type.kind_cue judges a sentence alone. In a regulation nearly every clause names some body and many impose
+a sanction, so 「城里房子征收是哪级政府负责？」 and 「把经营许可证借给朋友的公司用，被查到会怎样？」 were offered by
+most candidates alike, and the cosine chose among them. Two rules read what the question asks and, while some
+candidate of a formal document states it, take the offer from the others:
+- a body question that names its act (answer_type.asked_act: 负责) is answered by the clause whose body does that
+  act (「市、县级人民政府负责…」), not by one whose body does something else (「上级人民政府应当加强…监督」);
+- a consequence question is answered by the sanction whose condition — the words before its first sanction — holds
+  a word of the question (「旅行社转让、出租、出借旅行社业务经营许可证的，由…责令停业整顿」), not by the sanction of
+  another breach (「拒不改正的，吊销…」, 「予以许可的，颁发…」).
+When no candidate states it, the cue stays as it was: the act may be worded otherwise (「点头」 for 「确定」).
+Lexical and parameter-free: the offers keep their weight (w_type); only which candidates hold one changes.
+"""
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import replace
+
+from pipeline.generation.answer_type import DECIDING, asked_act, in_document, names_actor
+from pipeline.generation.candidates import Candidate, Cues
+
+MIN_TERM = 2  # a one-character word (罚, 用) is in too many conditions to say which breach is asked
+
+
+def narrow(cands: list[Candidate], cues: Cues) -> list[Candidate]:
+    """`cands` with the offer kept only by those stating what the question asks, while any formal one does."""
+    kind = in_document(cues.kind, True)
+    if kind == "body":
+        act = asked_act(cues.question)
+        if act is not None:
+            return _keep(cands, lambda c: names_actor(c.piece.text, act))
+    elif kind == "consequence":
+        terms = [t for t in cues.terms if len(t) >= MIN_TERM]
+        if terms:
+            return _keep(cands, lambda c: any(t in sanction_condition(c.piece.text) for t in terms))
+    return cands
+
+
+def sanction_condition(text: str) -> str:
+    """The words before the first sanction of `text` (「…出借旅行社业务经营许可证的，由旅游行政管理部门」), "" when it
+    imposes none."""
+    m = DECIDING["consequence"].search(text)
+    return text[:m.start()] if m else ""
+
+
+def _keep(cands: list[Candidate], states: Callable[[Candidate], bool]) -> list[Candidate]:
+    def offered(c: Candidate) -> bool:
+        return c.formal and c.offers > 0
+
+    stating = {id(c) for c in cands if offered(c) and states(c)}
+    if not stating:
+        return cands
+    return [replace(c, offers=0.0) if offered(c) and id(c) not in stating else c for c in cands]
