@@ -596,6 +596,56 @@ def test_engine_answers_a_yes_no_question_from_the_rule_not_its_penalty(tmp_path
         engine.close()
 
 
+CASH = "现金管理暂行条例(2011-01-08).md"
+
+
+def test_a_regulation_refers_to_its_own_articles():
+    from pipeline.generation.cross_reference import referred_articles
+
+    assert referred_articles(["除本条例第五条第(五)、(六)项外，…", "前款使用现金限额，按本条例第五条第二款的规定执行",
+                              "依照本法第二十二条的规定"]) == ["第五条", "第二十二条"]
+    # another document's article, or one named without 本…, is not this document's
+    assert referred_articles(["依照《中华人民共和国居民身份证法》第十二条第一款的规定办理", "见第五条"]) == []
+
+
+@needs(REGS / CASH)
+def test_the_figure_a_rule_leaves_to_another_article_is_read_there():
+    """「多少以上就不能给现金了？」: 第六条 says what happens above 「使用现金限额」 and that the limit is 「按本条例第五条
+    第二款的规定执行」 — 第五条's 「前款结算起点定为1000元」, a chunk before it, holds the figure."""
+    from pipeline.generation.cross_reference import referred_figure
+
+    fifth = article_text(CASH, "第五条", "第六条")
+    sixth = article_text(CASH, "第六条", "第七条")
+    nodes = [node(sixth, CASH, 7), node(fifth, CASH, 7), node(article_text(RMB, "第二条", "第三条"), RMB, 8)]
+    rule = Candidate(Piece(sixth.split("\n")[0], "。", 0), 1, 0.0, 0.0, doc=7, formal=True)
+    q = "公司付给个人的钱，多少以上就不能给现金了？"
+    found = referred_figure("number", q, [rule], nodes)
+    assert [(c.piece.text, c.source, c.cite) for c in found] == [
+        ("前款结算起点定为1000元", 2, "《现金管理暂行条例》第五条")]
+    # the same article in another document's chunk is not the one referred to
+    assert referred_figure("number", q, [rule], [nodes[0], node(fifth, CASH, 9)]) == []
+    # a rule that refers to no article of its own
+    plain = replace(rule, piece=Piece("开户单位在销售活动中，不得对现金结算给予比转账结算优惠待遇", "。", 0))
+    assert referred_figure("number", q, [plain], nodes) == []
+
+
+@pytest.mark.slow
+@needs(REGS / CASH)
+def test_engine_reads_the_figure_in_the_article_the_rule_refers_to(tmp_path):
+    """Through the real answer stream (packaged embedding model, offline): before, 「资料中未找到所问的具体数字」 —
+    第六条 quoted lacks the figure; it is in 第五条, to which 第六条 refers, among the sources."""
+    from tests.live import engine_with_texts
+
+    files = (CASH, "物业管理条例(2018-03-19).md")
+    engine = engine_with_texts(tmp_path, {f: (REGS / f).read_text(encoding="utf-8") for f in files})
+    try:
+        res = engine.ask_sync("公司付给个人的钱，多少以上就不能给现金了？")
+        assert "《现金管理暂行条例》第五条：**前款结算起点定为1000元**" in res["answer"], res["answer"]
+        assert "《现金管理暂行条例》第六条：" in res["answer"] and not res["no_answer"], res["answer"]
+    finally:
+        engine.close()
+
+
 @pytest.mark.slow
 @needs(REGS / RMB)
 def test_engine_answer_lacking_the_figure_is_not_found(tmp_path):

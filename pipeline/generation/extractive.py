@@ -39,7 +39,9 @@ holds one the question lacks (answer_type.lacks_answer), the sentences are about
 figure (「具体限额由中国人民银行规定」 for 「最多能带多少」): the answer says so in its first line (LACKS_TEXT) and is
 weak (`done.weak`), whatever the gate decided — except in a formal document, which states its figures as figures:
 there the rule holding the figure is not among the sources, and the answer is 「资料中未找到所问的具体数字」
-(LACKS_NOT_FOUND) pointing at the sources it would have quoted. Weak too is an answer whose best sentence hands the matter to a document
+(LACKS_NOT_FOUND) pointing at the sources it would have quoted — unless the quoted rule refers to another
+article of its own document (「按本条例第五条第二款的规定执行」) that is among the sources and holds the figure: that
+article's sentence is quoted beside it, bold (pipeline/generation/cross_reference.py). Weak too is an answer whose best sentence hands the matter to a document
 the knowledge bases searched do not hold (「…依照《医疗事故处理条例》的相关规定执行」: pipeline/generation/referral.py;
 ELSEWHERE_TEXT names it). Weights and thresholds belong to the embedding model (its
 calibration profile, pipeline/calibration, section `extractive`); they are fitted with `python -m tools.eval.calibrate` (tools/eval/calibrate_extractive.py,
@@ -62,6 +64,7 @@ from pipeline.generation.answer_type import MUST_OFFER, in_document, kind_cue, l
 from pipeline.generation.articles import HEADING, LEADING_HEADING, articles_of, carried_article, citation
 from pipeline.generation.asked_cues import narrow
 from pipeline.generation.candidates import Candidate, Cues, assemble, measure
+from pipeline.generation.cross_reference import referred_figure
 from pipeline.generation.deciding import continued_lead_in, deciding_clause, lead_in
 from pipeline.generation.instructions import is_instruction
 from pipeline.generation.referral import handed_over_to, title_key
@@ -278,6 +281,13 @@ class ExtractivePicker:
             # the figure is looked for in what the answer quotes: the deciding article whole holds 「…之日起20个
             # 工作日内…」 although the sentence the picker chose from it (its last one) does not
             lacks = kind if lacks_answer(kind, [c.piece.text for c in sentences], question) else None
+            referred = referred_figure(kind, question, sentences, nodes) if lacks and best.formal else []
+            if referred:  # the figure stands in the article the quoted rule refers to (「按本条例第五条第二款…」)
+                first = referred[0]
+                spans = deciding_clause(question, first.piece.text, kind)
+                return replace(result, sentences=sorted([*sentences, *referred],
+                                                        key=lambda c: (c.source, c.piece.position)),
+                               best=first, bold=spans[0] if spans else None)
             if lacks and not result.elsewhere and (best.formal or best.cite):  # cite: a chunk inside an article
                 # a law or a contract states its figures as figures: when the articles quoted hold none of the kind
                 # asked, the rule that does is not among the sources (in the knowledge base or not) — not found,
