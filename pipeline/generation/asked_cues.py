@@ -23,18 +23,25 @@ from pipeline.generation.candidates import Candidate, Cues
 MIN_TERM = 2  # a one-character word (罚, 用) is in too many conditions to say which breach is asked
 
 
-def narrow(cands: list[Candidate], cues: Cues) -> list[Candidate]:
-    """`cands` with the offer kept only by those stating what the question asks, while any formal one does."""
+def stating(cues: Cues) -> Callable[[Candidate], bool] | None:
+    """Does a candidate state what the question asks (the body doing the act asked, the sanction of the breach
+    asked)? None when the question asks nothing these rules read."""
     kind = in_document(cues.kind, True)
     if kind == "body":
         act = asked_act(cues.question)
         if act is not None:
-            return _keep(cands, lambda c: names_actor(c.piece.text, act))
+            return lambda c: c.formal and names_actor(c.piece.text, act)
     elif kind == "consequence":
         terms = [t for t in cues.terms if len(t) >= MIN_TERM]
         if terms:
-            return _keep(cands, lambda c: any(t in sanction_condition(c.piece.text) for t in terms))
-    return cands
+            return lambda c: c.formal and any(t in sanction_condition(c.piece.text) for t in terms)
+    return None
+
+
+def narrow(cands: list[Candidate], cues: Cues) -> list[Candidate]:
+    """`cands` with the offer kept only by those stating what the question asks, while any formal one does."""
+    states = stating(cues)
+    return cands if states is None else _keep(cands, states)
 
 
 def sanction_condition(text: str) -> str:
