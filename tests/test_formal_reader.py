@@ -596,6 +596,28 @@ def test_engine_answers_a_yes_no_question_from_the_rule_not_its_penalty(tmp_path
         engine.close()
 
 
+YELLOW_RIVER = "黄河水量调度条例(2006-07-24).md"
+PUBLISHING = "出版管理条例(2020-11-29).md"
+
+
+@needs(REGS / YELLOW_RIVER, REGS / PUBLISHING)
+def test_an_amount_asked_of_a_consequence_bolds_the_fine_not_the_order(picker):
+    """「…会罚多少？」 asks a consequence as an amount: the bold goes on the clause imposing the fine (「并处2万元以上10万元
+    以下罚款」), not on 「责令停止违法行为」 — and never on a condition that holds a sum (「违法经营额1万元以上的」)."""
+    def bold_of(file, heading, question):
+        line = next(ln for ln in (REGS / file).read_text(encoding="utf-8").splitlines() if ln.startswith(heading))
+        text = line.split("；")[0]
+        c = Candidate(Piece(text, "。", 0), 1, 0.0, 0.0, formal=True)
+        a, b = ExtractivePicker._bold_span(c, picker.cues(question, []))
+        return text[a:b]
+
+    assert bold_of(YELLOW_RIVER, "第三十九条", "灌区管理单位超计划多引了黄河水，会罚多少？") == "并处2万元以上10万元以下罚款"
+    # the same article asked what happens: the bold stays on the clause that reads the question best
+    assert bold_of(YELLOW_RIVER, "第三十九条", "灌区管理单位超计划多引了黄河水，会怎么样？") != "并处2万元以上10万元以下罚款"
+    # 「5倍以上10倍以下的罚款」 is no sum of money: no clause offers the amount, and the sum in the condition is not bold
+    assert bold_of(PUBLISHING, "第六十三条", "出版社把书号卖给个人出书，被查会罚多少？") != "违法经营额1万元以上的"
+
+
 CASH = "现金管理暂行条例(2011-01-08).md"
 
 

@@ -230,6 +230,14 @@ def holds_verdict(kind: str, text: str, question: str) -> bool:
     return pat is not None and any(m.group(0) not in question for m in pat.finditer(text))
 
 
+def figure_asked(kind: str | None, question: str) -> str | None:
+    """The figure a question's deciding clause holds: its own kind for 多少 / 多久 / 何时, and a number for a
+    consequence asked as an amount (「要罚多少？」「会罚多少钱？」: the fine's amount, not 「责令限期改正」)."""
+    if kind in MUST_OFFER:
+        return kind
+    return "number" if kind == "consequence" and _MONEY[0].search(question or "") else None
+
+
 # What an answer must hold for a question of these kinds: a number for 多少 / 几天, a date or year for 何时 / 哪一年
 # — patterns, not judgement, so the check is as sure as the patterns are.
 MUST_OFFER = ("number", "time")

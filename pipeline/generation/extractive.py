@@ -60,7 +60,7 @@ from typing import Any, NamedTuple
 import numpy as np
 
 from pipeline.events import EXTRACTIVE_LABEL
-from pipeline.generation.answer_type import MUST_OFFER, in_document, kind_cue, lacks_answer
+from pipeline.generation.answer_type import SANCTION, figure_asked, in_document, kind_cue, lacks_answer
 from pipeline.generation.articles import HEADING, LEADING_HEADING, articles_of, carried_article, citation
 from pipeline.generation.asked_cues import narrow
 from pipeline.generation.candidates import Candidate, Cues, assemble, measure
@@ -315,7 +315,8 @@ class ExtractivePicker:
         if len(spans) <= 1 or best.lead:  # a list item under its lead-in (which holds the verdict): the item
             return (0, len(text)) if text else None
         # a formal question's verdict: the clause with the deciding words (「不得…」「…三十日内」「由…负责」)
-        spans = deciding_clause(cues.question, text, in_document(cues.kind, best.formal)) or spans
+        spans = (_figure_clauses(cues.question, cues.kind, text)
+                 or deciding_clause(cues.question, text, in_document(cues.kind, best.formal)) or spans)
         if len(spans) == 1:
             return spans[0]
         grams = cues.grams
@@ -328,16 +329,29 @@ class ExtractivePicker:
         return max(spans, key=score)
 
 
+def _figure_clauses(question: str, kind: str | None, text: str) -> list[tuple[int, int]]:
+    """The clauses of `text` holding the figure a question asks (answer_type.figure_asked); for an amount of a
+    consequence, only those imposing the sanction (「并处2万元以上10万元以下罚款」, not the condition 「违法经营额1万元
+    以上的」)."""
+    figure = figure_asked(kind, question)
+    if figure is None:
+        return []
+    spans = deciding_clause(question, text, figure)
+    return [sp for sp in spans if SANCTION.search(text[sp[0]:sp[1]])] if figure != kind else spans
+
+
 def _figure_bold(question: str, kind: str | None, best: Candidate, bold: tuple[int, int] | None
                  ) -> tuple[int, int] | None:
     """A whole article quoted for a figure asked: when the clause bold holds no figure of the kind asked and another
     clause of the article does (「…自私募基金募集完毕之日起20个工作日内…」), that clause is the one that decides."""
-    if kind not in MUST_OFFER or bold is None or not best.whole_article:
+    figure = figure_asked(kind, question)
+    if figure is None or bold is None or not best.whole_article:
         return bold
     text = best.piece.text
-    if not lacks_answer(kind, [text[bold[0]:bold[1]]], question):
+    held = text[bold[0]:bold[1]]
+    if not lacks_answer(figure, [held], question) and (figure == kind or SANCTION.search(held)):
         return bold
-    spans = deciding_clause(question, text, kind)
+    spans = _figure_clauses(question, kind, text)
     return spans[0] if spans else bold
 
 
