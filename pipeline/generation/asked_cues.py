@@ -55,7 +55,7 @@ def _keep(cands: list[Candidate], states: Callable[[Candidate], bool]) -> list[C
     def offered(c: Candidate) -> bool:
         return c.formal and c.offers > 0
 
-    stating = {id(c) for c in cands if offered(c) and states(c)}
-    if not stating:
+    holding = {id(c) for c in cands if offered(c) and states(c)}
+    if not holding:
         return cands
-    return [replace(c, offers=0.0) if offered(c) and id(c) not in stating else c for c in cands]
+    return [replace(c, offers=0.0) if offered(c) and id(c) not in holding else c for c in cands]

@@ -41,8 +41,8 @@ weak (`done.weak`), whatever the gate decided — except in a formal document, w
 there the rule holding the figure is not among the sources, and the answer is 「资料中未找到所问的具体数字」
 (LACKS_NOT_FOUND) pointing at the sources it would have quoted — unless the quoted rule refers to another
 article of its own document (「按本条例第五条第二款的规定执行」) that is among the sources and holds the figure: that
-article's sentence is quoted beside it, bold (pipeline/generation/cross_reference.py). Weak too is an answer whose best sentence hands the matter to a document
-the knowledge bases searched do not hold (「…依照《医疗事故处理条例》的相关规定执行」: pipeline/generation/referral.py;
+article's sentence is quoted beside it, bold (pipeline/generation/cross_reference.py). Weak too is an answer whose
+best sentence hands the matter to a document the knowledge bases searched do not hold (「…依照《医疗事故处理条例》的相关规定执行」: pipeline/generation/referral.py;
 ELSEWHERE_TEXT names it). Weights and thresholds belong to the embedding model (its
 calibration profile, pipeline/calibration, section `extractive`); they are fitted with `python -m tools.eval.calibrate` (tools/eval/calibrate_extractive.py,
 leave-one-set-out; docs/retrieval-eval.md). Without an embedding model (unit tests) the lexical part alone decides and "not found"
