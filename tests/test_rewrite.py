@@ -40,6 +40,9 @@ def test_follow_ups_are_completed_from_the_previous_turn(rules, prev, follow, ex
     # 「具体」 shares 体 with 「体育馆」, but no word: the previous topic is kept and the follow-up's words added
     ("收费的体育馆对老人学生有优惠吗？", "那具体怎么优惠是谁定的？", "收费的体育馆对老人学生 具体怎么优惠是谁定的"),
     ("工会委员会中工会主席的工作职责是什么？", "宣传委员呢？", "工会委员会中工会主席的工作职责 宣传委员"),
+    # 「日子才交」 holds an adverb: a clause of its own, not a term for the 「时候交」 of 「什么时候交」 (which gave
+    # 「…最晚什么日子才交？ 过」)
+    ("上半年的矿产资源补偿费最晚什么时候交？", "过了日子才交呢？", "上半年的矿产资源补偿费最晚 过了日子才交"),
 ])
 def test_a_parallel_phrase_swaps_whole_words_only(rules, prev, follow, expected):
     r = rules.rewrite(follow, [turn(prev)])

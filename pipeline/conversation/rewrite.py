@@ -296,6 +296,8 @@ class DeterministicRewriter:
             return Rewrite(f"{_clean(prev)} {core_text}".strip(), q, "deterministic", kind, "补全上一轮问题中省略的对象")
         # the shortest phrase of the follow-up that has a parallel in the previous query is swapped in place
         for phrase in self._phrases(core):
+            if any(flag == "d" for _, flag in _tags(phrase)):
+                continue  # 「日子才交」: an adverb makes it a clause of its own, not a term standing in for another
             span = self._parallel(prev, phrase)
             if span:
                 rewritten = prev.replace(span, phrase, 1)
