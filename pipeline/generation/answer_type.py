@@ -41,6 +41,8 @@ _KINDS: list[tuple[str, re.Pattern]] = [
     ("yesno", re.compile(r"吗[？?！!。]*$|吗[，,]|能不能|可不可以|行不行|要不要|是不是|算不算|能否|是否|可否|有没有|"
                          r"需不需要|用不用|会不会|让不让|给不给|准不准|许不许|合不合法|违不违法|有效吗|无效吗")),
 ]
+# the bodies a rule names (「…人民政府」「…主管部门」「…委员会」)
+_BODIES = r"人民政府|部门|机关|委员会|机构|人民法院|银行|单位"
 # The words that decide a formal question of each kind (the clause holding them is the answer, and is bold). Not
 # 应当 / 必须 for yes/no: nearly every clause of a regulation states a duty; the verdict is 不得, 免, 无偿, 可以 ….
 DECIDING: dict[str, re.Pattern] = {
@@ -49,7 +51,7 @@ DECIDING: dict[str, re.Pattern] = {
     "consequence": re.compile(r"责令|罚款|没收|吊销|撤销|追究|处分|警告|拘留|强制执行|承担[^，。；]{0,8}责任|赔偿|取消|"
                               r"停考|不予受理|处以|予以|暂停|关闭|取缔"),
     "body": re.compile(r"由[^，。；]{2,40}?(?:负责|审批|批准|核定|决定|鉴定|办理|发放|核发|管理|组织|实施)|"
-                       r"(?:人民政府|部门|机关|委员会|机构|人民法院|银行|单位)"),
+                       rf"(?:{_BODIES})"),
 }
 # a lone 一 before a measure word is mostly the article (「一个种」), not a quantity; digits are read as whole numbers
 # (「2,020万」 is not in a question about 「2006年」 although each of its digits is)
@@ -96,8 +98,8 @@ def expected_kind(question: str) -> str | None:
 _ASKED_BODY = re.compile(r"(?:哪个?|哪一)(?:部门|机关|单位|机构|级(?:人民)?(?:政府|部门)?)|哪级(?:人民)?(?:政府|部门)?|谁")
 _ASKED_ACT = re.compile(r"(?:来|在(?!场)|去|要|能|会|可以)?([\u4e00-\u9fff])([\u4e00-\u9fff])?")
 _NO_ACT = frozenset("的了呢吗啊吧呀么")
-# the bodies a rule names as the one who acts
-_ACTOR = re.compile(r"人民政府|政府|部门|机关|委员会|机构|人民法院|银行|单位")
+# the bodies a rule names as the one who acts (a bare 「政府」 too: 「由乡政府批准」)
+_ACTOR = re.compile(_BODIES + r"|政府")
 
 
 def asked_act(question: str) -> str | None:

@@ -14,9 +14,9 @@ from collections.abc import Sequence
 
 from pipeline.generation.sentences import Piece
 
-_NUM = "一二三四五六七八九十百千零〇"
-HEADING = re.compile(rf"^[ \t\u3000]*(第[{_NUM}\d]+条(?:之[{_NUM}]+)?)(?=[ \t\u3000])", re.M)
-LEADING_HEADING = re.compile(rf"^\s*第[{_NUM}\d]+条(?:之[{_NUM}]+)?[ \t\u3000]+")  # a sentence that opens its article
+NUMERALS = "一二三四五六七八九十百千零〇"  # how articles are numbered: 第二十二条
+HEADING = re.compile(rf"^[ \t\u3000]*(第[{NUMERALS}\d]+条(?:之[{NUMERALS}]+)?)(?=[ \t\u3000])", re.M)
+LEADING_HEADING = re.compile(rf"^\s*第[{NUMERALS}\d]+条(?:之[{NUMERALS}]+)?[ \t\u3000]+")  # a sentence that opens its article
 _DATED = re.compile(r"\s*[（(]\d{4}[-.年]\d{1,2}[-.月]\d{1,2}日?[)）]$")  # 「人民币管理条例(2018-03-19)」
 _EXT = re.compile(r"\.(?:txt|md|pdf|docx|xlsx|csv)$", re.I)
 
@@ -42,7 +42,7 @@ def articles_of(text: str, pieces: Sequence[Piece]) -> dict[int, str]:
 
 
 # a chapter / section heading line: an article does not run on across it
-DIVISION = re.compile(rf"^[ \t\u3000]*(?:#|第[{_NUM}\d]+[编章节][ \t\u3000])", re.M)
+DIVISION = re.compile(rf"^[ \t\u3000]*(?:#|第[{NUMERALS}\d]+[编章节][ \t\u3000])", re.M)
 
 
 def carried_article(head: str, earlier: Sequence[str]) -> str:

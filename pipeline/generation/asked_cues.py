@@ -25,16 +25,16 @@ MIN_TERM = 2  # a one-character word (罚, 用) is in too many conditions to say
 
 def stating(cues: Cues) -> Callable[[Candidate], bool] | None:
     """Does a candidate state what the question asks (the body doing the act asked, the sanction of the breach
-    asked)? None when the question asks nothing these rules read."""
+    asked)? None when the question asks nothing these rules read. Asked of formal candidates only (`_keep`)."""
     kind = in_document(cues.kind, True)
     if kind == "body":
         act = asked_act(cues.question)
         if act is not None:
-            return lambda c: c.formal and names_actor(c.piece.text, act)
+            return lambda c: names_actor(c.piece.text, act)
     elif kind == "consequence":
         terms = [t for t in cues.terms if len(t) >= MIN_TERM]
         if terms:
-            return lambda c: c.formal and any(t in sanction_condition(c.piece.text) for t in terms)
+            return lambda c: any(t in sanction_condition(c.piece.text) for t in terms)
     return None
 
 

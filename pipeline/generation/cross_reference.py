@@ -14,15 +14,14 @@ from collections.abc import Sequence
 from typing import Any
 
 from pipeline.generation.answer_type import offers, untagged
-from pipeline.generation.articles import articles_of, citation
+from pipeline.generation.articles import NUMERALS, articles_of, citation
 from pipeline.generation.candidates import Candidate
 from pipeline.generation.sentences import answer_units, is_statement
 from pipeline.retrieval.nodes import node_meta, node_text
 
-_NUM = "一二三四五六七八九十百千零〇"
 # 「本条例第五条」「本法第二十二条第二款」: an article of the document itself (a bare 「第五条」 may be another law's,
 # 「依照《…》第十二条」)
-OWN_ARTICLE = re.compile(rf"本(?:条例|法|办法|规定|细则|实施细则|决定|章程|合同|协议)第([{_NUM}\d]+)条")
+OWN_ARTICLE = re.compile(rf"本(?:条例|法|办法|规定|细则|实施细则|决定|章程|合同|协议)第([{NUMERALS}\d]+)条")
 
 
 def referred_articles(texts: Sequence[str]) -> list[str]:
