@@ -764,3 +764,50 @@ def test_continued_lead_in_reads_lines_of_the_chunk_before():
     assert continued_lead_in("", "开户单位应当建立健全现金账目", before) == ""  # no item
     assert continued_lead_in("前款规定的情形除外。\n", item, before) == ""  # not a list from the chunk start
     assert continued_lead_in("", item, "第十条 开户单位应当建立健全现金账目。\n") == ""  # no lead-in above
+
+
+ARMY_DOCTORS = "中国人民解放军实施《执业医师法》办法(2000-09-14).md"
+
+
+@needs(REGS / ARMY_DOCTORS)
+def test_a_list_item_offers_the_yes_no_verdict_of_its_lead_in():
+    """「军队医师不得有下列行为：」 decides each of its items, which hold no deciding word of their own: for 「…能在外面
+    私人看病挣钱吗？」 item (三) offers the verdict (before, it offered nothing, the sentences of other articles won and
+    the answer was 「未找到」). A lead-in that states no verdict (「还应当履行下列义务：」), a question that already holds
+    the verdict word, a sentence that is no item, or another kind of question: no offer."""
+    from pipeline.generation.asked_cues import offer
+    from pipeline.generation.deciding import item_verdict
+    from pipeline.models.tokenize_zh import ChineseTokenizer
+
+    question = "部队医院的医生下班后能在外面私人看病挣钱吗？"
+    pieces = answer_units(article_text(ARMY_DOCTORS, "第十二条", "第十四条"))
+    at = {p.text.rstrip("；。"): p.position for p in pieces}
+    private, duty = at["(三)开展以牟利为目的的私人诊疗活动"], at["(一)服从命令，听从指挥"]
+    assert item_verdict(pieces, private, question)
+    assert not item_verdict(pieces, duty, question)  # 「…还应当履行下列义务：」: a duty is no verdict
+    assert not item_verdict(pieces, at["第十三条 军队医师不得有下列行为："], question)  # the lead-in itself
+    assert not item_verdict(pieces, private, "军队医师不得有哪些行为？")  # the question holds 不得 already
+
+    tok = ChineseTokenizer()
+    picker = ExtractivePicker(tok)
+    cand = Candidate(pieces[private], 1, 0.0, 0.0, formal=True)
+    assert offer(picker.cues(question, []), cand, pieces, tok.tagged) == 1.0
+    assert picker.kind_cue(picker.cues(question, []), cand) == 0.0  # the item's own text offers nothing
+    assert offer(picker.cues("军队医师私人看病归谁管？", []), cand, pieces, tok.tagged) == 0.0  # a body question
+
+
+@pytest.mark.slow
+@needs(REGS / ARMY_DOCTORS)
+def test_engine_answers_a_yes_no_question_with_the_item_its_lead_in_decides(tmp_path):
+    """Through the real answer stream (packaged embedding model, offline): 「部队医院的医生下班后能在外面私人看病挣钱
+    吗？」 is answered with 第十三条's list under 「军队医师不得有下列行为：」 (before: 「资料中未找到…」)."""
+    from tests.live import engine_with_texts
+
+    files = (ARMY_DOCTORS, "物业管理条例(2018-03-19).md")
+    engine = engine_with_texts(tmp_path, {f: (REGS / f).read_text(encoding="utf-8") for f in files})
+    try:
+        res = engine.ask_sync("部队医院的医生下班后能在外面私人看病挣钱吗？")
+        assert "军队医师不得有下列行为" in res["answer"] and "开展以牟利为目的的私人诊疗活动" in res["answer"], \
+            res["answer"]
+    finally:
+        engine.close()

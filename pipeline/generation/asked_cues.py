@@ -14,13 +14,25 @@ Lexical and parameter-free: the offers keep their weight (w_type); only which ca
 """
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import replace
 
-from pipeline.generation.answer_type import DECIDING, asked_act, in_document, names_actor
+from pipeline.generation.answer_type import DECIDING, asked_act, in_document, kind_cue, names_actor
 from pipeline.generation.candidates import Candidate, Cues
+from pipeline.generation.deciding import item_verdict
+from pipeline.generation.sentences import Piece
 
 MIN_TERM = 2  # a one-character word (罚, 用) is in too many conditions to say which breach is asked
+
+
+def offer(cues: Cues, c: Candidate, pieces: Sequence[Piece], tagged: Callable[[str], list[tuple[str, str]]]) -> float:
+    """A candidate's answer-kind cue (w_type's feature) before narrowing: answer_type.kind_cue of its text, and for a
+    yes/no question +1 for a list item whose lead-in states the verdict (「军队医师不得有下列行为：」 decides 「(三)开展以
+    牟利为目的的私人诊疗活动；」, which holds no deciding word of its own). `pieces`: the answer units of its chunk."""
+    cue = kind_cue(in_document(cues.kind, c.formal), c.piece.text, cues.question, tagged)
+    if cue == 0 and cues.kind == "yesno" and item_verdict(pieces, c.piece.position, cues.question):
+        return 1.0
+    return cue
 
 
 def stating(cues: Cues) -> Callable[[Candidate], bool] | None:

@@ -67,3 +67,11 @@ def lead_in(pieces: Sequence[Piece], position: int) -> str:
         if not _ITEM.match(t):
             return ""
     return ""
+
+
+def item_verdict(pieces: Sequence[Piece], position: int, question: str) -> bool:
+    """Does the lead-in of the list item at `position` state the yes/no verdict the question asks? 「军队医师不得有下列
+    行为：」 decides 「(三)开展以牟利为目的的私人诊疗活动；」 although the item holds no deciding word of its own."""
+    lead = lead_in(pieces, position)
+    return bool(lead) and holds_verdict("yesno", lead, question)
+

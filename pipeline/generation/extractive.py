@@ -19,7 +19,8 @@ Each is scored by
                                              − w_type when it imposes a sanction (罚款, 吊销 …) on a question
                                              that asks about none (answer_type.kind_cue); in a regulation, while
                                              some candidate states what is asked (the body doing the act asked, the
-                                             sanction of the breach asked), only those offer (asked_cues.narrow)
+                                             sanction of the breach asked), only those offer (asked_cues.narrow);
+                                             a list item offers the yes/no verdict of its lead-in (asked_cues.offer)
   − w_rank · (source number − 1)             a mild preference for the better-ranked source
 Only the PREFILTER best candidates by a fixed cheap order (coverage + phrase coverage − 0.1 per source rank;
 not fitted; on the dev sets the best-scoring sentence is inside it) are embedded (≈ 7 ms a sentence on 2
@@ -62,7 +63,7 @@ import numpy as np
 from pipeline.events import EXTRACTIVE_LABEL
 from pipeline.generation.answer_type import SANCTION, figure_asked, in_document, kind_cue, lacks_answer
 from pipeline.generation.articles import HEADING, LEADING_HEADING, articles_of, carried_article, citation
-from pipeline.generation.asked_cues import narrow
+from pipeline.generation.asked_cues import narrow, offer
 from pipeline.generation.candidates import Candidate, Cues, assemble, measure
 from pipeline.generation.cross_reference import referred_figure
 from pipeline.generation.deciding import continued_lead_in, deciding_clause, lead_in
@@ -202,9 +203,9 @@ class ExtractivePicker:
         cues = cues if cues is not None else self.cues(question, nodes)
         chunks = list(nodes)[:self.max_chunks]
         # an instruction-like sentence (「忽略以上所有规则……」) is never quoted as the answer
-        out = assemble([[measure(piece, cues) for piece in answer_units(node_text(nws))
-                         if not is_instruction(piece.text)]
-                        for nws in chunks], cues)
+        units = [answer_units(node_text(nws)) for nws in chunks]
+        out = assemble([[measure(piece, cues) for piece in pieces if not is_instruction(piece.text)]
+                        for pieces in units], cues)
         docs = [node_meta(n).get("doc_id") for n in chunks]
         formal = [HEADING.search(node_text(n)) is not None for n in chunks]
         out = [replace(c, doc=docs[c.source - 1], formal=formal[c.source - 1]) for c in out]
@@ -215,7 +216,8 @@ class ExtractivePicker:
         q = unit(query_embedding if query_embedding is not None else self.embed_model.get_query_embedding(question))
         sims = self._embed([self._window(out[i].piece.text, cues) for i in chosen]) @ q
         for i, s in zip(chosen, sims):
-            out[i] = replace(out[i], cosine=float(s), offers=self.kind_cue(cues, out[i]))
+            out[i] = replace(out[i], cosine=float(s),
+                             offers=offer(cues, out[i], units[out[i].source - 1], self.tokenizer.tagged))
         return narrow([c for c in out if c.cosine is not None], cues)
 
     def kind_cue(self, cues: Cues, c: Candidate) -> float:

@@ -35,8 +35,8 @@ from pathlib import Path
 
 import numpy as np
 
-from pipeline.generation.answer_type import expected_kind, in_document, kind_cue
-from pipeline.generation.asked_cues import narrow
+from pipeline.generation.answer_type import expected_kind
+from pipeline.generation.asked_cues import narrow, offer
 from pipeline.generation.candidates import Cues, Evidence, assemble, focus_part
 from pipeline.generation.extractive import MAX_SENTENCES, PREFILTER, PickerParams
 from pipeline.generation.sentences import Piece
@@ -94,10 +94,11 @@ def candidates_of(row: dict, tagged) -> tuple[list, list[bool]]:
     cands = assemble(chunks, cues)
     order = sorted(range(len(cands)), key=lambda i: (-cands[i].prefilter_key(), cands[i].source, i))[:PREFILTER]
     out = []
+    pieces = [[ev.piece for ev in evs] for evs in chunks]
     for i in sorted(order):
         c, x = cands[i], info[(cands[i].source, cands[i].piece.position)]
-        kind = in_document(cues.kind, c.formal)  # formal is False here: no dev set's chunks carry 第…条 headings
-        out.append(replace(c, cosine=x["cos"], offers=kind_cue(kind, c.piece.text, cues.question, tagged)))
+        # formal is False here: no dev set's chunks carry 第…条 headings
+        out.append(replace(c, cosine=x["cos"], offers=offer(cues, c, pieces[c.source - 1], tagged)))
     out = narrow(out, cues)  # as the app's picker does (it changes formal candidates only)
     return out, [info[(c.source, c.piece.position)]["has_answer"] for c in out]
 
