@@ -1,6 +1,6 @@
-"""The regulations dev sets (tests/data/regulations_dev, tests/data/regulations_dev2) and their held-out sibling
-(tests/data/regulations_holdout), each written on its own regulations, against the real corpus in
-../shared/data/regulations: the checker passes on all three, they hold the promised counts and ask about disjoint
+"""The regulations dev sets (tests/data/regulations_dev, tests/data/regulations_dev2, and since session 25
+tests/data/regulations_holdout) and the blind set (tests/data/regulations_holdout2), each written on its own regulations, against the real corpus in
+../shared/data/regulations: the checker passes on all four, they hold the promised counts and ask about disjoint
 regulations, and it does catch a wrong span, article or grep_absent term."""
 from __future__ import annotations
 
@@ -32,6 +32,7 @@ def test_the_set_checks_and_holds_its_counts(capsys):
 
 HOLDOUT = REPO / "tests" / "data" / "regulations_holdout" / "questions.json"
 DEV2 = REPO / "tests" / "data" / "regulations_dev2" / "questions.json"
+HOLDOUT2 = REPO / "tests" / "data" / "regulations_holdout2" / "questions.json"
 
 
 def _files(items) -> set[str]:
@@ -98,3 +99,16 @@ def test_the_second_dev_set_checks_and_asks_about_regulations_of_its_own():
     own = _files(dev2)
     assert len(own) >= 30 and not own & (_files(load_items()) | _files(load_items(HOLDOUT)))
     assert {u.domain_of for u in dev2.unanswerable} <= own
+
+
+def test_the_blind_set_checks_and_asks_about_regulations_no_other_set_uses():
+    blind, texts = load_items(HOLDOUT2), load_texts(CORPUS)
+    assert check(blind, texts) == []
+    assert (len(blind.answerable), len(blind.unanswerable), len(blind.followups)) == (60, 20, 10)
+    assert set(Counter(a.type for a in blind.answerable)) == set(TYPES)
+    files = _files(blind)
+    assert len(files) >= 25
+    for other in (load_items(), load_items(DEV2), load_items(HOLDOUT)):
+        assert not files & _files(other)
+        assert not {a.question for a in blind.answerable} & {a.question for a in other.answerable}
+

@@ -13,8 +13,9 @@ offline, as a user would through `ask_sync` (gate → extractive answer):
   conversation_id: the app's rewrite runs) and asked alone: its gold span among the sources.
 The rules of each outcome: tools/eval/formal_metrics.py. `--limit N` keeps N of each list (seeded sample).
 `regulations` is not in tools/eval/devsets.DEV_SETS: calibration does not fit on it (it is the held-out family).
-`--questions` asks another set of the same form over the same knowledge base (tests/data/regulations_holdout: written
-blind by another writer, on regulations the dev set does not use).
+`--questions` asks another set of the same form over the same knowledge base (tests/data/regulations_dev2 and
+regulations_holdout: written blind by other writers, on regulations the dev set does not use, development material
+since; tests/data/regulations_holdout2: the blind one, on regulations no other set uses).
 """
 from __future__ import annotations
 
