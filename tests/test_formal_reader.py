@@ -811,3 +811,32 @@ def test_engine_answers_a_yes_no_question_with_the_item_its_lead_in_decides(tmp_
             res["answer"]
     finally:
         engine.close()
+
+
+PLASMA = "血液制品管理条例(2016-02-06).md"
+
+
+@needs(REGS / PLASMA)
+def test_items_of_one_list_are_quoted_under_their_lead_in_once():
+    """Two items of 第三十五条's list picked together: one line, the long lead-in once and the items joined by 「；」
+    (before, each item came on its own line behind the whole lead-in again). Items of another list, or a sentence
+    that is no item, keep lines of their own."""
+    from pipeline.generation.extractive import Pick, render
+
+    pieces = answer_units(article_text(PLASMA, "第三十五条", "第三十六条"))
+    lead = next(p.text for p in pieces if p.text.startswith("第三十五条"))[len("第三十五条 "):]
+    ninth, tenth = (next(p for p in pieces if p.text.startswith(f"({n})")) for n in ("九", "十"))
+    cite = "《血液制品管理条例》第三十五条"
+
+    def cand(p, source=1, lead=lead):
+        return Candidate(p, source, 0.0, 0.0, formal=True, cite=cite, lead=lead)
+
+    a, b = cand(ninth), cand(tenth)
+    lines = "".join(render(Pick([a, b], b, (0, len(tenth.text)), True, 1.0, [1])).deltas).split("\n")[1:]
+    assert len(lines) == 1 and lines[0].count("单采血浆站有下列行为之一的") == 1, lines
+    assert lines[0].startswith(f"- {cite}：{lead}……(九)") and f"；**{tenth.text}**[1]。" in lines[0], lines
+    # another source, or no lead-in: lines of their own
+    other = cand(tenth, source=2)
+    assert len("".join(render(Pick([a, other], a, None, True, 1.0, [1])).deltas).split("\n")[1:]) == 2
+    plain = Candidate(Piece("一次性使用的医疗器械不得重复使用", "。", 0), 3, 0.0, 0.0)
+    assert len("".join(render(Pick([a, plain], a, None, True, 1.0, [1])).deltas).split("\n")[1:]) == 2

@@ -438,10 +438,19 @@ def render_sentence(c: Candidate, bold: tuple[int, int] | None = None) -> str:
         bold = (max(bold[0] - cut, 0), bold[1] - cut) if bold is not None and bold[1] > cut else None
         c = replace(c, piece=replace(c.piece, text=text))
     prefix = (f"{c.cite}：" if c.cite else "") + (f"{c.lead}……" if c.lead else "")
-    return _render_body(c, bold, prefix)
+    return f"- {prefix}{_body(c, bold)}[{c.source}]{_end(c)}"
 
 
-def _render_body(c: Candidate, bold: tuple[int, int] | None, prefix: str) -> str:
+def render_items(items: Sequence[Candidate], bolds: Sequence[tuple[int, int] | None]) -> str:
+    """Items of one list under one lead-in (same source, article and lead-in) on one line, the lead-in once:
+    「- 《…》第三十五条：单采血浆站有下列行为之一的，…：……(九)…；(十)…[1]。」 rather than the lead-in again before
+    each item."""
+    first = items[0]
+    prefix = (f"{first.cite}：" if first.cite else "") + f"{first.lead}……"
+    return f"- {prefix}{'；'.join(_body(c, b) for c, b in zip(items, bolds))}[{first.source}]{_end(items[-1])}"
+
+
+def _body(c: Candidate, bold: tuple[int, int] | None) -> str:
     body = _PRIVATE_USE.sub("", c.piece.text).strip() if bold is None else c.piece.text
     if bold is not None:
         a, b = bold
@@ -450,8 +459,15 @@ def _render_body(c: Candidate, bold: tuple[int, int] | None, prefix: str) -> str
         body = _PRIVATE_USE.sub("", body).strip()
     if len(body) > MAX_SENTENCE_CHARS and not c.whole_article:  # a whole article was bounded when it was made
         body = body[:MAX_SENTENCE_CHARS].rstrip("*").rstrip() + "……" + ("**" if body.count("**") % 2 else "")
-    punct = {"！": "！", "!": "！", "？": "？", "?": "？"}.get(c.piece.punct, "。")
-    return f"- {prefix}{body}[{c.source}]{punct}"
+    return body
+
+
+def _end(c: Candidate) -> str:
+    return {"！": "！", "!": "！", "？": "？", "?": "？"}.get(c.piece.punct, "。")
+
+
+def _same_list(a: Candidate, b: Candidate) -> bool:
+    return bool(a.lead) and (a.source, a.cite, a.lead) == (b.source, b.cite, b.lead)
 
 
 class Extract(NamedTuple):
@@ -482,10 +498,19 @@ def render(pick: Pick) -> Extract:
     elif pick.lacks:
         deltas.append(LACKS_TEXT[pick.lacks] + "\n")
     whole = pick.best is not None and pick.bold == (0, len(pick.best.piece.text))
+    # the best clause is bold; a one-clause sentence only when other sentences stand beside it
+    bolds = [pick.bold if c is pick.best and not (whole and len(pick.sentences) == 1) else None
+             for c in pick.sentences]
+    groups: list[list[int]] = []
     for i, c in enumerate(pick.sentences):
-        # the best clause is bold; a one-clause sentence only when other sentences stand beside it
-        bold = pick.bold if c is pick.best and not (whole and len(pick.sentences) == 1) else None
-        deltas.append(render_sentence(c, bold) + ("\n" if i < len(pick.sentences) - 1 else ""))
+        if groups and _same_list(pick.sentences[groups[-1][-1]], c):
+            groups[-1].append(i)
+        else:
+            groups.append([i])
+    for k, g in enumerate(groups):
+        line = (render_sentence(pick.sentences[g[0]], bolds[g[0]]) if len(g) == 1
+                else render_items([pick.sentences[i] for i in g], [bolds[i] for i in g]))
+        deltas.append(line + ("\n" if k < len(groups) - 1 else ""))
     return Extract(deltas, {c.source for c in pick.sentences}, pick.lacks, pick.elsewhere, pick.loose)
 
 
