@@ -74,4 +74,3 @@ def item_verdict(pieces: Sequence[Piece], position: int, question: str) -> bool:
     行为：」 decides 「(三)开展以牟利为目的的私人诊疗活动；」 although the item holds no deciding word of its own."""
     lead = lead_in(pieces, position)
     return bool(lead) and holds_verdict("yesno", lead, question)
-
