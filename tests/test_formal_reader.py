@@ -840,3 +840,17 @@ def test_items_of_one_list_are_quoted_under_their_lead_in_once():
     assert len("".join(render(Pick([a, other], a, None, True, 1.0, [1])).deltas).split("\n")[1:]) == 2
     plain = Candidate(Piece("一次性使用的医疗器械不得重复使用", "。", 0), 3, 0.0, 0.0)
     assert len("".join(render(Pick([a, plain], a, None, True, 1.0, [1])).deltas).split("\n")[1:]) == 2
+
+
+@pytest.mark.parametrize("sentence, is_time", [
+    ("前款结算起点定为1000元", False),  # a sum, not the year 1000
+    ("处2000元以上1万元以下的罚款", False),
+    ("参加人数不得少于1500人", False),
+    ("格兰杰市场本身在 1835 开放，是纽卡斯尔的第一个室内市场", True),  # a bare year stays a year
+    ("于1949，迁至北京", True),
+    ("本条例自1995年9月1日起施行", True),
+])
+def test_a_bare_four_digit_number_is_a_year_unless_a_unit_follows(sentence, is_time):
+    from pipeline.generation.answer_type import offers, untagged
+
+    assert offers("time", sentence, "这是什么时候的事？", untagged) is is_time
