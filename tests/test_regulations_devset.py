@@ -41,10 +41,7 @@ def _files(items) -> set[str]:
 
 
 def test_the_held_out_set_checks_and_asks_about_other_regulations():
-    held, dev, texts = load_items(HOLDOUT), load_items(), load_texts(CORPUS)
-    assert check(held, texts) == []
-    assert (len(held.answerable), len(held.unanswerable), len(held.followups)) == (60, 20, 8)
-    assert set(Counter(a.type for a in held.answerable)) == set(TYPES)
+    held, dev = _checked(HOLDOUT, (60, 20, 8)), load_items()
     used = {a.gold.file for a in dev.answerable} | {f.first_gold.file for f in dev.followups}
     held_files = {a.gold.file for a in held.answerable} | {f.first_gold.file for f in held.followups}
     assert len(held_files) >= 25 and not held_files & used  # regulations the dev set never asks about
@@ -91,21 +88,25 @@ def test_as_corpus_gives_each_question_its_document_and_span():
 
 
 @needs(CORPUS)
+def _checked(path, counts: tuple[int, int, int]):
+    """The set at `path`, after the checker passed on it and it holds `counts` (answerable, unanswerable, follow-up
+    pairs) with every question type."""
+    items = load_items(path)
+    assert check(items, load_texts(CORPUS)) == []
+    assert (len(items.answerable), len(items.unanswerable), len(items.followups)) == counts
+    assert set(Counter(a.type for a in items.answerable)) == set(TYPES)
+    return items
+
+
 def test_the_second_dev_set_checks_and_asks_about_regulations_of_its_own():
-    dev2, texts = load_items(DEV2), load_texts(CORPUS)
-    assert check(dev2, texts) == []
-    assert (len(dev2.answerable), len(dev2.unanswerable), len(dev2.followups)) == (70, 40, 12)
-    assert set(Counter(a.type for a in dev2.answerable)) == set(TYPES)
+    dev2 = _checked(DEV2, (70, 40, 12))
     own = _files(dev2)
     assert len(own) >= 30 and not own & (_files(load_items()) | _files(load_items(HOLDOUT)))
     assert {u.domain_of for u in dev2.unanswerable} <= own
 
 
 def test_the_blind_set_checks_and_asks_about_regulations_no_other_set_uses():
-    blind, texts = load_items(HOLDOUT2), load_texts(CORPUS)
-    assert check(blind, texts) == []
-    assert (len(blind.answerable), len(blind.unanswerable), len(blind.followups)) == (60, 20, 10)
-    assert set(Counter(a.type for a in blind.answerable)) == set(TYPES)
+    blind = _checked(HOLDOUT2, (60, 20, 10))
     files = _files(blind)
     assert len(files) >= 25
     for other in (load_items(), load_items(DEV2), load_items(HOLDOUT)):
