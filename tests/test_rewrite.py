@@ -55,11 +55,20 @@ def test_a_parallel_phrase_swaps_whole_words_only(rules, prev, follow, expected)
     # a one-character verb opening the question with no object before 的时候 / 的话 / 以后: the last question's object
     ("病人在医院去世了，家属觉得死因有问题，要多久内做尸检？", "做的时候家属能派人在旁边看吗？", "elided"),
     ("新造一条渔船，什么时候要去报检验？", "验完以后几天能拿到证？", "elided"),
+    # the act just talked about, not done: a one-character verb under 不 / 没 and no noun after it
+    ("村口河边想开个渡口方便大家过河，要找谁批？", "没批就先开起来了会怎样？", "negated"),
+    ("养殖场的猪一下子成批病死，第一时间该报告给谁？", "我要是不报呢？会怎么样？", "negated"),
 ])
 def test_an_object_left_out_is_completed_with_the_whole_last_question(rules, prev, follow, kind):
     r = rules.rewrite(follow, [turn(prev)])
     assert r.kind == kind and r.follows_up and r.query.startswith(prev.rstrip("？").replace("，", " ")), r
-    assert r.query.endswith(follow.rstrip("？").rstrip("吗").replace("，", "")), r
+    assert r.query.endswith(follow.rstrip("？").rstrip("吗").replace("，", "").replace("？", "")), r
+
+
+@pytest.mark.parametrize("question", ["不交社保会怎样？", "没有连接到州际高速公路的最大的城市是哪个？",
+                                      "不结丁髷而放开头发的风潮在什么时候开始盛行？", "不能按时交怎么办？"])
+def test_a_negated_act_with_its_own_matter_is_no_follow_up(rules, question):
+    assert rules.rewrite(question, [turn("工厂的排污许可证管几年？")]).kind != "negated"
 
 
 @pytest.mark.parametrize("question", ["石碑上面写了什么？", "打鱼的时候网里捞上来一只江豚，该怎么处理？",

@@ -56,6 +56,9 @@ LOCATIVES = {"上面", "里面", "上边", "里边"}  # on / in something: its n
 # 「打鱼的时候」「开车的时候」 stand alone.)
 _ELIDED_OBJECT = re.compile(r"^[\u4e00-\u9fff][完好了过]?了?(?:的时候|的话|以后|之后|时)")
 CLASSIFIERS = set("个张首条种次项份部位家本篇件款类些")
+_NEGATIONS = set("不没未")
+_MODALS = set("有是会能要用得可必该")  # 没有, 不是, 不能 …: no act of their own
+_OPENERS = {"我", "我们", "咱", "咱们", "他", "他们"}  # who did not do it: the act is still the last turn's
 COPULAS = {"是", "叫", "指", "称为", "叫做", "即"}
 QUESTION_WORDS = {"什么", "啥", "哪", "哪些", "哪个", "哪里", "哪儿", "哪年", "哪一年", "谁", "多少", "几", "多久",
                   "多长", "多大", "多高", "多远", "怎么", "怎样", "怎么样", "如何", "为什么", "为何", "是否", "吗",
@@ -179,6 +182,8 @@ class DeterministicRewriter:
             return "locative"
         if _ELIDED_OBJECT.match(_clean(question)) and self._opens_with_verb(question):
             return "elided"
+        if self._negated_bare_verb(question):
+            return "negated"
         words = self.content(toks)
         if not words or (all(_is_verb(w) for w in words) and not any(t in COPULAS for t in toks)):
             # 「怎么申请？」: nothing but a predicate — the topic is in the previous turn. (A copula makes it a
@@ -195,6 +200,21 @@ class DeterministicRewriter:
         return any(w in LOCATIVES and (i == 0 or not (tagged[i - 1][1].startswith("n")
                                                       or tagged[i - 1][1] in _NOUNISH or tagged[i - 1][1] == "r"))
                    for i, (w, _) in enumerate(tagged))
+
+    @staticmethod
+    def _negated_bare_verb(question: str) -> bool:
+        """「我要是不报呢？会怎么样？」「没批就先开起来了会怎样？」: the act just talked about, not done — a one-character
+        verb under 不 / 没 / 未 opens the question (after 我 / 要是 / 如果 at most) and no noun follows anywhere. With an
+        object (「不交社保会怎样？」) the question names its own matter."""
+        tagged = [(w, t) for w, t in _tags(question) if w not in _OPENERS and t != "c"]
+        if not tagged:
+            return False
+        (w, t), rest = tagged[0], tagged[1:]
+        if w in _NEGATIONS and rest and rest[0][1] == "v" and len(rest[0][0]) == 1:
+            rest = rest[1:]
+        elif not (t == "v" and len(w) == 2 and w[0] in _NEGATIONS and w[1] not in _MODALS):
+            return False
+        return not any((t.startswith("n") or t in _NOUNISH) and len(_PUNCT.sub("", w)) >= 2 for w, t in rest)
 
     @staticmethod
     def _opens_with_verb(question: str) -> bool:
@@ -290,7 +310,7 @@ class DeterministicRewriter:
         core_text = "".join(core)
         if kind == "pronoun":
             return self._resolve_pronoun(q, prev)
-        if kind in ("locative", "elided"):
+        if kind in ("locative", "elided", "negated"):
             # what is left out is the last question's object (「…要多久内做尸检？」+「做的时候…」), often at its end, not
             # its topic: the whole last query goes in front
             return Rewrite(f"{_clean(prev)} {core_text}".strip(), q, "deterministic", kind, "补全上一轮问题中省略的对象")
