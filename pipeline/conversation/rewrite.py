@@ -83,7 +83,7 @@ class Rewrite:
     original: str          # the user's words
     method: str            # "none" | "deterministic" | "llm" | "llm_fallback"
     kind: str | None = None  # why it was treated as a follow-up (marker / pronoun / ellipsis / locative / elided /
-    #                          no_topic / no_subject)
+    #                          negated / no_topic / no_subject)
     note: str = ""
 
     @property
@@ -214,7 +214,7 @@ class DeterministicRewriter:
             rest = rest[1:]
         elif not (t == "v" and len(w) == 2 and w[0] in _NEGATIONS and w[1] not in _MODALS):
             return False
-        return not any((t.startswith("n") or t in _NOUNISH) and len(_PUNCT.sub("", w)) >= 2 for w, t in rest)
+        return not any((tag.startswith("n") or tag in _NOUNISH) and len(_PUNCT.sub("", x)) >= 2 for x, tag in rest)
 
     @staticmethod
     def _opens_with_verb(question: str) -> bool:

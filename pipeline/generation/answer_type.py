@@ -60,8 +60,8 @@ _NUMBER = re.compile(r"\d+(?:[.,]\d+)*|(?:[二三四五六七八九十百千万�
 # 「第十五条」「第二款」「第三章」 number a place in a document: a cross-reference or an article heading is no quantity
 # (every sentence that opens its article would otherwise offer a number to 「多少钱」)
 _REFERENCE = re.compile(r"第[一二三四五六七八九十百千零〇两\d]+[章节条款项编目]")
-# a year written bare (「在 1835 开放」) or a numbered century (「19 世纪早期」) is a time too
-# a bare 1000–2099 is a year (「在 1835 开放」) unless a unit follows it: 「结算起点定为1000元」 is a sum
+# a year written bare (「在 1835 开放」) or a numbered century (「19 世纪早期」) is a time too — a bare 1000–2099 unless a
+# unit follows it: 「结算起点定为1000元」 is a sum
 _NOT_YEAR = (r"(?![\d.]|\s*(?:多|余)?(?:万|千|百|亿)?(?:元|块|人|名|位|个|户|家|所|次|件|台|辆|艘|架|吨|公斤|千克|克|"
              r"米|公里|千米|平方|亩|公顷|立方|%|％|‰|倍|毫|瓦|伏|度|册|份|张|项|条|天|小时|分钟|秒|岁))")
 _TIME = re.compile(r"\d{2,4}\s*年|\d{1,2}\s*月|\d{1,2}\s*日|\d{1,2}\s*世纪|(?<!\d)(?:1[0-9]|20)\d{2}" + _NOT_YEAR
