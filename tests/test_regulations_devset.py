@@ -35,6 +35,16 @@ DEV2 = REPO / "tests" / "data" / "regulations_dev2" / "questions.json"
 HOLDOUT2 = REPO / "tests" / "data" / "regulations_holdout2" / "questions.json"
 
 
+def _checked(path, counts: tuple[int, int, int]):
+    """The set at `path`, after the checker passed on it and it holds `counts` (answerable, unanswerable, follow-up
+    pairs) with every question type."""
+    items = load_items(path)
+    assert check(items, load_texts(CORPUS)) == []
+    assert (len(items.answerable), len(items.unanswerable), len(items.followups)) == counts
+    assert set(Counter(a.type for a in items.answerable)) == set(TYPES)
+    return items
+
+
 def _files(items) -> set[str]:
     return ({a.gold.file for a in items.answerable} | {f.first_gold.file for f in items.followups}
             | {f.followup_gold.file for f in items.followups})
@@ -88,16 +98,6 @@ def test_as_corpus_gives_each_question_its_document_and_span():
 
 
 @needs(CORPUS)
-def _checked(path, counts: tuple[int, int, int]):
-    """The set at `path`, after the checker passed on it and it holds `counts` (answerable, unanswerable, follow-up
-    pairs) with every question type."""
-    items = load_items(path)
-    assert check(items, load_texts(CORPUS)) == []
-    assert (len(items.answerable), len(items.unanswerable), len(items.followups)) == counts
-    assert set(Counter(a.type for a in items.answerable)) == set(TYPES)
-    return items
-
-
 def test_the_second_dev_set_checks_and_asks_about_regulations_of_its_own():
     dev2 = _checked(DEV2, (70, 40, 12))
     own = _files(dev2)
@@ -112,4 +112,3 @@ def test_the_blind_set_checks_and_asks_about_regulations_no_other_set_uses():
     for other in (load_items(), load_items(DEV2), load_items(HOLDOUT)):
         assert not files & _files(other)
         assert not {a.question for a in blind.answerable} & {a.question for a in other.answerable}
-

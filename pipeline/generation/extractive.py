@@ -56,6 +56,7 @@ import re
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from difflib import SequenceMatcher
+from itertools import groupby
 from typing import Any, NamedTuple
 
 import numpy as np
@@ -437,16 +438,15 @@ def render_sentence(c: Candidate, bold: tuple[int, int] | None = None) -> str:
         text = text[cut:]
         bold = (max(bold[0] - cut, 0), bold[1] - cut) if bold is not None and bold[1] > cut else None
         c = replace(c, piece=replace(c.piece, text=text))
-    prefix = (f"{c.cite}：" if c.cite else "") + (f"{c.lead}……" if c.lead else "")
-    return f"- {prefix}{_body(c, bold)}[{c.source}]{_end(c)}"
+    return render_items([c], [bold])
 
 
 def render_items(items: Sequence[Candidate], bolds: Sequence[tuple[int, int] | None]) -> str:
-    """Items of one list under one lead-in (same source, article and lead-in) on one line, the lead-in once:
-    「- 《…》第三十五条：单采血浆站有下列行为之一的，…：……(九)…；(十)…[1]。」 rather than the lead-in again before
-    each item."""
+    """One answer line: the citation, the lead-in, then the sentences — one, or items of one list under one lead-in
+    (same source, article and lead-in) joined by 「；」, the lead-in once: 「- 《…》第三十五条：单采血浆站有下列行为之一的，
+    …：……(九)…；(十)…[1]。」 rather than the lead-in again before each item."""
     first = items[0]
-    prefix = (f"{first.cite}：" if first.cite else "") + f"{first.lead}……"
+    prefix = (f"{first.cite}：" if first.cite else "") + (f"{first.lead}……" if first.lead else "")
     return f"- {prefix}{'；'.join(_body(c, b) for c, b in zip(items, bolds))}[{first.source}]{_end(items[-1])}"
 
 
@@ -464,10 +464,6 @@ def _body(c: Candidate, bold: tuple[int, int] | None) -> str:
 
 def _end(c: Candidate) -> str:
     return {"！": "！", "!": "！", "？": "？", "?": "？"}.get(c.piece.punct, "。")
-
-
-def _same_list(a: Candidate, b: Candidate) -> bool:
-    return bool(a.lead) and (a.source, a.cite, a.lead) == (b.source, b.cite, b.lead)
 
 
 class Extract(NamedTuple):
@@ -501,16 +497,13 @@ def render(pick: Pick) -> Extract:
     # the best clause is bold; a one-clause sentence only when other sentences stand beside it
     bolds = [pick.bold if c is pick.best and not (whole and len(pick.sentences) == 1) else None
              for c in pick.sentences]
-    groups: list[list[int]] = []
-    for i, c in enumerate(pick.sentences):
-        if groups and _same_list(pick.sentences[groups[-1][-1]], c):
-            groups[-1].append(i)
-        else:
-            groups.append([i])
-    for k, g in enumerate(groups):
-        line = (render_sentence(pick.sentences[g[0]], bolds[g[0]]) if len(g) == 1
-                else render_items([pick.sentences[i] for i in g], [bolds[i] for i in g]))
-        deltas.append(line + ("\n" if k < len(groups) - 1 else ""))
+    lines = []
+    # neighbouring items of one list (same source, article and lead-in) make one line; any other sentence its own
+    for _, run in groupby(zip(pick.sentences, bolds), key=lambda cb: (cb[0].source, cb[0].cite, cb[0].lead)
+                          if cb[0].lead else id(cb[0])):
+        cs, bs = zip(*run)
+        lines.append(render_sentence(cs[0], bs[0]) if len(cs) == 1 else render_items(cs, bs))
+    deltas += [line + "\n" for line in lines[:-1]] + lines[-1:]
     return Extract(deltas, {c.source for c in pick.sentences}, pick.lacks, pick.elsewhere, pick.loose)
 
 

@@ -97,7 +97,7 @@ def candidates_of(row: dict, tagged) -> tuple[list, list[bool]]:
     pieces = [[ev.piece for ev in evs] for evs in chunks]
     for i in sorted(order):
         c, x = cands[i], info[(cands[i].source, cands[i].piece.position)]
-        # formal is False here: no dev set's chunks carry 第…条 headings
+        # c.formal is False here (no dev set's chunks carry 第…条 headings): `offer` reads the kinds as for other text
         out.append(replace(c, cosine=x["cos"], offers=offer(cues, c, pieces[c.source - 1], tagged)))
     out = narrow(out, cues)  # as the app's picker does (it changes formal candidates only)
     return out, [info[(c.source, c.piece.position)]["has_answer"] for c in out]
