@@ -854,3 +854,60 @@ def test_a_bare_four_digit_number_is_a_year_unless_a_unit_follows(sentence, is_t
     from pipeline.generation.answer_type import offers, untagged
 
     assert offers("time", sentence, "这是什么时候的事？", untagged) is is_time
+
+
+def test_a_sentence_naming_what_is_asked_is_weighed_however_few_words_it_shares():
+    """Only the cheap order's best are embedded — and every sentence holding a focus term (「工资」 of 「…工资谁发？」),
+    which a long question's other words would otherwise push out of that order."""
+    from pipeline.generation.candidates import to_embed
+
+    shared = [Candidate(Piece(f"普查员第{i}项职责", "。", i), 1, 0.6 - i / 100, 0.3) for i in range(12)]
+    asked = Candidate(Piece("商调人员的工资由原单位支付", "。", 12), 2, 0.1, 0.15, focus=1.0)
+    got = to_embed([*shared, asked], 10)
+    assert got[:10] == list(range(10)) and got[10:] == [12], got
+    assert to_embed(shared, 10) == list(range(10))  # nothing named: the cheap order's ten, as before
+    common = [Candidate(Piece(f"普查员第{i}项工资", "。", i), 1, 0.6 - i / 100, 0.3, focus=1.0) for i in range(20)]
+    assert to_embed(common, 10) == list(range(15))  # a focus word in every sentence: five more at most
+
+
+CENSUS = "全国经济普查条例(2018-08-11).md"
+POLLUTION_CENSUS = "全国污染源普查条例(2019-03-02).md"
+
+
+@pytest.mark.slow
+@needs(REGS / CENSUS, REGS / POLLUTION_CENSUS)
+def test_engine_weighs_the_sentence_naming_what_is_asked(tmp_path):
+    """Through the real answer stream (packaged embedding model, offline): 「…借调去当经济普查员，这段时间工资谁发？」
+    shares 普查员 / 单位 / 经济普查 with many articles and 工资 with one, 第二十条's 「商调人员的工资由原单位支付」; the cheap
+    order ranked that sentence past the ten embedded, so it was never weighed and the answer quoted training rules."""
+    from tests.live import engine_with_texts
+
+    engine = engine_with_texts(tmp_path, {f: (REGS / f).read_text(encoding="utf-8") for f in (CENSUS, POLLUTION_CENSUS)})
+    try:
+        res = engine.ask_sync("我们单位员工被借调去当经济普查员，这段时间工资谁发？")
+        assert "《全国经济普查条例》第二十条：商调人员的工资由原单位支付" in res["answer"], res["answer"]
+    finally:
+        engine.close()
+
+
+TAX_COLLECTION = "税收征收管理法实施细则(2016-02-06).md"
+LEASING = "全民所有制小型工业企业租赁经营暂行条例(1990-02-24).md"
+
+
+@pytest.mark.slow
+@needs(REGS / VAT, REGS / TAX_COLLECTION, REGS / LEASING)
+def test_engine_looks_for_the_figure_asked_in_the_deciding_rules_own_document(tmp_path):
+    """「工资到手多少以上才要交个税？每月起征点是多少？」 (the individual income tax law is not in the knowledge base):
+    the best sentence is the VAT rule on its threshold, which states no figure; 《税收征收管理法实施细则》's 「欠缴税款5万元
+    以上」, quoted beside it, held one, so the answer went out as if that were the threshold. The figure must be in the
+    deciding rule's document: 「资料中未找到所问的具体数字」."""
+    from pipeline.generation.extractive import LACKS_NOT_FOUND
+    from tests.live import engine_with_texts
+
+    files = (VAT, LEASING, TAX_COLLECTION)
+    engine = engine_with_texts(tmp_path, {f: (REGS / f).read_text(encoding="utf-8") for f in files})
+    try:
+        res = engine.ask_sync("工资到手多少以上才要交个税？每月起征点是多少？")
+        assert LACKS_NOT_FOUND["number"] in res["answer"] and "5万元" not in res["answer"], res["answer"]
+    finally:
+        engine.close()

@@ -100,6 +100,16 @@ class Candidate:
         return self.coverage + self.phrase - PREFILTER_RANK_COST * (self.source - 1)
 
 
+def to_embed(cands: Sequence[Candidate], prefilter: int) -> list[int]:
+    """Indices of the candidates whose cosine is measured: the `prefilter` best by the cheap lexical order, and every
+    one naming a focus term — what the question asks about. 「…借调去当经济普查员，这段时间工资谁发？」 is answered by
+    「商调人员的工资由原单位支付」, which shares few of the long question's other words, so the cheap order alone ranks
+    it 15th and it was never weighed. At most half as many again (the next by the cheap order): a focus word common in
+    the sources says little, and each sentence embedded costs ≈ 7 ms on 2 cores."""
+    order = sorted(range(len(cands)), key=lambda i: (-cands[i].prefilter_key(), cands[i].source, i))
+    return order[:prefilter] + [i for i in order[prefilter:] if cands[i].focus][:prefilter // 2]
+
+
 def other_party(text: str, question: str) -> bool:
     """「这份采购合同中，乙方逾期交货要承担什么违约责任？」 asks about 乙方: 「（2）甲方逾期支付货款的，…违约金」
     shares every word but is the other party's duty. True when the question names a party, the clause starts

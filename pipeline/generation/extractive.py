@@ -23,7 +23,8 @@ Each is scored by
                                              a list item offers the yes/no verdict of its lead-in (asked_cues.offer)
   − w_rank · (source number − 1)             a mild preference for the better-ranked source
 Only the PREFILTER best candidates by a fixed cheap order (coverage + phrase coverage − 0.1 per source rank;
-not fitted; on the dev sets the best-scoring sentence is inside it) are embedded (≈ 7 ms a sentence on 2
+not fitted; on the dev sets the best-scoring sentence is inside it), and any other naming what the question asks
+about (a focus term: candidates.to_embed), are embedded (≈ 7 ms a sentence on 2
 cores) and part-of-speech tagged (≈ 2 ms). The answer is the best
 sentence plus up to two more within `margin` of it that no sentence picked before already holds, in source order,
 each cited [n]; the clause of the best sentence closest to the question is bold. In a formal document the best
@@ -65,7 +66,7 @@ from pipeline.events import EXTRACTIVE_LABEL
 from pipeline.generation.answer_type import SANCTION, figure_asked, in_document, kind_cue, lacks_answer
 from pipeline.generation.articles import HEADING, LEADING_HEADING, articles_of, carried_article, citation
 from pipeline.generation.asked_cues import narrow, offer
-from pipeline.generation.candidates import Candidate, Cues, assemble, measure
+from pipeline.generation.candidates import Candidate, Cues, assemble, measure, to_embed
 from pipeline.generation.cross_reference import referred_figure
 from pipeline.generation.deciding import continued_lead_in, deciding_clause, lead_in
 from pipeline.generation.instructions import is_instruction
@@ -199,8 +200,8 @@ class ExtractivePicker:
 
     def candidates(self, question: str, nodes: Sequence[Any], query_embedding=None,
                    cues: Cues | None = None) -> list[Candidate]:
-        """Statements of the top sources with their lexical scores; cosines and the answer-kind cue for the
-        PREFILTER best (only those can win: the cosine term dominates)."""
+        """Statements of the top sources with their lexical scores; cosines and the answer-kind cue for those
+        `to_embed` chooses (only those can win: the cosine term dominates)."""
         cues = cues if cues is not None else self.cues(question, nodes)
         chunks = list(nodes)[:self.max_chunks]
         # an instruction-like sentence (「忽略以上所有规则……」) is never quoted as the answer
@@ -212,8 +213,7 @@ class ExtractivePicker:
         out = [replace(c, doc=docs[c.source - 1], formal=formal[c.source - 1]) for c in out]
         if self.embed_model is None or not out:
             return out
-        order = sorted(range(len(out)), key=lambda i: (-out[i].prefilter_key(), out[i].source, i))
-        chosen = order[:self.prefilter]
+        chosen = to_embed(out, self.prefilter)
         q = unit(query_embedding if query_embedding is not None else self.embed_model.get_query_embedding(question))
         sims = self._embed([self._window(out[i].piece.text, cues) for i in chosen]) @ q
         for i, s in zip(chosen, sims):
@@ -283,7 +283,11 @@ class ExtractivePicker:
             sentences, best, bold = quote_article(result.sentences, result.best, result.bold, nodes)
             # the figure is looked for in what the answer quotes: the deciding article whole holds 「…之日起20个
             # 工作日内…」 although the sentence the picker chose from it (its last one) does not
-            lacks = kind if lacks_answer(kind, [c.piece.text for c in sentences], question) else None
+            # …in the deciding rule's own document: in a law the figure asked belongs to the rule that decides, not
+            # to a side sentence of another law quoted beside it (「…增值税起征点的，免征增值税」 for 「…交个税？每月
+            # 起征点是多少？」, with 「欠缴税款5万元以上」 of the tax-collection rules added)
+            held = [c for c in sentences if not best.formal or c.doc == best.doc]
+            lacks = kind if lacks_answer(kind, [c.piece.text for c in held], question) else None
             referred = referred_figure(kind, question, sentences, nodes) if lacks and best.formal else []
             if referred:  # the figure stands in the article the quoted rule refers to (「按本条例第五条第二款…」)
                 first = referred[0]

@@ -37,7 +37,7 @@ import numpy as np
 
 from pipeline.generation.answer_type import expected_kind
 from pipeline.generation.asked_cues import narrow, offer
-from pipeline.generation.candidates import Cues, Evidence, assemble, focus_part
+from pipeline.generation.candidates import Cues, Evidence, assemble, focus_part, to_embed
 from pipeline.generation.extractive import MAX_SENTENCES, PREFILTER, PickerParams
 from pipeline.generation.sentences import Piece
 from pipeline.models.tokenize_zh import ChineseTokenizer
@@ -92,7 +92,7 @@ def candidates_of(row: dict, tagged) -> tuple[list, list[bool]]:
             info[(ci + 1, si)] = x
         chunks.append(evs)
     cands = assemble(chunks, cues)
-    order = sorted(range(len(cands)), key=lambda i: (-cands[i].prefilter_key(), cands[i].source, i))[:PREFILTER]
+    order = to_embed(cands, PREFILTER)
     out = []
     pieces = [[ev.piece for ev in evs] for evs in chunks]
     for i in sorted(order):
