@@ -911,3 +911,39 @@ def test_engine_looks_for_the_figure_asked_in_the_deciding_rules_own_document(tm
         assert LACKS_NOT_FOUND["number"] in res["answer"] and "5万元" not in res["answer"], res["answer"]
     finally:
         engine.close()
+
+
+@needs(REGS / CENSUS)
+def test_a_consequence_asked_as_an_amount_is_offered_by_the_sanction_stating_one():
+    """「个体户不配合经济普查，会罚多少钱？」: every sanction of 第三十六条 says what happens, but only one stating a fine
+    says how much — 「…责令改正，给予警告，可以予以通报」 offered the same and was the best sentence, so the bold went on
+    「责令改正」. Asked what happens (「会怎么样？」), every sanction still offers."""
+    from pipeline.generation.asked_cues import offer
+    from pipeline.models.tokenize_zh import ChineseTokenizer
+
+    tok = ChineseTokenizer()
+    picker = ExtractivePicker(tok)
+    pieces = answer_units(article_text(CENSUS, "第三十六条", "第三十七条"))
+    warning = next(p for p in pieces if p.text.endswith("可以予以通报"))
+    fine = next(p for p in pieces if p.text.startswith("个体经营户有本条第一款"))
+
+    def offered(question: str, piece) -> float:
+        return offer(picker.cues(question, []), Candidate(piece, 1, 0.0, 0.0, formal=True), pieces, tok.tagged)
+
+    amount = "个体户不配合经济普查，会罚多少钱？"
+    assert (offered(amount, warning), offered(amount, fine)) == (0.0, 1.0)
+    what = "个体户不配合经济普查，会怎么样？"
+    assert (offered(what, warning), offered(what, fine)) == (1.0, 1.0)
+
+
+@pytest.mark.parametrize("sentence, amount", [
+    ("并处盗伐林木价值3倍至5倍的罚款", True),  # a fine stated as a multiple is an amount
+    ("没收违法所得，并处违法所得1倍以上3倍以下的罚款", True),
+    ("处2000元以上1万元以下的罚款", True),
+    ("责令补种盗伐株数10倍的树木", False),  # a multiple of trees is none
+    ("由县级以上人民政府林业主管部门责令限期恢复原状", False),
+])
+def test_a_fine_stated_as_a_multiple_is_the_amount_asked(sentence, amount):
+    from pipeline.generation.answer_type import offers, untagged
+
+    assert offers("number", sentence, "偷偷砍了别人山上十几棵小树，会被罚多少？", untagged) is amount

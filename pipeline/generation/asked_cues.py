@@ -17,7 +17,15 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from dataclasses import replace
 
-from pipeline.generation.answer_type import DECIDING, asked_act, in_document, kind_cue, names_actor
+from pipeline.generation.answer_type import (
+    DECIDING,
+    asked_act,
+    figure_asked,
+    in_document,
+    kind_cue,
+    names_actor,
+    offers,
+)
 from pipeline.generation.candidates import Candidate, Cues
 from pipeline.generation.deciding import item_verdict
 from pipeline.generation.sentences import Piece
@@ -28,8 +36,13 @@ MIN_TERM = 2  # a one-character word (罚, 用) is in too many conditions to say
 def offer(cues: Cues, c: Candidate, pieces: Sequence[Piece], tagged: Callable[[str], list[tuple[str, str]]]) -> float:
     """A candidate's answer-kind cue (w_type's feature) before narrowing: answer_type.kind_cue of its text, and for a
     yes/no question +1 for a list item whose lead-in states the verdict (「军队医师不得有下列行为：」 decides 「(三)开展以
-    牟利为目的的私人诊疗活动；」, which holds no deciding word of its own). `pieces`: the answer units of its chunk."""
+    牟利为目的的私人诊疗活动；」, which holds no deciding word of its own). A consequence asked as an amount (「…会罚多少
+    钱？」) is offered only by a sanction that states one: 「…责令改正，给予警告，可以予以通报」 answers what happens, not
+    how much. `pieces`: the answer units of its chunk."""
     cue = kind_cue(in_document(cues.kind, c.formal), c.piece.text, cues.question, tagged)
+    if cue > 0 and figure_asked(cues.kind, cues.question) == "number" and not offers("number", c.piece.text,
+                                                                                       cues.question, tagged):
+        return 0.0
     if cue == 0 and cues.kind == "yesno" and item_verdict(pieces, c.piece.position, cues.question):
         return 1.0
     return cue
