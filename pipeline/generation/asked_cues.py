@@ -40,8 +40,8 @@ def offer(cues: Cues, c: Candidate, pieces: Sequence[Piece], tagged: Callable[[s
     钱？」) is offered only by a sanction that states one: 「…责令改正，给予警告，可以予以通报」 answers what happens, not
     how much. `pieces`: the answer units of its chunk."""
     cue = kind_cue(in_document(cues.kind, c.formal), c.piece.text, cues.question, tagged)
-    if cue > 0 and figure_asked(cues.kind, cues.question) == "number" and not offers("number", c.piece.text,
-                                                                                       cues.question, tagged):
+    amount = cues.kind == "consequence" and figure_asked(cues.kind, cues.question) == "number"
+    if cue > 0 and amount and not offers("number", c.piece.text, cues.question, tagged):
         return 0.0
     if cue == 0 and cues.kind == "yesno" and item_verdict(pieces, c.piece.position, cues.question):
         return 1.0

@@ -4,8 +4,9 @@
     python -m tools.eval.calibrate_extractive --dumps EXT_DIR [--json OUT]   # grid + left-out table (seconds)
 
 The candidates are rebuilt from the dump exactly as the app builds them (pipeline.generation.candidates:
-measure → assemble, the fixed PREFILTER order; the answer-kind cue of pipeline.generation.answer_type for the
-prefiltered ones). For every dev set in turn, on the OTHER sets only:
+measure → assemble, the cosines of those candidates.to_embed chooses — the fixed PREFILTER order and the focus-term
+sentences beyond it; the answer-kind cue of pipeline.generation.answer_type for those embedded). For every dev
+set in turn, on the OTHER sets only:
   * the weights (w_cov, w_phrase, w_rank, w_context, w_focus, w_fpart, w_type; w_cos fixed at 10 — only ratios
     matter) and the margin for extra sentences are the grid point with the best mean answer-hit (each set weighs
     the same) among those whose answers hold at most MAX_MEAN_SENTENCES sentences on average (the brief: best
