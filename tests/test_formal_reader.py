@@ -900,7 +900,8 @@ def test_engine_looks_for_the_figure_asked_in_the_deciding_rules_own_document(tm
     """「工资到手多少以上才要交个税？每月起征点是多少？」 (the individual income tax law is not in the knowledge base):
     the best sentence is the VAT rule on its threshold, which states no figure; 《税收征收管理法实施细则》's 「欠缴税款5万元
     以上」, quoted beside it, held one, so the answer went out as if that were the threshold. The figure must be in the
-    deciding rule's document: 「资料中未找到所问的具体数字」."""
+    deciding rule's document: 「资料中未找到所问的具体数字」. (The three documents its sources came from in the knowledge
+    base of all 160 regulations; with fewer the best sentence is another one.)"""
     from pipeline.generation.extractive import LACKS_NOT_FOUND
     from tests.live import engine_with_texts
 
