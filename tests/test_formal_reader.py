@@ -948,3 +948,24 @@ def test_a_fine_stated_as_a_multiple_is_the_amount_asked(sentence, amount):
     from pipeline.generation.answer_type import offers, untagged
 
     assert offers("number", sentence, "偷偷砍了别人山上十几棵小树，会被罚多少？", untagged) is amount
+
+
+REP_OFFICES = "外国企业常驻代表机构登记管理条例(2018-09-18).md"
+
+
+@needs(REGS / REP_OFFICES)
+def test_a_condition_is_bold_with_the_clause_it_leads_to(picker):
+    """「代表处的登记证找不到了，怎么办？」 shares its words with the condition 「登记证和代表证遗失或者毁坏的」, which
+    decides nothing; what to do is the clause after it. A condition clause (…的 / …时 / …前) chosen for the bold runs
+    on through the next clause."""
+    from pipeline.generation.extractive import _with_consequent
+    from pipeline.generation.sentences import clauses
+
+    text = next(line for line in article_text(REP_OFFICES, "第十九条", "第二十条").splitlines() if "遗失" in line)
+    got = answer(picker, "代表处的登记证找不到了，怎么办？", [node(text, REP_OFFICES, 1)])
+    assert "**登记证和代表证遗失或者毁坏的，代表机构应当在指定的媒体上声明作废**" in got, got
+    sentence = "国家体育代表团、队参加国际体育比赛时，可以按照有关规定在其人员的服装上使用国徽图案"
+    spans = clauses(sentence)
+    assert [sentence[a:b] for a, b in spans][1] == "队参加国际体育比赛时"
+    assert sentence[slice(*_with_consequent(sentence, spans, spans[1]))].endswith("在其人员的服装上使用国徽图案")
+    assert _with_consequent(sentence, spans, spans[2]) == spans[2]  # the last clause, no condition: unchanged

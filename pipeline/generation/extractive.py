@@ -322,6 +322,7 @@ class ExtractivePicker:
         if len(spans) <= 1 or best.lead:  # a list item under its lead-in (which holds the verdict): the item
             return (0, len(text)) if text else None
         # a formal question's verdict: the clause with the deciding words (「不得…」「…三十日内」「由…负责」)
+        plain = spans
         spans = (_figure_clauses(cues.question, cues.kind, text)
                  or deciding_clause(cues.question, text, in_document(cues.kind, best.formal)) or spans)
         if len(spans) == 1:
@@ -333,7 +334,22 @@ class ExtractivePicker:
             words = cues.share({i for i, t in enumerate(cues.terms) if t in part})
             return words + (sum(g in part for g in grams) / len(grams) if grams else 0.0)
 
-        return max(spans, key=score)
+        chosen = max(spans, key=score)
+        if spans is plain:
+            chosen = _with_consequent(text, plain, chosen)
+        return chosen
+
+
+_CONDITION_END = re.compile(r"(?:的|时|前|后|的时候)$")
+
+
+def _with_consequent(text: str, spans: list[tuple[int, int]], chosen: tuple[int, int]) -> tuple[int, int]:
+    """A condition (「登记证和代表证遗失或者毁坏的」, 「…参加国际体育比赛时」) is not what decides; the clause after it
+    is (「应当在指定的媒体上声明作废，申请补领」): the bold runs on through it."""
+    i = spans.index(chosen)
+    if i + 1 < len(spans) and _CONDITION_END.search(text[chosen[0]:chosen[1]].rstrip("，,；; ")):
+        return (chosen[0], spans[i + 1][1])
+    return chosen
 
 
 def _figure_clauses(question: str, kind: str | None, text: str) -> list[tuple[int, int]]:
