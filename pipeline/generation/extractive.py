@@ -335,7 +335,7 @@ class ExtractivePicker:
             return words + (sum(g in part for g in grams) / len(grams) if grams else 0.0)
 
         chosen = max(spans, key=score)
-        if spans is plain:
+        if spans is plain:  # no clause holds deciding words: the choice was by shared words, maybe a condition's
             chosen = _with_consequent(text, plain, chosen)
         return chosen
 
@@ -345,7 +345,7 @@ _CONDITION_END = re.compile(r"(?:的|时|前|后|的时候)$")
 
 def _with_consequent(text: str, spans: list[tuple[int, int]], chosen: tuple[int, int]) -> tuple[int, int]:
     """A condition (「登记证和代表证遗失或者毁坏的」, 「…参加国际体育比赛时」) is not what decides; the clause after it
-    is (「应当在指定的媒体上声明作废，申请补领」): the bold runs on through it."""
+    is (「代表机构应当在指定的媒体上声明作废」): the bold runs on through that one clause."""
     i = spans.index(chosen)
     if i + 1 < len(spans) and _CONDITION_END.search(text[chosen[0]:chosen[1]].rstrip("，,；; ")):
         return (chosen[0], spans[i + 1][1])
