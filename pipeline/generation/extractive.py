@@ -322,9 +322,9 @@ class ExtractivePicker:
         if len(spans) <= 1 or best.lead:  # a list item under its lead-in (which holds the verdict): the item
             return (0, len(text)) if text else None
         # a formal question's verdict: the clause with the deciding words (「不得…」「…三十日内」「由…负责」)
-        plain = spans
-        spans = (_figure_clauses(cues.question, cues.kind, text)
-                 or deciding_clause(cues.question, text, in_document(cues.kind, best.formal)) or spans)
+        deciding = (_figure_clauses(cues.question, cues.kind, text)
+                    or deciding_clause(cues.question, text, in_document(cues.kind, best.formal)))
+        spans = deciding or spans
         if len(spans) == 1:
             return spans[0]
         grams = cues.grams
@@ -335,8 +335,8 @@ class ExtractivePicker:
             return words + (sum(g in part for g in grams) / len(grams) if grams else 0.0)
 
         chosen = max(spans, key=score)
-        if spans is plain:  # no clause holds deciding words: the choice was by shared words, maybe a condition's
-            chosen = _with_consequent(text, plain, chosen)
+        if not deciding:  # no clause holds deciding words: the choice was by shared words, maybe a condition's
+            chosen = _with_consequent(text, spans, chosen)
         return chosen
 
 
