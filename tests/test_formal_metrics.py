@@ -4,7 +4,7 @@ from __future__ import annotations
 import pytest
 
 from tests.shared_data import DATA, needs
-from tools.eval.formal_eval import OFF_TOPIC, load_lines, summarize
+from tools.eval.formal_eval import OFF_TOPIC, load_lines, summarize, switch_summary, topic_switches
 from tools.eval.formal_metrics import (
     answer_hit,
     answer_lines,
@@ -98,6 +98,30 @@ def test_summarize_counts_each_list():
     assert m["followups"]["in_conversation"] == 1.0 and m["followups"]["alone"] == 0.0
 
 
+def test_topic_switches_pair_each_first_question_with_another_regulation_and_an_unanswerable_one():
+    from tools.eval.regulations_devset import load_items
+
+    items = load_items()
+    answerable, unanswerable = topic_switches(items)
+    by_id = {f.id: f for f in items.followups}
+    assert len(answerable) == len(items.followups) and len(unanswerable) == len(items.followups)
+    for first, qid, q, span in answerable:
+        a, b = (by_id[x] for x in qid.split(">"))
+        assert first == a.first and q == b.first and span == b.first_gold.span
+        assert a.first_gold.file != b.first_gold.file  # a new topic, not the pair's own regulation
+    assert all(span is None for *_, span in unanswerable)
+    assert {q for _, _, q, _ in unanswerable} <= {u.question for u in items.unanswerable}
+
+
+def test_switch_summary_compares_the_conversation_with_the_question_alone():
+    rows = [{"answerable": True, "in_conversation": False, "alone": True},
+            {"answerable": True, "in_conversation": True, "alone": True},
+            {"answerable": False, "outcome_in_conversation": "answered", "outcome_alone": "refused"}]
+    w = switch_summary(rows)
+    assert (w["n"], w["in_conversation"], w["alone"]) == (2, 0.5, 1.0)
+    assert w["unanswerable_in_conversation"]["answered"] == 1.0 and w["unanswerable_alone"]["refused"] == 1.0
+
+
 def test_off_topic_list_has_its_fifty_questions():
     qs = load_lines(OFF_TOPIC)
     assert len(qs) >= 50 and len(set(qs)) == len(qs)
@@ -131,3 +155,4 @@ def test_harness_end_to_end_on_two_regulations(tmp_path):
     assert m["answerable"]["n"] == 6 and m["unanswerable"]["n"] == 2 and m["off_topic"]["n"] == 2
     assert m["answerable"]["doc_first"] >= 0.5  # two documents: the gold one is first for most questions
     assert m["followups"]["n"] == 1 and rows["followups"][0]["rewritten"]  # asked inside its conversation
+    assert m["switches"]["unanswerable_n"] == 1 and rows["switches"][0]["outcome_alone"] in ("refused", "weak", "answered")

@@ -10,7 +10,10 @@ offline, as a user would through `ask_sync` (gate → extractive answer):
 - the unanswerable ones (the rule lives in a law not in the KB): refused / weak / answered as if;
 - everyday off-topic questions (tests/data/offtopic_everyday.txt): refused / weak / answered;
 - the follow-up pairs: the follow-up asked in its conversation (first question, then the follow-up with the same
-  conversation_id: the app's rewrite runs) and asked alone: its gold span among the sources.
+  conversation_id: the app's rewrite runs) and asked alone: its gold span among the sources;
+- new questions inside a conversation (the guard of the follow-up rules): after each pair's first question, the
+  first question of the next pair on another regulation (its gold span among the sources, in the conversation and
+  alone) and an unanswerable question of the set (its outcome, in the conversation and alone).
 The rules of each outcome: tools/eval/formal_metrics.py. `--limit N` keeps N of each list (seeded sample).
 `regulations` is not in tools/eval/devsets.DEV_SETS: calibration does not fit on it (it is the held-out family).
 `--questions` asks another set of the same form over the same knowledge base (tests/data/regulations_dev2 and
@@ -23,6 +26,7 @@ import random
 import sys
 import tempfile
 from collections import defaultdict
+from dataclasses import replace
 from pathlib import Path
 
 from tools.eval.answer_eval import open_for_eval
@@ -77,11 +81,57 @@ def ask_followups(engine, items) -> list[dict]:
     return rows
 
 
+def topic_switches(items) -> tuple[list[tuple], list[tuple]]:
+    """New questions asked inside a conversation, the guard of every follow-up rule: the first question of each
+    follow-up pair, then (answerable) the first question of the next pair on another regulation, or (unanswerable)
+    an unanswerable question of the set. Each a (first, question id, question, gold span or None)."""
+    fol, unans = items.followups, items.unanswerable
+    answerable = []
+    for i, f in enumerate(fol):
+        other = next((g for g in fol[i + 1:] + fol[:i] if g.first_gold.file != f.first_gold.file), None)
+        if other is not None:
+            answerable.append((f.first, f"{f.id}>{other.id}", other.first, other.first_gold.span))
+    unanswerable = [(f.first, f"{f.id}>{u.id}", u.question, None) for f, u in zip(fol, unans)]
+    return answerable, unanswerable
+
+
+def ask_switches(engine, items) -> list[dict]:
+    """Each new question asked after its first question in one conversation, and alone: for the answerable ones,
+    is its gold span in the sources both ways; for the unanswerable ones, the outcome both ways."""
+    answerable, unanswerable = topic_switches(items)
+    rows = []
+    for first, qid, q, span in answerable + unanswerable:
+        conv = engine.ask_sync(first)["conversation_id"]
+        within, alone = engine.ask_sync(q, conversation_id=conv), engine.ask_sync(q)
+        row = {"id": qid, "q": q, "answerable": span is not None, "rewritten": within.get("rewritten_query"),
+               "outcome_in_conversation": outcome(within), "outcome_alone": outcome(alone)}
+        if span is not None:
+            row |= {"in_conversation": span_in_sources(within["sources"], span),
+                    "alone": span_in_sources(alone["sources"], span)}
+        rows.append(row | _brief(within))
+    return rows
+
+
+OUTCOMES = ("refused", "weak", "answered")
+
+
 def outcomes(rows: list[dict]) -> dict:
-    return {k: share_of(rows, "outcome", k) for k in ("refused", "weak", "answered")}
+    return {k: share_of(rows, "outcome", k) for k in OUTCOMES}
 
 
-def summarize(ans: list[dict], unans: list[dict], off: list[dict], fol: list[dict]) -> dict:
+def switch_summary(rows: list[dict]) -> dict:
+    """Answerable new questions: gold span in sources in the conversation / alone; unanswerable ones: the outcomes
+    in the conversation / alone."""
+    ans = [r for r in rows if r["answerable"]]
+    unans = [r for r in rows if not r["answerable"]]
+    return {"n": len(ans), "in_conversation": share_of(ans, "in_conversation"), "alone": share_of(ans, "alone"),
+            "unanswerable_n": len(unans),
+            "unanswerable_in_conversation": {k: share_of(unans, "outcome_in_conversation", k) for k in OUTCOMES},
+            "unanswerable_alone": {k: share_of(unans, "outcome_alone", k) for k in OUTCOMES}}
+
+
+def summarize(ans: list[dict], unans: list[dict], off: list[dict], fol: list[dict],
+              switches: list[dict] | None = None) -> dict:
     by_type = defaultdict(list)
     for r in ans:
         by_type[r["type"]].append(r)
@@ -98,7 +148,7 @@ def summarize(ans: list[dict], unans: list[dict], off: list[dict], fol: list[dic
         "off_topic": {"n": len(off)} | outcomes(off),
         "followups": {"n": len(fol), "in_conversation": share_of(fol, "in_conversation"),
                       "alone": share_of(fol, "alone"), "answer_hit_in_conversation": share_of(fol, "hit_in_conversation")},
-    }
+    } | ({"switches": switch_summary(switches)} if switches is not None else {})
 
 
 def print_report(m: dict) -> None:
@@ -118,11 +168,24 @@ def print_report(m: dict) -> None:
         ["everyday off-topic: refused / weak / answered", f"{o['refused']:.3f} / {o['weak']:.3f} / {o['answered']:.3f}"],
         ["follow-up in its conversation: deciding span in sources (asked alone)",
          f"{f['in_conversation']:.3f} ({f['alone']:.3f})"],
+        *_switch_lines(m.get("switches")),
     ])
     print("\nanswerable by question type")
     print_md_table(["type", "n", "span in sources", "answer-hit"],
                    [[t, v["n"], f"{v['span_in_sources']:.3f}", f"{v['answer_hit']:.3f}"]
                     for t, v in a["by_type"].items()])
+
+
+def _switch_lines(w: dict | None) -> list[list[str]]:
+    if not w:
+        return []
+    ui, ua = w["unanswerable_in_conversation"], w["unanswerable_alone"]
+    return [[f"a new question inside a conversation: deciding span in sources (asked alone), n={w['n']}",
+             f"{w['in_conversation']:.3f} ({w['alone']:.3f})"],
+            [f"an unanswerable one inside a conversation: refused / weak / answered as if (alone), "
+             f"n={w['unanswerable_n']}",
+             f"{ui['refused']:.3f} / {ui['weak']:.3f} / {ui['answered']:.3f} "
+             f"({ua['refused']:.3f} / {ua['weak']:.3f} / {ua['answered']:.3f})"]]
 
 
 def sample(xs: list, limit: int | None) -> list:
@@ -135,8 +198,9 @@ def evaluate(engine, key_to_doc: dict[str, int], items: DevItems, off_topic: lis
     unans = ask_plain(engine, [(u.id, u.question) for u in sample(items.unanswerable, limit)])
     off = ask_plain(engine, [(f"o{i:03d}", q) for i, q in enumerate(sample(off_topic, limit), 1)])
     fol = ask_followups(engine, sample(items.followups, limit))
-    rows = {"answerable": ans, "unanswerable": unans, "off_topic": off, "followups": fol}
-    return summarize(ans, unans, off, fol), rows
+    sw = ask_switches(engine, replace(items, followups=sample(items.followups, limit)))
+    rows = {"answerable": ans, "unanswerable": unans, "off_topic": off, "followups": fol, "switches": sw}
+    return summarize(ans, unans, off, fol, sw), rows
 
 
 def main(argv=None) -> int:
