@@ -102,24 +102,43 @@ def test_topic_switches_pair_each_first_question_with_another_regulation_and_an_
     from tools.eval.regulations_devset import load_items
 
     items = load_items()
-    answerable, unanswerable = topic_switches(items)
+    rows = topic_switches(items)
     by_id = {f.id: f for f in items.followups}
-    assert len(answerable) == len(items.followups) and len(unanswerable) == len(items.followups)
-    for first, qid, q, span in answerable:
+    answerable = [r for r in rows if r[0] == "answerable"]
+    assert len(answerable) == len(items.followups) and len(rows) == 2 * len(items.followups)
+    for _, first, qid, q, span in answerable:
         a, b = (by_id[x] for x in qid.split(">"))
         assert first == a.first and q == b.first and span == b.first_gold.span
         assert a.first_gold.file != b.first_gold.file  # a new topic, not the pair's own regulation
-    assert all(span is None for *_, span in unanswerable)
-    assert {q for _, _, q, _ in unanswerable} <= {u.question for u in items.unanswerable}
+    others = [r for r in rows if r[0] == "unanswerable"]
+    assert all(span is None for *_, span in others)
+    assert {q for _, _, _, q, _ in others} <= {u.question for u in items.unanswerable}
+
+
+def test_every_switch_asks_each_question_after_one_on_another_regulation():
+    from tools.eval.regulations_devset import load_items
+
+    items = load_items()
+    rows = topic_switches(items, ["今天天气怎么样？"], every=True)
+    by_q = {a.question: a for a in items.answerable}
+    kinds = [r[0] for r in rows]
+    assert kinds.count("answerable") == len(items.answerable)
+    assert kinds.count("unanswerable") == len(items.unanswerable) and kinds.count("off_topic") == 1
+    for kind, first, _, q, span in rows:
+        assert first in by_q  # always after an answerable question
+        if kind == "answerable":
+            assert by_q[first].gold.file != by_q[q].gold.file and span == by_q[q].gold.span
 
 
 def test_switch_summary_compares_the_conversation_with_the_question_alone():
-    rows = [{"answerable": True, "in_conversation": False, "alone": True},
-            {"answerable": True, "in_conversation": True, "alone": True},
-            {"answerable": False, "outcome_in_conversation": "answered", "outcome_alone": "refused"}]
+    rows = [{"kind": "answerable", "in_conversation": False, "alone": True, "changed": True},
+            {"kind": "answerable", "in_conversation": True, "alone": True, "changed": False},
+            {"kind": "unanswerable", "outcome_in_conversation": "answered", "outcome_alone": "refused",
+             "changed": True}]
     w = switch_summary(rows)
-    assert (w["n"], w["in_conversation"], w["alone"]) == (2, 0.5, 1.0)
-    assert w["unanswerable_in_conversation"]["answered"] == 1.0 and w["unanswerable_alone"]["refused"] == 1.0
+    assert (w["n"], w["in_conversation"], w["alone"], w["changed"], w["asked"]) == (2, 0.5, 1.0, 2, 3)
+    assert w["unanswerable"]["in_conversation"]["answered"] == 1.0 and w["unanswerable"]["alone"]["refused"] == 1.0
+    assert "off_topic" not in w
 
 
 def test_off_topic_list_has_its_fifty_questions():
@@ -155,4 +174,4 @@ def test_harness_end_to_end_on_two_regulations(tmp_path):
     assert m["answerable"]["n"] == 6 and m["unanswerable"]["n"] == 2 and m["off_topic"]["n"] == 2
     assert m["answerable"]["doc_first"] >= 0.5  # two documents: the gold one is first for most questions
     assert m["followups"]["n"] == 1 and rows["followups"][0]["rewritten"]  # asked inside its conversation
-    assert m["switches"]["unanswerable_n"] == 1 and rows["switches"][0]["outcome_alone"] in ("refused", "weak", "answered")
+    assert m["switches"]["unanswerable"]["n"] == 1 and rows["switches"][0]["outcome_alone"] in ("refused", "weak", "answered")

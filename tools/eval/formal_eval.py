@@ -26,6 +26,7 @@ import random
 import sys
 import tempfile
 from collections import defaultdict
+from collections.abc import Sequence
 from dataclasses import replace
 from pathlib import Path
 
@@ -81,33 +82,48 @@ def ask_followups(engine, items) -> list[dict]:
     return rows
 
 
-def topic_switches(items) -> tuple[list[tuple], list[tuple]]:
-    """New questions asked inside a conversation, the guard of every follow-up rule: the first question of each
-    follow-up pair, then (answerable) the first question of the next pair on another regulation, or (unanswerable)
-    an unanswerable question of the set. Each a (first, question id, question, gold span or None)."""
-    fol, unans = items.followups, items.unanswerable
-    answerable = []
+def topic_switches(items, off_topic: Sequence[str] = (), every: bool = False) -> list[tuple]:
+    """New questions asked inside a conversation, the guard of every follow-up rule. By default, after the first
+    question of each follow-up pair: the first question of the next pair on another regulation (answerable) and an
+    unanswerable question of the set. `every`: each answerable question after the answerable question before it on
+    another regulation, and each unanswerable and off-topic question after an answerable one. Each a (kind, first,
+    question id, question, gold span or None)."""
+    if every:
+        ans = items.answerable
+        rows = []
+        for i, a in enumerate(ans):
+            before = [b for b in ans[:i][::-1] + ans[i + 1:][::-1] if b.gold.file != a.gold.file]
+            prev = before[0] if before else None
+            if prev is not None:
+                rows.append(("answerable", prev.question, f"{prev.id}>{a.id}", a.question, a.gold.span))
+        rows += [("unanswerable", ans[i % len(ans)].question, f"{ans[i % len(ans)].id}>{u.id}", u.question, None)
+                 for i, u in enumerate(items.unanswerable)]
+        rows += [("off_topic", ans[i % len(ans)].question, f"{ans[i % len(ans)].id}>o{i + 1:03d}", q, None)
+                 for i, q in enumerate(off_topic)]
+        return rows
+    fol, rows = items.followups, []
     for i, f in enumerate(fol):
         other = next((g for g in fol[i + 1:] + fol[:i] if g.first_gold.file != f.first_gold.file), None)
         if other is not None:
-            answerable.append((f.first, f"{f.id}>{other.id}", other.first, other.first_gold.span))
-    unanswerable = [(f.first, f"{f.id}>{u.id}", u.question, None) for f, u in zip(fol, unans)]
-    return answerable, unanswerable
+            rows.append(("answerable", f.first, f"{f.id}>{other.id}", other.first, other.first_gold.span))
+    return rows + [("unanswerable", f.first, f"{f.id}>{u.id}", u.question, None)
+                   for f, u in zip(fol, items.unanswerable)]
 
 
-def ask_switches(engine, items) -> list[dict]:
+def ask_switches(engine, switches: list[tuple]) -> list[dict]:
     """Each new question asked after its first question in one conversation, and alone: for the answerable ones,
-    is its gold span in the sources both ways; for the unanswerable ones, the outcome both ways."""
-    answerable, unanswerable = topic_switches(items)
+    is its gold span in the sources both ways; for the others, the outcome both ways."""
     rows = []
-    for first, qid, q, span in answerable + unanswerable:
+    for kind, first, qid, q, span in switches:
         conv = engine.ask_sync(first)["conversation_id"]
         within, alone = engine.ask_sync(q, conversation_id=conv), engine.ask_sync(q)
-        row = {"id": qid, "q": q, "answerable": span is not None, "rewritten": within.get("rewritten_query"),
+        row = {"id": qid, "q": q, "kind": kind, "rewritten": within.get("rewritten_query"),
                "outcome_in_conversation": outcome(within), "outcome_alone": outcome(alone)}
         if span is not None:
             row |= {"in_conversation": span_in_sources(within["sources"], span),
                     "alone": span_in_sources(alone["sources"], span)}
+        row["changed"] = (row["outcome_in_conversation"] != row["outcome_alone"]
+                          or row.get("in_conversation") != row.get("alone"))
         rows.append(row | _brief(within))
     return rows
 
@@ -120,14 +136,18 @@ def outcomes(rows: list[dict]) -> dict:
 
 
 def switch_summary(rows: list[dict]) -> dict:
-    """Answerable new questions: gold span in sources in the conversation / alone; unanswerable ones: the outcomes
-    in the conversation / alone."""
-    ans = [r for r in rows if r["answerable"]]
-    unans = [r for r in rows if not r["answerable"]]
-    return {"n": len(ans), "in_conversation": share_of(ans, "in_conversation"), "alone": share_of(ans, "alone"),
-            "unanswerable_n": len(unans),
-            "unanswerable_in_conversation": {k: share_of(unans, "outcome_in_conversation", k) for k in OUTCOMES},
-            "unanswerable_alone": {k: share_of(unans, "outcome_alone", k) for k in OUTCOMES}}
+    """Answerable new questions: gold span in sources in the conversation / alone; unanswerable and off-topic ones:
+    the outcomes in the conversation / alone; `changed`: how many came out otherwise than asked alone."""
+    ans = [r for r in rows if r["kind"] == "answerable"]
+    out = {"n": len(ans), "in_conversation": share_of(ans, "in_conversation"), "alone": share_of(ans, "alone"),
+           "changed": sum(1 for r in rows if r["changed"]), "asked": len(rows)}
+    for kind in ("unanswerable", "off_topic"):
+        rs = [r for r in rows if r["kind"] == kind]
+        if rs:
+            out[kind] = {"n": len(rs),
+                         "in_conversation": {k: share_of(rs, "outcome_in_conversation", k) for k in OUTCOMES},
+                         "alone": {k: share_of(rs, "outcome_alone", k) for k in OUTCOMES}}
+    return out
 
 
 def summarize(ans: list[dict], unans: list[dict], off: list[dict], fol: list[dict],
@@ -179,13 +199,16 @@ def print_report(m: dict) -> None:
 def _switch_lines(w: dict | None) -> list[list[str]]:
     if not w:
         return []
-    ui, ua = w["unanswerable_in_conversation"], w["unanswerable_alone"]
-    return [[f"a new question inside a conversation: deciding span in sources (asked alone), n={w['n']}",
-             f"{w['in_conversation']:.3f} ({w['alone']:.3f})"],
-            [f"an unanswerable one inside a conversation: refused / weak / answered as if (alone), "
-             f"n={w['unanswerable_n']}",
-             f"{ui['refused']:.3f} / {ui['weak']:.3f} / {ui['answered']:.3f} "
-             f"({ua['refused']:.3f} / {ua['weak']:.3f} / {ua['answered']:.3f})"]]
+    lines = [[f"a new question inside a conversation: deciding span in sources (asked alone), n={w['n']}",
+              f"{w['in_conversation']:.3f} ({w['alone']:.3f})"]]
+    for kind in ("unanswerable", "off_topic"):
+        if kind in w:
+            c, a = w[kind]["in_conversation"], w[kind]["alone"]
+            lines.append([f"{kind.replace('_', '-')} inside a conversation: refused / weak / answered (alone), "
+                          f"n={w[kind]['n']}", " / ".join(f"{c[k]:.3f}" for k in OUTCOMES)
+                          + " (" + " / ".join(f"{a[k]:.3f}" for k in OUTCOMES) + ")"])
+    lines.append(["new questions whose outcome the conversation changed", f"{w['changed']} of {w['asked']}"])
+    return lines
 
 
 def sample(xs: list, limit: int | None) -> list:
@@ -193,12 +216,15 @@ def sample(xs: list, limit: int | None) -> list:
 
 
 def evaluate(engine, key_to_doc: dict[str, int], items: DevItems, off_topic: list[str],
-             limit: int | None = None) -> tuple[dict, dict]:
+             limit: int | None = None, every: bool = False) -> tuple[dict, dict]:
     ans = ask_answerable(engine, sample(items.answerable, limit), key_to_doc)
     unans = ask_plain(engine, [(u.id, u.question) for u in sample(items.unanswerable, limit)])
     off = ask_plain(engine, [(f"o{i:03d}", q) for i, q in enumerate(sample(off_topic, limit), 1)])
     fol = ask_followups(engine, sample(items.followups, limit))
-    sw = ask_switches(engine, replace(items, followups=sample(items.followups, limit)))
+    sw = ask_switches(engine, topic_switches(replace(items, followups=sample(items.followups, limit),
+                                                     answerable=sample(items.answerable, limit),
+                                                     unanswerable=sample(items.unanswerable, limit)),
+                                             sample(off_topic, limit), every))
     rows = {"answerable": ans, "unanswerable": unans, "off_topic": off, "followups": fol, "switches": sw}
     return summarize(ans, unans, off, fol, sw), rows
 
@@ -209,12 +235,15 @@ def main(argv=None) -> int:
     ap.add_argument("--limit", type=int, default=None, help="ask N of each list (seeded sample)")
     ap.add_argument("--json", type=Path, default=None, help="write the metrics and every question's row here")
     ap.add_argument("--questions", type=Path, default=QUESTIONS, help="the question set (default: regulations_dev)")
+    ap.add_argument("--every-switch", action="store_true",
+                    help="ask every answerable, unanswerable and off-topic question also right after an unrelated one")
     args = ap.parse_args(argv)
     root = kb_cache_root(ap, args)
     with tempfile.TemporaryDirectory(prefix="kbqa-formal-") as tmp:
         engine, key_to_doc = open_for_eval(root, REGULATIONS, Path(tmp) / REGULATIONS.name)
         try:
-            m, rows = evaluate(engine, key_to_doc, load_items(args.questions), load_lines(OFF_TOPIC), args.limit)
+            m, rows = evaluate(engine, key_to_doc, load_items(args.questions), load_lines(OFF_TOPIC), args.limit,
+                               args.every_switch)
         finally:
             engine.close()
     print_report(m)
