@@ -1,6 +1,8 @@
 """The outcome rules of the formal-documents evaluation (tools/eval/formal_metrics.py) on tiny inputs: no model."""
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 
 from tests.shared_data import DATA, needs
@@ -128,6 +130,7 @@ def test_every_switch_asks_each_question_after_one_on_another_regulation():
         assert first in by_q  # always after an answerable question
         if kind == "answerable":
             assert by_q[first].gold.file != by_q[q].gold.file and span == by_q[q].gold.span
+    assert topic_switches(replace(items, answerable=[]), ["今天天气怎么样？"], every=True) == []
 
 
 def test_switch_summary_compares_the_conversation_with_the_question_alone():

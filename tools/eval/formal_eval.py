@@ -90,6 +90,8 @@ def topic_switches(items, off_topic: Sequence[str] = (), every: bool = False) ->
     question id, question, gold span or None)."""
     if every:
         ans = items.answerable
+        if not ans:  # every new question comes after an answerable one
+            return []
         rows = []
         for i, a in enumerate(ans):
             before = [b for b in ans[:i][::-1] + ans[i + 1:][::-1] if b.gold.file != a.gold.file]
