@@ -48,10 +48,29 @@ def _brief(r: dict) -> dict:
     return {"answer": r["answer"], "sources": [s.get("doc_name") for s in r["sources"]], "weak": r["weak"]}
 
 
-def ask_answerable(engine, items, key_to_doc: dict[str, int]) -> list[dict]:
+class Asker:
+    """The engine asked as the harness asks: a question on its own is asked once, however many lists ask it (the
+    switch rows and the follow-ups' "alone" ask again what the lists asked); a conversation is always a new one."""
+
+    def __init__(self, engine):
+        self.engine = engine
+        self._alone: dict[str, dict] = {}
+
+    def alone(self, question: str) -> dict:
+        if question not in self._alone:
+            self._alone[question] = self.engine.ask_sync(question)
+        return self._alone[question]
+
+    def after(self, first: str, question: str) -> dict:
+        """`question` asked right after `first`, in a conversation of their own."""
+        conv = self.engine.ask_sync(first)["conversation_id"]
+        return self.engine.ask_sync(question, conversation_id=conv)
+
+
+def ask_answerable(ask: Asker, items, key_to_doc: dict[str, int]) -> list[dict]:
     rows = []
     for a in items:
-        r = engine.ask_sync(a.question)
+        r = ask.alone(a.question)
         rows.append({"id": a.id, "type": a.type, "q": a.question, "span": a.gold.span, "file": a.gold.file,
                      "in_sources": span_in_sources(r["sources"], a.gold.span),
                      "doc_first": right_doc_first(r["sources"], key_to_doc.get(a.gold.file)),
@@ -61,18 +80,16 @@ def ask_answerable(engine, items, key_to_doc: dict[str, int]) -> list[dict]:
     return rows
 
 
-def ask_plain(engine, questions: list[tuple[str, str]]) -> list[dict]:
+def ask_plain(ask: Asker, questions: list[tuple[str, str]]) -> list[dict]:
     """(id, question) pairs asked alone; the outcome only (unanswerable and off-topic questions)."""
     return [{"id": i, "q": q, "outcome": outcome(r)} | _brief(r)
-            for i, q in questions for r in [engine.ask_sync(q)]]
+            for i, q in questions for r in [ask.alone(q)]]
 
 
-def ask_followups(engine, items) -> list[dict]:
+def ask_followups(ask: Asker, items) -> list[dict]:
     rows = []
     for f in items:
-        first = engine.ask_sync(f.first)
-        within = engine.ask_sync(f.followup, conversation_id=first["conversation_id"])
-        alone = engine.ask_sync(f.followup)
+        within, alone = ask.after(f.first, f.followup), ask.alone(f.followup)
         rows.append({"id": f.id, "q": f.followup, "span": f.followup_gold.span,
                      "rewritten": within.get("rewritten_query"),
                      "in_conversation": span_in_sources(within["sources"], f.followup_gold.span),
@@ -112,13 +129,12 @@ def topic_switches(items, off_topic: Sequence[str] = (), every: bool = False) ->
                    for f, u in zip(fol, items.unanswerable)]
 
 
-def ask_switches(engine, switches: list[tuple]) -> list[dict]:
+def ask_switches(ask: Asker, switches: list[tuple]) -> list[dict]:
     """Each new question asked after its first question in one conversation, and alone: for the answerable ones,
     is its gold span in the sources both ways; for the others, the outcome both ways."""
     rows = []
     for kind, first, qid, q, span in switches:
-        conv = engine.ask_sync(first)["conversation_id"]
-        within, alone = engine.ask_sync(q, conversation_id=conv), engine.ask_sync(q)
+        within, alone = ask.after(first, q), ask.alone(q)
         row = {"id": qid, "q": q, "kind": kind, "rewritten": within.get("rewritten_query"),
                "outcome_in_conversation": outcome(within), "outcome_alone": outcome(alone)}
         if span is not None:
@@ -219,14 +235,15 @@ def sample(xs: list, limit: int | None) -> list:
 
 def evaluate(engine, key_to_doc: dict[str, int], items: DevItems, off_topic: list[str],
              limit: int | None = None, every: bool = False) -> tuple[dict, dict]:
-    ans = ask_answerable(engine, sample(items.answerable, limit), key_to_doc)
-    unans = ask_plain(engine, [(u.id, u.question) for u in sample(items.unanswerable, limit)])
-    off = ask_plain(engine, [(f"o{i:03d}", q) for i, q in enumerate(sample(off_topic, limit), 1)])
-    fol = ask_followups(engine, sample(items.followups, limit))
-    sw = ask_switches(engine, topic_switches(replace(items, followups=sample(items.followups, limit),
-                                                     answerable=sample(items.answerable, limit),
-                                                     unanswerable=sample(items.unanswerable, limit)),
-                                             sample(off_topic, limit), every))
+    items = replace(items, answerable=sample(items.answerable, limit), unanswerable=sample(items.unanswerable, limit),
+                    followups=sample(items.followups, limit))
+    off_topic = sample(off_topic, limit)
+    ask = Asker(engine)
+    ans = ask_answerable(ask, items.answerable, key_to_doc)
+    unans = ask_plain(ask, [(u.id, u.question) for u in items.unanswerable])
+    off = ask_plain(ask, [(f"o{i:03d}", q) for i, q in enumerate(off_topic, 1)])
+    fol = ask_followups(ask, items.followups)
+    sw = ask_switches(ask, topic_switches(items, off_topic, every))
     rows = {"answerable": ans, "unanswerable": unans, "off_topic": off, "followups": fol, "switches": sw}
     return summarize(ans, unans, off, fol, sw), rows
 
