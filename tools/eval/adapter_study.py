@@ -26,8 +26,12 @@ from pathlib import Path
 
 import numpy as np
 
-from tools.eval.devsets import FAMILIES, family_of, norm
+from tools.eval.devsets import FAMILIES, norm
+from tools.eval.regulations_devset import OTHER_SETS
 
+DEFAULT_SETS = ("xquad_zh", "cmrc_trial", "cmrc_dev_news", "dureader_dev", "dureader_train", "regulations",
+                *OTHER_SETS)
+SCORED_ONLY = frozenset(OTHER_SETS)  # the formal family's other written sets (one written blind): never fitted on
 K = 10
 HARD = 63  # non-gold candidates per training question
 TAU = 100.0  # e5's own contrastive temperature (0.01)
@@ -42,6 +46,7 @@ class SetVecs:
     hits: list[np.ndarray]  # per question, the positions of passages that hold its answer
     doc: np.ndarray  # (m,) document of each passage
     gold_docs: list[set[int]]
+    vis: np.ndarray | None = None  # per question, the IDF share of its content words some passage holds
 
 
 def _hits(chunks: dict, gold: set[int], answers: list[str], ws_free: bool) -> np.ndarray:
@@ -56,7 +61,12 @@ def _hits(chunks: dict, gold: set[int], answers: list[str], ws_free: bool) -> np
     return np.array(out, dtype=np.int64)
 
 
-def load_pack(path: Path) -> tuple[SetVecs, dict]:
+def load_pack(path: Path) -> SetVecs:
+    from pipeline.models.tokenize_zh import ChineseTokenizer
+    from pipeline.retrieval.bm25 import SegmentView
+    from pipeline.retrieval.bm25_segments import Segment
+    from pipeline.retrieval.lexical import content_terms
+
     with open(path, "rb") as fh:
         p = pickle.load(fh)
     ch = p["chunks"]
@@ -65,44 +75,32 @@ def load_pack(path: Path) -> tuple[SetVecs, dict]:
     keep = [i for i, h in enumerate(hits) if len(h)]
     q = np.stack([qs[i]["vec"] for i in keep]).astype(np.float32)
     q /= np.linalg.norm(q, axis=1, keepdims=True)
+    seg = Segment.build(p["name"], zip(ch["ids"].tolist(), ch["tokens"]))
+    weights = SegmentView((seg,), (np.ones(seg.size, dtype=bool),), 1.5, 0.75).weights()
+    tok = ChineseTokenizer()
+    vis = np.array([weights.visible_share(content_terms(tok(qs[i]["q"]))) or 1.0 for i in keep])
     return SetVecs(p["name"], q, ch["vec"].astype(np.float32), [hits[i] for i in keep], ch["doc"],
-                   [set(qs[i]["gold"]) for i in keep]), ch
+                   [set(qs[i]["gold"]) for i in keep], vis)
 
 
-def formal_extra(reg_chunks: dict, kb_cache: Path, embed) -> list[SetVecs]:
-    """The regulations KB's other written question sets, answerable questions, scored on the same passages."""
-    from tools.eval.regulations_devset import load_items
-
-    key_to_doc = json.loads((kb_cache / "regulations" / "key_to_doc.json").read_text(encoding="utf-8"))
-    repo = Path(__file__).resolve().parents[2]
-    out = []
-    for name in ("regulations_dev2", "regulations_holdout", "regulations_holdout2"):
-        items = load_items(repo / "tests" / "data" / name / "questions.json")
-        rows = []
-        for a in items.answerable:
-            if a.gold.file not in key_to_doc:
-                continue
-            gold = {key_to_doc[a.gold.file]}
-            h = _hits(reg_chunks, gold, [norm(a.gold.span)], True)
-            if len(h):
-                rows.append((a.question, h, gold))
-        qv = np.asarray([embed.get_query_embedding(t) for t, _, _ in rows], dtype=np.float32)
-        qv /= np.linalg.norm(qv, axis=1, keepdims=True)
-        out.append(SetVecs(name, qv, reg_chunks["vec"].astype(np.float32), [h for _, h, _ in rows],
-                           reg_chunks["doc"], [g for _, _, g in rows]))
-    return out
-
-
-def adapted(q: np.ndarray, w: np.ndarray | None) -> np.ndarray:
+def adapted(q: np.ndarray, w: np.ndarray | None, g: np.ndarray | None = None) -> np.ndarray:
+    """unit(q + g · W q) per row; g None: 1 (the map at full strength)."""
     if w is None:
         return q
-    a = q + q @ w.T
+    d = q @ w.T
+    a = q + (d if g is None else g[:, None] * d)
     return a / np.linalg.norm(a, axis=1, keepdims=True)
 
 
-def route_metrics(s: SetVecs, w: np.ndarray | None) -> dict:
+def gate_of(s: SetVecs, gate: str) -> np.ndarray | None:
+    """"full": the map on every question; "unseen": at the strength of the question's share of words no passage of
+    the KB holds (1 − visible): a question in the documents' own words keeps its raw vector."""
+    return None if gate == "full" else 1.0 - s.vis
+
+
+def route_metrics(s: SetVecs, w: np.ndarray | None, gate: str = "full") -> dict:
     """The vector route over the whole KB: MRR@10, Hit@1, the first passage's document right, gold in the top 50."""
-    qa = adapted(s.q, w)
+    qa = adapted(s.q, w, gate_of(s, gate))
     rr, h1, doc1, r50 = [], [], [], []
     for i in range(len(qa)):
         sc = s.c @ qa[i]
@@ -181,66 +179,52 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(prog="python -m tools.eval.adapter_study", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--packs", required=True, type=Path)
-    ap.add_argument("--kb-cache", type=Path, default=None)
     ap.add_argument("--json", default=None)
     ap.add_argument("--dumps", type=Path, default=None,
                     help="the --cv dumps (tools.eval.evaluate --cv --dump-dir): also score the fused ranking")
     ap.add_argument("--ranks", default="full,32")
     ap.add_argument("--lams", default="0.001,0.01,0.1")
-    ap.add_argument("--fused-only", action="store_true",
-                    help="only the fused scoring, with the folds' adapters an earlier run saved in PACKS")
-    ap.add_argument("--sets", default="xquad_zh,cmrc_trial,cmrc_dev_news,dureader_dev,dureader_train,regulations")
+    ap.add_argument("--gates", default="full,unseen")
+    ap.add_argument("--sets", default=",".join(DEFAULT_SETS))
     args = ap.parse_args(argv)
-    if args.fused_only:
-        names = [n for n in args.sets.split(",") if (args.dumps / f"{n}.jsonl").exists()]
-        report_fused(fused_scoring(args.packs, args.dumps, names), names)
-        return 0
     t0 = time.perf_counter()
-    sets, reg_chunks = {}, None
-    for name in args.sets.split(","):
-        if (args.packs / f"{name}.pkl").exists():
-            sets[name], ch = load_pack(args.packs / f"{name}.pkl")
-            if name == "regulations":
-                reg_chunks = ch
-    extra = []
-    if args.kb_cache and reg_chunks is not None:
-        from pipeline.models.embeddings import load_embedding
-
-        repo = Path(__file__).resolve().parents[2]
-        extra = formal_extra(reg_chunks, args.kb_cache, load_embedding("", repo, repo / "models").embed_model)
-    print(f"# loaded {', '.join(f'{s.name} {len(s.q)}' for s in [*sets.values(), *extra])} "
-          f"({time.perf_counter() - t0:.0f} s)", file=sys.stderr)
-    batches = {n: training_batch(s) for n, s in sets.items()}
+    sets = {n: load_pack(args.packs / f"{n}.pkl") for n in args.sets.split(",") if (args.packs / f"{n}.pkl").exists()}
+    print(f"# loaded {', '.join(f'{s.name} {len(s.q)}' for s in sets.values())} ({time.perf_counter() - t0:.0f} s)",
+          file=sys.stderr)
+    batches = {n: training_batch(s) for n, s in sets.items() if n not in SCORED_ONLY}
     d = next(iter(sets.values())).q.shape[1]
-    base = {n: route_metrics(s, None) for n, s in {**sets, **{e.name: e for e in extra}}.items()}
-    variants = [(None if r == "full" else int(r), float(lam)) for r in args.ranks.split(",")
-                for lam in args.lams.split(",")]
+    base = {n: route_metrics(s, None) for n, s in sets.items()}
+    fits = [(None if r == "full" else int(r), float(lam)) for r in args.ranks.split(",") for lam in args.lams.split(",")]
+    gates = args.gates.split(",")
     fams = {f: [n for n in names if n in sets] for f, names in FAMILIES.items()}
     fams = {f: ns for f, ns in fams.items() if ns}
+    train = {f: [n for n in ns if n in batches] for f, ns in fams.items()}
     results = {"base": base, "folds": {}}
     for fam, held in fams.items():
-        others = [f for f in fams if f != fam]
-        inner = {}
-        for v in variants:
-            gains = []
+        others = [f for f in fams if f != fam and train[f]]
+        inner: dict[str, list[float]] = {}
+        for v in fits:
             for a in others:
                 for b in others:
-                    if a == b:
-                        continue
-                    w = fit([batches[n] for n in fams[a]], *v, d)
-                    gains.append(np.mean([gain(base[n], route_metrics(sets[n], w)) for n in fams[b]]))
-            inner[f"{v}"] = float(np.mean(gains)) if gains else 0.0
-            print(f"# {fam} left out: variant rank={v[0]} λ={v[1]}: inner gain {inner[f'{v}']:+.4f} "
-                  f"({time.perf_counter() - t0:.0f} s)", file=sys.stderr)
-        best = max(variants, key=lambda v: inner[f"{v}"])
-        chosen = best if inner[f"{best}"] > 0 else None
-        w = fit([batches[n] for f in others for n in fams[f]], *best, d)
-        scored = {n: route_metrics(sets[n], w) for n in held}
-        if fam == "formal":
-            scored |= {e.name: route_metrics(e, w) for e in extra}
-        results["folds"][fam] = {"inner": inner, "best": f"{best}", "chosen": f"{chosen}", "left_out": scored}
+                    if a != b:
+                        w = fit([batches[n] for n in train[a]], *v, d)
+                        for g in gates:
+                            inner.setdefault(f"{v + (g,)}", []).append(float(np.mean(
+                                [gain(base[n], route_metrics(sets[n], w, g)) for n in train[b]])))
+            print(f"# {fam} left out: rank={v[0]} λ={v[1]}: inner gain " + ", ".join(
+                f"{g} {np.mean(inner[f'{v + (g,)}']):+.4f}" for g in gates) + f" ({time.perf_counter() - t0:.0f} s)",
+                file=sys.stderr)
+        mean = {k: float(np.mean(x)) for k, x in inner.items()}
+        best = max(((v, g) for v in fits for g in gates), key=lambda x: mean[f"{x[0] + (x[1],)}"])
+        chosen = best if mean[f"{best[0] + (best[1],)}"] > 0 else None
+        w = fit([batches[n] for f in others for n in train[f]], *best[0], d)
+        scored = {n: route_metrics(sets[n], w, best[1]) for n in held}
+        results["folds"][fam] = {"inner": mean, "best": f"{best}", "chosen": f"{chosen}", "left_out": scored}
         if chosen is not None:  # the fold's adapter, for the fused scoring (--dumps)
             np.save(args.packs / f"adapter_{fam}.npy", w)
+            (args.packs / f"adapter_{fam}.gate").write_text(best[1])
+        else:
+            (args.packs / f"adapter_{fam}.npy").unlink(missing_ok=True)
     for fam, r in results["folds"].items():
         print(f"\n## {fam} left out — chosen on the others: {r['chosen']} (best inner {r['best']})")
         print("| set | n | raw MRR@10 / Hit@1 / doc first / top-50 | adapted |")
@@ -259,7 +243,7 @@ def main(argv=None) -> int:
 
 
 # ------------------------------------------------------------------------------------------ the fused ranking
-def adapted_candidates(d, qi: int, qa: np.ndarray):
+def adapted_candidates(d, qi: int, qa: np.ndarray, raw_alpha: bool = False):
     """prf_study.candidates with the vector route re-run on the adapted question vector `qa`: the BM25 top-50 of
     the dump ∪ the adapted route's top-50, every candidate's cosine the adapted one (the dumps' cosines are the
     stored vectors' products with the raw vector, so W = 0 gives the dump back)."""
@@ -292,7 +276,7 @@ def adapted_candidates(d, qi: int, qa: np.ndarray):
     q = Q(np.array(order, dtype=np.int64), np.array([rb.get(c, math.inf) for c in order], dtype=np.float64),
           np.array([rv.get(c, math.inf) for c in order], dtype=np.float64), sb, sc, hit, {}, ln)
     q.f = dict(base.f)
-    if base.f and vlist:  # the route features the α model reads, from the adapted vector list
+    if base.f and vlist and not raw_alpha:  # the route features the α model reads, from the adapted vector list
         btop = sorted(rb, key=rb.get)[:10]
         feats = query_features([float(base.sb[known[c]]) for c in btop], [c for _, c in vlist[:10]],
                                [str(c) for c in btop], [str(c) for c, _ in vlist[:10]],
@@ -305,35 +289,61 @@ def report_fused(fused: dict, names: list[str]) -> None:
     for fam, held in FAMILIES.items():
         if fam not in fused["kept"]:
             continue
-        print(f"\n## fused, {fam} left out (MRR@10 / Hit@1): no adapter · kept fusion · refitted fusion")
+        print(f"\n## fused, {fam} left out (MRR@10 / Hit@1): no adapter · kept fusion · kept, α from the raw "
+              "route · refitted fusion")
         for n in held:
             if n in names:
-                a, b, c = fused["none"][fam][n], fused["kept"][fam][n], fused["refit"][fam][n]
-                print(f"| {n} | {a[0]:.4f} / {a[1]:.4f} | {b[0]:.4f} / {b[1]:.4f} | {c[0]:.4f} / {c[1]:.4f} |")
+                row = [fused[k][fam][n] for k in ("none", "kept", "kept_raw_alpha", "refit")]
+                print(f"| {n} | " + " | ".join(f"{m:.4f} / {h:.4f}" for m, h in row) + " |")
 
 
 def fused_scoring(packs: Path, dumps: Path, names: list[str]) -> dict:
-    """Each fold's fused MRR@10 / Hit@1 on every set, with no adapter and with the fold's adapter (when one was
-    chosen), scored two ways as prf_study does: `kept` (the fold's fusion fitted on the unadapted dumps, applied as
-    it is) and `refit` (the fusion refitted on the adapted candidates of the fold's training families)."""
+    """Each fold's fused MRR@10 / Hit@1 on its left-out sets, with no adapter and with the fold's adapter (when one
+    was chosen), scored as prf_study does: `kept` (the fold's fusion fitted on the unadapted dumps, applied as it
+    is), `kept_raw_alpha` (the same, the α model reading the raw route's features) and `refit` (the fusion
+    refitted on the adapted candidates of the fold's training families). The formal family's other written sets
+    are scored in the formal fold only, never fitted on."""
     from pipeline.models.tokenize_zh import ChineseTokenizer
     from tools.eval.prf_study import by_family, kept_alpha, load_set
 
     tok = ChineseTokenizer()
     sets = {n: load_set(n, packs, dumps, tok) for n in names}
-    raw = {n: d.base for n, d in sets.items()}
-    none = by_family(raw)
-    out = {"none": {f: r["scores"] for f, r in none.items()}, "kept": {}, "refit": {}}
-    for fam in none:
+    out: dict = {k: {} for k in ("none", "kept", "kept_raw_alpha", "refit")}
+    for fam, held in FAMILIES.items():
         f = packs / f"adapter_{fam}.npy"
-        if not f.exists():
+        mine = [n for n in names if n in held or n not in SCORED_ONLY]
+        if not f.exists() or not any(n in held for n in mine):
             continue
-        w = np.load(f)
-        data = {n: [adapted_candidates(d, i, adapted(d.questions[i]["vec"][None, :].astype(np.float32), w)[0])
-                    for i in range(len(d.questions))] for n, d in sets.items()}
-        out["kept"][fam] = kept_alpha(data, {fam: none[fam]["fit"]})[fam]["scores"]
+        w, gate = np.load(f), (packs / f"adapter_{fam}.gate").read_text()
+        raw = {n: sets[n].base for n in mine}
+        none = by_family(raw, only=fam)[fam]
+        out["none"][fam] = none["scores"]
+        data, data_raw_alpha = {}, {}
+        for n in mine:
+            d = sets[n]
+            qv = np.stack([q["vec"] for q in d.questions]).astype(np.float32)
+            qv /= np.linalg.norm(qv, axis=1, keepdims=True)
+            g = None if gate == "full" else 1.0 - _vis_by_question(d, packs, n)
+            qa = adapted(qv, w, g)
+            data[n] = [adapted_candidates(d, i, qa[i]) for i in range(len(qa))]
+            data_raw_alpha[n] = [adapted_candidates(d, i, qa[i], raw_alpha=True) for i in range(len(qa))]
+        out["kept"][fam] = kept_alpha(data, {fam: none["fit"]})[fam]["scores"]
+        out["kept_raw_alpha"][fam] = kept_alpha(data_raw_alpha, {fam: none["fit"]})[fam]["scores"]
         out["refit"][fam] = by_family(data, only=fam)[fam]["scores"]
     return out
+
+
+def _vis_by_question(d, packs: Path, name: str) -> np.ndarray:
+    """The visible share of every question of a pack (load_pack keeps only questions with a gold passage)."""
+    from pipeline.models.tokenize_zh import ChineseTokenizer
+    from pipeline.retrieval.bm25 import SegmentView
+    from pipeline.retrieval.bm25_segments import Segment
+    from pipeline.retrieval.lexical import content_terms
+
+    seg = Segment.build(name, zip(d.ids.tolist(), d.tokens))
+    weights = SegmentView((seg,), (np.ones(seg.size, dtype=bool),), 1.5, 0.75).weights()
+    tok = ChineseTokenizer()
+    return np.array([weights.visible_share(content_terms(tok(q["q"]))) or 1.0 for q in d.questions])
 
 
 if __name__ == "__main__":

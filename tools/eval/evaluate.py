@@ -48,7 +48,7 @@ from tools.eval.devsets import (
 )
 from tools.eval.fusion_cv import dump_length, length_field, row_features
 from tools.eval.kb_cache import build_kb, cache_root, open_copy
-from tools.eval.regulations_devset import REGULATIONS, as_corpus
+from tools.eval.regulations_devset import OTHER_SETS, REGULATIONS, as_corpus, load_items
 
 K = 10
 SWEEP = [(1.0, 1.0), (0.75, 1.0), (0.5, 1.0), (0.35, 1.0), (0.25, 1.0), (0.0, 1.0), (1.0, 0.0)]
@@ -245,9 +245,12 @@ def _apply(engine, overrides: dict) -> None:
 
 
 def named_set(name: str) -> tuple:
-    """(DevSet, Corpus) of a dev set or of the formal family's regulations set (answerable questions only)."""
+    """(DevSet, Corpus) of a dev set or of one of the formal family's question sets over the regulations knowledge
+    base (answerable questions only)."""
     if name == REGULATIONS.name:
         return REGULATIONS, as_corpus()
+    if name in OTHER_SETS:
+        return REGULATIONS, as_corpus(load_items(OTHER_SETS[name]))
     return DEV_SETS[name], load_corpus(DEV_SETS[name])
 
 

@@ -28,10 +28,10 @@ import numpy as np
 from store.documents import decode_tokens
 from tools.eval.devsets import DEV_SETS, gold_ids
 from tools.eval.evaluate import named_set
-from tools.eval.regulations_devset import REGULATIONS
+from tools.eval.regulations_devset import OTHER_SETS, REGULATIONS
 
 REPO = Path(__file__).resolve().parents[2]
-SETS = [*DEV_SETS, REGULATIONS.name]
+SETS = [*DEV_SETS, REGULATIONS.name, *OTHER_SETS]
 
 
 def read_chunks(db: Path) -> dict:
