@@ -583,3 +583,22 @@ def test_paired_bootstrap_and_smoothed_gain_exact():
     assert fusion_cv.set_gain(ranks, np.array([0.5]), None, 0.0, smooth=0.1) == pytest.approx(want)
     # against the better route (MRR .75, Hit@1 .5): ½(ΔMRR + ΔHit@1)
     assert fusion_cv.set_gain(ranks, np.array([0.5]), (0.75, 0.5), 0.0) == pytest.approx(0.5 * (0.25 + 0.5))
+
+
+def test_families_weigh_alike_when_asked():
+    """set_weights: "sets" counts every training set alike; "families" gives each family (devsets.FAMILIES) one
+    share split among its sets — two encyclopedic sets then no longer outvote one web set."""
+    from tools.eval import fusion_cv
+
+    names = ["xquad_zh", "cmrc_trial", "dureader_dev"]
+    assert fusion_cv.set_weights(names) == {n: 1 / 3 for n in names}
+    assert fusion_cv.set_weights(names, "families") == {"xquad_zh": 0.25, "cmrc_trial": 0.25, "dureader_dev": 0.5}
+    with pytest.raises(ValueError, match="weigh"):
+        fusion_cv.set_weights(names, "questions")
+    # one question per set, its first-hit rank over the α grid: the encyclopedic sets want α ≥ .6 (rank 1, else 3),
+    # the web set α ≤ .4 (rank 1, else 11: out of MRR@10)
+    enc = np.where(fusion_cv.ALPHAS >= 0.6, 1.0, 3.0)[None, :]
+    web = np.where(fusion_cv.ALPHAS <= 0.4, 1.0, 11.0)[None, :]
+    train = {"xquad_zh": enc, "cmrc_trial": enc, "dureader_dev": web}
+    assert fusion_cv.fit_constant(train) >= 0.6  # sets alike: (1 + 1 + 0) / 3 beats (⅓ + ⅓ + 1) / 3
+    assert fusion_cv.fit_constant(train, fusion_cv.set_weights(train, "families")) <= 0.4  # ½·1 + ½·0 < ½·⅓ + ½·1

@@ -200,10 +200,24 @@ def visible(qs: list[Q]) -> np.ndarray:
     return np.array([q.f.get("visible", 1.0) for q in qs], dtype=np.float64)
 
 
-def fit_constant(train: dict[str, np.ndarray]) -> float:
-    """The α of the grid with the best mean-over-sets MRR (ties: the one nearest 0.5)."""
-    per_set = np.array([np.where(r <= K, 1.0 / r, 0.0).mean(axis=0) for r in train.values()])
-    score = per_set.mean(axis=0) - 1e-9 * np.abs(ALPHAS - 0.5)
+def set_weights(names, weigh: str = "sets") -> dict[str, float]:
+    """How much each training set counts in a fit: "sets" alike (the fits of sessions 4–27), or "families" alike
+    (devsets.FAMILIES; the sets of one family share its weight): the large encyclopedic family then stops
+    outvoting the others, as the leave-one-family-out protocol treats families as the units. Sums to 1."""
+    names = list(names)
+    if weigh == "sets":
+        return {n: 1.0 / len(names) for n in names}
+    if weigh != "families":
+        raise ValueError(f"weigh: 'sets' or 'families', not {weigh!r}")
+    groups = family_groups(names)
+    return {n: 1.0 / (len(groups) * len(sets)) for sets in groups.values() for n in sets}
+
+
+def fit_constant(train: dict[str, np.ndarray], weights: dict[str, float] | None = None) -> float:
+    """The α of the grid with the best weighted mean-over-sets MRR (ties: the one nearest 0.5)."""
+    w = weights or set_weights(train)
+    per_set = np.array([w[s] * np.where(r <= K, 1.0 / r, 0.0).mean(axis=0) for s, r in train.items()])
+    score = per_set.sum(axis=0) - 1e-9 * np.abs(ALPHAS - 0.5)
     return float(ALPHAS[int(np.argmax(score))])
 
 
@@ -234,8 +248,10 @@ def set_gain(ranks: np.ndarray, alpha: np.ndarray, best: tuple[float, float] | N
 def fit_logistic(train_ranks: dict[str, np.ndarray], train_feats: dict[str, np.ndarray], names: list[str],
                  l2: float = 1e-3, seed: int = 0, best: dict[str, tuple[float, float]] | None = None,
                  guard: float = 0.0, restarts: int = 1, smooth: float = 0.0,
-                 scale: dict[str, np.ndarray] | None = None) -> dict[str, float]:
-    """Coefficients of α = σ(b + Σ c·f) maximising the mean over the training sets of `set_gain` (minus a small
+                 scale: dict[str, np.ndarray] | None = None,
+                 weights: dict[str, float] | None = None) -> dict[str, float]:
+    """Coefficients of α = σ(b + Σ c·f) maximising the (`weights`-)weighted mean over the training sets of
+    `set_gain` (minus a small
     L2 on standardised coefficients). The objective is piecewise constant, so: coordinate search over a
     shrinking step on standardised features, from the best constant α (and `restarts` − 1 seeded random starts
     around it: they fit the training sets better but did worse on the left-out ones, so the default is 1)."""
@@ -243,6 +259,7 @@ def fit_logistic(train_ranks: dict[str, np.ndarray], train_feats: dict[str, np.n
     mu, sd = allf.mean(axis=0), allf.std(axis=0) + 1e-9
     sets = list(train_ranks)
     zf = {s: (train_feats[s] - mu) / sd for s in sets}
+    wt = weights or set_weights(sets)
 
     def objective(theta: np.ndarray) -> float:
         tot = 0.0
@@ -250,10 +267,10 @@ def fit_logistic(train_ranks: dict[str, np.ndarray], train_feats: dict[str, np.n
             a = 1.0 / (1.0 + np.exp(-np.clip(theta[0] + zf[s] @ theta[1:], -50, 50)))
             if scale is not None:  # the engine's α: the model's times each question's visible share
                 a = a * scale[s]
-            tot += set_gain(train_ranks[s], a, best.get(s) if best else None, guard, smooth)
-        return tot / len(sets) - l2 * float(theta[1:] @ theta[1:])
+            tot += wt[s] * set_gain(train_ranks[s], a, best.get(s) if best else None, guard, smooth)
+        return tot - l2 * float(theta[1:] @ theta[1:])
 
-    a0 = min(max(fit_constant(train_ranks), 0.02), 0.98)
+    a0 = min(max(fit_constant(train_ranks, wt), 0.02), 0.98)
     start = np.zeros(len(names) + 1)
     start[0] = math.log(a0 / (1 - a0))
     rng = np.random.default_rng(seed)
@@ -309,39 +326,42 @@ def prepare(data: dict[str, list[Q]], norm: str, depth: int | None = None,
 
 def fit(method: str, ranks: dict[str, np.ndarray], data: dict[str, list[Q]], norm: str,
         names: list[str] = AUTO_FEATURES, smooth: float | None = None,
-        prior: tuple[int, float] = NO_PRIOR) -> Fitted:
-    """Fit on the sets in `ranks` (never on a left-out one; ranks made with `prior`). convex_const: one α;
-    convex_auto: logistic α."""
+        prior: tuple[int, float] = NO_PRIOR, weigh: str = "sets") -> Fitted:
+    """Fit on the sets in `ranks` (never on a left-out one; ranks made with `prior`; `weigh`: set_weights).
+    convex_const: one α; convex_auto: logistic α."""
+    weights = set_weights(ranks, weigh)
     if method == "convex_const":
-        return Fitted(method, alpha_const=fit_constant(ranks), norm=norm, prior=prior)
+        return Fitted(method, alpha_const=fit_constant(ranks, weights), norm=norm, prior=prior)
     feats = {s: feature_matrix(data[s], names) for s in ranks}
     best = {s: best_route(data[s]) for s in ranks}
     smooth = SMOOTH if smooth is None else smooth
     scale = {s: visible(data[s]) for s in ranks}
-    return Fitted(method, coefs=fit_logistic(ranks, feats, names, l2=L2, best=best, smooth=smooth, scale=scale),
+    return Fitted(method, coefs=fit_logistic(ranks, feats, names, l2=L2, best=best, smooth=smooth, scale=scale,
+                                             weights=weights),
                   norm=norm,
                   prior=prior)
 
 
 def training_gain(m: Fitted, ranks: dict[str, np.ndarray], data: dict[str, list[Q]],
-                  best: dict[str, tuple[float, float]]) -> float:
-    """The fit's objective without its L2 term: mean over the sets in `ranks` of `set_gain` at each question's α
-    (`best`: each set's better-route (MRR@10, Hit@1), `best_route`)."""
-    return float(np.mean([set_gain(ranks[s], m.alphas(data[s]), best[s], 0.0) for s in ranks]))
+                  best: dict[str, tuple[float, float]], weigh: str = "sets") -> float:
+    """The fit's objective without its L2 term: the weighted mean over the sets in `ranks` of `set_gain` at each
+    question's α (`best`: each set's better-route (MRR@10, Hit@1), `best_route`)."""
+    w = set_weights(ranks, weigh)
+    return float(sum(w[s] * set_gain(ranks[s], m.alphas(data[s]), best[s], 0.0) for s in ranks))
 
 
 def fit_with_prior(grids: dict[tuple[int, float], dict[str, np.ndarray]], train: list[str],
-                   data: dict[str, list[Q]], norm: str) -> Fitted:
+                   data: dict[str, list[Q]], norm: str, weigh: str = "sets") -> Fitted:
     """convex_auto in two steps on the sets `train`: the α model fitted without the prior (exactly the fit of
     the sessions before it), then the (cap, β) of `grids` whose addition, α model fixed, gains most there (ties:
     the smaller β, then the smaller cap — the grid order). Fitting α jointly with each β was measured too and
     not kept: it moves the α model (up to +0.36 on one novel question) for no gain on the left-out sets."""
-    base = fit("convex_auto", {s: grids[NO_PRIOR][s] for s in train}, data, norm)
+    base = fit("convex_auto", {s: grids[NO_PRIOR][s] for s in train}, data, norm, weigh=weigh)
     routes = {s: best_route(data[s]) for s in train}  # once: it scores every question on both routes
     best, top = base, -math.inf
     for prior, ranks in grids.items():
         m = Fitted(base.name, coefs=base.coefs, norm=norm, prior=prior)
-        g = training_gain(m, {s: ranks[s] for s in train}, data, routes)
+        g = training_gain(m, {s: ranks[s] for s in train}, data, routes, weigh)
         if g > top + 1e-9:
             best, top = m, g
     return best
@@ -410,7 +430,7 @@ def family_groups(names) -> dict[str, list[str]]:
 
 def cross_validate(data: dict[str, list[Q]], norms=("minmax", "zscore"),
                    methods=("convex_const", "convex_auto_noprior", "convex_auto"), grid=None, adaptive=None,
-                   groups: dict[str, list[str]] | None = None) -> dict:
+                   groups: dict[str, list[str]] | None = None, weigh: str = "sets") -> dict:
     """For each left-out set: the baselines (`adaptive`: the profile's adaptive_rrf, for its row), and every
     (method, norm) fitted on the sets outside its group only. `groups`: the sets left out together (a family of
     text, family_groups); default: each set alone (leave one set out)."""
@@ -422,10 +442,10 @@ def cross_validate(data: dict[str, list[Q]], norms=("minmax", "zscore"),
         for norm, by_prior in grids.items():
             for method in methods:
                 if method == "convex_auto":
-                    fitted[method, norm] = fit_with_prior(by_prior, train, data, norm)
+                    fitted[method, norm] = fit_with_prior(by_prior, train, data, norm, weigh)
                 else:
                     fitted[method, norm] = fit(method.removesuffix("_noprior"),
-                                               {s: by_prior[NO_PRIOR][s] for s in train}, data, norm)
+                                               {s: by_prior[NO_PRIOR][s] for s in train}, data, norm, weigh=weigh)
         for held in held_sets:
             out["sets"][held] = _scored(data[held], fitted, adaptive) | ({"left_out_with": group} if groups else {})
     variants = list(next(iter(out["sets"].values()))["routes"])
@@ -452,14 +472,14 @@ def _scored(qs: list[Q], fitted: dict, adaptive) -> dict:
     return res
 
 
-def fit_all(data: dict[str, list[Q]], embedding_model: str = PACKAGED_E5) -> dict:
+def fit_all(data: dict[str, list[Q]], embedding_model: str = PACKAGED_E5, weigh: str = "sets") -> dict:
     """The shipped weights: the chosen procedure fitted on every set (the LOSO tables estimate how it does on
     sets it has not seen). One coefficient set per normalisation."""
     out = {"embedding_model": embedding_model, "features": AUTO_FEATURES, "fitted_on": sorted(data),
            "about": "alpha = lo + (hi - lo) * sigmoid(bias + sum(c_f * f)); fused += beta * min(1, log(1 + len) / "
                     "log(1 + cap)) (length_prior); tools.eval.fusion_cv.fit_all", "length_prior": {}}
     for norm in ("zscore", "minmax"):
-        m = fit_with_prior(prior_grids(data, norm), list(data), data, norm)
+        m = fit_with_prior(prior_grids(data, norm), list(data), data, norm, weigh)
         out[norm] = m.coefs
         out["length_prior"][norm] = {"cap": m.prior[0], "beta": m.prior[1]}
     return out
@@ -493,16 +513,18 @@ def main(argv=None) -> int:
     ap.add_argument("--embedding-model", default=PACKAGED_E5, help="model id the dumps were made with")
     ap.add_argument("--families", action="store_true",
                     help="leave one family of text out (tools/eval/devsets.FAMILIES), not one set")
+    ap.add_argument("--weigh", default="sets", choices=("sets", "families"),
+                    help="how the training sets count in a fit: alike, or their families alike (set_weights)")
     ap.add_argument("--json", default=None)
     args = ap.parse_args(argv)
     from pipeline.calibration import profile_for
 
     data = {Path(p).name.split(".")[0]: load_dump(Path(p)) for p in args.dumps}
     res = cross_validate(data, adaptive=profile_for(args.embedding_model).profile.fusion.adaptive_rrf,
-                         groups=family_groups(data) if args.families else None)
+                         groups=family_groups(data) if args.families else None, weigh=args.weigh)
     print_cv(res)
     if args.write_weights:
-        w = fit_all(data, args.embedding_model)
+        w = fit_all(data, args.embedding_model, args.weigh)
         Path(args.write_weights).write_text(json.dumps(w, indent=2) + "\n", encoding="utf-8")
         res["weights"] = w
     write_json(args.json, res)
