@@ -61,11 +61,19 @@ def _hits(chunks: dict, gold: set[int], answers: list[str], ws_free: bool) -> np
     return np.array(out, dtype=np.int64)
 
 
-def load_pack(path: Path) -> SetVecs:
+def visible_shares(weights, texts: list[str]) -> np.ndarray:
+    """Each question's IDF share of its content words that some passage holds (the picker's `visible`)."""
     from pipeline.models.tokenize_zh import ChineseTokenizer
+    from pipeline.retrieval.lexical import content_terms
+
+    tok = ChineseTokenizer()
+    return np.array([weights.visible_share(content_terms(tok(t))) or 1.0 for t in texts])
+
+
+def load_pack(path: Path) -> SetVecs:
     from pipeline.retrieval.bm25 import SegmentView
     from pipeline.retrieval.bm25_segments import Segment
-    from pipeline.retrieval.lexical import content_terms
+    from tools.eval.prf_study import K1, B
 
     with open(path, "rb") as fh:
         p = pickle.load(fh)
@@ -76,9 +84,8 @@ def load_pack(path: Path) -> SetVecs:
     q = np.stack([qs[i]["vec"] for i in keep]).astype(np.float32)
     q /= np.linalg.norm(q, axis=1, keepdims=True)
     seg = Segment.build(p["name"], zip(ch["ids"].tolist(), ch["tokens"]))
-    weights = SegmentView((seg,), (np.ones(seg.size, dtype=bool),), 1.5, 0.75).weights()
-    tok = ChineseTokenizer()
-    vis = np.array([weights.visible_share(content_terms(tok(qs[i]["q"]))) or 1.0 for i in keep])
+    weights = SegmentView((seg,), (np.ones(seg.size, dtype=bool),), K1, B).weights()
+    vis = visible_shares(weights, [qs[i]["q"] for i in keep])
     return SetVecs(p["name"], q, ch["vec"].astype(np.float32), [hits[i] for i in keep], ch["doc"],
                    [set(qs[i]["gold"]) for i in keep], vis)
 
@@ -323,7 +330,7 @@ def fused_scoring(packs: Path, dumps: Path, names: list[str]) -> dict:
             d = sets[n]
             qv = np.stack([q["vec"] for q in d.questions]).astype(np.float32)
             qv /= np.linalg.norm(qv, axis=1, keepdims=True)
-            g = None if gate == "full" else 1.0 - _vis_by_question(d, packs, n)
+            g = None if gate == "full" else 1.0 - visible_shares(d.view.weights(), [q["q"] for q in d.questions])
             qa = adapted(qv, w, g)
             data[n] = [adapted_candidates(d, i, qa[i]) for i in range(len(qa))]
             data_raw_alpha[n] = [adapted_candidates(d, i, qa[i], raw_alpha=True) for i in range(len(qa))]
@@ -331,19 +338,6 @@ def fused_scoring(packs: Path, dumps: Path, names: list[str]) -> dict:
         out["kept_raw_alpha"][fam] = kept_alpha(data_raw_alpha, {fam: none["fit"]})[fam]["scores"]
         out["refit"][fam] = by_family(data, only=fam)[fam]["scores"]
     return out
-
-
-def _vis_by_question(d, packs: Path, name: str) -> np.ndarray:
-    """The visible share of every question of a pack (load_pack keeps only questions with a gold passage)."""
-    from pipeline.models.tokenize_zh import ChineseTokenizer
-    from pipeline.retrieval.bm25 import SegmentView
-    from pipeline.retrieval.bm25_segments import Segment
-    from pipeline.retrieval.lexical import content_terms
-
-    seg = Segment.build(name, zip(d.ids.tolist(), d.tokens))
-    weights = SegmentView((seg,), (np.ones(seg.size, dtype=bool),), 1.5, 0.75).weights()
-    tok = ChineseTokenizer()
-    return np.array([weights.visible_share(content_terms(tok(q["q"]))) or 1.0 for q in d.questions])
 
 
 if __name__ == "__main__":
