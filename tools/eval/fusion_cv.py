@@ -201,7 +201,7 @@ def visible(qs: list[Q]) -> np.ndarray:
 
 
 def set_weights(names, weigh: str = "sets") -> dict[str, float]:
-    """How much each training set counts in a fit: "sets" alike (the fits of sessions 4–27), or "families" alike
+    """How much each training set counts in a fit: "sets" alike (every fit before session 28; the default), or "families" alike
     (devsets.FAMILIES; the sets of one family share its weight): the large encyclopedic family then stops
     outvoting the others, as the leave-one-family-out protocol treats families as the units. Sums to 1."""
     names = list(names)
@@ -250,9 +250,8 @@ def fit_logistic(train_ranks: dict[str, np.ndarray], train_feats: dict[str, np.n
                  guard: float = 0.0, restarts: int = 1, smooth: float = 0.0,
                  scale: dict[str, np.ndarray] | None = None,
                  weights: dict[str, float] | None = None) -> dict[str, float]:
-    """Coefficients of α = σ(b + Σ c·f) maximising the (`weights`-)weighted mean over the training sets of
-    `set_gain` (minus a small
-    L2 on standardised coefficients). The objective is piecewise constant, so: coordinate search over a
+    """Coefficients of α = σ(b + Σ c·f) maximising the mean over the training sets of `set_gain`, weighted by
+    `weights` (default: sets alike; set_weights), minus a small L2 on standardised coefficients. The objective is piecewise constant, so: coordinate search over a
     shrinking step on standardised features, from the best constant α (and `restarts` − 1 seeded random starts
     around it: they fit the training sets better but did worse on the left-out ones, so the default is 1)."""
     allf = np.vstack(list(train_feats.values()))
