@@ -251,9 +251,10 @@ def fit_logistic(train_ranks: dict[str, np.ndarray], train_feats: dict[str, np.n
                  scale: dict[str, np.ndarray] | None = None,
                  weights: dict[str, float] | None = None) -> dict[str, float]:
     """Coefficients of α = σ(b + Σ c·f) maximising the mean over the training sets of `set_gain`, weighted by
-    `weights` (default: sets alike; set_weights), minus a small L2 on standardised coefficients. The objective is piecewise constant, so: coordinate search over a
-    shrinking step on standardised features, from the best constant α (and `restarts` − 1 seeded random starts
-    around it: they fit the training sets better but did worse on the left-out ones, so the default is 1)."""
+    `weights` (default: sets alike; set_weights), minus a small L2 on standardised coefficients. The objective is
+    piecewise constant, so: coordinate search over a shrinking step on standardised features, from the best
+    constant α (and `restarts` − 1 seeded random starts around it: they fit the training sets better but did worse
+    on the left-out ones, so the default is 1)."""
     allf = np.vstack(list(train_feats.values()))
     mu, sd = allf.mean(axis=0), allf.std(axis=0) + 1e-9
     sets = list(train_ranks)
