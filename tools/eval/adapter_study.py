@@ -1,18 +1,22 @@
 """A linear query adapter on the packaged embedding model, measured left out by family: can a map fitted on two
 families of text make e5-small's question vector rank the third family's passages better?
 
-    python -m tools.eval.adapter_study --packs PACKS [--kb-cache DIR] [--json OUT] [--ranks full,32] [--lams ...]
+    python -m tools.eval.adapter_study --packs PACKS [--dumps DUMPS] [--json OUT] [--ranks full,32]
+        [--lams 0.001,0.01,0.1] [--gates full,unseen] [--sets …]
 
-The question vector q becomes q′ = unit(q + W q) (W = 0 is today's route; the stored passage vectors are untouched,
-so a knowledge base would not be re-embedded). W is fitted by a listwise softmax over each training question's
-candidates — its gold passages and the raw vector route's top HARD non-gold ones, logits TAU · cos(q′, c) — plus
-λ‖W‖², sets weighing alike. Left out by family (tools/eval/devsets.FAMILIES): for each family, each variant (rank,
-λ) is scored inside the other two by fitting on one and scoring the other (both ways); the variant with the best
-mean gain there (none when none gains) is refitted on both and scored on the left-out family's sets: the vector
-route's MRR@10 / Hit@1 over the whole knowledge base, raw and adapted. With --kb-cache the regulations KB's other
-question sets (tests/data/regulations_*: dev2, holdout, holdout2) are scored too (formal fold only).
+The question vector q becomes q′ = unit(q + g · W q) (W = 0 is today's route; the stored passage vectors are
+untouched, so a knowledge base would not be re-embedded); g is 1 (`full`) or the IDF share of the question's words
+no passage holds (`unseen`). W is fitted by a listwise softmax over each training question's candidates — its gold
+passages and the raw vector route's top HARD non-gold ones, logits TAU · cos(q′, c) — plus λ‖W‖², sets weighing
+alike. Left out by family (tools/eval/devsets.FAMILIES): for each family, each variant (rank, λ, g) is scored
+inside the other two by fitting on one and scoring the other (both ways); the variant with the best mean gain of
+½(ΔMRR@10 + ΔHit@1) there (none when none gains) is refitted on both and scored on the left-out family's sets: the
+vector route's MRR@10 / Hit@1 over the whole knowledge base, raw and adapted. The formal family's other written
+sets (regulations_devset.OTHER_SETS: dev2, holdout, the blind holdout2) are only ever scored, never fitted on.
+With --dumps (tools.eval.evaluate --cv --dump-dir) the fused ranking is re-scored too (`fused_scoring`).
 
-PACKS: tools/eval/prf_pack.py's study packs (`python -m tools.eval.prf_pack --kb-cache DIR --out PACKS`).
+PACKS: tools/eval/prf_pack.py's study packs (`python -m tools.eval.prf_pack --kb-cache DIR --out PACKS NAME …`).
+Results: docs/retrieval-eval.md, "A linear query adapter fitted left out by family".
 """
 from __future__ import annotations
 
