@@ -126,8 +126,9 @@ def route_metrics(s: SetVecs, w: np.ndarray | None, gate: str = "full") -> dict:
 
 
 def training_batch(s: SetVecs):
-    """(questions, candidate vectors (n, 1 + HARD + P, d), gold mask) of a set: every gold passage (up to P) and the
-    raw route's top HARD non-gold ones."""
+    """One set's training tensors: its questions (n, d), each question's candidates (n, P + HARD, d) — its gold
+    passages (up to P, the best first) and the raw route's top HARD non-gold ones — and two masks (n, P + HARD):
+    gold, and valid (the empty gold slots and any padding left out of the softmax)."""
     import torch
 
     P = max(1, min(8, max(len(h) for h in s.hits)))
@@ -153,6 +154,8 @@ def training_batch(s: SetVecs):
 
 
 def fit(batches: list, rank: int | None, lam: float, d: int, seed: int = 0) -> np.ndarray:
+    """W (d × d; of rank `rank` when given) minimising the mean over `batches` (sets alike) of the listwise loss
+    −log Σ_gold softmax(TAU · cos(q′, c)), plus λ‖W‖²: STEPS full-batch Adam steps from W = 0."""
     import torch
 
     torch.manual_seed(seed)
