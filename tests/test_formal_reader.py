@@ -568,10 +568,22 @@ def test_engine_answers_a_consequence_with_the_sanction_of_the_breach_asked(tmp_
     files = (TRAVEL, "物业管理条例(2018-03-19).md")
     engine = engine_with_texts(tmp_path, {f: (REGS / f).read_text(encoding="utf-8") for f in files})
     try:
-        res = engine.ask_sync("我们旅行社想把经营许可证借给朋友的公司用，被查到会怎样？")
-        first = res["answer"].split("\n")[1]
-        assert first.startswith("- 《旅行社条例》第四十七条：旅行社转让、出租、出借旅行社业务经营许可证的，"
-                                "由旅游行政管理部门责令停业整顿1个月至3个月"), res["answer"]
+        question = "我们旅行社想把经营许可证借给朋友的公司用，被查到会怎样？"
+        res = engine.ask_sync(question)
+        assert "《旅行社条例》第四十七条" in res["answer"], res["answer"]
+        assert "情节严重的，吊销" not in res["answer"] and "拒不改正的，吊销" not in res["answer"], res["answer"]
+        # the answer-kind cue among the sentences weighed: 第四十七条's sanction of the breach asked holds it, the
+        # tails of other breaches and 「予以许可的，颁发…」 do not. (Which of the offered sentences comes first is decided
+        # by the cosine and the sources' order, which move with the embedding graph the CPU builds; on an AVX-512
+        # VNNI machine 第四十二条's 「公告的内容包括…吊销、注销情况」 comes first: docs/retrieval-eval.md, "How much the
+        # formal numbers move with the embedding graph".)
+        c, s = engine.components, engine.settings
+        bundle, fusion, _ = c.retrieval.recall(question, s)
+        cands = c.picker.candidates(question, fusion.fused[:s.final_top_k], query_embedding=bundle.embedding)
+        offered = [x.piece.text for x in cands if x.offers > 0]
+        assert any(t.startswith("第四十七条 旅行社转让、出租、出借旅行社业务经营许可证的，由旅游行政管理部门责令停业整顿")
+                   for t in offered), offered
+        assert not any(t.startswith(("情节严重的", "拒不改正的", "予以许可的")) for t in offered), offered
     finally:
         engine.close()
 
@@ -885,7 +897,11 @@ def test_engine_weighs_the_sentence_naming_what_is_asked(tmp_path):
     engine = engine_with_texts(tmp_path, {f: (REGS / f).read_text(encoding="utf-8") for f in (CENSUS, POLLUTION_CENSUS)})
     try:
         res = engine.ask_sync("我们单位员工被借调去当经济普查员，这段时间工资谁发？")
-        assert "《全国经济普查条例》第二十条：商调人员的工资由原单位支付" in res["answer"], res["answer"]
+        # quoted from 第二十条, alone or with the rest of that short article (which the embedding graph the CPU
+        # builds decides: docs/retrieval-eval.md, "How much the formal numbers move with the embedding graph")
+        quoted = [line.replace("**", "") for line in res["answer"].split("\n")
+                  if line.startswith("- 《全国经济普查条例》第二十条：")]
+        assert any("商调人员的工资由原单位支付" in line for line in quoted), res["answer"]
     finally:
         engine.close()
 
