@@ -21,6 +21,7 @@ Results: docs/retrieval-eval.md, "A linear query adapter fitted left out by fami
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import pickle
 import sys
@@ -214,6 +215,15 @@ def main(argv=None) -> int:
     fams = {f: ns for f, ns in fams.items() if ns}
     train = {f: [n for n in ns if n in batches] for f, ns in fams.items()}
     results = {"base": base, "folds": {}}
+    fitted: dict[tuple, np.ndarray] = {}
+
+    def fit_on(names: list[str], v: tuple) -> np.ndarray:
+        """W fitted on these sets (each single-family fit serves two folds' inner choice)."""
+        key = (tuple(names), v)
+        if key not in fitted:
+            fitted[key] = fit([batches[n] for n in names], *v, d)
+        return fitted[key]
+
     for fam, held in fams.items():
         others = [f for f in fams if f != fam and train[f]]
         inner: dict[str, list[float]] = {}
@@ -221,7 +231,7 @@ def main(argv=None) -> int:
             for a in others:
                 for b in others:
                     if a != b:
-                        w = fit([batches[n] for n in train[a]], *v, d)
+                        w = fit_on(train[a], v)
                         for g in gates:
                             inner.setdefault(f"{v + (g,)}", []).append(float(np.mean(
                                 [gain(base[n], route_metrics(sets[n], w, g)) for n in train[b]])))
@@ -231,7 +241,7 @@ def main(argv=None) -> int:
         mean = {k: float(np.mean(x)) for k, x in inner.items()}
         best = max(((v, g) for v in fits for g in gates), key=lambda x: mean[f"{x[0] + (x[1],)}"])
         chosen = best if mean[f"{best[0] + (best[1],)}"] > 0 else None
-        w = fit([batches[n] for f in others for n in train[f]], *best[0], d)
+        w = fit_on([n for f in others for n in train[f]], best[0])
         scored = {n: route_metrics(sets[n], w, best[1]) for n in held}
         results["folds"][fam] = {"inner": mean, "best": f"{best}", "chosen": f"{chosen}", "left_out": scored}
         if chosen is not None:  # the fold's adapter, for the fused scoring (--dumps)
@@ -257,46 +267,13 @@ def main(argv=None) -> int:
 
 
 # ------------------------------------------------------------------------------------------ the fused ranking
-def adapted_candidates(d, qi: int, qa: np.ndarray, raw_alpha: bool = False):
-    """prf_study.candidates with the vector route re-run on the adapted question vector `qa`: the BM25 top-50 of
-    the dump ∪ the adapted route's top-50, every candidate's cosine the adapted one (the dumps' cosines are the
-    stored vectors' products with the raw vector, so W = 0 gives the dump back)."""
-    import math
+def adapted_candidates(d, qi: int, qa: np.ndarray) -> tuple:
+    """The question's candidates with the vector route re-run on the adapted question vector `qa`
+    (prf_study.candidates; W = 0 gives the dump back), and the same with the α model's features of the raw route."""
+    from tools.eval.prf_study import candidates, original_weights, weighted_scores
 
-    from pipeline.retrieval.fusion import query_features
-    from tools.eval.fusion_cv import Q
-    from tools.eval.prf_study import RECALL, is_hit
-
-    base = d.base[qi]
-    sims = d.vec @ qa
-    vtop = np.argsort(-sims, kind="stable")[:RECALL]
-    vlist = [(int(d.ids[p]), float(sims[p])) for p in vtop]
-    rb = {int(c): int(r) for c, r in zip(base.ids, base.rb) if math.isfinite(r)}
-    order = sorted(rb, key=rb.get)
-    rv = {cid: r for r, (cid, _) in enumerate(vlist, 1)}
-    order += [cid for cid, _ in vlist if cid not in rb]
-    known = {int(c): i for i, c in enumerate(base.ids)}
-    n = len(order)
-    sc, hit, ln, sb = np.zeros(n), np.zeros(n, dtype=bool), np.zeros(n), np.zeros(n)
-    for i, cid in enumerate(order):
-        p = d.pos(cid)
-        sc[i] = min(1.0, max(0.0, float(sims[p])))
-        j = known.get(cid)
-        if j is not None:
-            hit[i], ln[i], sb[i] = base.hit[j], base.ln[j], base.sb[j]
-        else:
-            hit[i] = is_hit(d, qi, p)
-            ln[i] = math.inf if int(d.index[p]) > 0 else float(len(d.text[p]))
-    q = Q(np.array(order, dtype=np.int64), np.array([rb.get(c, math.inf) for c in order], dtype=np.float64),
-          np.array([rv.get(c, math.inf) for c in order], dtype=np.float64), sb, sc, hit, {}, ln)
-    q.f = dict(base.f)
-    if base.f and vlist and not raw_alpha:  # the route features the α model reads, from the adapted vector list
-        btop = sorted(rb, key=rb.get)[:10]
-        feats = query_features([float(base.sb[known[c]]) for c in btop], [c for _, c in vlist[:10]],
-                               [str(c) for c in btop], [str(c) for c, _ in vlist[:10]],
-                               base.f.get("coverage", 0.0), len(d.questions[qi]["q"]))
-        q.f = feats
-    return q
+    q, _ = candidates(d, qi, weighted_scores(d.view, original_weights(d.qtokens[qi])), qv=qa)
+    return q, dataclasses.replace(q, f=dict(d.base[qi].f))
 
 
 def report_fused(fused: dict, names: list[str]) -> None:
@@ -339,8 +316,7 @@ def fused_scoring(packs: Path, dumps: Path, names: list[str]) -> dict:
             qv /= np.linalg.norm(qv, axis=1, keepdims=True)
             g = None if gate == "full" else 1.0 - visible_shares(d.view.weights(), [q["q"] for q in d.questions])
             qa = adapted(qv, w, g)
-            data[n] = [adapted_candidates(d, i, qa[i]) for i in range(len(qa))]
-            data_raw_alpha[n] = [adapted_candidates(d, i, qa[i], raw_alpha=True) for i in range(len(qa))]
+            data[n], data_raw_alpha[n] = map(list, zip(*(adapted_candidates(d, i, qa[i]) for i in range(len(qa)))))
         out["kept"][fam] = kept_alpha(data, {fam: none["fit"]})[fam]["scores"]
         out["kept_raw_alpha"][fam] = kept_alpha(data_raw_alpha, {fam: none["fit"]})[fam]["scores"]
         out["refit"][fam] = by_family(data, only=fam)[fam]["scores"]

@@ -143,9 +143,11 @@ def is_hit(d: SetData, qi: int, p: int) -> bool:
     return any(a in t for a in q["answers"])
 
 
-def candidates(d: SetData, qi: int, scores: np.ndarray) -> tuple[Q, list[int]]:
+def candidates(d: SetData, qi: int, scores: np.ndarray, qv: np.ndarray | None = None) -> tuple[Q, list[int]]:
     """The question's full-information candidates with these BM25 scores: the BM25 top-50 of `scores` ∪ the vector
-    route's top-50 of the dump, every one with its expanded BM25 score and its cosine. Returns (Q, BM25 top list)."""
+    route's top-50 of the dump, every one with its expanded BM25 score and its cosine. `qv`: another question vector
+    (tools/eval/adapter_study.py) — the vector route re-run with it over every stored vector, and every candidate's
+    cosine its product with `qv`. Returns (Q, BM25 top list)."""
     btop = top_positions(scores, d.ids, RECALL)
     base = d.base[qi]
     known = {int(c): i for i, c in enumerate(base.ids)}
@@ -155,11 +157,14 @@ def candidates(d: SetData, qi: int, scores: np.ndarray) -> tuple[Q, list[int]]:
         cid = int(d.ids[p])
         rb[cid] = r
         order.append(cid)
-    rv = {cid: r for r, (cid, _) in enumerate(d.vlist[qi], 1)}
-    for cid, _ in d.vlist[qi]:
+    sims = None if qv is None else d.vec @ qv
+    vlist = d.vlist[qi] if sims is None else [(int(d.ids[p]), float(sims[p]))
+                                              for p in np.argsort(-sims, kind="stable")[:RECALL]]
+    rv = {cid: r for r, (cid, _) in enumerate(vlist, 1)}
+    for cid, _ in vlist:
         if cid not in rb:
             order.append(cid)
-    qv = d.questions[qi]["vec"]
+    qv = d.questions[qi]["vec"] if qv is None else qv
     n = len(order)
     ids = np.array(order, dtype=np.int64)
     sc = np.zeros(n)
@@ -173,19 +178,21 @@ def candidates(d: SetData, qi: int, scores: np.ndarray) -> tuple[Q, list[int]]:
         if j is not None:
             sc[i], hit[i], ln[i] = base.sc[j], base.hit[j], base.ln[j]
         else:
-            sc[i] = min(1.0, max(0.0, float(d.vec[p] @ qv)))
             hit[i] = is_hit(d, qi, p)
             ln[i] = math.inf if int(d.index[p]) > 0 else float(len(d.text[p]))
+        if j is None or sims is not None:
+            sc[i] = min(1.0, max(0.0, float(d.vec[p] @ qv)))
     inf = math.inf
     q = Q(ids, np.array([rb.get(c, inf) for c in order], dtype=np.float64),
           np.array([rv.get(c, inf) for c in order], dtype=np.float64), sb, sc, hit, {}, ln)
-    # the auto weight's features, as HybridRetriever.features: the question's own tokens for the coverage
-    if btop and d.vlist[qi]:
+    # the auto weight's features, as HybridRetriever.features: the question's own tokens for the coverage; the
+    # share of them the keyword route can see (the engine scales α by it) is the question's, as the dump has it
+    if btop and vlist:
         cov = d.view.coverage(d.qtokens[qi], btop[0])
-        v10 = d.vlist[qi][:10]
+        v10 = vlist[:10]
         q.f = query_features([scores[p] for p in btop[:10]], [c for _, c in v10],
                              [str(int(d.ids[p])) for p in btop[:10]], [str(c) for c, _ in v10], cov,
-                             len(d.questions[qi]["q"]))
+                             len(d.questions[qi]["q"])) | {"visible": base.f.get("visible", 1.0)}
     return q, btop
 
 
