@@ -178,3 +178,49 @@ def test_calibrate_fits_a_tiny_model_and_an_engine_then_runs_on_its_profile(tmp_
         assert 'data-profile="local-tiny-calib"' in render_trace(tr)
     finally:
         engine.close()
+
+
+def test_calibrate_refuses_an_unknown_set_or_weighing_before_building_anything(tmp_path):
+    from tools.eval.calibrate import calibrate
+
+    with pytest.raises(ValueError, match="unknown dev set.*regulations"):  # the message lists what is known
+        calibrate("", tmp_path / "kb", tmp_path / "dumps", ["xquad_zh", "no_such_set"], tmp_path / "out")
+    with pytest.raises(ValueError, match="weigh"):
+        calibrate("", tmp_path / "kb", tmp_path / "dumps", ["xquad_zh", "regulations"], tmp_path / "out",
+                  weigh="questions")
+    assert not (tmp_path / "kb").exists() and not (tmp_path / "out").exists()
+
+
+# The formal family joins the fit: the real regulations (../shared/data/regulations) built with a tiny model, and
+# the left-out metrics of every step leave out a whole family of text.
+@pytest.mark.slow
+def test_calibrate_by_family_with_the_formal_set(tmp_path, monkeypatch):
+    from tools.eval.calibrate import calibrate
+    from tools.eval.devsets import family_of, shared_data_dir
+
+    regulations = shared_data_dir() / "regulations"
+    assert regulations.is_dir(), "../shared/data/regulations is part of the test data"
+    monkeypatch.delenv(DIR_ENV, raising=False)
+    shared = write_dev_data(tmp_path / "shared")
+    (shared / "regulations").symlink_to(regulations)
+    monkeypatch.setenv("KBQA_SHARED_DATA", str(shared))
+    model = make_tiny_bert_embedding(tmp_path / "tiny-family")
+    sets = ["xquad_zh", "dureader_dev", "regulations"]  # one set of each family
+    path = calibrate(str(model), tmp_path / "kb-cache", tmp_path / "dumps", sets, tmp_path / "profiles",
+                     {"gate": 10, "extractive": 6}, steps=("fusion", "gate", "extractive"), by_family=True,
+                     weigh="families")
+    prof = read(path)
+    for name in ("fusion", "gate", "extractive"):
+        prov = getattr(prof, name).provenance
+        assert prov.dev_sets == sorted(sets), name
+        # each set scored by a fit on the other families only, and says which family it was left out with
+        assert {s: m["left_out_with"] for s, m in prov.left_out.items() if s in sets} == \
+            {s: family_of(s) for s in sets}, name
+        assert "without its family" in prov.notes, name
+    assert "families weighing alike" in prof.fusion.provenance.notes
+    formal_gate = prof.gate.provenance.left_out["regulations"]
+    # the formal rows: its same-domain unanswerable questions stand where gold-removed ones stand elsewhere, the
+    # everyday off-topic questions are its out-of-KB ones
+    assert formal_gate["answerable"] == 10 and formal_gate["gold_removed"] == 40 and formal_gate["out_of_kb"] == 51
+    assert prof.extractive.provenance.left_out["regulations"]["gold_removed"] == 40
+    assert prof.support == profile_for("local:tiny-family").profile.support  # not a step of this run: kept

@@ -1,7 +1,8 @@
 """Fit every calibrated number for one embedding model and write its calibration profile — one command.
 
     python -m tools.eval.calibrate --embedding-model models/bge-small-zh-v1.5 --kb-cache /work/cache/kb \
-        --dump-dir /work/cache/calib [--sets xquad_zh,cmrc_trial,...] [--out pipeline/calibration] [--steps fusion,…]
+        --dump-dir /work/cache/calib [--sets xquad_zh,cmrc_trial,...] [--out pipeline/calibration] [--steps fusion,…] \
+        [--by-family] [--weigh families]
 
 Writes <out>/<model slug>.json (pipeline/calibration/store.py), which the app reads at its next model load; every
 section carries its provenance (the model, the dev sets, this command, the day, the left-out metrics). The steps are
@@ -21,6 +22,14 @@ through $KBQA_CALIBRATION_DIR). A step that cannot be fitted on the sets given (
 the generic profile's section and says why in its provenance. The adaptive-RRF rule of fusion_mode=rrf has no
 fitting code (it was chosen on a grid once, for the packaged e5) and is carried over from the generic profile.
 The dev data is $KBQA_SHARED_DATA or ../shared/data, laid out as tools/kb_cache.DEV_SETS says.
+
+`regulations` (the formal-documents family: the regulations knowledge base and tests/data/regulations_dev) may be
+one of --sets: its fusion dump, its gate rows (its same-domain unanswerable questions and the everyday off-topic ones
+as the negatives) and its picker rows are the separate tools' (tools/eval/gate_dataset.py, extractive_dataset.py);
+the support check has no claims of it. --by-family: the left-out metrics of the provenance leave out a family of
+text at a time (tools/eval/devsets.FAMILIES) instead of a set, as docs/retrieval-eval.md's protocol does; --weigh
+families: in the fusion's fit each family weighs alike, not each set (fusion_cv.set_weights) — so the three
+encyclopedic sets do not outvote the others.
 """
 from __future__ import annotations
 
@@ -53,9 +62,15 @@ from tools.eval.cli import add_kb_cache, command_parser, kb_cache_root
 from tools.eval.devsets import DEV_SETS, load_corpus
 from tools.eval.evaluate import evaluate_set
 from tools.eval.kb_cache import ensure_built
+from tools.eval.regulations_devset import REGULATIONS
 
 REPO = Path(__file__).resolve().parents[2]
 PER_SET = {"gate": 800, "extractive": 240, "support": 150}  # the separate tools' defaults
+SETS = (*DEV_SETS, REGULATIONS.name)  # what --sets may name
+
+
+def devset(name: str):
+    return REGULATIONS if name == REGULATIONS.name else DEV_SETS[name]
 
 
 @contextlib.contextmanager
@@ -85,13 +100,15 @@ class Run:
     """One calibration run: the model, the sets, where its caches and the draft live, the provenance it writes."""
 
     def __init__(self, model_path: str, kb_cache: Path, dump_dir: Path, sets: list[str], command: str,
-                 base: CalibrationProfile | None = None):
+                 base: CalibrationProfile | None = None, by_family: bool = False, weigh: str = "sets"):
         from pipeline.models.embeddings import load_embedding
 
         self.model_path = model_path
         self.model_id = embedding_model_id(model_path, REPO)
         self.slug = slug(self.model_id)
         self.sets = sets
+        self.by_family = by_family  # left-out metrics: a family of text left out at a time, not a set
+        self.weigh = weigh          # the fusion's fit: sets or families weighing alike (fusion_cv.set_weights)
         self.kb_root = kb_cache if self.model_id == PACKAGED_MODEL_ID else kb_cache / self.slug
         self.dumps = dump_dir / self.slug
         self.draft_dir = self.dumps / "profile"
@@ -124,6 +141,14 @@ class Run:
     def save_draft(self) -> None:
         write(CalibrationProfile.model_validate(self.profile.model_dump()), self.draft_dir / f"{self.slug}.json")
 
+    def left_out_units(self) -> int:
+        """How many units a left-out fit can leave out: families of text with --by-family, else sets."""
+        return len(fusion_cv.family_groups(self.sets)) if self.by_family else len(self.sets)
+
+    @property
+    def unit(self) -> str:
+        return "family" if self.by_family else "set"
+
     def step_dir(self, name: str, fresh: bool = True) -> Path:
         """The dumps of one step; `fresh`: emptied first (its dumps hold the numbers fitted before it)."""
         d = self.dumps / name
@@ -139,12 +164,13 @@ class Run:
 def build_kbs(run: Run) -> None:
 
     for name in run.sets:
-        print(f"calibrate: knowledge base {name}: {ensure_built(run.kb_root, DEV_SETS[name], run.model_path)}",
+        print(f"calibrate: knowledge base {name}: {ensure_built(run.kb_root, devset(name), run.model_path)}",
               file=sys.stderr)
 
 
 def fusion_left_out(cv: dict) -> dict:
-    """Per left-out set, the chosen fusion (convex min-max, auto α + prior) against its better route and RRF."""
+    """Per left-out set, the chosen fusion (convex min-max, auto α + prior) against its better route and RRF (and,
+    left out by family, the family it was left out with)."""
     out = {}
     for name, r in cv["sets"].items():
         chosen = r["routes"][cv["chosen"]]
@@ -155,6 +181,8 @@ def fusion_left_out(cv: dict) -> dict:
                      "better_route_mrr@10": r["routes"][best]["mrr@10"],
                      "better_route_hit@1": r["routes"][best]["hit@1"], "rrf_mrr@10": r["routes"]["rrf"]["mrr@10"],
                      "rrf_hit@1": r["routes"]["rrf"]["hit@1"], "prior_cap": lp["cap"], "prior_beta": lp["beta"]}
+        if "left_out_with" in r:
+            out[name]["left_out_with"] = r["left_out_with"]
     avg = cv["average"]
     out["average"] = {"mrr@10": avg[cv["chosen"]]["mrr@10"], "hit@1": avg[cv["chosen"]]["hit@1"],
                       "hit@5": avg[cv["chosen"]]["hit@5"], "rrf_mrr@10": avg["rrf"]["mrr@10"],
@@ -172,21 +200,23 @@ def fit_fusion(run: Run, redump: bool = False) -> None:
             evaluate_set(name, run.kb_root, {}, dump=tmp)
             tmp.rename(path)
     current = run.profile.fusion
-    if len(run.sets) < 2:
-        run.set_section("fusion", run.kept(current, "leave-one-set-out needs two dev sets"))
+    if run.left_out_units() < 2:
+        run.set_section("fusion", run.kept(current, f"leaving one {run.unit} out needs two"))
         return
     data = {n: fusion_cv.load_dump(d / f"{n}.jsonl") for n in run.sets}
-    cv = fusion_cv.cross_validate(data, adaptive=current.adaptive_rrf)
+    cv = fusion_cv.cross_validate(data, adaptive=current.adaptive_rrf, weigh=run.weigh,
+                                  groups=fusion_cv.family_groups(data) if run.by_family else None)
     fusion_cv.print_cv(cv)
-    w = fusion_cv.fit_all(data, run.model_id)
+    w = fusion_cv.fit_all(data, run.model_id, run.weigh)
     adaptive = current.adaptive_rrf.model_copy(update={"provenance": current.adaptive_rrf.provenance.model_copy(
         update={"notes": f"not refitted for {run.model_id} (no fitting code: chosen once on a grid for the packaged "
                          f"e5); {current.adaptive_rrf.provenance.notes}"})})
     run.set_section("fusion", FusionCalibration(
         alpha_model={n: w[n] for n in ("minmax", "zscore")}, length_prior=w["length_prior"], adaptive_rrf=adaptive,
         provenance=run.provenance(list(data), fusion_left_out(cv),
-                                  "fusion_cv.fit_all on every set; left-out: the chosen fusion "
-                                  f"({cv['chosen']} + fragment prior), each set scored by a fit on the others")))
+                                  f"fusion_cv.fit_all on every set, {run.weigh} weighing alike; left-out: the chosen "
+                                  f"fusion ({cv['chosen']} + fragment prior), each set scored by a fit without its "
+                                  f"{run.unit}")))
 
 
 def gate_section(model, similarity: str = "above") -> dict:
@@ -199,21 +229,34 @@ def gate_section(model, similarity: str = "above") -> dict:
             "band": {"sure_refuse": model.sure_refuse, "sure_answer": model.sure_answer}}
 
 
+def by_set(by_family: dict) -> dict:
+    """A leave-one-family-out result ({family: {"trained_on", "sets": {set: metrics}, …}}) as metrics per set, each
+    naming the family it was left out with."""
+    return {name: m | {"left_out_with": fam} for fam, r in by_family.items() for name, m in r["sets"].items()}
+
+
 def fit_gate(run: Run, per_set: int) -> None:
     d = run.step_dir("gate")
-    questions_of = {n: load_corpus(DEV_SETS[n]).questions for n in run.sets}
+    questions_of = {n: load_corpus(DEV_SETS[n]).questions for n in run.sets if n in DEV_SETS}
     for name in run.sets:  # over the fusion just fitted (the gate reads the fused order): always dumped again
-        gate_dataset.dump_set(name, run.kb_root, d, per_set, questions_of)
+        if name == REGULATIONS.name:
+            gate_dataset.dump_regulations(run.kb_root, d, per_set)
+        else:
+            gate_dataset.dump_set(name, run.kb_root, d, per_set, questions_of)
     rows, bg = cg.load(d)
-    if len(bg) < 2:
-        run.set_section("gate", run.kept(run.profile.gate, "leave-one-set-out needs two dev sets"))
+    if run.left_out_units() < 2:
+        run.set_section("gate", run.kept(run.profile.gate, f"leaving one {run.unit} out needs two"))
         return
-    loso = cg.leave_one_set_out(rows, bg)
+    if run.by_family:
+        loso = by_set(cg.leave_one_family_out(rows, bg))
+    else:
+        loso = cg.leave_one_set_out(rows, bg)
     cg.print_table(loso)
     model = cg.fit(rows, bg)
     left_out = {k: {m: v for m, v in r.items() if m != "model"} for k, r in loso.items()}
     run.set_section("gate", GateCalibration(**gate_section(model), provenance=run.provenance(
-        list(bg), left_out, f"calibrate_gate.fit on every set, {per_set} answerable questions sampled per set")))
+        list(bg), left_out, f"calibrate_gate.fit on every set, {per_set} answerable questions sampled per set; "
+                            f"left-out: each set scored by a fit without its {run.unit}")))
     floor = cg.hard_floor(rows)
     run.set_section("floor", FloorCalibration(min_similarity=min(1.0, max(0.0, floor)), provenance=run.provenance(
         list(bg), {}, f"calibrate_gate.hard_floor: the {cg.FLOOR_QUANTILE:.1%} quantile of the answerable "
@@ -226,15 +269,20 @@ def fit_extractive(run: Run, per_set: int) -> None:
     for name in run.sets:
         extractive_dataset.dump_set(name, run.kb_root, d, per_set, None)
     sets = cx.load(d)
-    if len(sets) < 2:
-        run.set_section("extractive", run.kept(run.profile.extractive, "leave-one-set-out needs two dev sets"))
+    if run.left_out_units() < 2:
+        run.set_section("extractive", run.kept(run.profile.extractive, f"leaving one {run.unit} out needs two"))
         return
-    loso = {name: cx.metrics(data, cx.fit([x for n, x in sets.items() if n != name])) for name, data in sets.items()}
+    if run.by_family:
+        loso = by_set(cx.leave_one_family_out(sets))
+    else:
+        loso = {name: cx.metrics(data, cx.fit([x for n, x in sets.items() if n != name]))
+                for name, data in sets.items()}
     cx.print_table(loso)
     p = cx.fit(list(sets.values()))
     run.set_section("extractive", ExtractiveCalibration(**p.__dict__, provenance=run.provenance(
         list(sets), loso, f"calibrate_extractive.fit on every set (w_cos fixed at {cx.W_COS:g}: only ratios matter), "
-                          f"{per_set} answerable questions sampled per set")))
+                          f"{per_set} answerable questions sampled per set; left-out: each set scored by a fit "
+                          f"without its {run.unit}")))
 
 
 def fit_support(run: Run, per_set: int) -> None:
@@ -246,7 +294,7 @@ def fit_support(run: Run, per_set: int) -> None:
         return
     data = {n: cs.collect(n, run.kb_root, per_set) for n in names}
     weights = SupportParams.from_calibration(run.profile.support)  # w_cos, w_cov, w_phrase: fixed by design
-    loso = {}
+    loso = {}  # one set out at a time even --by-family: every set with claims is encyclopedic
     for name, rows in data.items():
         p = cs.fit({n: r for n, r in data.items() if n != name}, weights)
         loso[name] = cs.score(rows, p) | {"floor": p.floor, "margin": p.margin, "hard_floor": p.hard_floor}
@@ -262,15 +310,17 @@ FITS = {"gate": fit_gate, "extractive": fit_extractive, "support": fit_support} 
 
 def calibrate(model_path: str, kb_cache: Path, dump_dir: Path, sets: list[str], out: Path = PACKAGE_DIR,
               per_set: dict[str, int] | None = None, redump: bool = False, command: str | None = None,
-              steps: tuple[str, ...] = STEPS) -> Path:
+              steps: tuple[str, ...] = STEPS, by_family: bool = False, weigh: str = "sets") -> Path:
     """The whole fit for one embedding model, or only `steps` of it; returns the profile file written
     (<out>/<slug>.json). With only some steps, every other section stays as the model's profile in `out` (or the
     one the app reads for it) has it; a later step reads the sections before it, so a refit of one step keeps
-    the others' numbers — and what they were fitted on — as they were."""
+    the others' numbers — and what they were fitted on — as they were. `by_family`: left-out metrics by family of
+    text; `weigh`: "sets" or "families" weighing alike in the fusion's fit."""
 
-    unknown = [s for s in sets if s not in DEV_SETS]
+    unknown = [s for s in sets if s not in SETS]
     if unknown:
-        raise ValueError(f"unknown dev set(s) {', '.join(unknown)}; known: {', '.join(DEV_SETS)}")
+        raise ValueError(f"unknown dev set(s) {', '.join(unknown)}; known: {', '.join(SETS)}")
+    fusion_cv.set_weights(sets, weigh)  # an unknown `weigh` fails here, before any knowledge base is built
     if not steps or set(steps) - set(STEPS):
         raise ValueError(f"steps {', '.join(steps)}: each one of {', '.join(STEPS)}")
     sizes = PER_SET | (per_set or {})
@@ -281,7 +331,7 @@ def calibrate(model_path: str, kb_cache: Path, dump_dir: Path, sets: list[str], 
         model_id = embedding_model_id(model_path, REPO)
         existing = Path(out) / f"{slug(model_id)}.json"
         base = read(existing) if existing.is_file() else profile_for(model_id).profile
-    run = Run(model_path, Path(kb_cache), Path(dump_dir), list(sets), command, base)
+    run = Run(model_path, Path(kb_cache), Path(dump_dir), list(sets), command, base, by_family, weigh)
     with searched_first(run.draft_dir):
         build_kbs(run)
         for step in (s for s in STEPS if s in steps):
@@ -302,12 +352,17 @@ def main(argv=None) -> int:
     add_kb_cache(ap)
     ap.add_argument("--dump-dir", default=None, help="where the per-step dumps and the draft profile go "
                                                      "(default: a temporary folder)")
-    ap.add_argument("--sets", default=",".join(DEV_SETS), help="comma-separated dev sets (default: all five)")
+    ap.add_argument("--sets", default=",".join(DEV_SETS),
+                    help=f"comma-separated dev sets (default: the five of DEV_SETS; known: {', '.join(SETS)})")
     ap.add_argument("--out", type=Path, default=PACKAGE_DIR, help="folder of the profile (default: pipeline/calibration)")
     ap.add_argument("--redump", action="store_true", help="run the fusion's retrieval dumps again even if present")
     ap.add_argument("--steps", default=",".join(STEPS),
                     help="comma-separated steps to fit (default: all); the other sections stay as the model's "
                          "profile has them")
+    ap.add_argument("--by-family", action="store_true",
+                    help="left-out metrics leave out a family of text (tools/eval/devsets.FAMILIES), not a set")
+    ap.add_argument("--weigh", default="sets", choices=("sets", "families"),
+                    help="the fusion's fit: each set weighs alike (default), or each family")
     for step, n in PER_SET.items():
         ap.add_argument(f"--{step}-per-set", type=int, default=n, help=f"questions sampled per set for the {step} fit")
     args = ap.parse_args(argv)
@@ -321,7 +376,7 @@ def main(argv=None) -> int:
         dump_dir = Path(args.dump_dir) if args.dump_dir else Path(stack.enter_context(
             tempfile.TemporaryDirectory(prefix="kbqa-calibrate-")))
         calibrate(model, root, dump_dir, [s for s in args.sets.split(",") if s], args.out, sizes, args.redump,
-                  command, tuple(s for s in args.steps.split(",") if s))
+                  command, tuple(s for s in args.steps.split(",") if s), args.by_family, args.weigh)
     return 0
 
 
