@@ -188,6 +188,9 @@ def test_calibrate_refuses_an_unknown_set_or_weighing_before_building_anything(t
     with pytest.raises(ValueError, match="weigh"):
         calibrate("", tmp_path / "kb", tmp_path / "dumps", ["xquad_zh", "regulations"], tmp_path / "out",
                   weigh="questions")
+    with pytest.raises(ValueError, match="features no_such_input"):
+        calibrate("", tmp_path / "kb", tmp_path / "dumps", ["xquad_zh", "regulations"], tmp_path / "out",
+                  features=["cos1", "no_such_input"])
     assert not (tmp_path / "kb").exists() and not (tmp_path / "out").exists()
 
 
@@ -208,7 +211,7 @@ def test_calibrate_by_family_with_the_formal_set(tmp_path, monkeypatch):
     sets = ["xquad_zh", "dureader_dev", "regulations"]  # one set of each family
     path = calibrate(str(model), tmp_path / "kb-cache", tmp_path / "dumps", sets, tmp_path / "profiles",
                      {"gate": 10, "extractive": 6}, steps=("fusion", "gate", "extractive"), by_family=True,
-                     weigh="families")
+                     weigh="families", features=["cos1", "qlen"])
     prof = read(path)
     for name in ("fusion", "gate", "extractive"):
         prov = getattr(prof, name).provenance
@@ -217,7 +220,9 @@ def test_calibrate_by_family_with_the_formal_set(tmp_path, monkeypatch):
         assert {s: m["left_out_with"] for s, m in prov.left_out.items() if s in sets} == \
             {s: family_of(s) for s in sets}, name
         assert "without its family" in prov.notes, name
-    assert "families weighing alike" in prof.fusion.provenance.notes
+    assert "families weighing alike" in prof.fusion.provenance.notes and "reading cos1, qlen" in prof.fusion.provenance.notes
+    for norm in ("minmax", "zscore"):  # the α model reads the two inputs named, every other one weighs 0
+        assert all(v == 0.0 for k, v in prof.fusion.alpha_model[norm].items() if k not in ("cos1", "qlen", "bias"))
     formal_gate = prof.gate.provenance.left_out["regulations"]
     # the formal rows: its same-domain unanswerable questions stand where gold-removed ones stand elsewhere, the
     # everyday off-topic questions are its out-of-KB ones

@@ -602,3 +602,30 @@ def test_families_weigh_alike_when_asked():
     train = {"xquad_zh": enc, "cmrc_trial": enc, "dureader_dev": web}
     assert fusion_cv.fit_constant(train) >= 0.6  # sets alike: (1 + 1 + 0) / 3 beats (⅓ + ⅓ + 1) / 3
     assert fusion_cv.fit_constant(train, fusion_cv.set_weights(train, "families")) <= 0.4  # ½·1 + ½·0 < ½·⅓ + ½·1
+
+
+def test_the_alpha_model_reads_only_the_inputs_named(monkeypatch):
+    """--features: the α model is fitted on the inputs named only; fit_all still writes every input the engine
+    computes (0 for the others), so the profile's α model keeps its shape. Here cos1 tells the two kinds of question
+    apart and qlen is noise: read alone, qlen cannot give them different shares."""
+    from tools.eval import fusion_cv
+
+    monkeypatch.setattr(fusion_cv, "PRIOR_GRID", [fusion_cv.NO_PRIOR])  # the α model alone: fast
+    rng = np.random.default_rng(3)
+    data = {"a": _synthetic_set(rng, 30, False), "b": _synthetic_set(rng, 30, True)}
+    with_cos = fusion_cv.fit_all(data, names=["cos1"])["minmax"]
+    noise = fusion_cv.fit_all(data, names=["qlen"])["minmax"]
+    for w in (with_cos, noise):
+        assert list(w) == [*fusion_cv.AUTO_FEATURES, "bias"]
+    assert with_cos["cos1"] < 0 and all(v == 0.0 for k, v in with_cos.items() if k not in ("cos1", "bias"))
+    assert noise["cos1"] == 0.0 and all(v == 0.0 for k, v in noise.items() if k not in ("qlen", "bias"))
+
+    def spread(w):  # mean α of the vector kind minus the keyword kind under the fit
+        m = fusion_cv.Fitted("convex_auto", coefs=w)
+        return float(m.alphas(data["a"]).mean() - m.alphas(data["b"]).mean())
+
+    assert spread(with_cos) > 0.3 and abs(spread(noise)) < spread(with_cos) / 3
+    res = fusion_cv.cross_validate(data, norms=("minmax",), methods=("convex_auto",), names=["cos1"])
+    assert set(res["sets"]["a"]["fitted"]["convex_auto/minmax"]["coefs"]) == {"cos1", "bias"}
+    with pytest.raises(SystemExit):
+        fusion_cv.main(["--features", "cos1,no_such_input", "x.jsonl"])

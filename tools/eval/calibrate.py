@@ -2,7 +2,7 @@
 
     python -m tools.eval.calibrate --embedding-model models/bge-small-zh-v1.5 --kb-cache /work/cache/kb \
         --dump-dir /work/cache/calib [--sets xquad_zh,cmrc_trial,...] [--out pipeline/calibration] [--steps fusion,…] \
-        [--by-family] [--weigh families]
+        [--by-family] [--weigh families] [--features cos1,qlen]
 
 Writes <out>/<model slug>.json (pipeline/calibration/store.py), which the app reads at its next model load; every
 section carries its provenance (the model, the dev sets, this command, the day, the left-out metrics). The steps are
@@ -29,7 +29,8 @@ as the negatives) and its picker rows are the separate tools' (tools/eval/gate_d
 the support check has no claims of it. --by-family: the left-out metrics of the provenance leave out a family of
 text at a time (tools/eval/devsets.FAMILIES) instead of a set, as docs/retrieval-eval.md's protocol does; --weigh
 families: in the fusion's fit each family weighs alike, not each set (fusion_cv.set_weights) — so the three
-encyclopedic sets do not outvote the others.
+encyclopedic sets do not outvote the others; --features: the inputs the α model reads (fusion.AUTO_FEATURES, all by
+default).
 """
 from __future__ import annotations
 
@@ -100,7 +101,8 @@ class Run:
     """One calibration run: the model, the sets, where its caches and the draft live, the provenance it writes."""
 
     def __init__(self, model_path: str, kb_cache: Path, dump_dir: Path, sets: list[str], command: str,
-                 base: CalibrationProfile | None = None, by_family: bool = False, weigh: str = "sets"):
+                 base: CalibrationProfile | None = None, by_family: bool = False, weigh: str = "sets",
+                 features: list[str] | None = None):
         from pipeline.models.embeddings import load_embedding
 
         self.model_path = model_path
@@ -109,6 +111,7 @@ class Run:
         self.sets = sets
         self.by_family = by_family  # left-out metrics: a family of text left out at a time, not a set
         self.weigh = weigh          # the fusion's fit: sets or families weighing alike (fusion_cv.set_weights)
+        self.features = list(features or fusion_cv.AUTO_FEATURES)  # the α model's inputs
         self.kb_root = kb_cache if self.model_id == PACKAGED_MODEL_ID else kb_cache / self.slug
         self.dumps = dump_dir / self.slug
         self.draft_dir = self.dumps / "profile"
@@ -205,16 +208,18 @@ def fit_fusion(run: Run, redump: bool = False) -> None:
         return
     data = {n: fusion_cv.load_dump(d / f"{n}.jsonl") for n in run.sets}
     cv = fusion_cv.cross_validate(data, adaptive=current.adaptive_rrf, weigh=run.weigh,
-                                  groups=fusion_cv.family_groups(data) if run.by_family else None)
+                                  groups=fusion_cv.family_groups(data) if run.by_family else None,
+                                  names=run.features)
     fusion_cv.print_cv(cv)
-    w = fusion_cv.fit_all(data, run.model_id, run.weigh)
+    w = fusion_cv.fit_all(data, run.model_id, run.weigh, run.features)
     adaptive = current.adaptive_rrf.model_copy(update={"provenance": current.adaptive_rrf.provenance.model_copy(
         update={"notes": f"not refitted for {run.model_id} (no fitting code: chosen once on a grid for the packaged "
                          f"e5); {current.adaptive_rrf.provenance.notes}"})})
     run.set_section("fusion", FusionCalibration(
         alpha_model={n: w[n] for n in ("minmax", "zscore")}, length_prior=w["length_prior"], adaptive_rrf=adaptive,
         provenance=run.provenance(list(data), fusion_left_out(cv),
-                                  f"fusion_cv.fit_all on every set, {run.weigh} weighing alike; left-out: the chosen "
+                                  f"fusion_cv.fit_all on every set, {run.weigh} weighing alike, the α model reading "
+                                  f"{', '.join(run.features)}; left-out: the chosen "
                                   f"fusion ({cv['chosen']} + fragment prior), each set scored by a fit without its "
                                   f"{run.unit}")))
 
@@ -310,17 +315,21 @@ FITS = {"gate": fit_gate, "extractive": fit_extractive, "support": fit_support} 
 
 def calibrate(model_path: str, kb_cache: Path, dump_dir: Path, sets: list[str], out: Path = PACKAGE_DIR,
               per_set: dict[str, int] | None = None, redump: bool = False, command: str | None = None,
-              steps: tuple[str, ...] = STEPS, by_family: bool = False, weigh: str = "sets") -> Path:
+              steps: tuple[str, ...] = STEPS, by_family: bool = False, weigh: str = "sets",
+              features: list[str] | None = None) -> Path:
     """The whole fit for one embedding model, or only `steps` of it; returns the profile file written
     (<out>/<slug>.json). With only some steps, every other section stays as the model's profile in `out` (or the
     one the app reads for it) has it; a later step reads the sections before it, so a refit of one step keeps
     the others' numbers — and what they were fitted on — as they were. `by_family`: left-out metrics by family of
-    text; `weigh`: "sets" or "families" weighing alike in the fusion's fit."""
+    text; `weigh`: "sets" or "families" weighing alike in the fusion's fit; `features`: the α model's inputs."""
 
     unknown = [s for s in sets if s not in SETS]
     if unknown:
         raise ValueError(f"unknown dev set(s) {', '.join(unknown)}; known: {', '.join(SETS)}")
     fusion_cv.set_weights(sets, weigh)  # an unknown `weigh` fails here, before any knowledge base is built
+    bad = [f for f in features or () if f not in fusion_cv.AUTO_FEATURES]
+    if bad or features == []:
+        raise ValueError(f"features {', '.join(bad) or '(none)'}: each one of {', '.join(fusion_cv.AUTO_FEATURES)}")
     if not steps or set(steps) - set(STEPS):
         raise ValueError(f"steps {', '.join(steps)}: each one of {', '.join(STEPS)}")
     sizes = PER_SET | (per_set or {})
@@ -331,7 +340,7 @@ def calibrate(model_path: str, kb_cache: Path, dump_dir: Path, sets: list[str], 
         model_id = embedding_model_id(model_path, REPO)
         existing = Path(out) / f"{slug(model_id)}.json"
         base = read(existing) if existing.is_file() else profile_for(model_id).profile
-    run = Run(model_path, Path(kb_cache), Path(dump_dir), list(sets), command, base, by_family, weigh)
+    run = Run(model_path, Path(kb_cache), Path(dump_dir), list(sets), command, base, by_family, weigh, features)
     with searched_first(run.draft_dir):
         build_kbs(run)
         for step in (s for s in STEPS if s in steps):
@@ -363,9 +372,12 @@ def main(argv=None) -> int:
                     help="left-out metrics leave out a family of text (tools/eval/devsets.FAMILIES), not a set")
     ap.add_argument("--weigh", default="sets", choices=("sets", "families"),
                     help="the fusion's fit: each set weighs alike (default), or each family")
+    ap.add_argument("--features", default=",".join(fusion_cv.AUTO_FEATURES),
+                    help="comma-separated inputs of the fusion's α model (default: all)")
     for step, n in PER_SET.items():
         ap.add_argument(f"--{step}-per-set", type=int, default=n, help=f"questions sampled per set for the {step} fit")
     args = ap.parse_args(argv)
+    features = fusion_cv.parse_features(ap, args.features)
     root = kb_cache_root(ap, args)
     model = "" if args.embedding_model == "packaged" else args.embedding_model
     if model and embedding_model_id(model, REPO) == PACKAGED_MODEL_ID:
@@ -376,7 +388,7 @@ def main(argv=None) -> int:
         dump_dir = Path(args.dump_dir) if args.dump_dir else Path(stack.enter_context(
             tempfile.TemporaryDirectory(prefix="kbqa-calibrate-")))
         calibrate(model, root, dump_dir, [s for s in args.sets.split(",") if s], args.out, sizes, args.redump,
-                  command, tuple(s for s in args.steps.split(",") if s), args.by_family, args.weigh)
+                  command, tuple(s for s in args.steps.split(",") if s), args.by_family, args.weigh, features)
     return 0
 
 

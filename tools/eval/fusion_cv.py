@@ -351,12 +351,13 @@ def training_gain(m: Fitted, ranks: dict[str, np.ndarray], data: dict[str, list[
 
 
 def fit_with_prior(grids: dict[tuple[int, float], dict[str, np.ndarray]], train: list[str],
-                   data: dict[str, list[Q]], norm: str, weigh: str = "sets") -> Fitted:
+                   data: dict[str, list[Q]], norm: str, weigh: str = "sets",
+                   names: list[str] = AUTO_FEATURES) -> Fitted:
     """convex_auto in two steps on the sets `train`: the α model fitted without the prior (exactly the fit of
     the sessions before it), then the (cap, β) of `grids` whose addition, α model fixed, gains most there (ties:
     the smaller β, then the smaller cap — the grid order). Fitting α jointly with each β was measured too and
     not kept: it moves the α model (up to +0.36 on one novel question) for no gain on the left-out sets."""
-    base = fit("convex_auto", {s: grids[NO_PRIOR][s] for s in train}, data, norm, weigh=weigh)
+    base = fit("convex_auto", {s: grids[NO_PRIOR][s] for s in train}, data, norm, names=names, weigh=weigh)
     routes = {s: best_route(data[s]) for s in train}  # once: it scores every question on both routes
     best, top = base, -math.inf
     for prior, ranks in grids.items():
@@ -430,10 +431,11 @@ def family_groups(names) -> dict[str, list[str]]:
 
 def cross_validate(data: dict[str, list[Q]], norms=("minmax", "zscore"),
                    methods=("convex_const", "convex_auto_noprior", "convex_auto"), grid=None, adaptive=None,
-                   groups: dict[str, list[str]] | None = None, weigh: str = "sets") -> dict:
+                   groups: dict[str, list[str]] | None = None, weigh: str = "sets",
+                   names: list[str] = AUTO_FEATURES) -> dict:
     """For each left-out set: the baselines (`adaptive`: the profile's adaptive_rrf, for its row), and every
     (method, norm) fitted on the sets outside its group only. `groups`: the sets left out together (a family of
-    text, family_groups); default: each set alone (leave one set out)."""
+    text, family_groups); default: each set alone (leave one set out). `names`: the inputs the α model reads."""
     out: dict = {"sets": {}}
     grids = {n: prior_grids(data, n, grid) for n in norms}
     for group, held_sets in (groups or {s: [s] for s in data}).items():
@@ -442,10 +444,11 @@ def cross_validate(data: dict[str, list[Q]], norms=("minmax", "zscore"),
         for norm, by_prior in grids.items():
             for method in methods:
                 if method == "convex_auto":
-                    fitted[method, norm] = fit_with_prior(by_prior, train, data, norm, weigh)
+                    fitted[method, norm] = fit_with_prior(by_prior, train, data, norm, weigh, names)
                 else:
                     fitted[method, norm] = fit(method.removesuffix("_noprior"),
-                                               {s: by_prior[NO_PRIOR][s] for s in train}, data, norm, weigh=weigh)
+                                               {s: by_prior[NO_PRIOR][s] for s in train}, data, norm, names=names,
+                                               weigh=weigh)
         for held in held_sets:
             out["sets"][held] = _scored(data[held], fitted, adaptive) | ({"left_out_with": group} if groups else {})
     variants = list(next(iter(out["sets"].values()))["routes"])
@@ -472,15 +475,17 @@ def _scored(qs: list[Q], fitted: dict, adaptive) -> dict:
     return res
 
 
-def fit_all(data: dict[str, list[Q]], embedding_model: str = PACKAGED_E5, weigh: str = "sets") -> dict:
+def fit_all(data: dict[str, list[Q]], embedding_model: str = PACKAGED_E5, weigh: str = "sets",
+            names: list[str] = AUTO_FEATURES) -> dict:
     """The shipped weights: the chosen procedure fitted on every set (the LOSO tables estimate how it does on
-    sets it has not seen). One coefficient set per normalisation."""
+    sets it has not seen). One coefficient set per normalisation, over every input the engine computes (0 for an
+    input outside `names`)."""
     out = {"embedding_model": embedding_model, "features": AUTO_FEATURES, "fitted_on": sorted(data),
            "about": "alpha = lo + (hi - lo) * sigmoid(bias + sum(c_f * f)); fused += beta * min(1, log(1 + len) / "
                     "log(1 + cap)) (length_prior); tools.eval.fusion_cv.fit_all", "length_prior": {}}
     for norm in ("zscore", "minmax"):
-        m = fit_with_prior(prior_grids(data, norm), list(data), data, norm, weigh)
-        out[norm] = m.coefs
+        m = fit_with_prior(prior_grids(data, norm), list(data), data, norm, weigh, names)
+        out[norm] = {n: m.coefs.get(n, 0.0) for n in AUTO_FEATURES} | {"bias": m.coefs["bias"]}
         out["length_prior"][norm] = {"cap": m.prior[0], "beta": m.prior[1]}
     return out
 
@@ -504,6 +509,15 @@ def print_cv(result: dict) -> None:
         print(f"| {v} | {m['mrr@10']} | {m['hit@1']} | {m['hit@5']} |")
 
 
+def parse_features(ap, text: str) -> list[str]:
+    """--features as a list of AUTO_FEATURES names (an unknown one is a usage error naming the known ones)."""
+    names = [n for n in text.split(",") if n]
+    unknown = [n for n in names if n not in AUTO_FEATURES]
+    if unknown or not names:
+        ap.error(f"--features {text!r}: each one of {', '.join(AUTO_FEATURES)}")
+    return names
+
+
 def main(argv=None) -> int:
     ap = command_parser("tools.eval.fusion_cv", __doc__)
     ap.add_argument("dumps", nargs="+", help="per-set dump files (set name = file name up to the first dot)")
@@ -515,16 +529,19 @@ def main(argv=None) -> int:
                     help="leave one family of text out (tools/eval/devsets.FAMILIES), not one set")
     ap.add_argument("--weigh", default="sets", choices=("sets", "families"),
                     help="how the training sets count in a fit: alike, or their families alike (set_weights)")
+    ap.add_argument("--features", default=",".join(AUTO_FEATURES),
+                    help="comma-separated inputs of the α model (default: all of fusion.AUTO_FEATURES)")
     ap.add_argument("--json", default=None)
     args = ap.parse_args(argv)
+    names = parse_features(ap, args.features)
     from pipeline.calibration import profile_for
 
     data = {Path(p).name.split(".")[0]: load_dump(Path(p)) for p in args.dumps}
     res = cross_validate(data, adaptive=profile_for(args.embedding_model).profile.fusion.adaptive_rrf,
-                         groups=family_groups(data) if args.families else None, weigh=args.weigh)
+                         groups=family_groups(data) if args.families else None, weigh=args.weigh, names=names)
     print_cv(res)
     if args.write_weights:
-        w = fit_all(data, args.embedding_model, args.weigh)
+        w = fit_all(data, args.embedding_model, args.weigh, names)
         Path(args.write_weights).write_text(json.dumps(w, indent=2) + "\n", encoding="utf-8")
         res["weights"] = w
     write_json(args.json, res)
