@@ -220,6 +220,7 @@ def test_calibrate_by_family_with_the_formal_set(tmp_path, monkeypatch):
         assert {s: m["left_out_with"] for s, m in prov.left_out.items() if s in sets} == \
             {s: family_of(s) for s in sets}, name
         assert "without its family" in prov.notes, name
+        assert "--by-family --weigh families --features cos1,qlen" in prov.command, name  # the run, reproducible
     assert "families weighing alike" in prof.fusion.provenance.notes and "reading cos1, qlen" in prof.fusion.provenance.notes
     for norm in ("minmax", "zscore"):  # the α model reads the two inputs named, every other one weighs 0
         assert all(v == 0.0 for k, v in prof.fusion.alpha_model[norm].items() if k not in ("cos1", "qlen", "bias"))

@@ -334,7 +334,9 @@ def calibrate(model_path: str, kb_cache: Path, dump_dir: Path, sets: list[str], 
         raise ValueError(f"steps {', '.join(steps)}: each one of {', '.join(STEPS)}")
     sizes = PER_SET | (per_set or {})
     command = command or "python -m tools.eval.calibrate " + shlex.join(
-        ["--embedding-model", model_path or "packaged", "--sets", ",".join(sets)])
+        ["--embedding-model", model_path or "packaged", "--sets", ",".join(sets)]
+        + (["--steps", ",".join(steps)] if tuple(steps) != STEPS else []) + (["--by-family"] if by_family else [])
+        + (["--weigh", weigh] if weigh != "sets" else []) + (["--features", ",".join(features)] if features else []))
     base = None
     if tuple(steps) != STEPS:
         model_id = embedding_model_id(model_path, REPO)
