@@ -613,7 +613,9 @@ def test_the_alpha_model_reads_only_the_inputs_named(monkeypatch):
     monkeypatch.setattr(fusion_cv, "PRIOR_GRID", [fusion_cv.NO_PRIOR])  # the α model alone: fast
     rng = np.random.default_rng(3)
     data = {"a": _synthetic_set(rng, 30, False), "b": _synthetic_set(rng, 30, True)}
-    with_cos = fusion_cv.fit_all(data, names=["cos1"])["minmax"]
+    fitted = fusion_cv.fit_all(data, names=["cos1"])
+    assert fitted["inputs_read"] == ["cos1"] and fitted["features"] == fusion_cv.AUTO_FEATURES
+    with_cos = fitted["minmax"]
     noise = fusion_cv.fit_all(data, names=["qlen"])["minmax"]
     for w in (with_cos, noise):
         assert list(w) == [*fusion_cv.AUTO_FEATURES, "bias"]

@@ -480,7 +480,8 @@ def fit_all(data: dict[str, list[Q]], embedding_model: str = PACKAGED_E5, weigh:
     """The shipped weights: the chosen procedure fitted on every set (the LOSO tables estimate how it does on
     sets it has not seen). One coefficient set per normalisation, over every input the engine computes (0 for an
     input outside `names`)."""
-    out = {"embedding_model": embedding_model, "features": AUTO_FEATURES, "fitted_on": sorted(data),
+    out = {"embedding_model": embedding_model, "features": AUTO_FEATURES, "inputs_read": list(names),
+           "fitted_on": sorted(data),
            "about": "alpha = lo + (hi - lo) * sigmoid(bias + sum(c_f * f)); fused += beta * min(1, log(1 + len) / "
                     "log(1 + cap)) (length_prior); tools.eval.fusion_cv.fit_all", "length_prior": {}}
     for norm in ("zscore", "minmax"):
