@@ -18,8 +18,8 @@ the fits the separate tools run (docs/retrieval-eval.md), in the order their inp
     (tools/calibrate_extractive.py);
  5. support check — claims from the SQuAD-format sets among --sets (tools/calibrate_support.py).
 Each step's engines run on the profile as fitted so far (a draft in <dump-dir>/<slug>/profile, searched first
-through $KBQA_CALIBRATION_DIR). A step that cannot be fitted on the sets given (leave-one-set-out needs two) keeps
-the generic profile's section and says why in its provenance. The adaptive-RRF rule of fusion_mode=rrf has no
+through $KBQA_CALIBRATION_DIR). A step that cannot be fitted on the sets given (leaving one set — or family — out
+needs two) keeps the generic profile's section and says why in its provenance. The adaptive-RRF rule of fusion_mode=rrf has no
 fitting code (it was chosen on a grid once, for the packaged e5) and is carried over from the generic profile.
 The dev data is $KBQA_SHARED_DATA or ../shared/data, laid out as tools/kb_cache.DEV_SETS says.
 
@@ -327,9 +327,8 @@ def calibrate(model_path: str, kb_cache: Path, dump_dir: Path, sets: list[str], 
     if unknown:
         raise ValueError(f"unknown dev set(s) {', '.join(unknown)}; known: {', '.join(SETS)}")
     fusion_cv.set_weights(sets, weigh)  # an unknown `weigh` fails here, before any knowledge base is built
-    bad = [f for f in features or () if f not in fusion_cv.AUTO_FEATURES]
-    if bad or features == []:
-        raise ValueError(f"features {', '.join(bad) or '(none)'}: each one of {', '.join(fusion_cv.AUTO_FEATURES)}")
+    if features is not None:
+        fusion_cv.check_features(features)
     if not steps or set(steps) - set(STEPS):
         raise ValueError(f"steps {', '.join(steps)}: each one of {', '.join(STEPS)}")
     sizes = PER_SET | (per_set or {})

@@ -510,13 +510,21 @@ def print_cv(result: dict) -> None:
         print(f"| {v} | {m['mrr@10']} | {m['hit@1']} | {m['hit@5']} |")
 
 
-def parse_features(ap, text: str) -> list[str]:
-    """--features as a list of AUTO_FEATURES names (an unknown one is a usage error naming the known ones)."""
-    names = [n for n in text.split(",") if n]
+def check_features(names) -> list[str]:
+    """The α model's inputs as a list; ValueError naming the known ones when one is unknown or none is given."""
+    names = list(names)
     unknown = [n for n in names if n not in AUTO_FEATURES]
     if unknown or not names:
-        ap.error(f"--features {text!r}: each one of {', '.join(AUTO_FEATURES)}")
+        raise ValueError(f"features {', '.join(unknown) or '(none)'}: each one of {', '.join(AUTO_FEATURES)}")
     return names
+
+
+def parse_features(ap, text: str) -> list[str]:
+    """--features as a list of AUTO_FEATURES names (check_features; its error as a usage error)."""
+    try:
+        return check_features(n for n in text.split(",") if n)
+    except ValueError as exc:
+        ap.error(f"--{exc}")
 
 
 def main(argv=None) -> int:

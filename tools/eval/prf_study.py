@@ -181,7 +181,7 @@ def candidates(d: SetData, qi: int, scores: np.ndarray, qv: np.ndarray | None = 
             hit[i] = is_hit(d, qi, p)
             ln[i] = math.inf if int(d.index[p]) > 0 else float(len(d.text[p]))
         if j is None or sims is not None:
-            sc[i] = min(1.0, max(0.0, float(d.vec[p] @ qv)))
+            sc[i] = min(1.0, max(0.0, float(d.vec[p] @ qv if sims is None else sims[p])))
     inf = math.inf
     q = Q(ids, np.array([rb.get(c, inf) for c in order], dtype=np.float64),
           np.array([rv.get(c, inf) for c in order], dtype=np.float64), sb, sc, hit, {}, ln)
