@@ -26,6 +26,7 @@ import json
 import re
 import sqlite3
 import sys
+import unicodedata
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -34,6 +35,7 @@ import bm25s
 
 from pipeline.ingestion.structured_chunking import indexed_text
 from pipeline.models.tokenize_zh import ChineseTokenizer
+from store.documents import decode_tokens
 from tools.eval.devsets import family_of, gold_ids
 from tools.eval.kb_cache import cache_root
 from tools.eval.regulations_devset import OTHER_SETS
@@ -47,8 +49,9 @@ APART = "#"  # no token of ChineseTokenizer starts with it (punctuation is cut o
 
 
 def bigrams(text: str) -> list[str]:
-    """Character bigrams of every run of two or more Chinese characters, in text order."""
-    return [run[i:i + 2] for run in _HAN_RUN.findall(text) for i in range(len(run) - 1)]
+    """Character bigrams of every run of two or more Chinese characters (NFKC, as the tokenizer reads text), in
+    text order."""
+    return [run[i:i + 2] for run in _HAN_RUN.findall(unicodedata.normalize("NFKC", text)) for i in range(len(run) - 1)]
 
 
 @dataclass
@@ -116,7 +119,6 @@ def load_chunks(data_dir: Path) -> list[Chunk]:
                           "ORDER BY c.chunk_id").fetchall()
     finally:
         db.close()
-    from store.documents import decode_tokens
     return [Chunk(d, t, indexed_text(t, c), decode_tokens(tok)) for d, t, c, tok in rows]
 
 
