@@ -54,6 +54,11 @@ def bigrams(text: str) -> list[str]:
     return [run[i:i + 2] for run in _HAN_RUN.findall(unicodedata.normalize("NFKC", text)) for i in range(len(run) - 1)]
 
 
+def apart_terms(words: list[str], text: str) -> list[str]:
+    """`both_apart`'s terms of a text whose words are given: the words, then its bigrams as terms of their own."""
+    return words + [APART + g for g in bigrams(text)]
+
+
 @dataclass
 class Chunk:
     doc_id: int
@@ -70,7 +75,7 @@ def index_terms(scheme: str, chunk: Chunk) -> list[str]:
         return grams
     if scheme == "both":
         return chunk.words + grams
-    return chunk.words + [APART + g for g in grams]
+    return apart_terms(chunk.words, chunk.indexed)
 
 
 def query_terms(scheme: str, words: list[str], question: str, vocab: Callable[[str], bool]) -> list[str]:
@@ -82,7 +87,7 @@ def query_terms(scheme: str, words: list[str], question: str, vocab: Callable[[s
     if scheme == "both" or scheme == "ask_bigrams":
         return words + grams
     if scheme == "both_apart":
-        return words + [APART + g for g in grams]
+        return apart_terms(words, question)
     return words + [g for w in words if not vocab(w) for g in bigrams(w)]  # ask_unseen
 
 
