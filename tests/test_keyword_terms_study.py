@@ -1,7 +1,4 @@
 """tools/eval/keyword_terms_study.py: the keyword route's term schemes, on a knowledge base small enough to read."""
-import json
-import sqlite3
-
 from pipeline.models.tokenize_zh import ChineseTokenizer
 from tools.eval.keyword_terms_study import (
     SCHEMES,
@@ -64,18 +61,30 @@ def test_metrics_count_a_miss_as_zero():
 
 
 def test_chunks_are_read_as_a_knowledge_base_holds_them(tmp_path):
-    """Only ready, active documents' enabled chunks; the context line is indexed, the text judged."""
-    db = sqlite3.connect(tmp_path / "app.db")
-    db.executescript("""
-        CREATE TABLE kb_document (doc_id INTEGER PRIMARY KEY, active INTEGER, status TEXT);
-        CREATE TABLE kb_chunk (chunk_id INTEGER PRIMARY KEY, doc_id INTEGER, text TEXT, context TEXT,
-                               tokens TEXT, enabled INTEGER);
-        INSERT INTO kb_document VALUES (1, 1, 'ready'), (2, 0, 'ready'), (3, 1, 'processing');
-        INSERT INTO kb_chunk VALUES (1, 1, '第一条 正文', '《条例》', '正文', 1), (2, 1, '停用', NULL, '停用', 0),
-                                    (3, 2, '旧版', NULL, '旧版', 1), (4, 3, '未完成', NULL, '未完成', 1);
-    """)
-    db.commit()
+    """On the app's own schema (a database its migrations made, rows written by its store): only ready, active
+    documents' enabled chunks; the context line is indexed, the text judged."""
+    from sqlalchemy import text as sql
+
+    from store.db import Database
+    from store.documents import ChunkRow, DocumentStore
+
+    db = Database(tmp_path / "app.db")
+    docs = DocumentStore(db)
+
+    def doc(name: str, texts: list[tuple[str, str | None]], ready: bool = True) -> list[int]:
+        d = docs.create(name, "txt", 1, name.ljust(32, "0"), name)["doc_id"]
+        ids = docs.replace_chunks(d, [ChunkRow(d, i, t, None, 0, len(t), "text", [t], ctx)
+                                      for i, (t, ctx) in enumerate(texts)])
+        if ready:
+            docs.mark_ready(d, len(texts))
+        return ids
+
+    _, off = doc("a", [("第一条 正文", "《条例》"), ("停用", None)])
+    doc("b", [("未完成", None)], ready=False)
+    doc("c", [("旧版", None)])
+    with db.transaction() as conn:
+        conn.execute(sql("UPDATE kb_chunk SET enabled = 0 WHERE chunk_id = :c"), {"c": off})
+        conn.execute(sql("UPDATE kb_document SET active = 0 WHERE file_name = 'c'"))
     db.close()
-    (tmp_path / "key_to_doc.json").write_text(json.dumps({"a": 1}))
     got = load_chunks(tmp_path)
-    assert [(c.doc_id, c.text, c.indexed, c.words) for c in got] == [(1, "第一条 正文", "《条例》\n第一条 正文", ["正文"])]
+    assert [(c.text, c.indexed, c.words) for c in got] == [("第一条 正文", "《条例》\n第一条 正文", ["第一条 正文"])]

@@ -47,7 +47,8 @@ def _disk_mb(folder: Path) -> float:
     return round(sum(f.stat().st_size for f in folder.rglob("*") if f.is_file()) / 2**20, 1)
 
 
-def one_size(n: int, base_tokens, queries, tok, tmp: Path) -> dict:
+def one_size(n: int, base_tokens, queries, query_terms, tmp: Path) -> dict:
+    """`query_terms`: a question's terms under the scheme `base_tokens` were made with."""
     from pipeline.retrieval.bm25 import BM25Index
 
     items = _corpus(base_tokens, n)
@@ -88,7 +89,7 @@ def one_size(n: int, base_tokens, queries, tok, tmp: Path) -> dict:
     # query latency, both, alternating; then the largest score difference
     q_old, q_new, diff = [], [], 0.0
     for q in queries:
-        toks = tok(q)
+        toks = query_terms(q)
         t0 = time.perf_counter()
         ids = bm.get_tokens_ids(toks)
         old = bm.get_scores_from_ids(ids) if ids else np.zeros(n, dtype=np.float32)

@@ -67,8 +67,11 @@ class Chunk:
     words: list[str]   # the stored tokens
 
 
+ASK_ONLY = ("ask_bigrams", "ask_unseen")  # schemes that index the words, as `words` does
+
+
 def index_terms(scheme: str, chunk: Chunk) -> list[str]:
-    if scheme in ("words", "ask_bigrams", "ask_unseen"):
+    if scheme == "words" or scheme in ASK_ONLY:
         return chunk.words
     grams = bigrams(chunk.indexed)
     if scheme == "bigrams":
@@ -91,11 +94,17 @@ def query_terms(scheme: str, words: list[str], question: str, vocab: Callable[[s
     return words + [g for w in words if not vocab(w) for g in bigrams(w)]  # ask_unseen
 
 
-def ranks(chunks: Sequence[Chunk], questions: Sequence, is_gold: Callable[[object, Chunk], bool], scheme: str,
-          tokenize: Callable[[str], list[str]]) -> list[int | None]:
-    """Per question, the 1-based rank of its first gold chunk among the keyword route's top DEPTH (None: deeper)."""
+def build_index(chunks: Sequence[Chunk], scheme: str) -> bm25s.BM25:
     index = bm25s.BM25(k1=1.5, b=0.75)
     index.index([index_terms(scheme, c) for c in chunks], show_progress=False)
+    return index
+
+
+def ranks(chunks: Sequence[Chunk], questions: Sequence, is_gold: Callable[[object, Chunk], bool], scheme: str,
+          tokenize: Callable[[str], list[str]], index: bm25s.BM25 | None = None) -> list[int | None]:
+    """Per question, the 1-based rank of its first gold chunk among the keyword route's top DEPTH (None: deeper).
+    `index`: the scheme's index of `chunks` when built already (build_index)."""
+    index = index or build_index(chunks, scheme)
     vocab = index.vocab_dict
     out: list[int | None] = []
     for q in questions:
@@ -139,8 +148,13 @@ def study_set(name: str, cache: Path, tokenize: Callable[[str], list[str]]) -> d
     def is_gold(q, c: Chunk) -> bool:
         return c.doc_id in gold[id(q)] and q.held_by(c.text)
 
-    return {"set": name, "family": family_of(name), "chunks": len(chunks),
-            "schemes": {s: metrics(ranks(chunks, corpus.questions, is_gold, s, tokenize)) for s in SCHEMES}}
+    words = build_index(chunks, "words")  # what `words` and the ask_* schemes search: built once
+
+    def scored(s: str) -> dict:
+        index = words if s == "words" or s in ASK_ONLY else None
+        return metrics(ranks(chunks, corpus.questions, is_gold, s, tokenize, index))
+
+    return {"set": name, "family": family_of(name), "chunks": len(chunks), "schemes": {s: scored(s) for s in SCHEMES}}
 
 
 def print_table(rows: list[dict]) -> None:
