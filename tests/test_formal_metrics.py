@@ -6,7 +6,16 @@ from dataclasses import replace
 import pytest
 
 from tests.shared_data import DATA, needs
-from tools.eval.formal_eval import OFF_TOPIC, load_lines, summarize, switch_summary, topic_switches
+from tools.eval.formal_eval import (
+    ALL_SETS,
+    OFF_TOPIC,
+    load_lines,
+    main,
+    print_summary,
+    summarize,
+    switch_summary,
+    topic_switches,
+)
 from tools.eval.formal_metrics import (
     answer_hit,
     answer_lines,
@@ -98,6 +107,30 @@ def test_summarize_counts_each_list():
     assert m["unanswerable"] == {"n": 2, "refused": 0.5, "weak": 0.5, "answered": 0.0}
     assert m["off_topic"]["refused"] == 1.0
     assert m["followups"]["in_conversation"] == 1.0 and m["followups"]["alone"] == 0.0
+
+
+def test_the_summary_puts_the_sets_side_by_side_with_each_goal(capsys):
+    def one(hit: bool) -> dict:
+        ans = [{"type": "yesno", "in_sources": hit, "doc_first": True, "hit": hit, "bold_hit": False,
+                "outcome": "answered" if hit else "refused", "gate_refused": False}]
+        return summarize(ans, [{"outcome": "refused"}, {"outcome": "answered"}], [{"outcome": "refused"}],
+                         [{"in_conversation": hit, "alone": False, "hit_in_conversation": hit}])
+
+    print_summary({"regulations_dev": one(True), "regulations_holdout2": one(False)})
+    lines = capsys.readouterr().out.splitlines()
+    assert "| what | regulations_dev | regulations_holdout2 | goal |" in lines
+    assert "| extractive answer-hit | 1.000 | 0.000 | ≥ .80 |" in lines
+    assert "| answerable refused | 0.000 | 1.000 | ≤ .03 |" in lines
+    assert "| unanswerable refused / weak / as if | 0.500 / 0.000 / 0.500 | 0.500 / 0.000 / 0.500 | ≥ .60 / – / ≤ .10 |" in lines
+    # every written set over the regulations KB, the blind one last
+    assert list(ALL_SETS) == ["regulations_dev", "regulations_dev2", "regulations_holdout", "regulations_holdout2"]
+    assert all(p.is_file() for p in ALL_SETS.values())
+
+
+def test_all_sets_and_one_question_file_are_a_usage_error(tmp_path):
+    with pytest.raises(SystemExit) as e:
+        main(["--kb-cache", str(tmp_path), "--all-sets", "--questions", str(ALL_SETS["regulations_dev2"])])
+    assert e.value.code == 2
 
 
 def test_topic_switches_pair_each_first_question_with_another_regulation_and_an_unanswerable_one():

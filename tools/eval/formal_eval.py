@@ -1,6 +1,6 @@
 """Everyday questions against formal documents (issue 25): the regulations dev set through the real answer path.
 
-    python -m tools.eval.formal_eval --kb-cache /work/cache/kb [--limit N] [--json OUT] [--questions FILE]
+    python -m tools.eval.formal_eval --kb-cache /work/cache/kb [--limit N] [--json OUT] [--questions FILE | --all-sets]
 
 Builds once (tools/eval/kb_cache: flock, READY) the knowledge base `regulations` of the 160 files of
 ../shared/data/regulations (uploaded as the .md files they are, the packaged default embedding model), then asks
@@ -18,7 +18,9 @@ The rules of each outcome: tools/eval/formal_metrics.py. `--limit N` keeps N of 
 `regulations` is not in tools/eval/devsets.DEV_SETS: calibration does not fit on it (it is the held-out family).
 `--questions` asks another set of the same form over the same knowledge base (tests/data/regulations_dev2 and
 regulations_holdout: written blind by other writers, on regulations the dev set does not use, development material
-since; tests/data/regulations_holdout2: the blind one, on regulations no other set uses).
+since; tests/data/regulations_holdout2: the blind one, on regulations no other set uses). `--all-sets` asks the four
+sets in one run over one copy of the knowledge base and ends with their summary side by side, beside issue 25's goals
+(the table a closing note reports); the JSON then holds each set's metrics and rows under its name.
 """
 from __future__ import annotations
 
@@ -34,7 +36,7 @@ from tools.eval.answer_eval import open_for_eval
 from tools.eval.cli import add_kb_cache, command_parser, kb_cache_root, print_md_table, write_json
 from tools.eval.devsets import REPO
 from tools.eval.formal_metrics import answer_hit, bold_hit, outcome, right_doc_first, share_of, span_in_sources
-from tools.eval.regulations_devset import QUESTIONS, REGULATIONS, DevItems, load_items
+from tools.eval.regulations_devset import OTHER_SETS, QUESTIONS, REGULATIONS, DevItems, load_items
 
 OFF_TOPIC = REPO / "tests" / "data" / "offtopic_everyday.txt"
 
@@ -189,9 +191,9 @@ def summarize(ans: list[dict], unans: list[dict], off: list[dict], fol: list[dic
     } | ({"switches": switch_summary(switches)} if switches is not None else {})
 
 
-def print_report(m: dict) -> None:
+def print_report(m: dict, name: str = "regulations_dev") -> None:
     a, u, o, f = m["answerable"], m["unanswerable"], m["off_topic"], m["followups"]
-    print(f"\nformal documents (regulations_dev), extractive mode; answerable {a['n']}, unanswerable {u['n']}, "
+    print(f"\nformal documents ({name}), extractive mode; answerable {a['n']}, unanswerable {u['n']}, "
           f"off-topic {o['n']}, follow-up pairs {f['n']}")
     print_md_table(["what", "measured"], [
         ["the deciding span is among the 6 sources", f"{a['span_in_sources']:.3f}"],
@@ -229,6 +231,28 @@ def _switch_lines(w: dict | None) -> list[list[str]]:
     return lines
 
 
+# every question set written over the regulations knowledge base, in the order the notes report them
+ALL_SETS = {"regulations_dev": QUESTIONS, **OTHER_SETS}
+# issue 25's goals for the formal family, beside the rows of the summary
+_SUMMARY: list[tuple[str, str, object]] = [
+    ("deciding span in sources", "≥ .95", lambda m: f"{m['answerable']['span_in_sources']:.3f}"),
+    ("right document first", "≥ .92", lambda m: f"{m['answerable']['doc_first']:.3f}"),
+    ("extractive answer-hit", "≥ .80", lambda m: f"{m['answerable']['answer_hit']:.3f}"),
+    ("answerable refused", "≤ .03", lambda m: f"{m['answerable']['refused']:.3f}"),
+    ("unanswerable refused / weak / as if", "≥ .60 / – / ≤ .10",
+     lambda m: " / ".join(f"{m['unanswerable'][k]:.3f}" for k in OUTCOMES)),
+    ("off-topic refused", "≥ .98", lambda m: f"{m['off_topic']['refused']:.3f}"),
+    ("follow-ups in conversation", "≥ .85", lambda m: f"{m['followups']['in_conversation']:.3f}"),
+]
+
+
+def print_summary(results: dict[str, dict]) -> None:
+    """The sets side by side, one row per goal of issue 25."""
+    print("\nall formal sets (regulations_holdout2 written blind)")
+    print_md_table(["what", *results, "goal"],
+                   [[label, *(cell(m) for m in results.values()), goal] for label, goal, cell in _SUMMARY])
+
+
 def sample(xs: list, limit: int | None) -> list:
     return random.Random(13).sample(xs, limit) if limit and limit < len(xs) else xs
 
@@ -253,20 +277,28 @@ def main(argv=None) -> int:
     add_kb_cache(ap)
     ap.add_argument("--limit", type=int, default=None, help="ask N of each list (seeded sample)")
     ap.add_argument("--json", type=Path, default=None, help="write the metrics and every question's row here")
-    ap.add_argument("--questions", type=Path, default=QUESTIONS, help="the question set (default: regulations_dev)")
+    which = ap.add_mutually_exclusive_group()
+    which.add_argument("--questions", type=Path, default=QUESTIONS, help="the question set (default: regulations_dev)")
+    which.add_argument("--all-sets", action="store_true", help="every set of ALL_SETS in one run, then their summary")
     ap.add_argument("--every-switch", action="store_true",
                     help="ask every answerable, unanswerable and off-topic question also right after an unrelated one")
     args = ap.parse_args(argv)
     root = kb_cache_root(ap, args)
+    sets = ALL_SETS if args.all_sets else {args.questions.parent.name: args.questions}
+    results: dict[str, dict] = {}
     with tempfile.TemporaryDirectory(prefix="kbqa-formal-") as tmp:
         engine, key_to_doc = open_for_eval(root, REGULATIONS, Path(tmp) / REGULATIONS.name)
         try:
-            m, rows = evaluate(engine, key_to_doc, load_items(args.questions), load_lines(OFF_TOPIC), args.limit,
-                               args.every_switch)
+            for name, path in sets.items():
+                m, rows = evaluate(engine, key_to_doc, load_items(path), load_lines(OFF_TOPIC), args.limit,
+                                   args.every_switch)
+                print_report(m, name)
+                results[name] = m | {"rows": rows}
         finally:
             engine.close()
-    print_report(m)
-    write_json(args.json, m | {"rows": rows}, indent=1)
+    if args.all_sets:
+        print_summary(results)
+    write_json(args.json, results if args.all_sets else next(iter(results.values())), indent=1)
     return 0
 
 
