@@ -211,3 +211,28 @@ def test_harness_end_to_end_on_two_regulations(tmp_path):
     assert m["answerable"]["doc_first"] >= 0.5  # two documents: the gold one is first for most questions
     assert m["followups"]["n"] == 1 and rows["followups"][0]["rewritten"]  # asked inside its conversation
     assert m["switches"]["unanswerable"]["n"] == 1 and rows["switches"][0]["outcome_alone"] in ("refused", "weak", "answered")
+
+
+@pytest.mark.slow
+@needs(REGS)
+def test_all_sets_over_one_kb_built_with_another_embedding_model(tmp_path, capsys):
+    """`--all-sets` end to end on the 160 regulations, in a cache built with an embedding model other than the packaged
+    one (a tiny random BERT, where a stronger Chinese model would go): every set asked over the one copy, each
+    reported under its own name, the summary printed, each set's metrics and rows in the JSON."""
+    import json
+
+    from tests.tiny_models import make_tiny_bert_embedding
+    from tools.eval.kb_cache import ensure_built
+    from tools.eval.regulations_devset import REGULATIONS
+
+    ensure_built(tmp_path / "kb", REGULATIONS, str(make_tiny_bert_embedding(tmp_path / "tiny")))
+    out_json = tmp_path / "out.json"
+    assert main(["--kb-cache", str(tmp_path / "kb"), "--all-sets", "--limit", "2", "--json", str(out_json)]) == 0
+    out = capsys.readouterr().out
+    assert all(f"formal documents ({name})" in out for name in ALL_SETS)
+    assert "| what | regulations_dev | regulations_dev2 | regulations_holdout | regulations_holdout2 | goal |" in out
+    got = json.loads(out_json.read_text(encoding="utf-8"))
+    assert list(got) == list(ALL_SETS)
+    for m in got.values():
+        assert m["answerable"]["n"] == len(m["rows"]["answerable"]) == 2
+        assert m["unanswerable"]["n"] == 2 and m["off_topic"]["n"] == 2 and len(m["rows"]["followups"]) == 2
