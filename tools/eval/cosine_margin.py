@@ -19,7 +19,7 @@ from statistics import median
 from tools.eval.cli import command_parser, write_json
 from tools.eval.devsets import family_of
 
-EPS = 0.01  # a hundredth of cosine: less than one unit of the scale the gate measures its background in (≈ .013)
+EPS = 0.01  # a hundredth of cosine: one unit of the scale the gate reads a question against its background in
 
 
 def margin(row: dict) -> float | None:
