@@ -163,7 +163,7 @@ def refresh_scope(engine, reader: Reader | None = None) -> gr.Dropdown:
     """On page load: the knowledge bases the caller may read as they are now (some may have been created since
     the page was built), all selected."""
     choices = kb_choices(engine, reader)
-    return gr.Dropdown(choices=choices, value=[v for _, v in choices])
+    return gr.Dropdown(choices=choices, value=[v for _, v in choices], multiselect=True)  # a list value: many picked
 
 
 def scope_ids(engine, value: Any, reader: Reader | None = None) -> list[int]:
