@@ -16,7 +16,7 @@ import sys
 from pathlib import Path
 from statistics import median
 
-from tools.eval.cli import command_parser, write_json
+from tools.eval.cli import command_parser, print_md_table, write_json
 from tools.eval.devsets import family_of
 
 EPS = 0.01  # a hundredth of cosine: one unit of the scale the gate reads a question against its background in
@@ -67,19 +67,17 @@ def report(dumps: Path, eps: float = EPS) -> dict:
 
 
 def print_report(r: dict) -> None:
-    eps = r["eps"]
-    print(f"gold cosine − best other cosine (candidates: both routes' top 50); ±{eps} counts as a tie")
-    print(f"{'family':<13} {'set':<22} {'n':>5} {'median':>8} {'ahead':>6} {'within':>7} {'behind':>7} {'no gold':>8}")
-    for name, s in sorted(r["sets"].items(), key=lambda kv: (kv[1]["family"], kv[0])):
+    """One markdown row per set, then one per family over all its sets' questions (the docs take it as printed)."""
+    def cells(s: dict) -> list:
         if not s["n"]:
-            print(f"{s['family']:<13} {name:<22} {0:>5} {'–':>8} {'–':>6} {'–':>7} {'–':>7} {s['no_margin']:>8}")
-            continue
-        print(f"{s['family']:<13} {name:<22} {s['n']:>5} {s['median']:>+8.4f} {s['ahead']:>6.2f} {s['within']:>7.2f} "
-              f"{s['behind']:>7.2f} {s['no_margin']:>8}")
-    for fam, s in sorted(r["families"].items()):
-        if s["n"]:
-            print(f"{fam:<13} {'(all its sets)':<22} {s['n']:>5} {s['median']:>+8.4f} {s['ahead']:>6.2f} "
-                  f"{s['within']:>7.2f} {s['behind']:>7.2f}")
+            return [0, "–", "–", "–", "–"]
+        return [s["n"], f"{s['median']:+.4f}", f"{s['ahead']:.2f}", f"{s['within']:.2f}", f"{s['behind']:.2f}"]
+
+    print(f"gold cosine − best other cosine (candidates: both routes' top 50); ±{r['eps']} counts as a tie")
+    rows = [[s["family"], name, *cells(s), s["no_margin"]]
+            for name, s in sorted(r["sets"].items(), key=lambda kv: (kv[1]["family"], kv[0]))]
+    rows += [[fam, "(all its sets)", *cells(s), ""] for fam, s in sorted(r["families"].items()) if s["n"]]
+    print_md_table(["family", "set", "n", "median", "ahead", "within", "behind", "no gold"], rows)
 
 
 def main(argv=None) -> int:

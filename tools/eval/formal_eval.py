@@ -287,12 +287,12 @@ def main(argv=None) -> int:
     root = kb_cache_root(ap, args)
     sets = ALL_SETS if args.all_sets else {args.questions.parent.name: args.questions}
     results: dict[str, dict] = {}
+    off_topic = load_lines(OFF_TOPIC)  # asked under every set
     with tempfile.TemporaryDirectory(prefix="kbqa-formal-") as tmp:
         engine, key_to_doc = open_for_eval(root, REGULATIONS, Path(tmp) / REGULATIONS.name)
         try:
             for name, path in sets.items():
-                m, rows = evaluate(engine, key_to_doc, load_items(path), load_lines(OFF_TOPIC), args.limit,
-                                   args.every_switch)
+                m, rows = evaluate(engine, key_to_doc, load_items(path), off_topic, args.limit, args.every_switch)
                 print_report(m, name)
                 results[name] = m | {"rows": rows}
         finally:

@@ -104,7 +104,7 @@ def ranks(chunks: Sequence[Chunk], questions: Sequence, is_gold: Callable[[objec
           tokenize: Callable[[str], list[str]], index: bm25s.BM25 | None = None) -> list[int | None]:
     """Per question, the 1-based rank of its first gold chunk among the keyword route's top DEPTH (None: deeper).
     `index`: the scheme's index of `chunks` when built already (build_index)."""
-    index = index or build_index(chunks, scheme)
+    index = index if index is not None else build_index(chunks, scheme)
     vocab = index.vocab_dict
     out: list[int | None] = []
     for q in questions:
